@@ -1,0 +1,135 @@
+"""Splash attention (TPU Pallas) over the packed multi-item layout.
+
+The visibility rule is a `_ComputableMask` over (P, L) and positions, so splash's MaskInfo
+skips every tile that is neither prefix nor a query block's own item; padding comes in as
+`SegmentIds` (real tokens 0, padding 1). A padded query always sees its own key (the mask
+diagonal holds and both ids are 1), so no row is fully masked and padded outputs stay finite
+(they differ from the reference there, and callers ignore them). With `prefix_kv` the cached
+prefix K/V are concatenated in front of the row and the mask is rectangular, queries offset
+by P (no dummy prefix queries). Forward only: no backward block sizes are configured.
+Tested on CPU with `interpret=True`; splash needs block_kv to be a multiple of 128 there too.
+"""
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash_kernel
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as splash_mask_info
+
+from layers.kernels.base import KernelOptions, PrefixKV, SegmentLayout
+
+_LANES = 128  # splash computes kv tiles in multiples of 128 lanes, interpret mode included
+_PAD_ID = 1   # segment id of every padding token; real tokens are 0
+
+
+class MultiItemMask(splash_mask._ComputableMask):
+  """Key k visible from query t iff k <= t and (k < P or (k - P) // L == (t - P) // L).
+
+  `offset` is the absolute position of query 0 (P when the prefix comes from a cache).
+  """
+
+  def __init__(self, shape: tuple[int, int], prefix_len: int, slot_len: int, offset: int = 0,
+               shard_count: int = 1):
+    self.prefix_len, self.slot_len, self.offset = prefix_len, max(slot_len, 1), offset
+
+    def multi_item_mask_function(q_ids, kv_ids):
+      t = q_ids + self.offset if self.offset else q_ids
+      p, l = self.prefix_len, self.slot_len
+      # Only +, //, <, ==, &, |: valid on numpy (MaskInfo) and inside the kernel alike.
+      return (kv_ids <= t) & ((kv_ids < p) | ((kv_ids - p) // l == (t - p) // l))
+
+    super().__init__(shape=shape, mask_function=multi_item_mask_function, shard_count=shard_count)
+
+  def _key(self):
+    return (self.shape, self.prefix_len, self.slot_len, self.offset)
+
+  def __eq__(self, other: object):
+    if not isinstance(other, type(self)):
+      return NotImplemented
+    return self._key() == other._key()
+
+  def __hash__(self):
+    return hash((type(self),) + self._key())
+
+
+def _round_up(x: int, m: int) -> int:
+  return -(-x // m) * m
+
+
+def _geometry(q_len: int, offset: int, options: KernelOptions):
+  """Block sizes clamped to the sequence, and the padded q / kv lengths."""
+  block_q = max(1, min(options.splash_block_q, _round_up(q_len, _LANES)))
+  block_kv = min(_round_up(options.splash_block_kv, _LANES), _round_up(offset + q_len, _LANES))
+  q_pad = _round_up(q_len, block_q)
+  # kv covers every padded query's own (diagonal) key, so no padded row is fully masked.
+  kv_pad = _round_up(offset + q_pad, block_kv)
+  return block_q, block_kv, q_pad, kv_pad
+
+
+def _mask(layout: SegmentLayout, q_pad: int, kv_pad: int, offset: int) -> MultiItemMask:
+  return MultiItemMask((q_pad, kv_pad), layout.prefix_len, layout.slot_len, offset)
+
+
+def make_kernel(mask: MultiItemMask, num_heads: int, block_q: int, block_kv: int, interpret: bool):
+  """The splash kernel for one row (heads share one mask; GQA served by MHA with fewer kv heads).
+
+  Sharding hook: under a mesh, wrap the kernel call in shard_map with
+  `kernel.manual_sharding_spec(NamedSharding(mesh, P(heads_axis, q_seq_axis)))` and pass
+  `head_shards` / `q_seq_shards` here (the lead wires this up).
+  """
+  multi = splash_mask.MultiHeadMask([mask] * num_heads)
+  block_sizes = splash_kernel.BlockSizes(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv)
+  return splash_kernel.make_splash_mha(multi, block_sizes=block_sizes, head_shards=1, q_seq_shards=1,
+                                       interpret=interpret)
+
+
+def _pad_axis1(x, length: int, value=0):
+  pad = [(0, 0)] * x.ndim
+  pad[1] = (0, length - x.shape[1])
+  return jnp.pad(x, pad, constant_values=value)
+
+
+def attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout: SegmentLayout, prefix_kv: Optional[PrefixKV] = None,
+           *, options: KernelOptions) -> jax.Array:
+  b, t, nh, h = q_BxTxNxH.shape
+  dtype = q_BxTxNxH.dtype
+  k, v = k_BxTxKxH.astype(dtype), v_BxTxKxH.astype(dtype)
+  seg_q_BxT = layout.segment_ids(include_prefix=prefix_kv is None)
+  if prefix_kv is None:
+    offset, seg_kv_BxS = 0, seg_q_BxT
+  else:
+    offset, seg_kv_BxS = layout.prefix_len, layout.segment_ids(include_prefix=True)
+    pk = jnp.broadcast_to(prefix_kv.k, (b,) + prefix_kv.k.shape[1:]).astype(dtype)
+    pv = jnp.broadcast_to(prefix_kv.v, (b,) + prefix_kv.v.shape[1:]).astype(dtype)
+    k, v = jnp.concatenate([pk, k], axis=1), jnp.concatenate([pv, v], axis=1)
+  block_q, block_kv, q_pad, kv_pad = _geometry(t, offset, options)
+  kernel = make_kernel(_mask(layout, q_pad, kv_pad, offset), nh, block_q, block_kv, options.interpret)
+
+  q = (q_BxTxNxH.astype(jnp.float32) * (h ** -0.5)).astype(dtype)
+  q_BxNxTxH = _pad_axis1(q, q_pad).transpose(0, 2, 1, 3)
+  k_BxKxSxH = _pad_axis1(k, kv_pad).transpose(0, 2, 1, 3)
+  v_BxKxSxH = _pad_axis1(v, kv_pad).transpose(0, 2, 1, 3)
+  ids_q_BxT = _pad_axis1(jnp.where(seg_q_BxT >= 0, 0, _PAD_ID), q_pad, _PAD_ID).astype(jnp.int32)
+  ids_kv_BxS = _pad_axis1(jnp.where(seg_kv_BxS >= 0, 0, _PAD_ID), kv_pad, _PAD_ID).astype(jnp.int32)
+
+  def one_row(q_NxTxH, k_KxSxH, v_KxSxH, ids_q_T, ids_kv_S):
+    return kernel(q_NxTxH, k_KxSxH, v_KxSxH, splash_kernel.SegmentIds(q=ids_q_T, kv=ids_kv_S))
+
+  out_BxNxTxH = jax.vmap(one_row)(q_BxNxTxH, k_BxKxSxH, v_BxKxSxH, ids_q_BxT, ids_kv_BxS)
+  return out_BxNxTxH.transpose(0, 2, 1, 3)[:, :t].astype(dtype)
+
+
+def block_skip_stats(prefix_len: int, slot_len: int, num_slots: int, block_q: int, block_kv: int) -> dict:
+  """How many (q-block, kv-block) tiles splash runs for a packed row, from its own MaskInfo."""
+  t = prefix_len + slot_len * num_slots
+  options = KernelOptions(splash_block_q=block_q, splash_block_kv=block_kv)
+  bq, bkv, q_pad, kv_pad = _geometry(t, 0, options)
+  mask = MultiItemMask((q_pad, kv_pad), prefix_len, slot_len)
+  info, _ = splash_mask_info.process_mask(splash_mask.MultiHeadMask([mask]), (bq, bkv), shrink_grid=False)
+  block_mask = np.asarray(info.block_mask)[0]
+  return dict(total_blocks=int(block_mask.size), active_blocks=int((block_mask > 0).sum()),
+              partial_blocks=int((block_mask == 1).sum()), block_q=bq, block_kv=bkv,
+              padded_len=q_pad, grid_width=int((block_mask > 0).sum(axis=1).max()))

@@ -1,0 +1,8 @@
+"""Scoring algorithms (DESIGN.md section 3), each `run(ctx, requests) -> [label log-probs [N_i, K]]`."""
+
+from maxscore.algorithms import packed, prefill_extend, serial
+from maxscore.algorithms.common import AlgorithmContext
+
+ALGORITHMS = {"serial": serial.run, "packed": packed.run, "prefill_extend": prefill_extend.run}
+
+__all__ = ["ALGORITHMS", "AlgorithmContext"]

@@ -1,0 +1,44 @@
+"""What every algorithm receives, and helpers they share."""
+
+import dataclasses
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from maxscore.config import BucketConfig, ScoringConfig
+from maxscore.model import ModelRunner
+from maxscore.prefix_cache import PrefixCache
+from maxscore.requests import TokenRequest
+
+
+@dataclasses.dataclass
+class AlgorithmContext:
+  """The runner plus the config sections an algorithm reads."""
+  runner: ModelRunner
+  kernel: str
+  buckets: BucketConfig
+  scoring: ScoringConfig
+  prefix_cache: PrefixCache
+  max_tokens_per_forward: int = 1 << 16
+
+
+def by_labels(requests: Sequence[TokenRequest]) -> Iterator[tuple[np.ndarray, list[int]]]:
+  """Request indices grouped by label ids (one compiled K per group)."""
+  groups: dict[tuple[int, ...], list[int]] = {}
+  for i, r in enumerate(requests):
+    groups.setdefault(r.label_ids, []).append(i)
+  for labels, idx in groups.items():
+    yield np.asarray(labels, np.int32), idx
+
+
+def empty_results(requests: Sequence[TokenRequest]) -> list[np.ndarray]:
+  return [np.zeros((len(r.items), len(r.label_ids)), np.float32) for r in requests]
+
+
+def scatter(out: list[np.ndarray], pending) -> list[np.ndarray]:
+  """Writes each (PackedBatch, device log-probs [B, N, K]) into per-request results, in order."""
+  for batch, lp in pending:
+    lp = np.asarray(lp)
+    for b, n in zip(*np.nonzero(batch.item_BxN >= 0)):
+      out[batch.request_BxN[b, n]][batch.item_BxN[b, n]] = lp[b, n]
+  return out

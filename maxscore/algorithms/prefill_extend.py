@@ -1,0 +1,39 @@
+"""prefill_extend: prefill Q + s once into a PrefixState, then extend items in chunks against it.
+
+Item tokens attend to the shared prefix K/V (broadcast, never copied per item) and causally
+to their own tokens, merged by log-sum-exp -- the same slot math as the shared_prefix kernel.
+"""
+
+import numpy as np
+
+from maxscore.algorithms.common import AlgorithmContext, by_labels, empty_results, scatter
+from maxscore.layout import bucket, pack_rows, plan_rows
+
+
+def prefix_state(ctx: AlgorithmContext, prefix):
+  """The PrefixState of `prefix` from the cache, prefilling it on a miss."""
+  p = bucket(len(prefix), ctx.buckets.prefix_buckets, "query (with separator)")
+  def compute():
+    tokens = np.zeros((1, p), np.int32)
+    tokens[0, :len(prefix)] = prefix
+    return ctx.runner.prefill(ctx.kernel, tokens, len(prefix))
+  return ctx.prefix_cache.get_or_compute((tuple(prefix), p), compute)
+
+
+def run(ctx: AlgorithmContext, requests) -> list[np.ndarray]:
+  out = empty_results(requests)
+  bk, chunk = ctx.buckets, ctx.scoring.extend_batch_size
+  pending = []
+  for labels, idx in by_labels(requests):
+    for ri in idx:
+      req = requests[ri]
+      if not req.items:
+        continue
+      state = prefix_state(ctx, req.prefix)
+      for row in plan_rows(ri, req.prefix, req.items, bk.item_buckets, chunk, bk.length_group_ratio):
+        n = bucket(len(row.items), bk.item_count_buckets, "extend chunk")
+        batch = pack_rows([row], 0, row.slot_len, n, 1)
+        lp = ctx.runner.extend_logprobs(ctx.kernel, state, batch.tokens_BxT, batch.positions_BxT,
+                                        batch.slot_valid_BxN, row.slot_len, batch.score_index_BxN, labels)
+        pending.append((batch, lp))
+  return scatter(out, pending)

@@ -1,0 +1,265 @@
+"""Typed, validated config: configs/base.yml + configs/models/<name>.yml + key=value overrides.
+
+The YAML files are flat (MaxText style); each key is a field of exactly one frozen section
+dataclass below, so a component receives only its section. Unknown keys and ill-typed
+values raise `ConfigError` naming the key and the nearest valid names.
+"""
+
+import dataclasses
+import difflib
+import os
+import pathlib
+import types
+import typing
+from typing import Any, Literal, Mapping, Optional, Sequence
+
+import yaml
+
+from layers.config import ModelConfig
+
+CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
+
+
+class ConfigError(ValueError):
+  """A config key is unknown or its value is invalid."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+  """Numerics, weights and compilation."""
+  model_name: str = "tiny-qwen3"
+  dtype: Literal["float32", "bfloat16"] = "float32"
+  weight_dtype: Literal["float32", "bfloat16"] = "float32"
+  matmul_precision: Literal["default", "high", "highest"] = "highest"
+  init_seed: int = 0
+  checkpoint_dir: Optional[str] = None
+  tokenizer_path: Optional[str] = None
+  compilation_cache_dir: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoringConfig:
+  """What a score is (DESIGN.md section 1) and which algorithm computes it."""
+  separator_token_id: Optional[int] = None
+  label_token_ids: tuple[int, ...] = ()
+  apply_softmax: bool = False
+  algorithm: Literal["serial", "packed", "prefill_extend", "auto"] = "auto"
+  extend_batch_size: int = 64
+  serial_batch_size: int = 16
+  prefix_cache_bytes: int = 1 << 30
+  max_request_tokens: int = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+  """Attention kernel choice and its block sizes (DESIGN.md section 4)."""
+  attention: Literal["reference", "shared_prefix", "splash", "pallas_gpu", "auto"] = "auto"
+  max_reference_len: int = 8192
+  splash_block_q: int = 512
+  splash_block_kv: int = 512
+  gpu_block_q: int = 64
+  gpu_block_kv: int = 64
+  kernel_interpret: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketConfig:
+  """Static shapes that bound the number of compilations (DESIGN.md section 5)."""
+  prefix_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+  item_buckets: tuple[int, ...] = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+  item_count_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+  batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+  length_group_ratio: float = 4.0
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """Device mesh shape (DESIGN.md section 8); -1 fills with the remaining devices."""
+  ici_data_parallelism: int = -1
+  ici_fsdp_parallelism: int = 1
+  ici_tensor_parallelism: int = 1
+  dcn_data_parallelism: int = 1
+  dcn_fsdp_parallelism: int = 1
+  dcn_tensor_parallelism: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """The whole config; pass each component only its section."""
+  model: ModelConfig = ModelConfig()
+  runtime: RuntimeConfig = RuntimeConfig()
+  scoring: ScoringConfig = ScoringConfig()
+  kernel: KernelConfig = KernelConfig()
+  buckets: BucketConfig = BucketConfig()
+  mesh: MeshConfig = MeshConfig()
+
+  def replace(self, **overrides: Any) -> "Config":
+    """Returns a copy with flat `key=value` overrides applied and validated."""
+    flat = to_flat_dict(self)
+    flat.update(overrides)
+    return from_flat_dict(flat)
+
+
+_RUNTIME_SECTIONS = {"runtime": RuntimeConfig, "scoring": ScoringConfig, "kernel": KernelConfig,
+                     "buckets": BucketConfig, "mesh": MeshConfig}
+_MODEL_KEYS = tuple(f.name for f in dataclasses.fields(ModelConfig))
+_KEY_TO_SECTION = {f.name: s for s, cls in _RUNTIME_SECTIONS.items() for f in dataclasses.fields(cls)}
+_KEY_TO_SECTION.update({k: "model" for k in _MODEL_KEYS})
+_SECTION_CLASSES = dict(_RUNTIME_SECTIONS, model=ModelConfig)
+_BUCKET_KEYS = ("prefix_buckets", "item_buckets", "item_count_buckets", "batch_buckets")
+_POSITIVE_KEYS = ("extend_batch_size", "serial_batch_size", "max_request_tokens", "max_reference_len",
+                  "splash_block_q", "splash_block_kv", "gpu_block_q", "gpu_block_kv")
+
+
+def _unknown_key(key: str, valid: Sequence[str], where: str) -> ConfigError:
+  near = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
+  hint = f"; did you mean {', '.join(near)}?" if near else ""
+  return ConfigError(f"unknown config key {key!r} in {where}{hint}")
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+  """Checks `value` against the field type `tp`; converts lists to tuples and ints to floats."""
+  origin, args = typing.get_origin(tp), typing.get_args(tp)
+  if origin in (typing.Union, types.UnionType):
+    if value is None and type(None) in args:
+      return None
+    inner = [a for a in args if a is not type(None)]
+    return _coerce(key, value, inner[0])
+  if origin is Literal:
+    if value not in args:
+      near = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+      hint = f" (did you mean {near[0]!r}?)" if near else ""
+      raise ConfigError(f"{key}={value!r} is not one of {list(args)}{hint}")
+    return value
+  if origin is tuple:
+    if not isinstance(value, (list, tuple)):
+      raise ConfigError(f"{key}={value!r} must be a list")
+    return tuple(_coerce(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value))
+  if tp is bool:
+    if not isinstance(value, bool):
+      raise ConfigError(f"{key}={value!r} must be true or false")
+    return value
+  if tp is int:
+    if isinstance(value, bool) or not isinstance(value, int):
+      raise ConfigError(f"{key}={value!r} must be an integer")
+    return value
+  if tp is float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+      raise ConfigError(f"{key}={value!r} must be a number")
+    return float(value)
+  if tp is str:
+    if not isinstance(value, str):
+      raise ConfigError(f"{key}={value!r} must be a string")
+    return value
+  raise TypeError(f"unsupported config type {tp} for {key}")
+
+
+def _validate(cfg: Config) -> None:
+  for key in _BUCKET_KEYS:
+    b = getattr(cfg.buckets, key)
+    if not b or any(x <= 0 for x in b) or list(b) != sorted(set(b)):
+      raise ConfigError(f"{key}={list(b)} must be a non-empty strictly increasing list of positive integers")
+  for key in _POSITIVE_KEYS:
+    section = getattr(cfg, _KEY_TO_SECTION[key])
+    if getattr(section, key) <= 0:
+      raise ConfigError(f"{key}={getattr(section, key)} must be positive")
+  if cfg.scoring.prefix_cache_bytes < 0:
+    raise ConfigError(f"prefix_cache_bytes={cfg.scoring.prefix_cache_bytes} must be >= 0")
+  if cfg.buckets.length_group_ratio < 1:
+    raise ConfigError(f"length_group_ratio={cfg.buckets.length_group_ratio} must be >= 1")
+  try:
+    cfg.model.validate()
+  except ValueError as e:
+    raise ConfigError(f"model {cfg.runtime.model_name!r}: {e}") from None
+
+
+def from_flat_dict(flat: Mapping[str, Any], where: str = "config") -> Config:
+  """Builds a validated Config from flat keys (any subset; the rest keep their defaults)."""
+  sections: dict[str, dict[str, Any]] = {s: {} for s in _SECTION_CLASSES}
+  for key, value in flat.items():
+    if key not in _KEY_TO_SECTION:
+      raise _unknown_key(key, list(_KEY_TO_SECTION), where)
+    section = _KEY_TO_SECTION[key]
+    hints = typing.get_type_hints(_SECTION_CLASSES[section])
+    sections[section][key] = _coerce(key, value, hints[key])
+  cfg = Config(**{s: _SECTION_CLASSES[s](**kw) for s, kw in sections.items()})
+  _validate(cfg)
+  return cfg
+
+
+def to_flat_dict(cfg: Config) -> dict[str, Any]:
+  """The inverse of from_flat_dict (tuples stay tuples)."""
+  out: dict[str, Any] = {}
+  for section in _SECTION_CLASSES:
+    out.update(dataclasses.asdict(getattr(cfg, section)))
+  return out
+
+
+def model_config_to_dict(model: ModelConfig) -> dict[str, Any]:
+  """Plain dict of a ModelConfig (stored beside checkpoints)."""
+  return dataclasses.asdict(model)
+
+
+def model_config_from_dict(d: Mapping[str, Any], where: str = "model config") -> ModelConfig:
+  """Validated ModelConfig from a plain dict; unknown keys are errors."""
+  hints = typing.get_type_hints(ModelConfig)
+  kw = {}
+  for key, value in d.items():
+    if key not in hints:
+      raise _unknown_key(key, list(hints), where)
+    kw[key] = _coerce(key, value, hints[key])
+  try:
+    return ModelConfig(**kw).validate()
+  except ValueError as e:
+    raise ConfigError(f"{where}: {e}") from None
+
+
+def _read_yaml(path: pathlib.Path) -> dict[str, Any]:
+  if not path.is_file():
+    raise ConfigError(f"config file {path} does not exist")
+  with open(path) as f:
+    data = yaml.safe_load(f) or {}
+  if not isinstance(data, dict):
+    raise ConfigError(f"config file {path} must hold a mapping of key: value")
+  return data
+
+
+def parse_override(arg: str) -> tuple[str, Any]:
+  """Parses one `key=value` command-line override; the value is read as YAML."""
+  if "=" not in arg:
+    raise ConfigError(f"override {arg!r} must have the form key=value")
+  key, raw = arg.split("=", 1)
+  return key.strip(), yaml.safe_load(raw) if raw.strip() else None
+
+
+def model_yaml_path(name: str, config_dir: os.PathLike = CONFIG_DIR) -> pathlib.Path:
+  """configs/models/<name>.yml, with the available names in the error when absent."""
+  path = pathlib.Path(config_dir) / "models" / f"{name}.yml"
+  if not path.is_file():
+    names = sorted(p.stem for p in (pathlib.Path(config_dir) / "models").glob("*.yml"))
+    near = difflib.get_close_matches(name, names, n=3, cutoff=0.4)
+    hint = f"; did you mean {', '.join(near)}?" if near else f"; available: {', '.join(names)}"
+    raise ConfigError(f"model_name={name!r} has no file {path}{hint}")
+  return path
+
+
+def load_config(overrides: Sequence[str] | Mapping[str, Any] = (),
+                base: os.PathLike = CONFIG_DIR / "base.yml") -> Config:
+  """base.yml, then the model's yml, then overrides (`["k=v", ...]` or a dict), validated."""
+  if isinstance(overrides, Mapping):
+    over = dict(overrides)
+  else:
+    over = dict(parse_override(a) for a in overrides)
+  flat = _read_yaml(pathlib.Path(base))
+  for key in flat:
+    if key not in _KEY_TO_SECTION or _KEY_TO_SECTION[key] == "model":
+      raise _unknown_key(key, [k for k, s in _KEY_TO_SECTION.items() if s != "model"], str(base))
+  model_name = over.get("model_name", flat.get("model_name", RuntimeConfig.model_name))
+  model_path = model_yaml_path(model_name, pathlib.Path(base).parent)
+  model_flat = _read_yaml(model_path)
+  for key in model_flat:
+    if key not in _MODEL_KEYS:
+      raise _unknown_key(key, list(_MODEL_KEYS), str(model_path))
+  flat.update(model_flat)
+  flat.update(over)
+  return from_flat_dict(flat, where="overrides")

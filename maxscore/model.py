@@ -1,0 +1,146 @@
+"""Jitted model entry points that the scoring algorithms share.
+
+Every entry point ends in the scoring primitive of DESIGN.md section 1: gather the final
+hidden states at the score indices only, apply the lm_head to those rows only, float32
+log_softmax over the full vocabulary, pick the label ids. Shapes come from buckets, so the
+set of compiled executables is bounded; `compiled_shapes` records which were built.
+"""
+
+import dataclasses
+import threading
+from typing import Any, Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from layers.config import ModelConfig
+from layers.decoder import Decoder
+from layers.kernels import KernelOptions, PrefixKV, SegmentLayout, get_kernel
+from layers.kernels.base import resolve_auto
+from maxscore.config import KernelConfig, RuntimeConfig
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@flax.struct.dataclass
+class PrefixState:
+  """The query prefix prefilled once: per-layer K/V [layers, 1, P, K, H] and the last hidden state."""
+  k: jax.Array
+  v: jax.Array
+  last_hidden_D: jax.Array
+  valid: jax.Array  # int32 scalar: real prefix tokens (traced, so it does not trigger recompiles)
+
+  @property
+  def prefix_len(self) -> int:
+    return self.k.shape[2]
+
+  @property
+  def nbytes(self) -> int:
+    return int(self.k.nbytes + self.v.nbytes + self.last_hidden_D.nbytes)
+
+
+def kernel_options(cfg: KernelConfig) -> KernelOptions:
+  return KernelOptions(max_reference_len=cfg.max_reference_len, splash_block_q=cfg.splash_block_q,
+                       splash_block_kv=cfg.splash_block_kv, gpu_block_q=cfg.gpu_block_q,
+                       gpu_block_kv=cfg.gpu_block_kv, interpret=cfg.kernel_interpret)
+
+
+def _label_logprobs(decoder: Decoder, params, hidden_BxNxD, label_ids_K):
+  logits_BxNxV = decoder.apply({"params": params}, hidden_BxNxD, method=Decoder.logits)
+  label_logits = jnp.take(logits_BxNxV, label_ids_K, axis=-1)
+  return label_logits - jax.nn.logsumexp(logits_BxNxV, axis=-1, keepdims=True)
+
+
+class ModelRunner:
+  """Params plus jitted forward / prefill / extend functions, one Decoder per kernel."""
+
+  def __init__(self, model: ModelConfig, runtime: RuntimeConfig, kernel: KernelConfig, params: Any):
+    self.model = model
+    self.dtype = DTYPES[runtime.dtype]
+    self.precision = runtime.matmul_precision
+    self.options = kernel_options(kernel)
+    self.default_kernel = resolve_auto() if kernel.attention == "auto" else kernel.attention
+    self.params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, DTYPES[runtime.weight_dtype]), params)
+    self.compiled_shapes: set[tuple] = set()
+    self._lock = threading.Lock()
+    self._jits: dict[tuple, Any] = {}
+
+  def decoder(self, kernel: str, return_kv: bool = False) -> Decoder:
+    return Decoder(self.model, get_kernel(kernel, self.options), dtype=self.dtype, param_dtype=self.dtype,
+                   precision=self.precision, return_kv=return_kv)
+
+  def _jit(self, name: str, kernel: str, build):
+    key = (name, kernel)
+    with self._lock:
+      if key not in self._jits:
+        self._jits[key] = jax.jit(build(kernel))
+      return self._jits[key]
+
+  def _record(self, *key) -> None:
+    self.compiled_shapes.add(key)
+
+  # --- entry points ------------------------------------------------------------------
+  def packed_logprobs(self, kernel: str, tokens_BxT, positions_BxT, layout: SegmentLayout, score_index_BxN,
+                      label_ids_K) -> jax.Array:
+    """Label log-probs [B, N, K] of one packed (or serial, N=1 with P=T) forward."""
+    def build(kernel):
+      decoder = self.decoder(kernel)
+      def fn(params, tokens, positions, layout, score_index, labels):
+        hidden_BxTxD, _ = decoder.apply({"params": params}, tokens, positions, layout)
+        h_BxNxD = jnp.take_along_axis(hidden_BxTxD, score_index[..., None], axis=1)
+        return _label_logprobs(decoder, params, h_BxNxD, labels)
+      return fn
+    self._record("packed", kernel, tokens_BxT.shape, layout.prefix_len, layout.slot_len, layout.num_slots,
+                 len(label_ids_K))
+    return self._jit("packed", kernel, build)(self.params, tokens_BxT, positions_BxT, layout, score_index_BxN,
+                                               label_ids_K)
+
+  def prefill(self, kernel: str, tokens_1xP, valid: int) -> PrefixState:
+    """Runs the prefix once; returns its per-layer K/V and the hidden state of its last real token."""
+    def build(kernel):
+      decoder = self.decoder(kernel, return_kv=True)
+      def fn(params, tokens, layout, last):
+        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+        hidden_1xPxD, kv = decoder.apply({"params": params}, tokens, positions, layout)
+        return kv.k, kv.v, hidden_1xPxD[0, last]
+      return fn
+    p = tokens_1xP.shape[1]
+    self._record("prefill", kernel, p)
+    layout = SegmentLayout.causal(jnp.asarray([valid], jnp.int32), p)
+    k, v, last = self._jit("prefill", kernel, build)(self.params, tokens_1xP, layout, valid - 1)
+    return PrefixState(k, v, last, jnp.asarray(valid, jnp.int32))
+
+  def extend_logprobs(self, kernel: str, state: PrefixState, tokens_1xT, positions_1xT, slot_valid_1xN,
+                      slot_len: int, score_index_1xN, label_ids_K) -> jax.Array:
+    """Label log-probs [1, N, K] of items in slots attending to a prefilled PrefixState."""
+    def build(kernel):
+      decoder = self.decoder(kernel)
+      def fn(params, state, tokens, positions, layout, score_index, labels):
+        hidden_1xTxD, _ = decoder.apply({"params": params}, tokens, positions, layout, PrefixKV(state.k, state.v))
+        h_1xNxD = jnp.take_along_axis(hidden_1xTxD, jnp.maximum(score_index, 0)[..., None], axis=1)
+        # An empty item (score_index -1) reads the prefix's last hidden state.
+        h_1xNxD = jnp.where(score_index[..., None] < 0, state.last_hidden_D.astype(h_1xNxD.dtype), h_1xNxD)
+        return _label_logprobs(decoder, params, h_1xNxD, labels)
+      return fn
+    n = slot_valid_1xN.shape[1]
+    layout = SegmentLayout(state.valid.reshape(1), slot_valid_1xN, state.prefix_len, slot_len, n)
+    self._record("extend", kernel, state.prefix_len, slot_len, n, len(label_ids_K))
+    return self._jit("extend", kernel, build)(self.params, state, tokens_1xT, positions_1xT, layout,
+                                               score_index_1xN, label_ids_K)
+
+  def logits(self, token_ids: np.ndarray, kernel: Optional[str] = None) -> np.ndarray:
+    """Next-token logits [T, V] (float32) for one causal sequence."""
+    def build(kernel):
+      decoder = self.decoder(kernel)
+      def fn(params, tokens, layout):
+        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+        hidden, _ = decoder.apply({"params": params}, tokens, positions, layout)
+        return decoder.apply({"params": params}, hidden[0], method=Decoder.logits)
+      return fn
+    kernel = kernel or self.default_kernel
+    tokens = jnp.asarray(token_ids, jnp.int32)[None]
+    layout = SegmentLayout.causal(jnp.asarray([tokens.shape[1]], jnp.int32), tokens.shape[1])
+    self._record("logits", kernel, tokens.shape)
+    return np.asarray(self._jit("logits", kernel, build)(self.params, tokens, layout))

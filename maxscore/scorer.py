@@ -1,0 +1,169 @@
+"""The public entry: `Scorer` computes DESIGN.md section 1's scores with any algorithm.
+
+    scorer = Scorer.from_checkpoint("ckpt/")             # or Scorer.from_config(load_config(...))
+    result = scorer.score("what is jax?", ["doc a", "doc b"], label_token_ids=[9454, 2753])
+    result.scores                                         # [[p_yes, p_no], [p_yes, p_no]]
+"""
+
+import dataclasses
+import os
+import pathlib
+from typing import Any, Mapping, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from absl import logging
+
+from layers.decoder import Decoder, init_params
+from layers.kernels import get_kernel
+from maxscore import checkpointing, selector
+from maxscore.algorithms import ALGORITHMS, AlgorithmContext
+from maxscore.config import Config, from_flat_dict, load_config, to_flat_dict
+from maxscore.errors import ScoreInputError
+from maxscore.model import ModelRunner
+from maxscore.prefix_cache import PrefixCache
+from maxscore.requests import TokenRequest, make_request
+from maxscore.tokenizer import Tokenizer, load_tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreResult:
+  """Scores [N, K] (float32) for one request, the algorithm that computed them and token usage."""
+  scores: np.ndarray
+  algorithm: str
+  usage: Mapping[str, int]
+
+  def to_response(self, model: str) -> dict[str, Any]:
+    """The sglang /v1/score response body."""
+    return {"scores": self.scores.tolist(), "model": model, "usage": dict(self.usage), "object": "scoring"}
+
+
+def finalize_scores(label_logprobs: np.ndarray, apply_softmax: bool) -> np.ndarray:
+  """softmax over the label log-probs (rows sum to 1), or their exp (full-vocabulary probabilities)."""
+  lp = np.asarray(label_logprobs, np.float32)
+  if apply_softmax:
+    if lp.size == 0:
+      return lp
+    e = np.exp(lp - lp.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+  return np.exp(lp).astype(np.float32)
+
+
+class Scorer:
+  """Scores items for queries with one model; holds params, tokenizer, compiled functions and caches."""
+
+  def __init__(self, config: Config, params: Any, tokenizer: Optional[Tokenizer] = None,
+               model_name: str = "maxscore"):
+    self.config = config
+    self.tokenizer = tokenizer
+    self.model_name = model_name
+    if config.runtime.compilation_cache_dir:
+      jax.config.update("jax_compilation_cache_dir", config.runtime.compilation_cache_dir)
+    checkpointing.check_params(params, config.model)
+    self.runner = ModelRunner(config.model, config.runtime, config.kernel, params)
+    self.prefix_cache = PrefixCache(config.scoring.prefix_cache_bytes)
+    self._warned_item_first = False
+
+  # --- construction ------------------------------------------------------------------
+  @classmethod
+  def from_config(cls, config: Config, tokenizer: Optional[Tokenizer] = None) -> "Scorer":
+    """Random-init params from `config.runtime.init_seed` (tests, demos), or the checkpoint it names."""
+    if config.runtime.checkpoint_dir:
+      return cls.from_checkpoint(config.runtime.checkpoint_dir, **to_flat_dict(config))
+    decoder = Decoder(config.model, get_kernel("reference"))
+    params = nn.unbox(init_params(decoder, jax.random.PRNGKey(config.runtime.init_seed)))
+    if tokenizer is None and config.runtime.tokenizer_path:
+      tokenizer = load_tokenizer(config.runtime.tokenizer_path)
+    return cls(config, params, tokenizer, model_name=config.runtime.model_name)
+
+  @classmethod
+  def from_checkpoint(cls, checkpoint_dir: os.PathLike, **overrides: Any) -> "Scorer":
+    """Loads a converted checkpoint; `overrides` are flat config keys (model keys come from the checkpoint)."""
+    ckpt = checkpointing.restore_checkpoint(checkpoint_dir)
+    flat = to_flat_dict(load_config())
+    flat.update({k: v for k, v in overrides.items()})
+    flat.update(dataclasses.asdict(ckpt.model))
+    flat["checkpoint_dir"] = str(ckpt.directory)
+    config = from_flat_dict(flat, where="overrides")
+    tok_path = config.runtime.tokenizer_path or ckpt.tokenizer_path
+    tokenizer = load_tokenizer(tok_path) if tok_path else None
+    return cls(config, ckpt.params, tokenizer, model_name=pathlib.Path(checkpoint_dir).name)
+
+  # --- raw model ---------------------------------------------------------------------
+  def logits(self, token_ids: Sequence[int]) -> np.ndarray:
+    """Next-token logits [T, V] (float32) for one sequence; used by parity checks."""
+    ids = make_request(list(token_ids), [], [0], False, False, None, self.config.model.vocab_size).query
+    return self.runner.logits(np.asarray(ids, np.int32))
+
+  # --- scoring -----------------------------------------------------------------------
+  def make_request(self, query: Any, items: Any, label_token_ids: Optional[Sequence[int]] = None,
+                   apply_softmax: Optional[bool] = None, item_first: bool = False,
+                   separator_token_id: Any = "config") -> TokenRequest:
+    """Validates one request, filling label ids, apply_softmax and separator from the config."""
+    sc = self.config.scoring
+    labels = sc.label_token_ids if label_token_ids is None else label_token_ids
+    sep = sc.separator_token_id if separator_token_id == "config" else separator_token_id
+    return make_request(query, items, labels, sc.apply_softmax if apply_softmax is None else apply_softmax,
+                        item_first, sep, self.config.model.vocab_size, self.tokenizer, sc.max_request_tokens)
+
+  def score(self, query: Any, items: Any, label_token_ids: Optional[Sequence[int]] = None,
+            apply_softmax: Optional[bool] = None, item_first: bool = False, algorithm: Optional[str] = None,
+            separator_token_id: Any = "config") -> ScoreResult:
+    """Scores `items` for `query` (text or token ids); see DESIGN.md section 1 for the semantics."""
+    req = self.make_request(query, items, label_token_ids, apply_softmax, item_first, separator_token_id)
+    return self.score_requests([req], algorithm=algorithm)[0]
+
+  def score_batch(self, requests: Sequence[Mapping[str, Any]], algorithm: Optional[str] = None) -> list[ScoreResult]:
+    """Scores many /v1/score-shaped dicts ({query, items, label_token_ids, apply_softmax, item_first})."""
+    reqs = []
+    for i, r in enumerate(requests):
+      unknown = set(r) - {"query", "items", "label_token_ids", "apply_softmax", "item_first", "model"}
+      if unknown:
+        raise ScoreInputError(f"requests[{i}] has unknown fields {sorted(unknown)}")
+      try:
+        reqs.append(self.make_request(r.get("query"), r.get("items"), r.get("label_token_ids"),
+                                      r.get("apply_softmax"), r.get("item_first", False)))
+      except ScoreInputError as e:
+        raise ScoreInputError(f"requests[{i}]: {e}") from None
+    return self.score_requests(reqs, algorithm=algorithm)
+
+  def choose(self, req: TokenRequest, algorithm: Optional[str] = None) -> selector.Choice:
+    """The algorithm for `req`: the call's, else the config's, else the selector's."""
+    if algorithm is not None and algorithm not in ALGORITHMS and algorithm != "auto":
+      raise ScoreInputError(f"algorithm={algorithm!r} is not one of {sorted(ALGORITHMS) + ['auto']}")
+    scoring = self.config.scoring
+    if algorithm is not None:
+      scoring = dataclasses.replace(scoring, algorithm=algorithm)
+    if req.item_first and scoring.algorithm not in ("auto", "serial") and not self._warned_item_first:
+      logging.warning("item_first=True is computed with the serial algorithm (requested %s)", scoring.algorithm)
+      self._warned_item_first = True
+    kernel = self.runner.default_kernel
+    p = len(req.prefix)
+    cached = self.prefix_cache.has_prefix(req.prefix)
+    return selector.select(p, [len(x) for x in req.items], req.item_first, kernel, self.config.kernel, scoring,
+                           self.config.buckets, prefix_cached=cached)
+
+  def score_requests(self, reqs: Sequence[TokenRequest], algorithm: Optional[str] = None) -> list[ScoreResult]:
+    """Scores validated requests, grouping those that share an algorithm into the same forwards."""
+    choices = [self.choose(r, algorithm) for r in reqs]
+    for r, c in zip(reqs, choices):
+      selector.log_choice(c, len(r.prefix), len(r.items))
+    results: list[Optional[ScoreResult]] = [None] * len(reqs)
+    for name in sorted({c.algorithm for c in choices}):
+      idx = [i for i, c in enumerate(choices) if c.algorithm == name]
+      ctx = AlgorithmContext(self.runner, self.runner.default_kernel, self.config.buckets, self.config.scoring,
+                             self.prefix_cache)
+      lps = ALGORITHMS[name](ctx, [reqs[i] for i in idx])
+      for i, lp in zip(idx, lps):
+        results[i] = ScoreResult(finalize_scores(lp, reqs[i].apply_softmax), name, self._usage(reqs[i], name))
+    return results
+
+  @staticmethod
+  def _usage(req: TokenRequest, algorithm: str) -> dict[str, int]:
+    """Tokens of the request, and tokens the algorithm ran through the model (serial repeats the query)."""
+    if algorithm == "serial":
+      processed = sum(len(req.serial_sequence(i)) for i in range(len(req.items)))
+    else:
+      processed = req.num_tokens if req.items else 0
+    return {"prompt_tokens": req.num_tokens, "processed_tokens": processed, "total_tokens": req.num_tokens}

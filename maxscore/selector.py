@@ -1,0 +1,67 @@
+"""Picks the algorithm for a request from its geometry, the kernel and the backend.
+
+Cost model (DESIGN.md section 3): packed and prefill_extend do the same dense work for one
+row (2 * non_embedding_params * tokens); packed needs one dispatch, but recomputes the
+prefix in every row, and a dense reference mask costs T^2. prefill_extend pays the prefix
+once (or never, on a cache hit) and one dispatch per chunk. Serial recomputes the query
+for every item, so it is chosen only where the others cannot run (item_first).
+"""
+
+import dataclasses
+import math
+from typing import Sequence
+
+from absl import logging
+
+from maxscore.config import BucketConfig, KernelConfig, ScoringConfig
+from maxscore.layout import bucket
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  algorithm: str
+  reason: str
+
+
+def packed_row_tokens(prefix_len: int, item_lens: Sequence[int], buckets: BucketConfig) -> tuple[int, int]:
+  """(rows, tokens of the longest row) the packed layout would use, ignoring length groups."""
+  n = len(item_lens)
+  rows = math.ceil(n / buckets.item_count_buckets[-1])
+  per_row = math.ceil(n / rows)
+  p = bucket(prefix_len, buckets.prefix_buckets, "query (with separator)")
+  l = bucket(max(max(item_lens), 1), buckets.item_buckets, "item length")
+  return rows, p + bucket(per_row, buckets.item_count_buckets, "item count") * l
+
+
+def select(prefix_len: int, item_lens: Sequence[int], item_first: bool, kernel: str, kernel_cfg: KernelConfig,
+           scoring: ScoringConfig, buckets: BucketConfig, prefix_cached: bool = False) -> Choice:
+  """The algorithm for one request; `scoring.algorithm` other than auto always wins."""
+  if item_first:
+    return Choice("serial", "item_first=True puts the item before the query, so nothing is shared")
+  if scoring.algorithm != "auto":
+    return Choice(scoring.algorithm, "set by config/call")
+  if not item_lens:
+    return Choice("packed", "no items")
+  if prefix_cached:
+    return Choice("prefill_extend", "the query's PrefixState is cached: extend skips the prefix entirely")
+  rows, row_tokens = packed_row_tokens(prefix_len, item_lens, buckets)
+  if kernel == "reference" and row_tokens > kernel_cfg.max_reference_len:
+    return Choice("prefill_extend", f"packed row of {row_tokens} tokens exceeds the reference kernel's "
+                                    f"max_reference_len={kernel_cfg.max_reference_len}")
+  if rows > 1:
+    return Choice("prefill_extend", f"{len(item_lens)} items need {rows} packed rows, each recomputing the "
+                                    f"query; prefill_extend computes it once")
+  return Choice("packed", f"one packed row of {row_tokens} tokens: same dense work as prefill_extend, one dispatch")
+
+
+_last_logged: list = [None]
+
+
+def log_choice(choice: Choice, prefix_len: int, num_items: int) -> None:
+  """Logs a choice at INFO when it differs from the previous one (DEBUG otherwise)."""
+  msg = "algorithm=%s for query of %d tokens x %d items: %s"
+  if (choice.algorithm, choice.reason) != _last_logged[0]:
+    logging.info(msg, choice.algorithm, prefix_len, num_items, choice.reason)
+    _last_logged[0] = (choice.algorithm, choice.reason)
+  else:
+    logging.debug(msg, choice.algorithm, prefix_len, num_items, choice.reason)

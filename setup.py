@@ -1,0 +1,22 @@
+"""maxscore: fast LLM reranker scoring in JAX."""
+
+from setuptools import setup
+
+setup(
+    name="maxscore",
+    version="0.1.0",
+    description="MaxText-style JAX module for scoring and evaluating LLM rerankers",
+    packages=["maxscore", "maxscore.algorithms", "maxscore.testing", "layers", "layers.kernels"],
+    package_data={"maxscore": ["data/**/*"]},
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.7", "jaxlib>=0.7", "flax>=0.10", "orbax-checkpoint>=0.11", "optax>=0.2", "sentencepiece>=0.2",
+        "numpy>=1.26", "absl-py>=2.0", "pyyaml>=6.0", "safetensors>=0.4", "tokenizers>=0.20", "ml_dtypes>=0.4",
+        "tqdm>=4.60",
+    ],
+    extras_require={
+        # torch is pinned to the CPU build available on these machines; unpinned, pip pulls a CUDA build.
+        "test": ["pytest>=8", "torch==2.13.0", "transformers>=4.51", "pytrec-eval-terrier>=0.5"],
+        "convert": ["torch==2.13.0", "transformers>=4.51"],
+    },
+)

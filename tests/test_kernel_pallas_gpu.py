@@ -1,0 +1,121 @@
+"""pallas_gpu kernel (interpret mode on CPU) against the dense reference, and its block skipping."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from layers.kernels import pallas_gpu, reference
+from layers.kernels.base import KernelOptions, PrefixKV, SegmentLayout
+
+
+def _layout(rng, b, p, l, n):
+  """Row 0 fully valid prefix, other rows padded prefix; slot lengths mixed, 0 and L included."""
+  prefix_valid_B = np.full(b, p)
+  prefix_valid_B[1:] = rng.integers(1, p + 1, b - 1)
+  slot_valid_BxN = rng.integers(0, l + 1, (b, n))
+  if n:
+    slot_valid_BxN[0, 0], slot_valid_BxN[-1, -1] = 0, l
+  return SegmentLayout(jnp.asarray(prefix_valid_B, jnp.int32), jnp.asarray(slot_valid_BxN, jnp.int32), p, l, n)
+
+
+def _qkv(rng, b, t, nh, kh, h, dtype=jnp.float32):
+  normal = lambda *shape: jnp.asarray(rng.normal(size=shape), dtype)
+  return normal(b, t, nh, h), normal(b, t, kh, h), normal(b, t, kh, h)
+
+
+@functools.partial(jax.jit, static_argnames=("options",))
+def _pallas(q, k, v, layout, prefix_kv, options):
+  return pallas_gpu.attend(q, k, v, layout, prefix_kv, options=options)
+
+
+def _check(p, n, l, group, blocks, h=16, prefix_kv=False, seed=0):
+  rng = np.random.default_rng(seed)
+  b, kh = 2, 2
+  layout = _layout(rng, b, p, l, n)
+  t = layout.row_len - (p if prefix_kv else 0)
+  q, k, v = _qkv(rng, b, t, kh * group, kh, h)
+  pkv = PrefixKV(*_qkv(rng, 1, p, kh, kh, h)[1:]) if prefix_kv else None
+  options = KernelOptions(gpu_block_q=blocks[0], gpu_block_kv=blocks[1], interpret=True)
+  out = np.asarray(_pallas(q, k, v, layout, pkv, options))
+  want = np.asarray(reference.attend(q, k, v, layout, pkv, options=options))
+  assert out.shape == want.shape and out.dtype == want.dtype
+  assert np.isfinite(out).all()
+  np.testing.assert_allclose(out, want, atol=2e-5, rtol=2e-5)
+
+
+# Every P with N in {1, 5}, both block shapes per P, GQA ratios 1/2/4 spread across them.
+@pytest.mark.parametrize("p,n,blocks,group", [
+    (1, 1, (16, 16), 1), (1, 5, (8, 32), 4),
+    (17, 1, (8, 32), 2), (17, 5, (16, 16), 4), (17, 5, (8, 32), 1),
+    (128, 1, (16, 16), 2), (128, 5, (8, 32), 4), (128, 5, (16, 16), 1),
+])
+def test_matches_reference(p, n, blocks, group):
+  _check(p, n, l=7, group=group, blocks=blocks, seed=p * 10 + n)
+
+
+@pytest.mark.parametrize("p,n,l", [(17, 5, 7), (128, 3, 20), (5, 2, 0)])
+@pytest.mark.parametrize("blocks", [(16, 16), (8, 32)])
+def test_prefix_kv_matches_reference(p, n, l, blocks):
+  _check(p, n, l, group=2, blocks=blocks, prefix_kv=True, seed=p + n)
+
+
+def test_odd_head_dim_plain_causal_and_long_slots():
+  _check(17, 2, 40, group=2, blocks=(16, 16), h=12)
+  _check(33, 0, 5, group=1, blocks=(16, 16))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("blocks", [(16, 16), (8, 32), (64, 64)])
+def test_long_prefix_matches_reference(blocks):
+  _check(700, 5, 13, group=4, blocks=blocks, seed=7)
+
+
+def test_empty_prefix_row_is_finite():
+  """A row with prefix_valid = 0: padded queries see no key; output stays finite, real queries exact."""
+  rng = np.random.default_rng(3)
+  layout = SegmentLayout(jnp.array([0, 4], jnp.int32), jnp.array([[3, 0], [5, 2]], jnp.int32), 8, 5, 2)
+  q, k, v = _qkv(rng, 2, layout.row_len, 2, 1, 16)
+  options = KernelOptions(gpu_block_q=8, gpu_block_kv=8, interpret=True)
+  out = np.asarray(_pallas(q, k, v, layout, None, options))
+  want = np.asarray(reference.attend(q, k, v, layout, options=options))
+  real_BxT = np.asarray(layout.segment_ids()) >= 0
+  assert np.isfinite(out).all()
+  np.testing.assert_allclose(out[real_BxT], want[real_BxT], atol=2e-5, rtol=2e-5)
+
+
+def test_bfloat16_keeps_dtype():
+  rng = np.random.default_rng(4)
+  layout = _layout(rng, 2, 17, 6, 3)
+  q, k, v = _qkv(rng, 2, layout.row_len, 4, 2, 16, jnp.bfloat16)
+  options = KernelOptions(gpu_block_q=16, gpu_block_kv=16, interpret=True)
+  out = _pallas(q, k, v, layout, None, options)
+  want = reference.attend(q, k, v, layout, options=options)
+  assert out.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(want, np.float32), atol=3e-2)
+
+
+def test_block_counts_hand_checked():
+  # P=4, L=4, N=2, blocks 4/4: q block 0 sees kv 0; q block 1 sees kv 0 + 1; q block 2 sees kv 0 + 2.
+  assert pallas_gpu.block_counts(4, 4, 2, 4, 4) == dict(total_blocks=6, visited_blocks=5)
+  # No items: plain causal, nothing skipped.
+  assert pallas_gpu.block_counts(40, 7, 0, 8, 8) == dict(total_blocks=15, visited_blocks=15)
+
+
+@pytest.mark.parametrize("p,l,n,bq,bk", [(17, 7, 5, 8, 8), (5, 3, 9, 4, 8), (33, 20, 4, 16, 4), (1, 1, 30, 8, 8)])
+def test_block_counts_equal_needed_blocks(p, l, n, bq, bk):
+  """With all tokens valid the kernel visits exactly the blocks holding a visible (query, key) pair."""
+  seg = np.concatenate([np.zeros(p, int), np.repeat(np.arange(1, n + 1), l)])
+  t = len(seg)
+  idx = np.arange(t)
+  vis = (idx[None] <= idx[:, None]) & ((seg[None] == 0) | (seg[None] == seg[:, None]))
+  nq, nk = -(-t // bq), -(-t // bk)
+  padded = np.zeros((nq * bq, nk * bk), bool)
+  padded[:t, :t] = vis
+  needed = padded.reshape(nq, bq, nk, bk).any(axis=(1, 3))
+  counts = pallas_gpu.block_counts(p, l, n, bq, bk)
+  assert counts["visited_blocks"] == needed.sum()
+  causal = sum(int((np.arange(nk) * bk <= min(i * bq + bq, t) - 1).sum()) for i in range(nq))
+  assert counts["total_blocks"] == causal
