@@ -46,4 +46,7 @@ class Attention(nn.Module):
     w_o = self.param("o", logical(("heads", "head_dim", "embed")), (n, h, d), self.param_dtype)
     out_BxTxD = jnp.einsum("BTNH,NHD->BTD", out_BxTxNxH.astype(self.dtype), w_o.astype(self.dtype),
                            precision=self.precision)
+    if cfg.attention_bias:
+      out_BxTxD = out_BxTxD + self.param("o_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+                                         (d,), self.param_dtype).astype(self.dtype)
     return out_BxTxD, PrefixKV(k_BxTxKxH, v_BxTxKxH)

@@ -48,7 +48,7 @@ class ModelConfig:
                         self.vocab_size)
     attn = d * n * h + 2 * d * k * h + n * h * d
     if self.attention_bias:
-      attn += n * h + 2 * k * h
+      attn += n * h + 2 * k * h + d
     if self.qk_norm:
       attn += 2 * h
     layer = attn + 3 * d * f + 2 * d

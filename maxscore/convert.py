@@ -32,6 +32,8 @@ def model_config_from_hf(hf: dict[str, Any]) -> ModelConfig:
   model_type = hf.get("model_type")
   if model_type not in FAMILIES:
     raise ConversionError(f"config.json model_type={model_type!r} is not supported; supported: {sorted(FAMILIES)}")
+  if hf.get("mlp_bias"):
+    raise ConversionError("config.json mlp_bias=true is not supported (no Llama-3/Qwen3 checkpoint uses it)")
   if hf.get("use_sliding_window"):
     raise ConversionError("config.json use_sliding_window=true is not supported")
   rope = dict(hf.get("rope_parameters") or {})
@@ -98,6 +100,8 @@ def _layer_specs(cfg: ModelConfig) -> Iterator[tuple[tuple[str, ...], str, Calla
     if cfg.attention_bias:
       yield ("attn", f"{name}_bias"), f"self_attn.{name}_proj.bias", lambda w, heads=heads: w.reshape(heads, h)
   yield ("attn", "o"), "self_attn.o_proj.weight", lambda w: w.T.reshape(n, h, d)
+  if cfg.attention_bias:
+    yield ("attn", "o_bias"), "self_attn.o_proj.bias", lambda w: w
   if cfg.qk_norm:
     yield ("attn", "q_norm", "scale"), "self_attn.q_norm.weight", lambda w: w
     yield ("attn", "k_norm", "scale"), "self_attn.k_norm.weight", lambda w: w

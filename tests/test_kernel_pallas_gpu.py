@@ -56,8 +56,7 @@ def test_matches_reference(p, n, blocks, group):
   _check(p, n, l=7, group=group, blocks=blocks, seed=p * 10 + n)
 
 
-@pytest.mark.parametrize("p,n,l", [(17, 5, 7), (128, 3, 20), (5, 2, 0)])
-@pytest.mark.parametrize("blocks", [(16, 16), (8, 32)])
+@pytest.mark.parametrize("p,n,l,blocks", [(17, 5, 7, (16, 16)), (128, 3, 20, (8, 32)), (5, 2, 0, (16, 16))])
 def test_prefix_kv_matches_reference(p, n, l, blocks):
   _check(p, n, l, group=2, blocks=blocks, prefix_kv=True, seed=p + n)
 
@@ -84,6 +83,23 @@ def test_empty_prefix_row_is_finite():
   real_BxT = np.asarray(layout.segment_ids()) >= 0
   assert np.isfinite(out).all()
   np.testing.assert_allclose(out[real_BxT], want[real_BxT], atol=2e-5, rtol=2e-5)
+
+
+def test_skipped_blocks_are_never_read():
+  """NaN keys/values in a padded-prefix block and in another item's block cannot reach other queries."""
+  rng = np.random.default_rng(5)
+  layout = SegmentLayout(jnp.array([10], jnp.int32), jnp.array([[16, 5, 16]], jnp.int32), 32, 16, 3)
+  q, k, v = _qkv(rng, 1, layout.row_len, 2, 1, 16)
+  poison_T = np.zeros(layout.row_len, bool)
+  poison_T[16:32] = poison_T[48:64] = True  # prefix padding block; the block of item 2 (segment 2)
+  options = KernelOptions(gpu_block_q=16, gpu_block_kv=16, interpret=True)
+  nan = lambda x: jnp.where(poison_T[None, :, None, None], jnp.nan, x)
+  out = np.asarray(_pallas(q, nan(k), nan(v), layout, None, options))
+  zero = lambda x: jnp.where(poison_T[None, :, None, None], 0.0, x)
+  want = np.asarray(reference.attend(q, zero(k), zero(v), layout, options=options))
+  rows = ~poison_T | (np.arange(layout.row_len) < 32)
+  assert np.isfinite(out[:, rows]).all()
+  np.testing.assert_allclose(out[:, rows], want[:, rows], atol=2e-5, rtol=2e-5)
 
 
 def test_bfloat16_keeps_dtype():

@@ -73,10 +73,11 @@ def _flash_kernel(bounds_ref, seg_q_ref, seg_k_ref, q_ref, k_ref, v_ref, o_ref, 
   o_ref[...] = (acc / jnp.where(l > 0, l, 1.0)[:, None]).astype(o_ref.dtype)
 
 
-def _block(requested: int, length: int, name: str) -> int:
+def _block(requested: int, length: int, name: str, interpret: bool) -> int:
+  """A power-of-two block no longer than needed; at least 16 when compiled (Triton dot minimum)."""
   if requested < 1 or requested & (requested - 1):
     raise ValueError(f"{name}={requested} must be a power of two (Triton block shapes)")
-  return min(requested, pl.next_power_of_2(max(length, 1)))
+  return max(min(requested, pl.next_power_of_2(max(length, 1))), 1 if interpret else 16)
 
 
 def _pad(x, axis, size, value=0):
@@ -87,6 +88,7 @@ def _pad(x, axis, size, value=0):
 
 def attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout: SegmentLayout, prefix_kv: Optional[PrefixKV] = None,
            *, options: KernelOptions) -> jax.Array:
+  """Same contract as reference.attend; T, S and head_dim are padded to blocks here and sliced back."""
   b, t, nh, h = q_BxTxNxH.shape
   kh = k_BxTxKxH.shape[2]
   if nh % kh:
@@ -104,9 +106,10 @@ def attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout: SegmentLayout, prefix_kv: Op
     k_BxTxKxH = jnp.concatenate([pk, k_BxTxKxH], axis=1)
     v_BxTxKxH = jnp.concatenate([pv, v_BxTxKxH], axis=1)
   s = k_BxTxKxH.shape[1]
-  bq = _block(options.gpu_block_q, t, "gpu_block_q")
-  bk = _block(options.gpu_block_kv, s, "gpu_block_kv")
-  tp, sp, hp = -(-t // bq) * bq, -(-s // bk) * bk, pl.next_power_of_2(h)
+  bq = _block(options.gpu_block_q, t, "gpu_block_q", options.interpret)
+  bk = _block(options.gpu_block_kv, s, "gpu_block_kv", options.interpret)
+  hp = _block(pl.next_power_of_2(h), h, "head_dim", options.interpret)
+  tp, sp = -(-t // bq) * bq, -(-s // bk) * bk
   q = _pad(_pad(q_BxTxNxH, 1, tp), 3, hp)
   k = _pad(_pad(k_BxTxKxH, 1, sp), 3, hp).astype(q.dtype)
   v = _pad(_pad(v_BxTxKxH, 1, sp), 3, hp).astype(q.dtype)

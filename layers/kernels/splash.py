@@ -25,6 +25,11 @@ _LANES = 128  # splash computes kv tiles in multiples of 128 lanes, interpret mo
 _PAD_ID = 1   # segment id of every padding token; real tokens are 0
 
 
+def _div(x, d: int):
+  """x // d for x >= 0: numpy while splash builds MaskInfo, lax.div inside the kernel."""
+  return jax.lax.div(x, jnp.int32(d)) if isinstance(x, jax.Array) else x // d
+
+
 class MultiItemMask(splash_mask._ComputableMask):
   """Key k visible from query t iff k <= t and (k < P or (k - P) // L == (t - P) // L).
 
@@ -38,8 +43,11 @@ class MultiItemMask(splash_mask._ComputableMask):
     def multi_item_mask_function(q_ids, kv_ids):
       t = q_ids + self.offset if self.offset else q_ids
       p, l = self.prefix_len, self.slot_len
-      # Only +, //, <, ==, &, |: valid on numpy (MaskInfo) and inside the kernel alike.
-      return (kv_ids <= t) & ((kv_ids < p) | ((kv_ids - p) // l == (t - p) // l))
+      # (k - P) // L == (t - P) // L, shifted by a multiple of L so both sides are >= 0 and a
+      # truncating divide (plain divsi in Mosaic, no sign fix-up) equals floor division.
+      shift = -p % l
+      same_slot = _div(kv_ids + shift, l) == _div(t + shift, l)
+      return (kv_ids <= t) & ((kv_ids < p) | same_slot)
 
     super().__init__(shape=shape, mask_function=multi_item_mask_function, shard_count=shard_count)
 
@@ -67,10 +75,6 @@ def _geometry(q_len: int, offset: int, options: KernelOptions):
   # kv covers every padded query's own (diagonal) key, so no padded row is fully masked.
   kv_pad = _round_up(offset + q_pad, block_kv)
   return block_q, block_kv, q_pad, kv_pad
-
-
-def _mask(layout: SegmentLayout, q_pad: int, kv_pad: int, offset: int) -> MultiItemMask:
-  return MultiItemMask((q_pad, kv_pad), layout.prefix_len, layout.slot_len, offset)
 
 
 def make_kernel(mask: MultiItemMask, num_heads: int, block_q: int, block_kv: int, interpret: bool):
@@ -106,7 +110,8 @@ def attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout: SegmentLayout, prefix_kv: Op
     pv = jnp.broadcast_to(prefix_kv.v, (b,) + prefix_kv.v.shape[1:]).astype(dtype)
     k, v = jnp.concatenate([pk, k], axis=1), jnp.concatenate([pv, v], axis=1)
   block_q, block_kv, q_pad, kv_pad = _geometry(t, offset, options)
-  kernel = make_kernel(_mask(layout, q_pad, kv_pad, offset), nh, block_q, block_kv, options.interpret)
+  mask = MultiItemMask((q_pad, kv_pad), layout.prefix_len, layout.slot_len, offset)
+  kernel = make_kernel(mask, nh, block_q, block_kv, options.interpret)
 
   q = (q_BxTxNxH.astype(jnp.float32) * (h ** -0.5)).astype(dtype)
   q_BxNxTxH = _pad_axis1(q, q_pad).transpose(0, 2, 1, 3)

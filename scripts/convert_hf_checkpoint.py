@@ -1,0 +1,31 @@
+"""Converts a Hugging Face Llama/Qwen3 directory (config.json + safetensors) into a maxscore checkpoint.
+
+  python scripts/convert_hf_checkpoint.py --hf_dir=Qwen3-0.6B --output_dir=ckpt/qwen3-0.6b [--dtype=bfloat16]
+"""
+
+import sys
+
+from absl import app, flags, logging
+
+from maxscore.convert import ConversionError, convert_hf_checkpoint
+from maxscore.checkpointing import CheckpointError
+
+FLAGS = flags.DEFINE_string("hf_dir", None, "Hugging Face model directory", required=True)
+OUTPUT = flags.DEFINE_string("output_dir", None, "where to write the maxscore checkpoint", required=True)
+DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "parameter dtype to store")
+OVERWRITE = flags.DEFINE_bool("overwrite", False, "replace an existing output_dir")
+
+
+def main(argv):
+  del argv
+  try:
+    out = convert_hf_checkpoint(FLAGS.value, OUTPUT.value, DTYPE.value, overwrite=OVERWRITE.value)
+  except (ConversionError, CheckpointError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  logging.info("wrote %s", out)
+  print(out)
+
+
+if __name__ == "__main__":
+  app.run(main)

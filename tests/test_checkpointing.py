@@ -1,0 +1,85 @@
+"""Orbax checkpoints: bit-exact round trip, self-description, clear errors for broken ones."""
+
+import json
+import shutil
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from layers.decoder import Decoder, init_params
+from layers.kernels import get_kernel
+from maxscore.checkpointing import CheckpointError, restore_checkpoint, save_checkpoint
+from maxscore.config import load_config
+
+
+@pytest.fixture(scope="module")
+def model_and_params():
+  cfg = load_config(["model_name=tiny-llama"]).model
+  return cfg, nn.unbox(init_params(Decoder(cfg, get_kernel("reference")), jax.random.PRNGKey(3)))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_round_trip_is_bit_exact(tmp_path, model_and_params, dtype):
+  cfg, params = model_and_params
+  params = jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
+  save_checkpoint(tmp_path / "ckpt", params, cfg)
+  restored = restore_checkpoint(tmp_path / "ckpt")
+  assert restored.model == cfg and restored.tokenizer_path is None
+  for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(restored.params)):
+    assert a.dtype == b.dtype
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_restore_into_given_shardings(tmp_path, model_and_params):
+  cfg, params = model_and_params
+  save_checkpoint(tmp_path / "ckpt", params, cfg)
+  sharding = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",)),
+                                        jax.sharding.PartitionSpec())
+  restored = restore_checkpoint(tmp_path / "ckpt", shardings=jax.tree_util.tree_map(lambda _: sharding, params))
+  assert all(x.sharding == sharding for x in jax.tree_util.tree_leaves(restored.params))
+
+
+def test_existing_directory_is_not_overwritten_silently(tmp_path, model_and_params):
+  cfg, params = model_and_params
+  save_checkpoint(tmp_path / "ckpt", params, cfg)
+  with pytest.raises(CheckpointError, match="already exists"):
+    save_checkpoint(tmp_path / "ckpt", params, cfg)
+  save_checkpoint(tmp_path / "ckpt", params, cfg, overwrite=True)
+
+
+def test_missing_and_corrupt_checkpoints_are_named(tmp_path, model_and_params):
+  cfg, params = model_and_params
+  with pytest.raises(CheckpointError, match="does not exist"):
+    restore_checkpoint(tmp_path / "missing")
+  ckpt = save_checkpoint(tmp_path / "ckpt", params, cfg)
+  meta = ckpt / "maxscore.json"
+  good = meta.read_text()
+  meta.write_text("{not json")
+  with pytest.raises(CheckpointError, match="maxscore.json is corrupt"):
+    restore_checkpoint(ckpt)
+  meta.write_text(good)
+  for f in (ckpt / "params").rglob("*"):
+    if f.is_file() and f.stat().st_size > 1000:
+      f.write_bytes(b"\0" * 64)  # truncate the data files
+  with pytest.raises(CheckpointError, match="params"):
+    restore_checkpoint(ckpt)
+  shutil.rmtree(ckpt / "params")
+  with pytest.raises(CheckpointError, match="params"):
+    restore_checkpoint(ckpt)
+
+
+def test_mismatched_shapes_name_the_parameter(tmp_path, model_and_params):
+  cfg, params = model_and_params
+  ckpt = save_checkpoint(tmp_path / "ckpt", params, cfg)
+  meta = json.loads((ckpt / "maxscore.json").read_text())
+  meta["model"]["mlp_dim"] = 96
+  (ckpt / "maxscore.json").write_text(json.dumps(meta))
+  with pytest.raises(CheckpointError, match=r"layers/mlp/gate has shape \(2, 64, 128\), the model config needs "
+                                            r"\(2, 64, 96\)"):
+    restore_checkpoint(ckpt)
+  bad = dict(params, final_norm={"scale": jnp.ones((3,))})
+  with pytest.raises(CheckpointError, match="final_norm/scale"):
+    save_checkpoint(tmp_path / "bad", bad, cfg)
