@@ -63,7 +63,8 @@ def _encode(field: str, value: Any, tokenizer, vocab_size: int) -> tuple[int, ..
 
 def make_request(query: Any, items: Any, label_token_ids: Optional[Sequence[int]], apply_softmax: bool,
                  item_first: bool, separator: Optional[int], vocab_size: int, tokenizer=None,
-                 max_tokens: int = 1 << 62) -> TokenRequest:
+                 max_tokens: int = 1 << 62, max_prefix_tokens: int = 1 << 62,
+                 max_item_tokens: int = 1 << 62) -> TokenRequest:
   """Validates one /v1/score-shaped request and converts it to token ids."""
   q = _encode("query", query, tokenizer, vocab_size)
   if not q:
@@ -87,6 +88,13 @@ def make_request(query: Any, items: Any, label_token_ids: Optional[Sequence[int]
   if separator is not None:
     separator = _check_ids("separator_token_id", [separator], vocab_size)[0]
   req = TokenRequest(q, toks, labels, bool(apply_softmax), bool(item_first), separator)
+  if len(req.prefix) > max_prefix_tokens:
+    raise ScoreInputError(f"query is {len(req.prefix)} tokens with the separator, above the largest prefix "
+                          f"bucket {max_prefix_tokens}; raise prefix_buckets or truncate the query")
+  for i, item in enumerate(toks):
+    if len(item) > max_item_tokens:
+      raise ScoreInputError(f"items[{i}] is {len(item)} tokens, above the largest item bucket {max_item_tokens}; "
+                            f"raise item_buckets or truncate the item")
   if req.num_tokens > max_tokens:
     raise ScoreInputError(f"request has {req.num_tokens} tokens (query + separator + items), above "
                           f"max_request_tokens={max_tokens}")

@@ -105,7 +105,8 @@ class Scorer:
     labels = sc.label_token_ids if label_token_ids is None else label_token_ids
     sep = sc.separator_token_id if separator_token_id == "config" else separator_token_id
     return make_request(query, items, labels, sc.apply_softmax if apply_softmax is None else apply_softmax,
-                        item_first, sep, self.config.model.vocab_size, self.tokenizer, sc.max_request_tokens)
+                        item_first, sep, self.config.model.vocab_size, self.tokenizer, sc.max_request_tokens,
+                        self.config.buckets.prefix_buckets[-1], self.config.buckets.item_buckets[-1])
 
   def score(self, query: Any, items: Any, label_token_ids: Optional[Sequence[int]] = None,
             apply_softmax: Optional[bool] = None, item_first: bool = False, algorithm: Optional[str] = None,

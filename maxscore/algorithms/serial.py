@@ -17,7 +17,8 @@ def run(ctx: AlgorithmContext, requests) -> list[np.ndarray]:
       for i in range(len(requests[ri].items)):
         seqs.append(requests[ri].serial_sequence(i))
         owners.append((ri, i))
-    for batch in serial_batches(seqs, ctx.buckets.prefix_buckets, ctx.scoring.serial_batch_size,
+    lengths = sorted(set(ctx.buckets.prefix_buckets) | {ctx.buckets.prefix_buckets[-1] + ctx.buckets.item_buckets[-1]})
+    for batch in serial_batches(seqs, lengths, ctx.scoring.serial_batch_size,
                                 ctx.buckets.batch_buckets):
       b, t = batch.tokens_BxT.shape
       layout = SegmentLayout.causal(jnp.asarray(batch.valid_B), t)

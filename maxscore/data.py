@@ -1,0 +1,372 @@
+"""Rerank datasets: the BEIR layout plus a first-stage TREC run, or one JSONL record per query.
+
+Both load into a `RerankSet`: queries in input order, each with its candidates (docid, text)
+in first-stage order, plus graded qrels. Malformed input raises `DataError` whose message
+starts with `file:line`; with `skip_bad=True` the bad line (or candidate, or query) is
+skipped instead and counted in `RerankSet.skipped` under a fixed reason name.
+
+    BEIR:   <data_dir>/corpus.jsonl   {"_id", "title"?, "text"}
+            <data_dir>/queries.jsonl  {"_id", "text"}
+            <data_dir>/qrels/<split>.tsv  query-id <tab> corpus-id <tab> score (header line)
+            run file                  qid Q0 docid rank score tag  (top-k per query by rank)
+    JSONL:  {"qid", "query", "candidates": [{"docid", "text"}], "qrels": {docid: grade}, "split"?}
+
+Only corpus documents that some kept candidate needs are held in memory, and only those are
+checked for empty text (real BEIR corpora hold a few empty documents nobody retrieves).
+"""
+
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+from typing import Any, Iterator, Optional, Sequence
+
+import numpy as np
+from absl import logging
+
+from maxscore.errors import ScoreInputError
+
+DEFAULT_DIR = pathlib.Path(__file__).resolve().parent / "data" / "default"
+DEFAULT_CHECKPOINT = DEFAULT_DIR / "pydoc-tiny-qwen3"
+DEFAULT_JSONL = DEFAULT_DIR / "pydoc_rerank.jsonl"
+
+Qrels = dict[str, dict[str, int]]
+
+
+class DataError(ScoreInputError):
+  """A dataset file is malformed; the message starts with `file:line` where there is one."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RerankQuery:
+  """One query to rerank: its text and candidates (docid, text) in first-stage order."""
+  qid: str
+  query: str
+  candidates: tuple[tuple[str, str], ...]
+
+  def digest(self) -> str:
+    """Identifies the query's content (text, docids and candidate texts) for resumed runs."""
+    h = hashlib.sha256(json.dumps([self.qid, self.query, self.candidates]).encode())
+    return h.hexdigest()[:16]
+
+
+@dataclasses.dataclass
+class RerankSet:
+  """Queries in input order, graded qrels, where they came from and what was skipped."""
+  queries: list[RerankQuery]
+  qrels: Qrels
+  source: dict[str, Any]
+  skipped: dict[str, int] = dataclasses.field(default_factory=dict)
+
+  @property
+  def num_candidates(self) -> int:
+    return sum(len(q.candidates) for q in self.queries)
+
+
+class _Problems:
+  """Raises DataError for a bad input, or counts it under `reason` when skipping is on."""
+
+  def __init__(self, skip_bad: bool):
+    self.skip_bad = skip_bad
+    self.counts: dict[str, int] = {}
+
+  def __call__(self, reason: str, where: str, message: str) -> None:
+    if not self.skip_bad:
+      raise DataError(f"{where}: {message} (pass --skip_bad to skip and count such input)")
+    if self.counts.get(reason, 0) < 3:
+      logging.warning("skipping %s: %s", where, message)
+    self.counts[reason] = self.counts.get(reason, 0) + 1
+
+
+def _lines(path: pathlib.Path) -> Iterator[tuple[int, str]]:
+  """(1-based line number, line without newline) of the non-blank lines of a text file."""
+  if not path.is_file():
+    raise DataError(f"{path}: file does not exist")
+  with open(path, encoding="utf-8") as f:
+    for number, line in enumerate(f, 1):
+      line = line.rstrip("\r\n")
+      if line.strip():
+        yield number, line
+
+
+def _json_records(path: pathlib.Path, problems: _Problems) -> Iterator[tuple[str, dict]]:
+  """("file:line", object) for each line that parses as a JSON object."""
+  for number, line in _lines(path):
+    where = f"{path}:{number}"
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      problems("bad_json_lines", where, f"invalid JSON ({e.msg} at column {e.colno})")
+      continue
+    if not isinstance(record, dict):
+      problems("bad_json_lines", where, f"expected a JSON object, got {type(record).__name__}")
+      continue
+    yield where, record
+
+
+def _id(value: Any) -> Optional[str]:
+  """A qid/docid as text: strings and integers are accepted, whitespace is not (TREC columns)."""
+  if isinstance(value, bool) or not isinstance(value, (str, int)):
+    return None
+  value = str(value)
+  return value if value and not any(c.isspace() for c in value) else None
+
+
+def _grade(value: Any) -> Optional[int]:
+  if isinstance(value, bool):
+    return None
+  if isinstance(value, int):
+    return value
+  if isinstance(value, str):
+    try:
+      return int(value)
+    except ValueError:
+      return None
+  if isinstance(value, float) and value.is_integer():
+    return int(value)
+  return None
+
+
+# --- JSONL form ----------------------------------------------------------------------------
+def load_jsonl(path: os.PathLike, split: Optional[str] = "test", top_k: int = 0,
+               skip_bad: bool = False) -> RerankSet:
+  """Loads the JSONL form. Records with a `split` field are kept when it equals `split`
+  (`split=None` or "all" keeps every record); records without one belong to every split.
+  `top_k > 0` keeps the first top_k candidates of each query."""
+  path = pathlib.Path(path)
+  problems = _Problems(skip_bad)
+  queries, qrels, seen = [], {}, {}  # seen: qid -> "file:line"
+  kept_split = not split or split == "all"
+  for where, rec in _json_records(path, problems):
+    missing = [k for k in ("qid", "query", "candidates", "qrels") if k not in rec]
+    if missing:
+      problems("bad_records", where, f"missing field(s) {missing}; a record is "
+               '{"qid", "query", "candidates": [{"docid", "text"}], "qrels": {docid: grade}}')
+      continue
+    qid = _id(rec["qid"])
+    if qid is None:
+      problems("bad_records", where, f"qid={rec['qid']!r} must be a non-empty string without whitespace")
+      continue
+    if "split" in rec and not kept_split and rec["split"] != split:
+      continue
+    if qid in seen:
+      problems("duplicate_qids", where, f"qid {qid!r} already appeared at {seen[qid]}")
+      continue
+    if not isinstance(rec["query"], str) or not rec["query"].strip():
+      problems("empty_queries", where, f"query of qid {qid!r} is empty or not a string")
+      continue
+    judged = rec["qrels"]
+    if not isinstance(judged, dict):
+      problems("bad_records", where, f"qrels of qid {qid!r} must be an object {{docid: grade}}")
+      continue
+    grades = {}
+    for docid, g in judged.items():
+      if _grade(g) is None:
+        problems("bad_qrels", where, f"qrels[{docid!r}]={g!r} of qid {qid!r} must be an integer grade")
+        continue
+      grades[str(docid)] = _grade(g)
+    cands = rec["candidates"]
+    if not isinstance(cands, list):
+      problems("bad_records", where, f"candidates of qid {qid!r} must be a list of {{docid, text}}")
+      continue
+    kept: dict[str, str] = {}
+    for j, c in enumerate(cands):
+      at = f"candidates[{j}] of qid {qid!r}"
+      docid = _id(c.get("docid")) if isinstance(c, dict) else None
+      if docid is None:
+        problems("bad_candidates", where, f"{at} needs a docid (non-empty, no whitespace) and a text")
+        continue
+      text = c.get("text")
+      if not isinstance(text, str) or not text.strip():
+        problems("empty_texts", where, f"{at} (docid {docid!r}) has empty text")
+        continue
+      if docid in kept:
+        problems("duplicate_docids", where, f"{at}: docid {docid!r} appears twice")
+        continue
+      kept[docid] = text
+    seen[qid] = where
+    items = tuple(kept.items())
+    queries.append(RerankQuery(qid, rec["query"], items[:top_k] if top_k > 0 else items))
+    qrels[qid] = grades
+  _check_nonempty(queries, f"{path} (split={split!r})")
+  return RerankSet(queries, qrels, {"format": "jsonl", "path": str(path), "split": split, "top_k": top_k},
+                   problems.counts)
+
+
+# --- BEIR layout + TREC run ------------------------------------------------------------------
+def _read_queries(path: pathlib.Path, problems: _Problems) -> dict[str, str]:
+  out, lines = {}, {}
+  for where, rec in _json_records(path, problems):
+    qid, text = _id(rec.get("_id")), rec.get("text")
+    if qid is None:
+      problems("bad_records", where, f"_id={rec.get('_id')!r} must be a non-empty string without whitespace")
+    elif not isinstance(text, str) or not text.strip():
+      problems("empty_queries", where, f"query {qid!r} has empty text")
+    elif qid in out:
+      problems("duplicate_qids", where, f"query {qid!r} already appeared at line {lines[qid]}")
+    else:
+      out[qid], lines[qid] = text, where
+  return out
+
+
+def read_qrels(path: pathlib.Path, problems: _Problems, known_qids=None) -> Qrels:
+  """BEIR qrels TSV (`query-id corpus-id score`, an optional header line); or TREC `qid 0 docid grade`."""
+  qrels: Qrels = {}
+  for number, line in _lines(path):
+    where = f"{path}:{number}"
+    cols = line.split("\t") if "\t" in line else line.split()
+    if len(cols) == 4:  # TREC qrels: qid iteration docid grade
+      cols = [cols[0], cols[2], cols[3]]
+    if number == 1 and len(cols) == 3 and _grade(cols[2].strip()) is None:
+      continue  # header
+    if len(cols) != 3:
+      problems("bad_qrels", where, f"expected 3 tab-separated columns query-id, corpus-id, score; got {len(cols)}")
+      continue
+    qid, docid, grade = (c.strip() for c in cols)
+    if not qid:
+      problems("bad_qrels", where, "missing query-id")
+      continue
+    if not docid:
+      problems("bad_qrels", where, f"missing corpus-id for query {qid!r}")
+      continue
+    if _grade(grade) is None:
+      problems("bad_qrels", where, f"score {grade!r} must be an integer grade")
+      continue
+    if known_qids is not None and qid not in known_qids:
+      problems("bad_qrels", where, f"query-id {qid!r} is not in queries.jsonl")
+      continue
+    qrels.setdefault(qid, {})[docid] = _grade(grade)
+  return qrels
+
+
+def read_trec_run(path: os.PathLike) -> dict[str, dict[str, float]]:
+  """A TREC run file as {qid: {docid: score}} (for checks and re-evaluation)."""
+  path = pathlib.Path(path)
+  run: dict[str, dict[str, float]] = {}
+  for number, line in _lines(path):
+    cols = line.split()
+    if len(cols) != 6:
+      raise DataError(f"{path}:{number}: expected 6 columns 'qid Q0 docid rank score tag', got {len(cols)}")
+    try:
+      run.setdefault(cols[0], {})[cols[2]] = float(cols[4])
+    except ValueError:
+      raise DataError(f"{path}:{number}: score {cols[4]!r} is not a number") from None
+  return run
+
+
+def _read_run(path: pathlib.Path, qrels: Qrels, queries: dict[str, str], top_k: int,
+              problems: _Problems) -> dict[str, list[tuple[str, str]]]:
+  """{qid: [(docid, 'file:line')]} in rank order, top_k per query, for queries of the split."""
+  ranked: dict[str, list[tuple[int, float, str, str]]] = {}
+  seen: dict[tuple[str, str], str] = {}
+  for number, line in _lines(path):
+    where = f"{path}:{number}"
+    cols = line.split()
+    if len(cols) != 6:
+      problems("bad_run_lines", where, f"expected 6 columns 'qid Q0 docid rank score tag', got {len(cols)}")
+      continue
+    qid, _, docid, rank, score, _ = cols
+    try:
+      rank_i, score_f = int(rank), float(score)
+    except ValueError:
+      problems("bad_run_lines", where, f"rank {rank!r} must be an integer and score {score!r} a number")
+      continue
+    if qid not in queries:
+      problems("unknown_qids", where, f"query {qid!r} is not in queries.jsonl")
+      continue
+    if qid not in qrels:
+      problems("qids_not_in_qrels", where, f"query {qid!r} has no judgments in the qrels of this split")
+      continue
+    if (qid, docid) in seen:
+      problems("duplicate_docids", where, f"docid {docid!r} already ranked for query {qid!r} at {seen[qid, docid]}")
+      continue
+    seen[qid, docid] = where
+    ranked.setdefault(qid, []).append((rank_i, -score_f, docid, where))
+  out = {}
+  for qid, rows in ranked.items():
+    rows.sort()
+    out[qid] = [(docid, where) for _, _, docid, where in (rows[:top_k] if top_k > 0 else rows)]
+  return out
+
+
+def _doc_text(rec: dict) -> str:
+  title, text = rec.get("title") or "", rec.get("text") or ""
+  if not isinstance(title, str) or not isinstance(text, str):
+    return ""
+  return f"{title} {text}".strip() if title.strip() else text
+
+
+def load_beir(data_dir: os.PathLike, run_file: os.PathLike, split: str = "test", top_k: int = 100,
+              skip_bad: bool = False) -> RerankSet:
+  """Loads a BEIR directory and the run to rerank; queries keep the run file's order.
+
+  The queries evaluated are the run's queries that have judgments in qrels/<split>.tsv. A run
+  line for a query without judgments, a qrels line for a query absent from queries.jsonl, or a
+  run docid absent from the corpus is an error (or skipped and counted with skip_bad)."""
+  data_dir, run_file = pathlib.Path(data_dir), pathlib.Path(run_file)
+  problems = _Problems(skip_bad)
+  queries = _read_queries(data_dir / "queries.jsonl", problems)
+  qrels = read_qrels(data_dir / "qrels" / f"{split}.tsv", problems, known_qids=queries)
+  run = _read_run(run_file, qrels, queries, top_k, problems)
+  needed = {docid for rows in run.values() for docid, _ in rows}
+  texts: dict[str, str] = {}
+  empty: set[str] = set()  # skipped empty documents: their run lines are not counted again
+  corpus_path = data_dir / "corpus.jsonl"
+  for where, rec in _json_records(corpus_path, problems):
+    docid = _id(rec.get("_id"))
+    if docid is None:
+      problems("bad_records", where, f"_id={rec.get('_id')!r} must be a non-empty string without whitespace")
+    elif docid in needed and docid not in texts and docid not in empty:
+      text = _doc_text(rec)
+      if text.strip():
+        texts[docid] = text
+      else:
+        empty.add(docid)
+        problems("empty_texts", where, f"document {docid!r} has empty title and text")
+  out = []
+  for qid, rows in run.items():
+    cands = []
+    for docid, where in rows:
+      if docid in texts:
+        cands.append((docid, texts[docid]))
+      elif docid not in empty:
+        problems("unknown_docids", where, f"docid {docid!r} is not in {corpus_path}")
+    out.append(RerankQuery(qid, queries[qid], tuple(cands)))
+  _check_nonempty(out, f"{run_file} with {data_dir}/qrels/{split}.tsv")
+  missing = len(set(qrels) - set(run))
+  if missing:
+    logging.info("%d judged queries of split %r have no candidates in %s and are not evaluated",
+                 missing, split, run_file)
+  source = {"format": "beir", "data_dir": str(data_dir), "run_file": str(run_file), "split": split,
+            "top_k": top_k, "judged_queries_without_candidates": missing}
+  return RerankSet(out, {q: qrels[q] for q in run}, source, problems.counts)
+
+
+def _check_nonempty(queries: Sequence[RerankQuery], what: str) -> None:
+  if not queries:
+    raise DataError(f"{what}: no queries to rerank")
+
+
+def load_rerank_set(jsonl: Optional[os.PathLike] = None, data_dir: Optional[os.PathLike] = None,
+                    run_file: Optional[os.PathLike] = None, split: str = "test", top_k: int = 100,
+                    skip_bad: bool = False) -> RerankSet:
+  """Either form, from the eval script's flags: `jsonl`, or `data_dir` with `run_file`."""
+  if jsonl and (data_dir or run_file):
+    raise DataError("pass either --jsonl or --data_dir with --run_file, not both")
+  if jsonl:
+    return load_jsonl(jsonl, split, top_k, skip_bad)
+  if not data_dir or not run_file:
+    raise DataError("a BEIR dataset needs both --data_dir and --run_file (the first-stage run to rerank)")
+  return load_beir(data_dir, run_file, split, top_k, skip_bad)
+
+
+def format_score(score: float) -> str:
+  """The shortest text that reads back as the same float32 (ranking and ties survive a re-read)."""
+  return str(np.float32(score))
+
+
+def trec_lines(qid: str, docids: Sequence[str], scores: Sequence[float], tag: str) -> list[str]:
+  """TREC run lines of one query, ranked as trec_eval ranks them: score desc, then docid desc."""
+  order = sorted(zip(scores, docids), reverse=True)
+  return [f"{qid} Q0 {d} {rank} {format_score(s)} {tag}" for rank, (s, d) in enumerate(order, 1)]

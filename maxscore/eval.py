@@ -1,0 +1,343 @@
+"""Reranker evaluation: score every query's candidates, write a reranked run and trec_eval metrics.
+
+    scorer = build_scorer(None, [])                      # the embedded default model
+    report = run_eval(scorer, data.load_jsonl(data.DEFAULT_JSONL), EvalConfig(), "out/eval")
+
+One `Scorer.score` call per query scores all its candidates with the scorer's fast path.
+Each finished query is appended to `<output_dir>/results.jsonl` and flushed, so a killed run
+loses nothing: started again, it skips the queries already there. The final files are
+written from results.jsonl in input order, so they are byte-identical to an uninterrupted
+run's. The prefix cache is cleared before each query, so the algorithm the selector picks
+(and with it every float) depends only on the query's geometry, never on what ran before.
+
+Outputs in `output_dir`: results.jsonl (resume state), run.trec (reranked TREC run),
+metrics_per_query.jsonl, metrics.json (means over evaluated queries), summary.json.
+"""
+
+import collections
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import time
+from typing import Any, Literal, Mapping, Optional, Sequence
+
+import jax
+import numpy as np
+from absl import logging
+from tqdm import tqdm
+
+from maxscore import data, metrics, prompts
+from maxscore.config import load_config, parse_override, to_flat_dict
+from maxscore.data import RerankSet
+from maxscore.scorer import Scorer
+
+DEFAULT_METRICS = ("ndcg@10", "mrr@10", "map", "recall@10", "p@10")
+RESULTS_FILE = "results.jsonl"
+FORMAT_VERSION = 1
+
+
+class ResumeError(ValueError):
+  """output_dir holds results of a different eval (other model, template or labels)."""
+
+
+def _p_first(scores_NxK: np.ndarray) -> np.ndarray:
+  return scores_NxK[:, 0]
+
+
+def _log_odds(scores_NxK: np.ndarray) -> np.ndarray:
+  with np.errstate(divide="ignore"):
+    return np.log(scores_NxK[:, 0]) - np.log(scores_NxK[:, 1])
+
+
+# name -> (apply_softmax, ranking score from the [N, K] scores). log_odds reads full-vocabulary
+# probabilities: log p0 - log p1 is the same with or without the label softmax, and exp of the
+# raw log-probs underflows later than the softmax's smaller label does.
+SCORE_MODES = {"p_first": (True, _p_first), "log_odds": (False, _log_odds)}
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  """The eval's own knobs (the scorer's come from configs/base.yml)."""
+  template: str = "plain"                  # a name in maxscore.prompts.TEMPLATES
+  instruction: str = prompts.DEFAULT_INSTRUCTION
+  labels: tuple[str, ...] = ()             # label words or ids; () = the template's default labels
+  score_mode: Literal["p_first", "log_odds"] = "p_first"
+  max_query_tokens: int = 512              # the query text is cut to this many tokens; 0 = no limit
+  max_item_tokens: int = 512               # each document is cut to this many tokens; 0 = no limit
+  metrics: tuple[str, ...] = DEFAULT_METRICS
+  run_tag: str = "maxscore"                # last column of run.trec
+  max_queries: int = 0                     # evaluate only the first N queries; 0 = all
+
+  def validate(self) -> "EvalConfig":
+    prompts.get_template(self.template)
+    if self.score_mode not in SCORE_MODES:
+      raise data.DataError(f"score_mode={self.score_mode!r} is not one of {sorted(SCORE_MODES)}")
+    labels = self.labels or prompts.TEMPLATES[self.template].default_labels
+    if len(labels) < 2:
+      raise data.DataError(f"score_mode={self.score_mode} needs 2 labels (positive first), got {list(labels)}")
+    for name in ("max_query_tokens", "max_item_tokens", "max_queries"):
+      if getattr(self, name) < 0:
+        raise data.DataError(f"{name}={getattr(self, name)} must be >= 0")
+    for m in self.metrics:
+      try:
+        metrics.canonical_name(m)
+      except ValueError as e:
+        raise data.DataError(str(e)) from None
+    if not self.run_tag or any(c.isspace() for c in self.run_tag):
+      raise data.DataError(f"run_tag={self.run_tag!r} must be one word")
+    return self
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalReport:
+  """Aggregate metrics, per-query metrics and the run summary (also written to output_dir)."""
+  metrics: dict[str, float]
+  per_query: dict[str, dict[str, float]]
+  summary: dict[str, Any]
+  output_dir: pathlib.Path
+
+
+def build_scorer(checkpoint_dir: Optional[str] = None, overrides: Sequence[str] = ()) -> Scorer:
+  """The scorer a script asked for: a checkpoint (default: the embedded default model), or
+  `checkpoint_dir="none"` for the config's random-init model; overrides are `key=value`."""
+  over = dict(parse_override(a) for a in overrides)
+  if checkpoint_dir is None:
+    checkpoint_dir = over.pop("checkpoint_dir", None) or str(data.DEFAULT_CHECKPOINT)
+  over.pop("checkpoint_dir", None)
+  if checkpoint_dir.lower() == "none":
+    return Scorer.from_config(load_config(over))
+  return Scorer.from_checkpoint(checkpoint_dir, **over)
+
+
+# --- resume state ------------------------------------------------------------------------------
+def _fingerprint(scorer: Scorer, cfg: EvalConfig, label_ids: Sequence[int]) -> dict[str, Any]:
+  """What the scores depend on; a restarted run must match it to reuse results."""
+  rt, sc = scorer.config.runtime, scorer.config.scoring
+  return {
+      "format_version": FORMAT_VERSION,
+      "model": dataclasses.asdict(scorer.config.model),
+      "checkpoint_dir": rt.checkpoint_dir,
+      "init_seed": None if rt.checkpoint_dir else rt.init_seed,
+      "dtype": [rt.dtype, rt.weight_dtype, rt.matmul_precision],
+      "separator_token_id": sc.separator_token_id,
+      "template": cfg.template,
+      "instruction": cfg.instruction,
+      "label_ids": list(label_ids),
+      "score_mode": cfg.score_mode,
+      "max_tokens": [cfg.max_query_tokens, cfg.max_item_tokens],
+  }
+
+
+def _load_results(path: pathlib.Path, header: Mapping[str, Any]) -> dict[str, dict]:
+  """Finished queries from results.jsonl (its first line is the header); a torn last line
+  (the previous run was killed while writing it) is cut off."""
+  header_line = json.dumps({"header": header}, sort_keys=True) + "\n"
+  raw = path.read_bytes() if path.exists() else b""
+  if b"\n" not in raw:  # new, or killed before the header was complete
+    path.write_text(header_line, encoding="utf-8")
+    return {}
+  lines = raw.split(b"\n")
+  try:
+    stored = json.loads(lines[0]).get("header")
+  except (json.JSONDecodeError, AttributeError):
+    stored = None
+  if stored != json.loads(header_line)["header"]:
+    raise ResumeError(f"{path} holds results of a different eval ({_header_diff(stored, header)} differ); "
+                      f"use another --output_dir or pass --overwrite")
+  done, good_bytes = {}, len(lines[0]) + 1
+  for i, line in enumerate(lines[1:], 2):
+    last = i == len(lines)  # the text after the final newline: empty unless a write was cut short
+    if not last and not line.strip():
+      good_bytes += len(line) + 1
+      continue
+    try:
+      rec = None if last else json.loads(line)
+    except json.JSONDecodeError:
+      raise ResumeError(f"{path}:{i}: corrupt line in the middle of the results; "
+                        f"delete it or pass --overwrite") from None
+    if rec is not None:
+      done[rec["qid"]] = rec
+      good_bytes += len(line) + 1
+  if good_bytes < len(raw):
+    logging.warning("%s: dropping a torn last line (the previous run was killed while writing it)", path)
+    with open(path, "r+b") as f:
+      f.truncate(good_bytes)
+  return done
+
+
+def _header_diff(old: Any, new: Mapping[str, Any]) -> str:
+  if not isinstance(old, dict):
+    return "no header"
+  new = json.loads(json.dumps(new))
+  keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+  return ", ".join(keys) or "?"
+
+
+# --- the eval loop -------------------------------------------------------------------------------
+def _score_query(scorer: Scorer, builder: prompts.PromptBuilder, q: data.RerankQuery, label_ids, cfg: EvalConfig):
+  """One query's record for results.jsonl: ranking scores of all its candidates from one score call."""
+  start = time.perf_counter()
+  compiled_before = len(scorer.runner.compiled_shapes)
+  query_ids, query_truncated = builder.query(q.query)
+  items = [builder.item(text) for _, text in q.candidates]
+  apply_softmax, rank_fn = SCORE_MODES[cfg.score_mode]
+  scorer.prefix_cache.clear()
+  result = scorer.score(query_ids, [ids for ids, _ in items], label_token_ids=label_ids,
+                        apply_softmax=apply_softmax)
+  ranking = np.asarray(rank_fn(result.scores), np.float32)
+  if np.isnan(ranking).any():
+    raise FloatingPointError(f"query {q.qid!r}: the model produced NaN scores")
+  return {
+      "qid": q.qid,
+      "digest": q.digest(),
+      "docids": [d for d, _ in q.candidates],
+      "scores": [float(s) for s in ranking],
+      "algorithm": result.algorithm,
+      "prompt_tokens": result.usage["prompt_tokens"],
+      "processed_tokens": result.usage["processed_tokens"],
+      "query_truncated": query_truncated,
+      "items_truncated": sum(t for _, t in items),
+      "seconds": time.perf_counter() - start,
+      "compiled": len(scorer.runner.compiled_shapes) > compiled_before,
+  }
+
+
+def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os.PathLike, *,
+             overwrite: bool = False, progress: bool = True, fsync: bool = False) -> EvalReport:
+  """Scores every query not already in output_dir/results.jsonl, then writes the final outputs."""
+  cfg.validate()
+  wall_start = time.perf_counter()
+  out = pathlib.Path(output_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  results_path = out / RESULTS_FILE
+  if overwrite and results_path.exists():
+    results_path.unlink()
+  template = prompts.get_template(cfg.template)
+  label_ids = prompts.resolve_labels(scorer.tokenizer, cfg.labels or template.default_labels)
+  builder = prompts.PromptBuilder(scorer.tokenizer, template, cfg.instruction, cfg.max_query_tokens,
+                                  cfg.max_item_tokens)
+  queries = dataset.queries[:cfg.max_queries] if cfg.max_queries else dataset.queries
+  done = _load_results(results_path, _fingerprint(scorer, cfg, label_ids))
+  for q in queries:
+    if q.qid in done and done[q.qid]["digest"] != q.digest():
+      raise ResumeError(f"{results_path} has query {q.qid!r} scored on other text or candidates; "
+                        f"use another --output_dir or pass --overwrite")
+  todo = [q for q in queries if q.qid not in done and q.candidates]
+  resumed = sum(q.qid in done for q in queries)
+  logging.info("eval: %d queries (%d candidates), %d already in %s, %d to score; labels %s, template %s",
+               len(queries), sum(len(q.candidates) for q in queries), resumed, results_path, len(todo),
+               list(label_ids), cfg.template)
+  items_done, seconds = 0, 0.0
+  with open(results_path, "a", encoding="utf-8") as f, tqdm(
+      total=len(todo), unit="query", disable=not progress, dynamic_ncols=True, desc="eval") as bar:
+    for q in todo:
+      rec = _score_query(scorer, builder, q, label_ids, cfg)
+      f.write(json.dumps(rec) + "\n")
+      f.flush()
+      if fsync:
+        os.fsync(f.fileno())
+      done[q.qid] = rec
+      items_done, seconds = items_done + len(q.candidates), seconds + rec["seconds"]
+      bar.set_postfix_str(f"{items_done / seconds:.0f} items/s, {rec['algorithm']}", refresh=False)
+      bar.update(1)
+  report = _finalize(dataset, queries, done, cfg, out)
+  summary = _summary(scorer, dataset, queries, done, cfg, label_ids, resumed, report.metrics,
+                     len(report.per_query), time.perf_counter() - wall_start)
+  _write_json(out / "summary.json", summary)
+  logging.info("eval: wrote %s", ", ".join(str(out / n) for n in
+                                          ("run.trec", "metrics.json", "metrics_per_query.jsonl", "summary.json")))
+  return dataclasses.replace(report, summary=summary)
+
+
+def _write_json(path: pathlib.Path, obj: Any) -> None:
+  tmp = path.with_suffix(path.suffix + ".tmp")
+  tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+  os.replace(tmp, path)
+
+
+def _finalize(dataset: RerankSet, queries, done, cfg: EvalConfig, out: pathlib.Path) -> EvalReport:
+  """run.trec, metrics_per_query.jsonl and metrics.json from the results, in input order."""
+  run, lines = {}, []
+  for q in queries:
+    rec = done.get(q.qid)
+    if rec is None or not rec["docids"]:
+      continue
+    run[q.qid] = dict(zip(rec["docids"], rec["scores"]))
+    lines.extend(data.trec_lines(q.qid, rec["docids"], rec["scores"], cfg.run_tag))
+  tmp = out / "run.trec.tmp"
+  tmp.write_text("".join(l + "\n" for l in lines), encoding="utf-8")
+  os.replace(tmp, out / "run.trec")
+  per_query = metrics.evaluate(dataset.qrels, run, cfg.metrics)
+  ordered = {q.qid: per_query[q.qid] for q in queries if q.qid in per_query}
+  tmp = out / "metrics_per_query.jsonl.tmp"
+  tmp.write_text("".join(json.dumps({"qid": qid, **values}) + "\n" for qid, values in ordered.items()),
+                 encoding="utf-8")
+  os.replace(tmp, out / "metrics_per_query.jsonl")
+  means = metrics.aggregate(ordered) if ordered else {}
+  _write_json(out / "metrics.json", {"metrics": means, "num_queries": len(ordered)})
+  return EvalReport(means, ordered, {}, out)
+
+
+def _summary(scorer: Scorer, dataset: RerankSet, queries, done, cfg: EvalConfig, label_ids, resumed: int,
+             means: Mapping[str, float], evaluated: int, wall: float) -> dict[str, Any]:
+  recs = [done[q.qid] for q in queries if q.qid in done]
+  items = sum(len(r["docids"]) for r in recs)
+  seconds = sum(r["seconds"] for r in recs)
+  warm = [r for r in recs if not r["compiled"]]
+  warm_items, warm_s = sum(len(r["docids"]) for r in warm), sum(r["seconds"] for r in warm)
+  tokens = sum(r["prompt_tokens"] for r in recs)
+  flat = {k: list(v) if isinstance(v, tuple) else v for k, v in to_flat_dict(scorer.config).items()}
+  return {
+      "model": scorer.model_name,
+      "checkpoint_dir": scorer.config.runtime.checkpoint_dir,
+      "backend": jax.default_backend(),
+      "devices": [str(d) for d in jax.devices()],
+      "data": dataset.source,
+      "skipped": dataset.skipped,
+      "eval_config": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()},
+      "label_ids": list(label_ids),
+      "queries": len(queries),
+      "queries_scored": len(recs),
+      "queries_resumed": resumed,
+      "queries_without_candidates": sum(not q.candidates for q in queries),
+      "queries_evaluated": evaluated,
+      "items": items,
+      "prompt_tokens": tokens,
+      "processed_tokens": sum(r["processed_tokens"] for r in recs),
+      "algorithms": dict(sorted(collections.Counter(r["algorithm"] for r in recs).items())),
+      "truncation": {"max_query_tokens": cfg.max_query_tokens,
+                     "queries_truncated": sum(r["query_truncated"] for r in recs),
+                     "max_item_tokens": cfg.max_item_tokens,
+                     "items_truncated": sum(r["items_truncated"] for r in recs)},
+      "scoring_seconds": seconds,
+      "items_per_s": items / seconds if seconds else None,
+      "tokens_per_s": tokens / seconds if seconds else None,
+      "items_per_s_warm": warm_items / warm_s if warm_s else None,
+      "queries_that_compiled": len(recs) - len(warm),
+      "compiled_shapes": len(scorer.runner.compiled_shapes),
+      "wall_seconds": wall,
+      "metrics": dict(means),
+      "config": flat,
+  }
+
+
+def format_report(report: EvalReport) -> str:
+  """A few lines for the terminal: metrics, throughput, algorithms."""
+  s = report.summary
+  lines = [f"model {s['model']} on {s['backend']}: {s['queries_evaluated']} queries evaluated, "
+           f"{s['items']} candidates, outputs in {report.output_dir}"]
+  lines += [f"  {name:<18} {value:.4f}" for name, value in report.metrics.items()]
+  rate = lambda x: "n/a" if x is None else f"{x:,.0f}"
+  lines.append(f"  items/s {rate(s['items_per_s'])} (warm {rate(s['items_per_s_warm'])}), tokens/s "
+               f"{rate(s['tokens_per_s'])}, wall {s['wall_seconds']:.1f} s, "
+               f"{s['queries_that_compiled']} queries compiled")
+  lines.append("  algorithm " + ", ".join(f"{k} x{v}" for k, v in s["algorithms"].items()))
+  t = s["truncation"]
+  if t["queries_truncated"] or t["items_truncated"]:
+    lines.append(f"  truncated: {t['queries_truncated']} queries (> {t['max_query_tokens']} tokens), "
+                 f"{t['items_truncated']} documents (> {t['max_item_tokens']} tokens)")
+  if s["skipped"]:
+    lines.append("  skipped input: " + ", ".join(f"{k} {v}" for k, v in s["skipped"].items()))
+  return "\n".join(lines)

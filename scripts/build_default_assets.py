@@ -1,0 +1,182 @@
+"""Builds the embedded default under maxscore/data/default/ from CPython's pydoc_data topics.
+
+  python scripts/build_default_assets.py [--output_dir=maxscore/data/default] [--seed=0]
+
+Writes
+  pydoc-tiny-qwen3/     a random-init Qwen3-family checkpoint (hidden 128, 2 layers) with its
+                        sentencepiece tokenizer (trained on the same topics; Yes/No single tokens)
+  pydoc_rerank.jsonl    rerank queries in the JSONL form with a train/dev/test `split` field:
+                        query = a section title of the Python reference, candidates = paragraphs;
+                        grade 2 = a paragraph of that section, 1 = of the same topic, 0 = elsewhere
+  manifest.json         sizes, counts, seed and the Python version the topics came from
+
+The model is random-init: its metrics mean nothing until a score head is trained on the
+train split. Everything is a function of the seed and the Python version (pydoc_data differs
+between versions); the Orbax files differ byte-wise between builds, the arrays do not.
+"""
+
+import collections
+import json
+import os
+import pathlib
+import re
+import shutil
+import sys
+import tempfile
+
+import jax
+import numpy as np
+from absl import app, flags, logging
+
+from layers.config import ModelConfig
+from layers.decoder import Decoder, init_params
+from layers.kernels import get_kernel
+from maxscore import checkpointing, data
+from maxscore.testing.tokenizers import sample_texts, train_sentencepiece
+from maxscore.tokenizer import load_tokenizer
+
+OUTPUT = flags.DEFINE_string("output_dir", str(data.DEFAULT_DIR), "where to write the assets")
+SEED = flags.DEFINE_integer("seed", 0, "seed of the model init, candidate sampling and splits")
+VOCAB = flags.DEFINE_integer("vocab_size", 2048, "sentencepiece vocabulary size (= the model's)")
+CANDIDATES = flags.DEFINE_integer("num_candidates", 24, "candidates per query")
+MAX_CHARS = flags.DEFINE_integer("max_chars", 360, "paragraphs are cut at a word boundary near this length")
+
+_UNDERLINE = re.compile(r"^([*=\-~^])\1{2,}$")
+
+
+def _model_config(vocab_size: int) -> ModelConfig:
+  return ModelConfig(family="qwen3", vocab_size=vocab_size, hidden_size=128, num_layers=2, num_heads=4,
+                     num_kv_heads=2, head_dim=32, mlp_dim=256, rope_theta=1e6, rms_norm_eps=1e-6,
+                     tie_word_embeddings=True, max_position_embeddings=4096).validate()
+
+
+def _clip(text: str, max_chars: int) -> str:
+  text = " ".join(text.split())
+  if len(text) <= max_chars:
+    return text
+  cut = text[:max_chars].rsplit(" ", 1)[0]
+  return cut + " ..."
+
+
+def _sections(topic: str, doc: str) -> list[dict]:
+  """A topic's sections: title and prose paragraphs (indented code and grammar blocks dropped)."""
+  lines = doc.split("\n")
+  sections, title, paras, buf = [], None, [], []
+
+  def flush_para():
+    text = "\n".join(buf).strip()
+    buf.clear()
+    if text and not text.startswith((" ", "-[")) and len(text.split()) >= 8:
+      paras.append(text)
+
+  for i, line in enumerate(lines):
+    if i + 1 < len(lines) and _UNDERLINE.match(lines[i + 1].strip()) and line.strip() and \
+        len(lines[i + 1].strip()) >= len(line.strip()) - 1:
+      flush_para()
+      if title is not None:
+        sections.append({"topic": topic, "title": title, "paragraphs": list(paras)})
+      title, paras = line.strip(), []
+      continue
+    if _UNDERLINE.match(line.strip()):
+      continue
+    if not line.strip():
+      flush_para()
+    else:
+      buf.append(line)
+  flush_para()
+  if title is not None:
+    sections.append({"topic": topic, "title": title, "paragraphs": list(paras)})
+  return sections
+
+
+def build_rerank_set(seed: int, num_candidates: int, max_chars: int) -> list[dict]:
+  """One query per section with >= 2 prose paragraphs; candidates mix graded and random paragraphs."""
+  import pydoc_data.topics  # pylint: disable=import-outside-toplevel
+
+  rng = np.random.default_rng(seed)
+  sections = [s for topic, doc in sorted(pydoc_data.topics.topics.items()) for s in _sections(topic, doc)]
+  pool = []  # (docid, topic, section index, text)
+  for si, s in enumerate(sections):
+    for pi, p in enumerate(s["paragraphs"]):
+      pool.append((f"{s['topic']}.{si}.{pi}", s["topic"], si, _clip(p, max_chars)))
+  by_section: dict[int, list[int]] = {}
+  by_topic: dict[str, list[int]] = {}
+  for j, (_, topic, si, _) in enumerate(pool):
+    by_section.setdefault(si, []).append(j)
+    by_topic.setdefault(topic, []).append(j)
+  titles = collections.Counter(s["title"] for s in sections)
+  records = []
+  for si, s in enumerate(sections):
+    if len(s["paragraphs"]) < 2 or titles[s["title"]] > 1:  # ambiguous titles ("Examples") are no query
+      continue
+    rel = list(rng.permutation(by_section[si])[:4])
+    near = [j for j in by_topic[s["topic"]] if pool[j][2] != si]
+    near = list(rng.permutation(near)[:3]) if near else []
+    others = [j for j in range(len(pool)) if pool[j][1] != s["topic"]]
+    rest = list(rng.choice(others, size=num_candidates - len(rel) - len(near), replace=False))
+    cands = [int(j) for j in rng.permutation(rel + near + rest)]
+    query = s["title"].replace('"', "")
+    records.append({
+        "qid": f"pydoc-{si}",
+        "query": query,
+        "candidates": [{"docid": pool[j][0], "text": pool[j][3]} for j in cands],
+        "qrels": {pool[j][0]: 2 if j in rel else 1 for j in rel + near},
+    })
+  order = rng.permutation(len(records))
+  n_train, n_dev = round(0.6 * len(records)), round(0.2 * len(records))
+  for rank, i in enumerate(order):
+    records[i]["split"] = "train" if rank < n_train else "dev" if rank < n_train + n_dev else "test"
+  return records
+
+
+def _dir_bytes(path: pathlib.Path) -> int:
+  return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def main(argv):
+  del argv
+  out = pathlib.Path(OUTPUT.value)
+  out.mkdir(parents=True, exist_ok=True)
+  records = build_rerank_set(SEED.value, CANDIDATES.value, MAX_CHARS.value)
+  jsonl = out / data.DEFAULT_JSONL.name
+  jsonl.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+
+  with tempfile.TemporaryDirectory() as tmp:
+    # A relative prefix keeps the temporary path out of the model file, so builds are byte-identical.
+    cwd = os.getcwd()
+    os.chdir(tmp)
+    try:
+      sp_model = pathlib.Path(tmp) / train_sentencepiece("tokenizer", sample_texts(), VOCAB.value)
+    finally:
+      os.chdir(cwd)
+    tok = load_tokenizer(sp_model)
+    for label in ("Yes", "No"):
+      tok.label_id(label)  # raises unless a single token
+    model = _model_config(tok.vocab_size)
+    decoder = Decoder(model, get_kernel("reference"))
+    params = init_params(decoder, jax.random.PRNGKey(SEED.value))
+    ckpt = out / data.DEFAULT_CHECKPOINT.name
+    if ckpt.exists():
+      shutil.rmtree(ckpt)
+    checkpointing.save_checkpoint(ckpt, params, model, tokenizer_files=(sp_model,))
+
+  splits = collections.Counter(r["split"] for r in records)
+  manifest = {
+      "seed": SEED.value,
+      "python": sys.version.split()[0],
+      "source": "pydoc_data.topics (CPython's bundled reference topics)",
+      "model": {"checkpoint": ckpt.name, "init": "random (untrained)", "vocab_size": model.vocab_size,
+                "hidden_size": model.hidden_size, "num_layers": model.num_layers,
+                "params": model.num_params(), "bytes": _dir_bytes(ckpt)},
+      "rerank_set": {"file": jsonl.name, "queries": len(records), "splits": dict(sorted(splits.items())),
+                     "candidates_per_query": CANDIDATES.value, "bytes": jsonl.stat().st_size,
+                     "grades": {"2": "paragraph of the query's section", "1": "paragraph of the same topic",
+                                "0": "unjudged (another topic)"}},
+  }
+  (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+  logging.info("wrote %s", out)
+  print(json.dumps(manifest, indent=2))
+
+
+if __name__ == "__main__":
+  app.run(main)

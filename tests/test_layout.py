@@ -1,0 +1,74 @@
+"""The packed layout in token space, checked against hand-computed small cases."""
+
+import numpy as np
+import pytest
+
+from maxscore.errors import ScoreInputError
+from maxscore.layout import batch_rows, bucket, group_items, pack_rows, plan_rows, serial_batches
+
+
+def test_bucket_picks_smallest_fit_and_names_overflow():
+  assert bucket(1, [4, 8], "x") == 4 and bucket(4, [4, 8], "x") == 4 and bucket(5, [4, 8], "x") == 8
+  with pytest.raises(ScoreInputError, match="item length is 9 tokens, above the largest bucket 8"):
+    bucket(9, [4, 8], "item length")
+
+
+def test_packed_row_hand_computed():
+  # prefix Q+s = [11, 12, 13] in P=4; items [21, 22], [], [31] in slots of L=2; N bucket 4.
+  rows = plan_rows(0, [11, 12, 13], [[21, 22], [], [31]], item_buckets=[2, 4], max_items=8, ratio=4.0)
+  assert len(rows) == 1 and rows[0].slot_len == 2 and rows[0].items == (0, 1, 2)
+  b = pack_rows(rows, prefix_len=4, slot_len=2, num_slots=4, batch=1)
+  np.testing.assert_array_equal(b.tokens_BxT, [[11, 12, 13, 0, 21, 22, 0, 0, 31, 0, 0, 0]])
+  # RoPE position of item token j is len(Q + s) + j.
+  np.testing.assert_array_equal(b.positions_BxT, [[0, 1, 2, 3, 3, 4, 3, 4, 3, 4, 0, 0]])
+  np.testing.assert_array_equal(b.prefix_valid_B, [3])
+  np.testing.assert_array_equal(b.slot_valid_BxN, [[2, 0, 1, 0]])
+  # Score index: last real token; the empty item reads the last prefix token (index 2).
+  np.testing.assert_array_equal(b.score_index_BxN, [[5, 2, 8, 0]])
+  np.testing.assert_array_equal(b.item_BxN, [[0, 1, 2, -1]])
+  np.testing.assert_array_equal(b.request_BxN, [[0, 0, 0, -1]])
+  assert b.shape_key == (1, 4, 2, 4) and b.real_tokens == 6
+
+
+def test_segment_ids_from_layout_match_design():
+  import jax.numpy as jnp
+  from layers.kernels import SegmentLayout
+  layout = SegmentLayout(jnp.array([3]), jnp.array([[2, 0, 1]]), 4, 2, 3)
+  np.testing.assert_array_equal(layout.segment_ids(), [[0, 0, 0, -1, 1, 1, -1, -1, 3, -1]])
+
+
+def test_extend_rows_have_no_prefix_and_positions_continue():
+  rows = plan_rows(0, [1, 2, 3, 4, 5], [[7], [8, 9, 10], []], item_buckets=[4], max_items=2, ratio=4.0)
+  assert [r.items for r in rows] == [(0, 1), (2,)]  # max_items splits the group
+  b = pack_rows(rows[:1], prefix_len=0, slot_len=4, num_slots=2, batch=1)
+  np.testing.assert_array_equal(b.tokens_BxT, [[7, 0, 0, 0, 8, 9, 10, 0]])
+  np.testing.assert_array_equal(b.positions_BxT, [[5, 6, 7, 8, 5, 6, 7, 8]])
+  np.testing.assert_array_equal(b.score_index_BxN, [[0, 6]])
+  e = pack_rows(rows[1:], prefix_len=0, slot_len=4, num_slots=1, batch=1)
+  np.testing.assert_array_equal(e.score_index_BxN, [[-1]])  # empty item: the PrefixState's last hidden
+
+
+def test_length_groups_split_when_lengths_differ_widely():
+  lengths = [100, 3, 90, 2, 0, 30]
+  groups = group_items(lengths, item_buckets=[4, 8, 16, 32, 64, 128], ratio=4.0, max_items=64)
+  assert groups == [([0, 2], 128), ([5], 32), ([1, 3, 4], 4)]  # 32 * 4 <= 128: own group
+  assert group_items(lengths, [4, 8, 16, 32, 64, 128], ratio=1000.0, max_items=64) == [([0, 1, 2, 3, 4, 5], 128)]
+
+
+def test_rows_with_equal_buckets_share_a_batch():
+  rows = (plan_rows(0, [1] * 10, [[2] * 3] * 5, [4], 8, 4.0) + plan_rows(1, [1] * 12, [[2] * 4] * 6, [4], 8, 4.0)
+          + plan_rows(2, [1] * 40, [[2]], [4], 8, 4.0))
+  batches = batch_rows(rows, prefix_buckets=[16, 64], count_buckets=[1, 8], batch_buckets=[1, 2, 4],
+                       max_tokens_per_batch=1 << 16)
+  assert sorted(b.shape_key for b in batches) == [(1, 64, 4, 1), (2, 16, 4, 8)]
+  two = [b for b in batches if b.shape_key[0] == 2][0]
+  np.testing.assert_array_equal(two.request_BxN[:, 0], [0, 1])
+  np.testing.assert_array_equal(two.prefix_valid_B, [10, 12])
+
+
+def test_serial_batches_sort_and_pad():
+  seqs = [[1] * 5, [2] * 2, [3] * 9]
+  batches = serial_batches(seqs, [4, 8, 16], batch_size=2, batch_buckets=[1, 2])
+  assert [b.shape_key for b in batches] == [(2, 8), (1, 16)]
+  np.testing.assert_array_equal(batches[0].item_B, [1, 0])
+  np.testing.assert_array_equal(batches[0].valid_B, [2, 5])
