@@ -7,7 +7,7 @@ setup(
     version="0.1.0",
     description="MaxText-style JAX module for scoring and evaluating LLM rerankers",
     packages=["maxscore", "maxscore.algorithms", "maxscore.testing", "layers", "layers.kernels"],
-    package_data={"maxscore": ["data/**/*"]},
+    package_data={"maxscore": ["assets/**/*"]},
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.7", "jaxlib>=0.7", "flax>=0.10", "orbax-checkpoint>=0.11", "optax>=0.2", "sentencepiece>=0.2",

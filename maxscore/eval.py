@@ -12,14 +12,16 @@ run's. The prefix cache is cleared before each query, so the algorithm the selec
 
 Outputs in `output_dir`: results.jsonl (resume state), run.trec (reranked TREC run),
 metrics_per_query.jsonl, metrics.json (means over evaluated queries), summary.json.
+
+`score_jsonl` is the batch form of the /v1/score API behind scripts/score.py.
 """
 
 import collections
 import dataclasses
-import hashlib
 import json
 import os
 import pathlib
+import sys
 import time
 from typing import Any, Literal, Mapping, Optional, Sequence
 
@@ -31,6 +33,7 @@ from tqdm import tqdm
 from maxscore import data, metrics, prompts
 from maxscore.config import load_config, parse_override, to_flat_dict
 from maxscore.data import RerankSet
+from maxscore.errors import ScoreInputError
 from maxscore.scorer import Scorer
 
 DEFAULT_METRICS = ("ndcg@10", "mrr@10", "map", "recall@10", "p@10")
@@ -231,7 +234,8 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
                list(label_ids), cfg.template)
   items_done, seconds = 0, 0.0
   with open(results_path, "a", encoding="utf-8") as f, tqdm(
-      total=len(todo), unit="query", disable=not progress, dynamic_ncols=True, desc="eval") as bar:
+      total=len(todo) + resumed, initial=resumed, unit="query", disable=not progress, dynamic_ncols=True,
+      desc="eval") as bar:
     for q in todo:
       rec = _score_query(scorer, builder, q, label_ids, cfg)
       f.write(json.dumps(rec) + "\n")
@@ -275,7 +279,9 @@ def _finalize(dataset: RerankSet, queries, done, cfg: EvalConfig, out: pathlib.P
   tmp.write_text("".join(json.dumps({"qid": qid, **values}) + "\n" for qid, values in ordered.items()),
                  encoding="utf-8")
   os.replace(tmp, out / "metrics_per_query.jsonl")
+  names = [metrics.canonical_name(m) for m in cfg.metrics]
   means = metrics.aggregate(ordered) if ordered else {}
+  means = {n: means[n] for n in dict.fromkeys(names) if n in means}
   _write_json(out / "metrics.json", {"metrics": means, "num_queries": len(ordered)})
   return EvalReport(means, ordered, {}, out)
 
@@ -326,7 +332,8 @@ def _summary(scorer: Scorer, dataset: RerankSet, queries, done, cfg: EvalConfig,
 def format_report(report: EvalReport) -> str:
   """A few lines for the terminal: metrics, throughput, algorithms."""
   s = report.summary
-  lines = [f"model {s['model']} on {s['backend']}: {s['queries_evaluated']} queries evaluated, "
+  resumed = f" ({s['queries_resumed']} resumed from results.jsonl)" if s["queries_resumed"] else ""
+  lines = [f"model {s['model']} on {s['backend']}: {s['queries_evaluated']} queries evaluated{resumed}, "
            f"{s['items']} candidates, outputs in {report.output_dir}"]
   lines += [f"  {name:<18} {value:.4f}" for name, value in report.metrics.items()]
   rate = lambda x: "n/a" if x is None else f"{x:,.0f}"
@@ -341,3 +348,66 @@ def format_report(report: EvalReport) -> str:
   if s["skipped"]:
     lines.append("  skipped input: " + ", ".join(f"{k} {v}" for k, v in s["skipped"].items()))
   return "\n".join(lines)
+
+
+# --- request files (scripts/score.py) ------------------------------------------------------------
+def _parse_request(scorer: Scorer, line: str, number: int):
+  """A validated TokenRequest from one JSONL line; ScoreInputError naming the line otherwise."""
+  try:
+    r = json.loads(line)
+  except json.JSONDecodeError as e:
+    raise ScoreInputError(f"line {number}: invalid JSON ({e.msg} at column {e.colno})") from None
+  try:
+    return scorer.validate(r)
+  except ScoreInputError as e:
+    raise ScoreInputError(f"line {number}: {e}") from None
+
+
+def _score_lines(scorer: Scorer, lines: Sequence[tuple[int, str]]) -> list[dict]:
+  """Responses (or {"error"}) for a batch of lines, in order; one forward group for the valid ones."""
+  out: list[Optional[dict]] = [None] * len(lines)
+  reqs = {}
+  for i, (number, line) in enumerate(lines):
+    try:
+      reqs[i] = _parse_request(scorer, line, number)
+    except ScoreInputError as e:
+      out[i] = {"error": str(e)}
+  try:
+    results = dict(zip(reqs, scorer.score_requests(list(reqs.values())))) if reqs else {}
+  except ScoreInputError:  # a limit hit inside an algorithm (e.g. a bucket): find the request one by one
+    results = {}
+    for i, req in reqs.items():
+      try:
+        results[i] = scorer.score_requests([req])[0]
+      except ScoreInputError as e:
+        out[i] = {"error": f"line {lines[i][0]}: {e}"}
+  for i, res in results.items():
+    out[i] = res.to_response(scorer.model_name)
+  return out
+
+
+def score_jsonl(scorer: Scorer, input_path: str, output_path: str, batch_size: int = 16) -> dict[str, int]:
+  """Scores a JSONL file of /v1/score requests into a JSONL of responses (one line per input line,
+  blank lines included as errors); returns {"ok", "errors"} counts. "-" is stdin / stdout."""
+  src = sys.stdin if input_path == "-" else open(input_path, encoding="utf-8")
+  dst = sys.stdout if output_path == "-" else open(output_path, "w", encoding="utf-8")
+  counts = {"ok": 0, "errors": 0}
+  try:
+    batch: list[tuple[int, str]] = []
+    def flush():
+      for resp in _score_lines(scorer, batch):
+        dst.write(json.dumps(resp) + "\n")
+        counts["errors" if "error" in resp else "ok"] += 1
+      dst.flush()
+      batch.clear()
+    for number, line in enumerate(src, 1):
+      batch.append((number, line))
+      if len(batch) >= max(batch_size, 1):
+        flush()
+    flush()
+  finally:
+    if src is not sys.stdin:
+      src.close()
+    if dst is not sys.stdout:
+      dst.close()
+  return counts

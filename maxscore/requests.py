@@ -8,6 +8,8 @@ import dataclasses
 import numbers
 from typing import Any, Optional, Sequence
 
+import numpy as np
+
 from maxscore.errors import ScoreInputError
 
 
@@ -42,12 +44,17 @@ def _is_int(x: Any) -> bool:
 
 
 def _check_ids(field: str, ids: Sequence[Any], vocab_size: int) -> tuple[int, ...]:
-  for j, t in enumerate(ids):
-    if not _is_int(t):
-      raise ScoreInputError(f"{field}[{j}]={t!r} must be an integer token id")
-    if not 0 <= t < vocab_size:
-      raise ScoreInputError(f"{field}[{j}]={t} is outside the vocabulary [0, {vocab_size})")
-  return tuple(int(t) for t in ids)
+  """Vectorized check of a token-id list; the error names the first bad position."""
+  arr = np.asarray(ids) if len(ids) else np.zeros((0,), np.int64)
+  if arr.ndim != 1 or arr.dtype.kind not in "iu":
+    for j, t in enumerate(ids):
+      if not _is_int(t):
+        raise ScoreInputError(f"{field}[{j}]={t!r} must be an integer token id")
+  bad = np.flatnonzero((arr < 0) | (arr >= vocab_size))
+  if bad.size:
+    j = int(bad[0])
+    raise ScoreInputError(f"{field}[{j}]={ids[j]} is outside the vocabulary [0, {vocab_size})")
+  return tuple(arr.tolist())
 
 
 def _encode(field: str, value: Any, tokenizer, vocab_size: int) -> tuple[int, ...]:

@@ -26,6 +26,8 @@ from maxscore.prefix_cache import PrefixCache
 from maxscore.requests import TokenRequest, make_request
 from maxscore.tokenizer import Tokenizer, load_tokenizer
 
+REQUEST_FIELDS = frozenset({"query", "items", "label_token_ids", "apply_softmax", "item_first", "model"})
+
 
 @dataclasses.dataclass(frozen=True)
 class ScoreResult:
@@ -115,16 +117,22 @@ class Scorer:
     req = self.make_request(query, items, label_token_ids, apply_softmax, item_first, separator_token_id)
     return self.score_requests([req], algorithm=algorithm)[0]
 
+  def validate(self, request: Mapping[str, Any]) -> TokenRequest:
+    """A /v1/score-shaped dict ({query, items, label_token_ids, apply_softmax, item_first}) as a TokenRequest."""
+    if not isinstance(request, Mapping):
+      raise ScoreInputError(f"a request must be a JSON object, got {type(request).__name__}")
+    unknown = set(request) - REQUEST_FIELDS
+    if unknown:
+      raise ScoreInputError(f"unknown fields {sorted(unknown)}; allowed: {sorted(REQUEST_FIELDS)}")
+    return self.make_request(request.get("query"), request.get("items"), request.get("label_token_ids"),
+                             request.get("apply_softmax"), request.get("item_first", False))
+
   def score_batch(self, requests: Sequence[Mapping[str, Any]], algorithm: Optional[str] = None) -> list[ScoreResult]:
-    """Scores many /v1/score-shaped dicts ({query, items, label_token_ids, apply_softmax, item_first})."""
+    """Scores many /v1/score-shaped dicts; requests with equal shapes share forwards."""
     reqs = []
     for i, r in enumerate(requests):
-      unknown = set(r) - {"query", "items", "label_token_ids", "apply_softmax", "item_first", "model"}
-      if unknown:
-        raise ScoreInputError(f"requests[{i}] has unknown fields {sorted(unknown)}")
       try:
-        reqs.append(self.make_request(r.get("query"), r.get("items"), r.get("label_token_ids"),
-                                      r.get("apply_softmax"), r.get("item_first", False)))
+        reqs.append(self.validate(r))
       except ScoreInputError as e:
         raise ScoreInputError(f"requests[{i}]: {e}") from None
     return self.score_requests(reqs, algorithm=algorithm)

@@ -21,6 +21,7 @@ from maxscore.layout import bucket
 class Choice:
   algorithm: str
   reason: str
+  kind: str = ""  # short reason category; INFO logs once per (algorithm, kind)
 
 
 def packed_row_tokens(prefix_len: int, item_lens: Sequence[int], buckets: BucketConfig) -> tuple[int, int]:
@@ -37,31 +38,31 @@ def select(prefix_len: int, item_lens: Sequence[int], item_first: bool, kernel: 
            scoring: ScoringConfig, buckets: BucketConfig, prefix_cached: bool = False) -> Choice:
   """The algorithm for one request; `scoring.algorithm` other than auto always wins."""
   if item_first:
-    return Choice("serial", "item_first=True puts the item before the query, so nothing is shared")
+    return Choice("serial", "item_first=True puts the item before the query, so nothing is shared", "item_first")
   if scoring.algorithm != "auto":
-    return Choice(scoring.algorithm, "set by config/call")
+    return Choice(scoring.algorithm, "set by config/call", "config")
   if not item_lens:
-    return Choice("packed", "no items")
+    return Choice("packed", "no items", "no_items")
   if prefix_cached:
-    return Choice("prefill_extend", "the query's PrefixState is cached: extend skips the prefix entirely")
+    return Choice("prefill_extend", "the query's PrefixState is cached: extend skips the prefix entirely",
+                  "cached")
   rows, row_tokens = packed_row_tokens(prefix_len, item_lens, buckets)
   if kernel == "reference" and row_tokens > kernel_cfg.max_reference_len:
     return Choice("prefill_extend", f"packed row of {row_tokens} tokens exceeds the reference kernel's "
-                                    f"max_reference_len={kernel_cfg.max_reference_len}")
+                                    f"max_reference_len={kernel_cfg.max_reference_len}", "reference_limit")
   if rows > 1:
     return Choice("prefill_extend", f"{len(item_lens)} items need {rows} packed rows, each recomputing the "
-                                    f"query; prefill_extend computes it once")
-  return Choice("packed", f"one packed row of {row_tokens} tokens: same dense work as prefill_extend, one dispatch")
+                                    f"query; prefill_extend computes it once", "many_rows")
+  return Choice("packed", f"one packed row of {row_tokens} tokens: same dense work as prefill_extend, one dispatch", "one_row")
 
 
-_last_logged: list = [None]
+_logged_kinds: set = set()
 
 
 def log_choice(choice: Choice, prefix_len: int, num_items: int) -> None:
-  """Logs a choice at INFO when it differs from the previous one (DEBUG otherwise)."""
+  """Logs a choice at INFO the first time its (algorithm, kind) appears, at DEBUG after that."""
   msg = "algorithm=%s for query of %d tokens x %d items: %s"
-  if (choice.algorithm, choice.reason) != _last_logged[0]:
-    logging.info(msg, choice.algorithm, prefix_len, num_items, choice.reason)
-    _last_logged[0] = (choice.algorithm, choice.reason)
-  else:
-    logging.debug(msg, choice.algorithm, prefix_len, num_items, choice.reason)
+  key = (choice.algorithm, choice.kind)
+  log = logging.debug if key in _logged_kinds else logging.info
+  _logged_kinds.add(key)
+  log(msg, choice.algorithm, prefix_len, num_items, choice.reason)

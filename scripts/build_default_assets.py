@@ -1,6 +1,6 @@
-"""Builds the embedded default under maxscore/data/default/ from CPython's pydoc_data topics.
+"""Builds the embedded default under maxscore/assets/default/ from CPython's pydoc_data topics.
 
-  python scripts/build_default_assets.py [--output_dir=maxscore/data/default] [--seed=0]
+  python scripts/build_default_assets.py [--output_dir=maxscore/assets/default] [--seed=0]
 
 Writes
   pydoc-tiny-qwen3/     a random-init Qwen3-family checkpoint (hidden 128, 2 layers) with its
@@ -39,7 +39,9 @@ OUTPUT = flags.DEFINE_string("output_dir", str(data.DEFAULT_DIR), "where to writ
 SEED = flags.DEFINE_integer("seed", 0, "seed of the model init, candidate sampling and splits")
 VOCAB = flags.DEFINE_integer("vocab_size", 2048, "sentencepiece vocabulary size (= the model's)")
 CANDIDATES = flags.DEFINE_integer("num_candidates", 24, "candidates per query")
-MAX_CHARS = flags.DEFINE_integer("max_chars", 360, "paragraphs are cut at a word boundary near this length")
+MIN_TOKENS = flags.DEFINE_integer("min_tokens", 36, "paragraphs shorter than this many tokens are dropped")
+MAX_TOKENS = flags.DEFINE_integer("max_tokens", 116, "paragraphs are cut at a word boundary to at most this "
+                                  "many tokens")
 
 _UNDERLINE = re.compile(r"^([*=\-~^])\1{2,}$")
 
@@ -50,12 +52,14 @@ def _model_config(vocab_size: int) -> ModelConfig:
                      tie_word_embeddings=True, max_position_embeddings=4096).validate()
 
 
-def _clip(text: str, max_chars: int) -> str:
+def _clip(tok, text: str, max_tokens: int) -> str:
+  """`text` with whitespace collapsed, cut at a word boundary to at most max_tokens tokens."""
   text = " ".join(text.split())
-  if len(text) <= max_chars:
-    return text
-  cut = text[:max_chars].rsplit(" ", 1)[0]
-  return cut + " ..."
+  while len(tok.encode(text)) > max_tokens:
+    keep = tok.decode(tok.encode(text)[:max_tokens - 2]).rsplit(" ", 1)[0]
+    text = keep.rstrip(" ,.;:") + " ..."
+    max_tokens -= 2
+  return text
 
 
 def _sections(topic: str, doc: str) -> list[dict]:
@@ -89,16 +93,21 @@ def _sections(topic: str, doc: str) -> list[dict]:
   return sections
 
 
-def build_rerank_set(seed: int, num_candidates: int, max_chars: int) -> list[dict]:
-  """One query per section with >= 2 prose paragraphs; candidates mix graded and random paragraphs."""
+def build_rerank_set(tok, seed: int, num_candidates: int, min_tokens: int, max_tokens: int) -> list[dict]:
+  """One query per section with >= 2 prose paragraphs; candidates mix graded and random paragraphs.
+
+  Paragraph lengths stay within [min_tokens, max_tokens] so that with the plain template every item
+  fits one 128-token slot bucket and one length group: the default eval compiles only a few shapes."""
   import pydoc_data.topics  # pylint: disable=import-outside-toplevel
 
   rng = np.random.default_rng(seed)
   sections = [s for topic, doc in sorted(pydoc_data.topics.topics.items()) for s in _sections(topic, doc)]
   pool = []  # (docid, topic, section index, text)
   for si, s in enumerate(sections):
+    kept = [_clip(tok, p, max_tokens) for p in s["paragraphs"]]
+    s["paragraphs"] = [p for p in kept if len(tok.encode(p)) >= min_tokens]
     for pi, p in enumerate(s["paragraphs"]):
-      pool.append((f"{s['topic']}.{si}.{pi}", s["topic"], si, _clip(p, max_chars)))
+      pool.append((f"{s['topic']}.{si}.{pi}", s["topic"], si, p))
   by_section: dict[int, list[int]] = {}
   by_topic: dict[str, list[int]] = {}
   for j, (_, topic, si, _) in enumerate(pool):
@@ -137,10 +146,6 @@ def main(argv):
   del argv
   out = pathlib.Path(OUTPUT.value)
   out.mkdir(parents=True, exist_ok=True)
-  records = build_rerank_set(SEED.value, CANDIDATES.value, MAX_CHARS.value)
-  jsonl = out / data.DEFAULT_JSONL.name
-  jsonl.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
-
   with tempfile.TemporaryDirectory() as tmp:
     # A relative prefix keeps the temporary path out of the model file, so builds are byte-identical.
     cwd = os.getcwd()
@@ -152,6 +157,9 @@ def main(argv):
     tok = load_tokenizer(sp_model)
     for label in ("Yes", "No"):
       tok.label_id(label)  # raises unless a single token
+    records = build_rerank_set(tok, SEED.value, CANDIDATES.value, MIN_TOKENS.value, MAX_TOKENS.value)
+    jsonl = out / data.DEFAULT_JSONL.name
+    jsonl.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
     model = _model_config(tok.vocab_size)
     decoder = Decoder(model, get_kernel("reference"))
     params = init_params(decoder, jax.random.PRNGKey(SEED.value))
@@ -170,6 +178,7 @@ def main(argv):
                 "params": model.num_params(), "bytes": _dir_bytes(ckpt)},
       "rerank_set": {"file": jsonl.name, "queries": len(records), "splits": dict(sorted(splits.items())),
                      "candidates_per_query": CANDIDATES.value, "bytes": jsonl.stat().st_size,
+                     "paragraph_tokens": [MIN_TOKENS.value, MAX_TOKENS.value],
                      "grades": {"2": "paragraph of the query's section", "1": "paragraph of the same topic",
                                 "0": "unjudged (another topic)"}},
   }

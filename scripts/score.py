@@ -1,0 +1,56 @@
+"""Scores a JSONL file of /v1/score requests; writes one response line per request, in order.
+
+  python scripts/score.py --input=requests.jsonl --output=responses.jsonl [--checkpoint_dir=ckpt] [key=value ...]
+
+A request is {"query", "items", "label_token_ids"?, "apply_softmax"?, "item_first"?} (text or
+token ids); a response is {"scores", "model", "usage", "object": "scoring"}. A request that
+cannot be scored gets {"error": "line N: ..."} on its line and the run goes on.
+"""
+
+import sys
+
+from absl import app, flags, logging
+
+from maxscore import eval as eval_lib
+from maxscore.checkpointing import CheckpointError
+from maxscore.config import ConfigError
+from maxscore.errors import ScoreInputError
+
+
+def define_flags(fv: flags.FlagValues) -> None:
+  """The script's flags, on `fv` (the global FLAGS when run as a script, a fresh one in tests)."""
+  flags.DEFINE_string("input", None, "JSONL of /v1/score requests ('-': stdin)", flag_values=fv)
+  flags.DEFINE_string("output", "-", "JSONL of responses, one per input line ('-': stdout)", flag_values=fv)
+  flags.DEFINE_string("checkpoint_dir", None, "maxscore checkpoint; default: the embedded default model; "
+                      "'none': random init from the config", flag_values=fv)
+  flags.DEFINE_integer("batch_size", 16, "requests scored together in one score_requests call",
+                       flag_values=fv)
+  flags.DEFINE_multi_string("override", [], "key=value config override (repeatable)", flag_values=fv)
+
+
+def main(argv, fv: flags.FlagValues = flags.FLAGS):
+  if not fv.input:
+    print("error: --input is required (a JSONL file of /v1/score requests, or - for stdin)", file=sys.stderr)
+    sys.exit(2)
+  try:
+    scorer = eval_lib.build_scorer(fv.checkpoint_dir, list(argv[1:]) + list(fv.override))
+    counts = eval_lib.score_jsonl(scorer, fv.input, fv.output, fv.batch_size)
+  except (ScoreInputError, ConfigError, CheckpointError, FileNotFoundError) as e:
+    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    sys.exit(2)
+  logging.info("scored %d requests, %d errors", counts["ok"], counts["errors"])
+  if counts["errors"]:
+    print(f"{counts['errors']} of {counts['ok'] + counts['errors']} requests failed; see their error lines",
+          file=sys.stderr)
+
+
+def run(argv):
+  """Parses `argv` into fresh flags and calls main (for tests: no global flag state)."""
+  fv = flags.FlagValues()
+  define_flags(fv)
+  main(fv(list(argv)), fv)
+
+
+if __name__ == "__main__":
+  define_flags(flags.FLAGS)
+  app.run(main)
