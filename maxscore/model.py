@@ -53,6 +53,15 @@ def _label_logprobs(decoder: Decoder, params, hidden_BxNxD, label_ids_K):
   return label_logits - jax.nn.logsumexp(logits_BxNxV, axis=-1, keepdims=True)
 
 
+def _hidden(decoder: Decoder, params, hidden_BxNxD, label_ids_K):
+  del decoder, params, label_ids_K
+  return hidden_BxNxD.astype(jnp.float32)
+
+
+# What an entry point returns at the score rows: label log-probs [.., K] or final hidden states [.., D].
+OUTPUTS = {"logprobs": _label_logprobs, "hidden": _hidden}
+
+
 class ModelRunner:
   """Params plus jitted forward / prefill / extend functions, one Decoder per kernel."""
 
@@ -83,19 +92,19 @@ class ModelRunner:
 
   # --- entry points ------------------------------------------------------------------
   def packed_logprobs(self, kernel: str, tokens_BxT, positions_BxT, layout: SegmentLayout, score_index_BxN,
-                      label_ids_K) -> jax.Array:
-    """Label log-probs [B, N, K] of one packed (or serial, N=1 with P=T) forward."""
+                      label_ids_K, output: str = "logprobs") -> jax.Array:
+    """Label log-probs [B, N, K] (or hidden states [B, N, D]) of one packed or serial (N=1, P=T) forward."""
     def build(kernel):
       decoder = self.decoder(kernel)
       def fn(params, tokens, positions, layout, score_index, labels):
         hidden_BxTxD, _ = decoder.apply({"params": params}, tokens, positions, layout)
         h_BxNxD = jnp.take_along_axis(hidden_BxTxD, score_index[..., None], axis=1)
-        return _label_logprobs(decoder, params, h_BxNxD, labels)
+        return OUTPUTS[output](decoder, params, h_BxNxD, labels)
       return fn
-    self._record("packed", kernel, tokens_BxT.shape, layout.prefix_len, layout.slot_len, layout.num_slots,
+    self._record("packed", kernel, output, tokens_BxT.shape, layout.prefix_len, layout.slot_len, layout.num_slots,
                  len(label_ids_K))
-    return self._jit("packed", kernel, build)(self.params, tokens_BxT, positions_BxT, layout, score_index_BxN,
-                                               label_ids_K)
+    return self._jit(f"packed_{output}", kernel, build)(self.params, tokens_BxT, positions_BxT, layout,
+                                                         score_index_BxN, label_ids_K)
 
   def prefill(self, kernel: str, tokens_1xP, valid: int) -> PrefixState:
     """Runs the prefix once; returns its per-layer K/V and the hidden state of its last real token."""
@@ -113,8 +122,8 @@ class ModelRunner:
     return PrefixState(k, v, last, jnp.asarray(valid, jnp.int32))
 
   def extend_logprobs(self, kernel: str, state: PrefixState, tokens_1xT, positions_1xT, slot_valid_1xN,
-                      slot_len: int, score_index_1xN, label_ids_K) -> jax.Array:
-    """Label log-probs [1, N, K] of items in slots attending to a prefilled PrefixState."""
+                      slot_len: int, score_index_1xN, label_ids_K, output: str = "logprobs") -> jax.Array:
+    """Label log-probs [1, N, K] (or hidden [1, N, D]) of items in slots attending to a PrefixState."""
     def build(kernel):
       decoder = self.decoder(kernel)
       def fn(params, state, tokens, positions, layout, score_index, labels):
@@ -122,13 +131,13 @@ class ModelRunner:
         h_1xNxD = jnp.take_along_axis(hidden_1xTxD, jnp.maximum(score_index, 0)[..., None], axis=1)
         # An empty item (score_index -1) reads the prefix's last hidden state.
         h_1xNxD = jnp.where(score_index[..., None] < 0, state.last_hidden_D.astype(h_1xNxD.dtype), h_1xNxD)
-        return _label_logprobs(decoder, params, h_1xNxD, labels)
+        return OUTPUTS[output](decoder, params, h_1xNxD, labels)
       return fn
     n = slot_valid_1xN.shape[1]
     layout = SegmentLayout(state.valid.reshape(1), slot_valid_1xN, state.prefix_len, slot_len, n)
-    self._record("extend", kernel, state.prefix_len, slot_len, n, len(label_ids_K))
-    return self._jit("extend", kernel, build)(self.params, state, tokens_1xT, positions_1xT, layout,
-                                               score_index_1xN, label_ids_K)
+    self._record("extend", kernel, output, state.prefix_len, slot_len, n, len(label_ids_K))
+    return self._jit(f"extend_{output}", kernel, build)(self.params, state, tokens_1xT, positions_1xT, layout,
+                                                         score_index_1xN, label_ids_K)
 
   def logits(self, token_ids: np.ndarray, kernel: Optional[str] = None) -> np.ndarray:
     """Next-token logits [T, V] (float32) for one causal sequence."""

@@ -153,20 +153,34 @@ class Scorer:
     return selector.select(p, [len(x) for x in req.items], req.item_first, kernel, self.config.kernel, scoring,
                            self.config.buckets, prefix_cached=cached)
 
-  def score_requests(self, reqs: Sequence[TokenRequest], algorithm: Optional[str] = None) -> list[ScoreResult]:
-    """Scores validated requests, grouping those that share an algorithm into the same forwards."""
+  def _run(self, reqs: Sequence[TokenRequest], algorithm: Optional[str], output: str) -> list[tuple[np.ndarray, str]]:
+    """(per-request outputs, algorithm name), grouping requests that share an algorithm into the same forwards."""
     choices = [self.choose(r, algorithm) for r in reqs]
     for r, c in zip(reqs, choices):
       selector.log_choice(c, len(r.prefix), len(r.items))
-    results: list[Optional[ScoreResult]] = [None] * len(reqs)
+    results: list = [None] * len(reqs)
     for name in sorted({c.algorithm for c in choices}):
       idx = [i for i, c in enumerate(choices) if c.algorithm == name]
       ctx = AlgorithmContext(self.runner, self.runner.default_kernel, self.config.buckets, self.config.scoring,
-                             self.prefix_cache)
-      lps = ALGORITHMS[name](ctx, [reqs[i] for i in idx])
-      for i, lp in zip(idx, lps):
-        results[i] = ScoreResult(finalize_scores(lp, reqs[i].apply_softmax), name, self._usage(reqs[i], name))
+                             self.prefix_cache, output=output)
+      for i, out in zip(idx, ALGORITHMS[name](ctx, [reqs[i] for i in idx])):
+        results[i] = (out, name)
     return results
+
+  def score_requests(self, reqs: Sequence[TokenRequest], algorithm: Optional[str] = None) -> list[ScoreResult]:
+    """Scores validated requests, grouping those that share an algorithm into the same forwards."""
+    return [ScoreResult(finalize_scores(lp, r.apply_softmax), name, self._usage(r, name))
+            for r, (lp, name) in zip(reqs, self._run(reqs, algorithm, "logprobs"))]
+
+  def hidden_states(self, query: Any, items: Any, algorithm: Optional[str] = None,
+                    separator_token_id: Any = "config") -> np.ndarray:
+    """Final-norm hidden states [N, D] (float32) at each item's score position: what score heads read."""
+    req = self.make_request(query, items, [0], False, False, separator_token_id)
+    return self.hidden_states_requests([req], algorithm)[0]
+
+  def hidden_states_requests(self, reqs: Sequence[TokenRequest], algorithm: Optional[str] = None) -> list[np.ndarray]:
+    """hidden_states for many validated requests (shared forwards where shapes allow)."""
+    return [h for h, _ in self._run(reqs, algorithm, "hidden")]
 
   @staticmethod
   def _usage(req: TokenRequest, algorithm: str) -> dict[str, int]:

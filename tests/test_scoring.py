@@ -235,3 +235,17 @@ def test_oversized_requests_are_refused(qwen):
     small.score([1] * 39, [[2]], LABELS)
   with pytest.raises(ScoreInputError, match=r"items\[0\] is 5000 tokens, above the largest item bucket 4096"):
     Scorer(scorer.config.replace(max_request_tokens=10**6), scorer.runner.params).score([1], [[2] * 5000], LABELS)
+
+
+def test_hidden_states_feed_the_lm_head_exactly(qwen):
+  """hidden_states + the lm_head reproduce score(): the features score heads train on are the right ones."""
+  _, scorer = qwen
+  query, items = random_request(81, 25, [4, 0, 9])
+  import jax
+  for algorithm in ALGORITHMS:
+    h = scorer.hidden_states(query, items, algorithm=algorithm)
+    assert h.shape == (3, scorer.config.model.hidden_size) and h.dtype == np.float32
+    logits = np.asarray(scorer.runner.decoder("reference").apply({"params": scorer.runner.params}, h,
+                                                                  method=type(scorer.runner.decoder("reference")).logits))
+    lp = np.asarray(jax.nn.log_softmax(logits, axis=-1))[:, LABELS]
+    np.testing.assert_allclose(np.exp(lp), scorer.score(query, items, LABELS, algorithm=algorithm).scores, atol=1e-6)

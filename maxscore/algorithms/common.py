@@ -20,6 +20,7 @@ class AlgorithmContext:
   scoring: ScoringConfig
   prefix_cache: PrefixCache
   max_tokens_per_forward: int = 1 << 16
+  output: str = "logprobs"  # "logprobs": label log-probs [N, K]; "hidden": final hidden states [N, D]
 
 
 def by_labels(requests: Sequence[TokenRequest]) -> Iterator[tuple[np.ndarray, list[int]]]:
@@ -31,8 +32,9 @@ def by_labels(requests: Sequence[TokenRequest]) -> Iterator[tuple[np.ndarray, li
     yield np.asarray(labels, np.int32), idx
 
 
-def empty_results(requests: Sequence[TokenRequest]) -> list[np.ndarray]:
-  return [np.zeros((len(r.items), len(r.label_ids)), np.float32) for r in requests]
+def empty_results(ctx: AlgorithmContext, requests: Sequence[TokenRequest]) -> list[np.ndarray]:
+  width = (lambda r: len(r.label_ids)) if ctx.output == "logprobs" else (lambda r: ctx.runner.model.hidden_size)
+  return [np.zeros((len(r.items), width(r)), np.float32) for r in requests]
 
 
 def scatter(out: list[np.ndarray], pending) -> list[np.ndarray]:

@@ -9,7 +9,7 @@ from maxscore.layout import batch_rows, plan_rows
 
 
 def run(ctx: AlgorithmContext, requests) -> list[np.ndarray]:
-  out = empty_results(requests)
+  out = empty_results(ctx, requests)
   bk = ctx.buckets
   pending = []
   for labels, idx in by_labels(requests):
@@ -20,6 +20,6 @@ def run(ctx: AlgorithmContext, requests) -> list[np.ndarray]:
       layout = SegmentLayout(jnp.asarray(batch.prefix_valid_B), jnp.asarray(batch.slot_valid_BxN),
                              batch.prefix_len, batch.slot_len, batch.num_slots)
       lp = ctx.runner.packed_logprobs(ctx.kernel, batch.tokens_BxT, batch.positions_BxT, layout,
-                                      batch.score_index_BxN, labels)
+                                      batch.score_index_BxN, labels, ctx.output)
       pending.append((batch, lp))
   return scatter(out, pending)

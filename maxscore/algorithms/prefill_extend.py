@@ -21,7 +21,7 @@ def prefix_state(ctx: AlgorithmContext, prefix):
 
 
 def run(ctx: AlgorithmContext, requests) -> list[np.ndarray]:
-  out = empty_results(requests)
+  out = empty_results(ctx, requests)
   bk, chunk = ctx.buckets, ctx.scoring.extend_batch_size
   pending = []
   for labels, idx in by_labels(requests):
@@ -34,6 +34,6 @@ def run(ctx: AlgorithmContext, requests) -> list[np.ndarray]:
         n = bucket(len(row.items), bk.item_count_buckets, "extend chunk")
         batch = pack_rows([row], 0, row.slot_len, n, 1)
         lp = ctx.runner.extend_logprobs(ctx.kernel, state, batch.tokens_BxT, batch.positions_BxT,
-                                        batch.slot_valid_BxN, row.slot_len, batch.score_index_BxN, labels)
+                                        batch.slot_valid_BxN, row.slot_len, batch.score_index_BxN, labels, ctx.output)
         pending.append((batch, lp))
   return scatter(out, pending)

@@ -9,7 +9,7 @@ from maxscore.layout import serial_batches
 
 
 def run(ctx: AlgorithmContext, requests) -> list[np.ndarray]:
-  out = empty_results(requests)
+  out = empty_results(ctx, requests)
   pending = []
   for labels, idx in by_labels(requests):
     seqs, owners = [], []
@@ -24,7 +24,7 @@ def run(ctx: AlgorithmContext, requests) -> list[np.ndarray]:
       layout = SegmentLayout.causal(jnp.asarray(batch.valid_B), t)
       positions = np.broadcast_to(np.arange(t, dtype=np.int32), (b, t))
       score_index = np.maximum(batch.valid_B - 1, 0)[:, None]
-      lp = ctx.runner.packed_logprobs(ctx.kernel, batch.tokens_BxT, positions, layout, score_index, labels)
+      lp = ctx.runner.packed_logprobs(ctx.kernel, batch.tokens_BxT, positions, layout, score_index, labels, ctx.output)
       pending.append((batch, owners, lp))
   for batch, owners, lp in pending:  # dispatch everything first, then pull to host
     lp = np.asarray(lp)[:, 0]
