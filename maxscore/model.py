@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from layers import sharding
 from layers.config import ModelConfig
 from layers.decoder import Decoder
 from layers.kernels import KernelOptions, PrefixKV, SegmentLayout, get_kernel
@@ -65,30 +66,62 @@ OUTPUTS = {"logprobs": _label_logprobs, "hidden": _hidden}
 class ModelRunner:
   """Params plus jitted forward / prefill / extend functions, one Decoder per kernel."""
 
-  def __init__(self, model: ModelConfig, runtime: RuntimeConfig, kernel: KernelConfig, params: Any):
+  def __init__(self, model: ModelConfig, runtime: RuntimeConfig, kernel: KernelConfig, params: Any,
+               mesh: Optional[jax.sharding.Mesh] = None):
     self.model = model
+    self.mesh = mesh  # None: one device; else params sharded by layers/sharding.py, inputs placed per call
     self.dtype = DTYPES[runtime.dtype]
     self.precision = runtime.matmul_precision
     self.options = kernel_options(kernel)
     self.default_kernel = resolve_auto() if kernel.attention == "auto" else kernel.attention
     self.params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, DTYPES[runtime.weight_dtype]), params)
+    self.params = sharding.place_params(self.params, model, mesh)
     self.compiled_shapes: set[tuple] = set()
+    self.compile_only = False  # warmup: lower+compile each call's shapes, run nothing, return zeros
     self._lock = threading.Lock()
     self._jits: dict[tuple, Any] = {}
+    self._aot: dict[tuple, Any] = {}
 
   def decoder(self, kernel: str, return_kv: bool = False) -> Decoder:
-    return Decoder(self.model, get_kernel(kernel, self.options), dtype=self.dtype, param_dtype=self.dtype,
+    attend = sharding.shard_kernel(get_kernel(kernel, self.options), self.mesh)  # shard_map on a mesh
+    return Decoder(self.model, attend, dtype=self.dtype, param_dtype=self.dtype,
                    precision=self.precision, return_kv=return_kv)
 
   def _jit(self, name: str, kernel: str, build):
     key = (name, kernel)
     with self._lock:
       if key not in self._jits:
-        self._jits[key] = jax.jit(build(kernel))
+        # On a mesh, results come back replicated so every process can read them; a prefill's K/V stays sharded.
+        replicate = not sharding.is_trivial(self.mesh) and name != "prefill"
+        out = {"out_shardings": sharding.replicated(self.mesh)} if replicate else {}
+        self._jits[key] = jax.jit(build(kernel), **out)
       return self._jits[key]
 
   def _record(self, *key) -> None:
     self.compiled_shapes.add(key)
+
+  def _call(self, name: str, kernel: str, build, *args):
+    """Calls the jitted entry point, or its ahead-of-time executable for these exact input shapes."""
+    fn = self._jit(name, kernel, build)
+    batch_args = (0, 1, 2, 3) if name.startswith("packed") else ()  # tokens, positions, layout, score index
+    args, batch = sharding.place_inputs(args, self.mesh, batch_args)
+    with sharding.activate(self.mesh, sharding.rules_for_batch(batch, self.mesh)):
+      return self._call_placed(name, kernel, fn, args)
+
+  def _call_placed(self, name: str, kernel: str, fn, args):
+    leaves, treedef = jax.tree_util.tree_flatten(args)
+    key = (name, kernel, treedef, tuple((np.shape(x), np.result_type(x).name) for x in leaves))
+    if key in self._aot:
+      return self._aot[key](self.params, *args)
+    if self.compile_only:
+      self._aot[key] = fn.lower(self.params, *args).compile()
+      return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), jax.eval_shape(fn, self.params, *args))
+    return fn(self.params, *args)
+
+  @property
+  def num_executables(self) -> int:
+    """Executables built so far: ahead-of-time ones plus those in each jit's cache."""
+    return len(self._aot) + sum(f._cache_size() for f in self._jits.values())
 
   # --- entry points ------------------------------------------------------------------
   def packed_logprobs(self, kernel: str, tokens_BxT, positions_BxT, layout: SegmentLayout, score_index_BxN,
@@ -103,8 +136,8 @@ class ModelRunner:
       return fn
     self._record("packed", kernel, output, tokens_BxT.shape, layout.prefix_len, layout.slot_len, layout.num_slots,
                  len(label_ids_K))
-    return self._jit(f"packed_{output}", kernel, build)(self.params, tokens_BxT, positions_BxT, layout,
-                                                         score_index_BxN, label_ids_K)
+    return self._call(f"packed_{output}", kernel, build, tokens_BxT, positions_BxT, layout, score_index_BxN,
+                      label_ids_K)
 
   def prefill(self, kernel: str, tokens_1xP, valid: int) -> PrefixState:
     """Runs the prefix once; returns its per-layer K/V and the hidden state of its last real token."""
@@ -118,7 +151,7 @@ class ModelRunner:
     p = tokens_1xP.shape[1]
     self._record("prefill", kernel, p)
     layout = SegmentLayout.causal(jnp.asarray([valid], jnp.int32), p)
-    k, v, last = self._jit("prefill", kernel, build)(self.params, tokens_1xP, layout, valid - 1)
+    k, v, last = self._call("prefill", kernel, build, tokens_1xP, layout, np.int32(valid - 1))
     return PrefixState(k, v, last, jnp.asarray(valid, jnp.int32))
 
   def extend_logprobs(self, kernel: str, state: PrefixState, tokens_1xT, positions_1xT, slot_valid_1xN,
@@ -136,8 +169,8 @@ class ModelRunner:
     n = slot_valid_1xN.shape[1]
     layout = SegmentLayout(state.valid.reshape(1), slot_valid_1xN, state.prefix_len, slot_len, n)
     self._record("extend", kernel, output, state.prefix_len, slot_len, n, len(label_ids_K))
-    return self._jit(f"extend_{output}", kernel, build)(self.params, state, tokens_1xT, positions_1xT, layout,
-                                                         score_index_1xN, label_ids_K)
+    return self._call(f"extend_{output}", kernel, build, state, tokens_1xT, positions_1xT, layout, score_index_1xN,
+                      label_ids_K)
 
   def logits(self, token_ids: np.ndarray, kernel: Optional[str] = None) -> np.ndarray:
     """Next-token logits [T, V] (float32) for one causal sequence."""
@@ -152,4 +185,4 @@ class ModelRunner:
     tokens = jnp.asarray(token_ids, jnp.int32)[None]
     layout = SegmentLayout.causal(jnp.asarray([tokens.shape[1]], jnp.int32), tokens.shape[1])
     self._record("logits", kernel, tokens.shape)
-    return np.asarray(self._jit("logits", kernel, build)(self.params, tokens, layout))
+    return np.asarray(self._call("logits", kernel, build, tokens, layout))

@@ -15,9 +15,11 @@ import jax
 import numpy as np
 from absl import logging
 
+from layers import sharding
 from layers.decoder import Decoder, init_params
 from layers.kernels import get_kernel
 from maxscore import checkpointing, selector
+from maxscore import mesh as mesh_lib
 from maxscore.algorithms import ALGORITHMS, AlgorithmContext
 from maxscore.config import Config, from_flat_dict, load_config, to_flat_dict
 from maxscore.errors import ScoreInputError
@@ -56,41 +58,52 @@ class Scorer:
   """Scores items for queries with one model; holds params, tokenizer, compiled functions and caches."""
 
   def __init__(self, config: Config, params: Any, tokenizer: Optional[Tokenizer] = None,
-               model_name: str = "maxscore"):
+               model_name: str = "maxscore", mesh: Any = "auto"):
+    """`mesh`: "auto" = this process's data-group mesh from config.mesh when there are several devices
+    (maxscore/mesh.py), None = one device, or a jax.sharding.Mesh with axes (data, fsdp, tensor)."""
     self.config = config
     self.tokenizer = tokenizer
     self.model_name = model_name
     if config.runtime.compilation_cache_dir:
       jax.config.update("jax_compilation_cache_dir", config.runtime.compilation_cache_dir)
     checkpointing.check_params(params, config.model)
-    self.runner = ModelRunner(config.model, config.runtime, config.kernel, params)
+    self.mesh = mesh_lib.default_scoring_mesh(config.mesh) if isinstance(mesh, str) else mesh
+    sharding.check_divisible(config.model, self.mesh)  # before anything is placed or compiled
+    self.runner = ModelRunner(config.model, config.runtime, config.kernel, params, mesh=self.mesh)
     self.prefix_cache = PrefixCache(config.scoring.prefix_cache_bytes)
     self._warned_item_first = False
 
   # --- construction ------------------------------------------------------------------
   @classmethod
-  def from_config(cls, config: Config, tokenizer: Optional[Tokenizer] = None) -> "Scorer":
+  def from_config(cls, config: Config, tokenizer: Optional[Tokenizer] = None, mesh: Any = "auto") -> "Scorer":
     """Random-init params from `config.runtime.init_seed` (tests, demos), or the checkpoint it names."""
     if config.runtime.checkpoint_dir:
-      return cls.from_checkpoint(config.runtime.checkpoint_dir, **to_flat_dict(config))
+      return cls.from_checkpoint(config.runtime.checkpoint_dir, mesh=mesh, **to_flat_dict(config))
     decoder = Decoder(config.model, get_kernel("reference"))
     params = nn.unbox(init_params(decoder, jax.random.PRNGKey(config.runtime.init_seed)))
     if tokenizer is None and config.runtime.tokenizer_path:
       tokenizer = load_tokenizer(config.runtime.tokenizer_path)
-    return cls(config, params, tokenizer, model_name=config.runtime.model_name)
+    return cls(config, params, tokenizer, model_name=config.runtime.model_name, mesh=mesh)
 
   @classmethod
-  def from_checkpoint(cls, checkpoint_dir: os.PathLike, **overrides: Any) -> "Scorer":
-    """Loads a converted checkpoint; `overrides` are flat config keys (model keys come from the checkpoint)."""
-    ckpt = checkpointing.restore_checkpoint(checkpoint_dir)
+  def from_checkpoint(cls, checkpoint_dir: os.PathLike, mesh: Any = "auto", **overrides: Any) -> "Scorer":
+    """Loads a converted checkpoint; `overrides` are flat config keys (model keys come from the checkpoint).
+
+    On a mesh each parameter is read straight into its NamedSharding (each host reads its shards).
+    """
+    model, _ = checkpointing.read_metadata(checkpoint_dir)
     flat = to_flat_dict(load_config())
     flat.update({k: v for k, v in overrides.items()})
-    flat.update(dataclasses.asdict(ckpt.model))
-    flat["checkpoint_dir"] = str(ckpt.directory)
+    flat.update(dataclasses.asdict(model))
+    flat["checkpoint_dir"] = str(pathlib.Path(checkpoint_dir).resolve())
     config = from_flat_dict(flat, where="overrides")
+    mesh = mesh_lib.default_scoring_mesh(config.mesh) if isinstance(mesh, str) else mesh
+    sharding.check_divisible(config.model, mesh)
+    targets = None if sharding.is_trivial(mesh) else sharding.model_param_shardings(config.model, mesh)
+    ckpt = checkpointing.restore_checkpoint(checkpoint_dir, shardings=targets)
     tok_path = config.runtime.tokenizer_path or ckpt.tokenizer_path
     tokenizer = load_tokenizer(tok_path) if tok_path else None
-    return cls(config, ckpt.params, tokenizer, model_name=pathlib.Path(checkpoint_dir).name)
+    return cls(config, ckpt.params, tokenizer, model_name=pathlib.Path(checkpoint_dir).name, mesh=mesh)
 
   # --- raw model ---------------------------------------------------------------------
   def logits(self, token_ids: Sequence[int]) -> np.ndarray:
@@ -171,6 +184,30 @@ class Scorer:
     """Scores validated requests, grouping those that share an algorithm into the same forwards."""
     return [ScoreResult(finalize_scores(lp, r.apply_softmax), name, self._usage(r, name))
             for r, (lp, name) in zip(reqs, self._run(reqs, algorithm, "logprobs"))]
+
+  def warmup(self, geometries: Sequence[Sequence[int]], algorithm: Optional[str] = None,
+             num_labels: Optional[int] = None) -> dict[str, float]:
+    """Compiles ahead of time (lower + compile, nothing runs) what requests of these geometries will use.
+
+    Each geometry is (query_len, num_items, item_len[, batch]): `batch` requests of that shape scored
+    together (score_batch) -- 1 by default. query_len counts the separator. Returns the number of
+    new executables and the seconds spent.
+    """
+    import time
+    k = num_labels or len(self.config.scoring.label_token_ids) or 2
+    start, before = time.perf_counter(), self.runner.num_executables
+    saved_cache, self.prefix_cache = self.prefix_cache, PrefixCache(0)  # no dummy state may be cached
+    self.runner.compile_only = True
+    try:
+      for geometry in geometries:
+        q_len, n, l, b = (tuple(geometry) + (1,))[:4]
+        req = make_request([1] * q_len, [[1] * l] * n, list(range(k)), False, False, None,
+                           self.config.model.vocab_size)
+        self._run([req] * b, algorithm, "logprobs")
+    finally:
+      self.runner.compile_only = False
+      self.prefix_cache = saved_cache
+    return {"executables": self.runner.num_executables - before, "seconds": time.perf_counter() - start}
 
   def hidden_states(self, query: Any, items: Any, algorithm: Optional[str] = None,
                     separator_token_id: Any = "config") -> np.ndarray:

@@ -1,11 +1,16 @@
 """Shared-prefix attention in plain XLA: no [T, T] array ever exists.
 
-prefix queries: causal over the P prefix keys.
+prefix queries: causal over the P prefix keys, in query blocks that read only the keys up to
+the block's end (the upper triangle is never computed).
 slot queries: against the prefix keys [P] and their own causal [L, L] block, merged with one
-log-sum-exp. Slots are processed `chunk` at a time (lax.map), with query heads folded into
-the row dimension so each product is a plain batched GEMM [K, M, H] x [K, P, H]; memory is
-O(chunk * L * heads * P) whatever the number of slots. GQA never repeats K/V. The
-prefill+extend algorithm calls the same slot path with the prefix K/V taken from a cache.
+log-sum-exp. Slots are processed `chunk` at a time (lax.map) so memory is
+O(chunk * L * heads * P) whatever the number of slots.
+
+Layout for speed on XLA:CPU: (batch, kv head) are flattened into one batch axis Z and query
+heads of a GQA group are folded into the row axis M, so every product is one batched GEMM
+[Z, M, H] x [Z, S, H] and K/V are never repeated; probabilities are normalized after the PV
+product (one pass less over the score tile). The prefill+extend algorithm calls the same slot
+path with the prefix K/V taken from a cache.
 """
 
 from typing import Optional
@@ -16,40 +21,59 @@ import jax.numpy as jnp
 from layers.kernels.base import MASK_VALUE, KernelOptions, PrefixKV, SegmentLayout
 
 _HI = jax.lax.Precision.HIGHEST
-_ROWS_PER_CHUNK = 1024  # slot tokens per lax.map step: keeps the score tile small and cache-friendly
+_ROWS_PER_CHUNK = 1024   # slot tokens per lax.map step: keeps the score tile small and cache-friendly
+_PREFIX_BLOCK = 256      # prefix query block: later blocks read more keys, none reads beyond its end
+
+
+def _bmm(eq: str, a, b):
+  return jnp.einsum(eq, a, b, precision=_HI)
+
+
+def _to_z(x_BxTxKx_, g: Optional[int] = None):
+  """[B, T, K, (G,) H] -> [B*K, T*G, H]: one batch axis, GQA group folded into the rows."""
+  b, t, k = x_BxTxKx_.shape[:3]
+  x = jnp.moveaxis(x_BxTxKx_, 2, 1)
+  return x.reshape(b * k, t * (g or 1), x_BxTxKx_.shape[-1])
+
+
+def _from_z(x_ZxMxH, b: int, k: int, g: int):
+  """[B*K, T*G, H] -> [B, T, K, G, H]."""
+  z, m, h = x_ZxMxH.shape
+  return jnp.moveaxis(x_ZxMxH.reshape(b, k, m // g, g, h), 1, 2)
 
 
 def _causal_prefix(q_BxPxKxGxH, k_BxPxKxH, v_BxPxKxH, valid_B):
   b, p, kh, g, h = q_BxPxKxGxH.shape
-  q_BxKxMxH = jnp.transpose(q_BxPxKxGxH, (0, 2, 1, 3, 4)).reshape(b, kh, p * g, h)
-  s = jnp.einsum("BKMH,BKSH->BKMS", q_BxKxMxH, jnp.swapaxes(k_BxPxKxH, 1, 2), precision=_HI)
-  t = jnp.repeat(jnp.arange(p), g)  # query position of each row m = t * G + g
-  s_idx = jnp.arange(p)
-  mask_BxMxS = (s_idx[None, :] <= t[:, None])[None] & (s_idx[None, None, :] < valid_B[:, None, None])
-  s = jnp.where(mask_BxMxS[:, None], s, MASK_VALUE)
-  out = jnp.einsum("BKMS,BKSH->BKMH", jax.nn.softmax(s, axis=-1), jnp.swapaxes(v_BxPxKxH, 1, 2), precision=_HI)
-  return jnp.transpose(out.reshape(b, kh, p, g, h), (0, 2, 1, 3, 4))
+  q, k, v = _to_z(q_BxPxKxGxH, g), _to_z(k_BxPxKxH), _to_z(v_BxPxKxH)
+  outs = []
+  for start in range(0, p, _PREFIX_BLOCK):
+    end = min(p, start + _PREFIX_BLOCK)
+    s = _bmm("ZMH,ZSH->ZMS", q[:, start * g:end * g], k[:, :end])
+    t = start + jnp.arange((end - start) * g) // g  # query position of each row
+    mask_BxMxS = (jnp.arange(end)[None, :] <= t[:, None])[None] & (jnp.arange(end)[None, None, :] < valid_B[:, None, None])
+    s = jnp.where(mask_BxMxS[:, None], s.reshape(b, kh, -1, end), MASK_VALUE).reshape(b * kh, -1, end)
+    probs = jnp.exp(s - s.max(-1, keepdims=True))
+    outs.append(_bmm("ZMS,ZSH->ZMH", probs, v[:, :end]) / probs.sum(-1)[..., None])
+  return _from_z(jnp.concatenate(outs, axis=1), b, kh, g)
 
 
-def _slots_chunk(pk_BxKxPxH, pv_BxKxPxH, pre_mask_BxP, q_BxCxLxKxGxH, k_BxCxLxKxH, v_BxCxLxKxH, valid_BxC):
-  """One chunk of C slots: rows m = (c, l, g) per kv head, against prefix keys and own block."""
+def _slots_chunk(pk_ZxPxH, pv_ZxPxH, pre_mask_BxP, q_BxCxLxKxGxH, k_BxCxLxKxH, v_BxCxLxKxH, valid_BxC):
+  """One chunk of C slots: rows (c, l, g) per (batch, kv head), against prefix keys and own block."""
   b, c, l, kh, g, h = q_BxCxLxKxGxH.shape
-  m = c * l * g
-  q_BxKxMxH = jnp.transpose(q_BxCxLxKxGxH, (0, 3, 1, 2, 4, 5)).reshape(b, kh, m, h)
-  s_pre = jnp.einsum("BKMH,BKPH->BKMP", q_BxKxMxH, pk_BxKxPxH, precision=_HI)
-  s_pre = jnp.where(pre_mask_BxP[:, None, None, :], s_pre, MASK_VALUE)
-  s_own = jnp.einsum("BCLKGH,BCSKH->BKCLGS", q_BxCxLxKxGxH, k_BxCxLxKxH, precision=_HI)
+  q_ZxMxH = _to_z(q_BxCxLxKxGxH.reshape(b, c * l, kh, g, h), g)
+  s_pre = _bmm("ZMH,ZPH->ZMP", q_ZxMxH, pk_ZxPxH).reshape(b, kh, c * l * g, -1)
+  s_pre = jnp.where(pre_mask_BxP[:, None, None, :], s_pre, MASK_VALUE).reshape(b * kh, c * l * g, -1)
+  s_own = _bmm("BCLKGH,BCSKH->BKCLGS", q_BxCxLxKxGxH, k_BxCxLxKxH)
   idx = jnp.arange(l)
   own_BxCxLxS = (idx[None, :] <= idx[:, None])[None, None] & (idx[None, None, None, :] < valid_BxC[:, :, None, None])
-  s_own = jnp.where(own_BxCxLxS[:, None, :, :, None, :], s_own, MASK_VALUE).reshape(b, kh, m, l)
+  s_own = jnp.where(own_BxCxLxS[:, None, :, :, None, :], s_own, MASK_VALUE).reshape(b * kh, c * l * g, l)
   mx = jnp.maximum(s_pre.max(-1), s_own.max(-1))[..., None]
   p_pre, p_own = jnp.exp(s_pre - mx), jnp.exp(s_own - mx)
-  denom_BxKxM = p_pre.sum(-1) + p_own.sum(-1)
-  out = jnp.einsum("BKMP,BKPH->BKMH", p_pre, pv_BxKxPxH, precision=_HI)
-  out += jnp.einsum("BKCLGS,BCSKH->BKCLGH", p_own.reshape(b, kh, c, l, g, l), v_BxCxLxKxH,
-                    precision=_HI).reshape(b, kh, m, h)
-  out = (out / denom_BxKxM[..., None]).reshape(b, kh, c, l, g, h)
-  return jnp.transpose(out, (0, 2, 3, 1, 4, 5))
+  denom_ZxM = p_pre.sum(-1) + p_own.sum(-1)
+  out = _bmm("ZMP,ZPH->ZMH", p_pre, pv_ZxPxH)
+  out += _to_z(_bmm("BKCLGS,BCSKH->BCLKGH", p_own.reshape(b, kh, c, l, g, l), v_BxCxLxKxH).reshape(b, c * l, kh, g, h), g)
+  out = _from_z(out / denom_ZxM[..., None], b, kh, g)
+  return out.reshape(b, c, l, kh, g, h)
 
 
 def _chunk_size(n: int, l: int) -> int:
@@ -62,8 +86,8 @@ def slots_attention(q_BxNxLxKxGxH, k_BxNxLxKxH, v_BxNxLxKxH, pk_BxPxKxH, pv_BxPx
                     slot_valid_BxN):
   """Slot queries against the shared prefix and their own causal block, one softmax (float32)."""
   b, n, l, kh, g, h = q_BxNxLxKxGxH.shape
-  pk, pv = jnp.swapaxes(pk_BxPxKxH, 1, 2), jnp.swapaxes(pv_BxPxKxH, 1, 2)
-  pre_mask_BxP = jnp.arange(pk.shape[2])[None, :] < prefix_valid_B[:, None]
+  pk, pv = _to_z(pk_BxPxKxH), _to_z(pv_BxPxKxH)
+  pre_mask_BxP = jnp.arange(pk_BxPxKxH.shape[1])[None, :] < prefix_valid_B[:, None]
   c = _chunk_size(n, l)
   split = lambda x: jnp.moveaxis(x.reshape((b, n // c, c) + x.shape[2:]), 1, 0)
   chunks = (split(q_BxNxLxKxGxH), split(k_BxNxLxKxH), split(v_BxNxLxKxH), split(slot_valid_BxN))
