@@ -48,6 +48,7 @@ class ScoringConfig:
   serial_batch_size: int = 16
   prefix_cache_bytes: int = 1 << 30
   max_request_tokens: int = 1 << 20
+  max_tokens_per_forward: int = 1 << 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,9 +66,13 @@ class KernelConfig:
 @dataclasses.dataclass(frozen=True)
 class BucketConfig:
   """Static shapes that bound the number of compilations (DESIGN.md section 5)."""
-  prefix_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
-  item_buckets: tuple[int, ...] = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-  item_count_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+  prefix_buckets: tuple[int, ...] = (16, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512, 640, 768, 896,
+      1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192, 10240, 12288, 14336, 16384,
+      20480, 24576, 28672, 32768)
+  item_buckets: tuple[int, ...] = (4, 8, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256, 320, 384, 512,
+      640, 768, 1024, 1280, 1536, 2048, 3072, 4096)
+  item_count_buckets: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512,
+      768, 1024)
   batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
   length_group_ratio: float = 4.0
 
@@ -107,7 +112,8 @@ _KEY_TO_SECTION = {f.name: s for s, cls in _RUNTIME_SECTIONS.items() for f in da
 _KEY_TO_SECTION.update({k: "model" for k in _MODEL_KEYS})
 _SECTION_CLASSES = dict(_RUNTIME_SECTIONS, model=ModelConfig)
 _BUCKET_KEYS = ("prefix_buckets", "item_buckets", "item_count_buckets", "batch_buckets")
-_POSITIVE_KEYS = ("extend_batch_size", "serial_batch_size", "max_request_tokens", "max_reference_len",
+_POSITIVE_KEYS = ("extend_batch_size", "serial_batch_size", "max_request_tokens", "max_tokens_per_forward",
+                  "max_reference_len",
                   "splash_block_q", "splash_block_kv", "gpu_block_q", "gpu_block_kv")
 
 

@@ -50,6 +50,10 @@ def select(prefix_len: int, item_lens: Sequence[int], item_first: bool, kernel: 
   if kernel == "reference" and row_tokens > kernel_cfg.max_reference_len:
     return Choice("prefill_extend", f"packed row of {row_tokens} tokens exceeds the reference kernel's "
                                     f"max_reference_len={kernel_cfg.max_reference_len}", "reference_limit")
+  if row_tokens > scoring.max_tokens_per_forward:
+    return Choice("prefill_extend", f"a packed row of {row_tokens} tokens exceeds max_tokens_per_forward="
+                                    f"{scoring.max_tokens_per_forward}; prefill_extend bounds memory by chunks",
+                  "memory")
   if rows > 1:
     return Choice("prefill_extend", f"{len(item_lens)} items need {rows} packed rows, each recomputing the "
                                     f"query; prefill_extend computes it once", "many_rows")

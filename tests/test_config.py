@@ -73,3 +73,11 @@ def test_full_size_param_counts_match_published(name, expected, non_embedding):
   shapes = jax.tree_util.tree_leaves(abstract_params(model))
   assert sum(int(np.prod(s.shape)) for s in shapes) == expected == model.num_params()
   assert model.non_embedding_params() == non_embedding
+
+
+def test_base_yml_and_dataclass_defaults_agree():
+  """configs/base.yml is the documented source of every default; the dataclasses must not drift from it."""
+  from maxscore.config import BucketConfig, KernelConfig, MeshConfig, ScoringConfig
+  cfg = load_config()
+  assert cfg.scoring == ScoringConfig() and cfg.kernel == KernelConfig()
+  assert cfg.buckets == BucketConfig() and cfg.mesh == MeshConfig()

@@ -1,0 +1,35 @@
+"""The selector's choices for the documented geometries, and the rules behind them."""
+
+import pytest
+
+from maxscore.config import load_config
+from maxscore.selector import select
+
+CFG = load_config(["model_name=qwen3-0.6b"])
+
+
+def choose(query_len, item_lens, kernel="shared_prefix", item_first=False, cached=False, **overrides):
+  cfg = CFG.replace(**overrides) if overrides else CFG
+  return select(query_len, item_lens, item_first, kernel, cfg.kernel, cfg.scoring, cfg.buckets, prefix_cached=cached)
+
+
+@pytest.mark.parametrize("query_len,num_items,item_len,algorithm", [
+    (2000, 500, 20, "packed"),   # the reference workload: one row of 2048 + 512 x 20 tokens
+    (100, 10, 100, "packed"),    # long items, few of them: one row
+    (300, 10, 10, "packed"),     # short request: one row, batched with others by score_batch
+])
+def test_documented_geometries(query_len, num_items, item_len, algorithm):
+  choice = choose(query_len, [item_len] * num_items)
+  assert choice.algorithm == algorithm, choice.reason
+  assert choice.reason
+
+
+def test_rules():
+  assert choose(10, [3], item_first=True).algorithm == "serial"
+  assert choose(10, [3], algorithm="serial").algorithm == "serial"  # config wins
+  assert choose(2000, [20] * 500, cached=True).algorithm == "prefill_extend"
+  assert choose(2000, [20] * 3000).algorithm == "prefill_extend"  # several rows would recompute the query
+  assert choose(2000, [20] * 500, kernel="reference").algorithm == "prefill_extend"  # T^2 mask too big
+  small = choose(2000, [20] * 500, max_tokens_per_forward=8192)
+  assert small.algorithm == "prefill_extend" and "max_tokens_per_forward" in small.reason
+  assert choose(10, []).algorithm == "packed"
