@@ -74,3 +74,22 @@ def test_reference_refuses_long_rows_with_a_clear_error():
   x = jax.ShapeDtypeStruct((1, t, 2, 8), jnp.float32)
   with pytest.raises(ValueError, match="refuses a row of 9000 tokens.*max_reference_len=8192.*shared_prefix"):
     jax.eval_shape(lambda q: reference.attend(q, q, q, layout, options=KernelOptions()), x)
+
+
+@pytest.mark.parametrize("kernel,extra", [
+    ("shared_prefix", {}),
+    ("splash", dict(kernel_interpret=True, splash_block_q=32, splash_block_kv=128)),
+    ("pallas_gpu", dict(kernel_interpret=True, gpu_block_q=16, gpu_block_kv=16)),
+])
+@pytest.mark.parametrize("algorithm", ["packed", "prefill_extend"])
+def test_scorer_with_each_kernel_reproduces_serial(hf_checkpoints, kernel, extra, algorithm):
+  from maxscore import Scorer
+  _, _, ckpt = hf_checkpoints("qwen3_kv2_tied")
+  scorer = Scorer.from_checkpoint(ckpt, attention=kernel, separator_token_id=3, **extra)
+  rng = np.random.default_rng(5)
+  query = rng.integers(0, 520, 37).tolist()
+  items = [rng.integers(0, 520, n).tolist() for n in (5, 0, 12, 3, 9)]
+  labels = [5, 17, 300]
+  want = scorer.score(query, items, labels, algorithm="serial").scores
+  got = scorer.score(query, items, labels, algorithm=algorithm).scores
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
