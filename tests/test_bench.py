@@ -1,0 +1,138 @@
+"""The benchmark harness: the cost model by hand and against the mask, and both modes end to end on tiny shapes."""
+
+import importlib.util
+import json
+import pathlib
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from layers.config import ModelConfig
+from layers.kernels import SegmentLayout
+from layers.kernels.reference import visibility
+from maxscore import benchmark
+from maxscore.scorer import Scorer
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("_script_bench", REPO / "scripts" / "bench.py")
+bench_script = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_script)
+
+TINY_SCORE = ["bench.py", "--model=tiny-qwen3", "--num_layers=1", "--labels=3,7", "--query_len=40",
+              "--num_items=12", "--item_len=6", "--repeats=1", "--serial_items=5"]
+
+
+@pytest.fixture
+def small_peak(monkeypatch):
+  """The matmul peak at a small size, so tests do not spend seconds on [4096, 4096] products."""
+  real = benchmark.measure_matmul_peak
+  monkeypatch.setattr(benchmark, "measure_matmul_peak", lambda: real(sizes=(256,), repeats=2))
+
+
+def test_model_flops_by_hand():
+  cfg = ModelConfig(vocab_size=10, hidden_size=4, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=2, mlp_dim=8)
+  # q 4*2*2 + k,v 2*(4*1*2) + o 2*2*4 + qk-norm 2*2 + mlp 3*4*8 + 2 norms*4, + final norm 4
+  assert cfg.non_embedding_params() == 16 + 16 + 16 + 4 + 96 + 8 + 4 == 160
+  f = benchmark.model_flops(cfg, query_len=3, item_lens=[2, 0, 1], algorithm="packed")  # P = 3 + separator = 4
+  assert f["tokens"] == 4 + 3 and f["dense"] == 2 * 160 * 7
+  # pairs: prefix 4*5/2 = 10; item of 2: 2*4 + 3 = 11; empty: 0; item of 1: 4 + 1 = 5.
+  assert f["attention"] == 4 * 2 * 2 * (10 + 11 + 0 + 5)
+  assert f["lm_head"] == 2 * 4 * 10 * 3
+  assert f["total"] == 2240 + 416 + 240 == f["shared_total"]
+  s = benchmark.model_flops(cfg, query_len=3, item_lens=[2, 0, 1], algorithm="serial")
+  # serial sequences of 6, 4 and 5 tokens, each causal: 21 + 10 + 15 pairs.
+  assert s["total"] == 2 * 160 * 15 + 4 * 2 * 2 * 46 + 240 == f["serial_total"]
+  assert f["flop_ratio"] == pytest.approx(5776 / 2896)
+  assert benchmark.model_flops(cfg, 3, [2, 0, 1], separator=False)["prefix_len"] == 3
+
+
+@pytest.mark.parametrize("p,lens", [(1, [1]), (7, [3, 0, 5, 5]), (16, [4] * 6)])
+def test_attention_pairs_equal_the_visibility_mask(p, lens):
+  """The cost model counts exactly the (query, key) pairs the layout's mask allows."""
+  n, l = len(lens), max(lens)
+  layout = SegmentLayout(jnp.asarray([p]), jnp.asarray([lens]), p, l, n)
+  seg = layout.segment_ids()
+  mask = np.asarray(visibility(seg, seg, 0))[0] & (np.asarray(seg)[0] >= 0)[:, None]  # real queries only
+  assert mask.sum() == benchmark.attention_pairs(p, lens)
+
+
+def test_matmul_peak_is_positive():
+  peak = benchmark.measure_matmul_peak(sizes=(128, 256), repeats=2)
+  assert peak["flops_per_s"] == max(peak["by_size"].values()) > 0 and set(peak["by_size"]) == {"128", "256"}
+
+
+def test_score_mode_end_to_end(small_peak, tmp_path, capsys):
+  out = tmp_path / "bench.json"
+  bench_script.run(TINY_SCORE + [f"--output_json={out}"])
+  printed = capsys.readouterr().out
+  report = json.loads(out.read_text())
+  rows = {r["algorithm"]: r for r in report["rows"]}
+  assert set(rows) == {"serial", "packed", "prefill_extend", "auto", "hf_prefix_reuse"}
+  for name, r in rows.items():
+    assert r["items_per_s"] > 0 and r["best_s"] > 0 and 0 < r["pct_peak"], name
+    assert r["ms_per_request"] == pytest.approx(1e3 * r["best_s"] * 12 / r["items_timed"])
+    assert r["name"].split("[")[0] in printed or r["name"] in printed
+  assert rows["serial"]["subset"] and rows["serial"]["items_timed"] == 5 and not rows["packed"]["subset"]
+  assert rows["packed"]["flops_per_request"] == report["flops"]["total"]
+  assert rows["serial"]["flops_per_request"] == pytest.approx(report["flops"]["serial_total"])
+  for name in ("packed", "prefill_extend"):
+    assert rows[name]["compile_s"] > 0 and rows[name]["model_executables"] >= 1
+    assert rows[name]["xla_compiles_warm"] == 0  # warm runs reuse the executables
+    assert rows[name]["memory"]["temp_bytes"] > 0 and rows[name]["rss_peak_bytes"] > 0
+  assert rows["auto"]["picked"] and rows["auto"]["model_executables"] == 0  # reuses what packed compiled
+  checks = report["checks"]
+  assert checks["hf_agrees_1e4"] and checks["hf_max_abs_logprob_diff"] < 1e-4
+  assert max(next(iter(v for k, v in checks.items() if k.startswith("max_abs"))).values()) < 1e-5
+  assert report["flops"]["flop_ratio"] > 1 and report["peak"]["flops_per_s"] > 0
+
+
+def test_batch_requests_and_a_refusing_kernel(small_peak):
+  """score_batch rows count every request; a kernel refusing the shape is an error row, not a crash."""
+  # packed rows hold 32 + 8 slots x 8 = 96 tokens, extend chunks 32 + 2 x 8 = 48: only packed is refused.
+  opts = benchmark.BenchOptions(model="tiny-qwen3", num_layers=1, labels=(3,), query_len=30, num_items=8,
+                                item_len=5, algorithms=("packed", "prefill_extend"), kernels=("reference",),
+                                repeats=1, hf_baseline=False, batch_requests=3,
+                                overrides=("max_reference_len=50", "extend_batch_size=2"))
+  report = benchmark.run_benchmark(opts)
+  packed, extend = report["rows"]
+  assert "max_reference_len" in packed["error"] and "items_per_s" not in packed
+  assert extend["requests"] == 3 and extend["items_timed"] == 24 and extend["items_per_s"] > 0
+  assert extend["flops_per_request"] == pytest.approx(report["flops"]["total"])
+  assert "refuses" in benchmark.format_table(report["rows"])
+
+
+def test_warmup_check_and_mixed_shapes():
+  scorer = Scorer.from_config(benchmark.bench_config(benchmark.BenchOptions(model="tiny-qwen3", num_layers=1,
+                                                                             labels=(3,))))
+  req = benchmark.make_requests(scorer.config.model.vocab_size, 20, 3, 4, [3])[0]
+  w = benchmark.warmup_check(scorer, req)
+  assert w["status"] == "ok" or w["status"].startswith("skipped"), w
+  if w["status"] == "ok":
+    assert w["first_request_after_warmup_s"] < w["first_request_cold_s"]
+  m = benchmark.mixed_shape_run(scorer, 4, query_len=20, num_items=3, item_len=4, labels=[3])
+  assert m["requests"] == 4 and 1 <= m["distinct_buckets"] and m["executables_within_buckets"]
+
+
+def test_kernels_mode_small(small_peak, tmp_path, capsys):
+  out = tmp_path / "k.json"
+  bench_script.run(["bench.py", "--mode=kernels", "--query_len=40", "--num_items=6", "--item_len=5",
+                    "--num_heads=4", "--num_kv_heads=2", "--head_dim=16", "--repeats=2", f"--output_json={out}"])
+  report = json.loads(out.read_text())
+  rows = {r["name"]: r for r in report["rows"]}
+  assert report["geometry"]["row_len"] == 41 + 30
+  for name in ("shared_prefix", "reference"):
+    assert rows[name]["status"] == "run" and rows[name]["best_s"] > 0 and rows[name]["memory"]["temp_bytes"] > 0
+  assert rows["shared_prefix"]["max_abs_diff_vs_reference"] < 2e-5
+  for name in ("splash(128/128)", "pallas_gpu(64/64)"):
+    r = rows[name]
+    assert r["status"] == "interpret-verified"
+    assert 0 < r["blocks_run"] <= r["blocks_causal_grid"] <= r["blocks_full_grid"]
+  assert "interpret-verified" in capsys.readouterr().out
+
+
+def test_kernels_mode_skips_what_would_not_fit(small_peak):
+  opts = benchmark.BenchOptions(mode="kernels", query_len=20, num_items=4, item_len=4, num_heads=2, num_kv_heads=1,
+                                head_dim=8, kernels=("reference",), repeats=1, kernel_memory_fraction=1e-12)
+  row = benchmark.run_benchmark(opts)["rows"][0]
+  assert row["status"].startswith("not run") and row["memory"]["temp_bytes"] > 0 and "best_s" not in row
