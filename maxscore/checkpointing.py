@@ -123,7 +123,7 @@ def restore_checkpoint(directory: os.PathLike, shardings: Any = None, dtype: Any
     raise CheckpointError(f"cannot read Orbax metadata in {params_dir}: {type(e).__name__}: {e}") from None
   check_params(stored, model, where=f"parameters in {params_dir}")
   if shardings is None:
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     shardings = jax.tree_util.tree_map(lambda _: device, stored)
   target = jax.tree_util.tree_map(lambda m, s: jax.ShapeDtypeStruct(m.shape, dtype or m.dtype, sharding=s),
                                   stored, shardings)

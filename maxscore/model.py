@@ -91,9 +91,12 @@ class ModelRunner:
     key = (name, kernel)
     with self._lock:
       if key not in self._jits:
-        # On a mesh, results come back replicated so every process can read them; a prefill's K/V stays sharded.
-        replicate = not sharding.is_trivial(self.mesh) and name != "prefill"
-        out = {"out_shardings": sharding.replicated(self.mesh)} if replicate else {}
+        # On a mesh, results come back replicated so every process can read them; a prefill's K/V stays
+        # split by kv head (its `last` hidden state replicated).
+        out = {}
+        if not sharding.is_trivial(self.mesh):
+          rep = sharding.replicated(self.mesh)
+          out["out_shardings"] = (sharding.kv_sharding(self.mesh),) * 2 + (rep,) if name == "prefill" else rep
         self._jits[key] = jax.jit(build(kernel), **out)
       return self._jits[key]
 
@@ -104,6 +107,8 @@ class ModelRunner:
     """Calls the jitted entry point, or its ahead-of-time executable for these exact input shapes."""
     fn = self._jit(name, kernel, build)
     batch_args = (0, 1, 2, 3) if name.startswith("packed") else ()  # tokens, positions, layout, score index
+    if name.startswith("extend"):
+      args = (sharding.place_kv(args[0], self.mesh),) + args[1:]
     args, batch = sharding.place_inputs(args, self.mesh, batch_args)
     with sharding.activate(self.mesh, sharding.rules_for_batch(batch, self.mesh)):
       return self._call_placed(name, kernel, fn, args)

@@ -79,6 +79,8 @@ class Scorer:
     """Random-init params from `config.runtime.init_seed` (tests, demos), or the checkpoint it names."""
     if config.runtime.checkpoint_dir:
       return cls.from_checkpoint(config.runtime.checkpoint_dir, mesh=mesh, **to_flat_dict(config))
+    mesh = mesh_lib.default_scoring_mesh(config.mesh) if isinstance(mesh, str) else mesh
+    sharding.check_divisible(config.model, mesh)  # a bad mesh fails before init compiles anything
     decoder = Decoder(config.model, get_kernel("reference"))
     params = nn.unbox(init_params(decoder, jax.random.PRNGKey(config.runtime.init_seed)))
     if tokenizer is None and config.runtime.tokenizer_path:
@@ -99,7 +101,7 @@ class Scorer:
     config = from_flat_dict(flat, where="overrides")
     mesh = mesh_lib.default_scoring_mesh(config.mesh) if isinstance(mesh, str) else mesh
     sharding.check_divisible(config.model, mesh)
-    targets = None if sharding.is_trivial(mesh) else sharding.model_param_shardings(config.model, mesh)
+    targets = None if mesh is None else sharding.model_param_shardings(config.model, mesh)
     ckpt = checkpointing.restore_checkpoint(checkpoint_dir, shardings=targets)
     tok_path = config.runtime.tokenizer_path or ckpt.tokenizer_path
     tokenizer = load_tokenizer(tok_path) if tok_path else None
