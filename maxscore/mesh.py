@@ -320,7 +320,7 @@ def initialize_distributed(coordinator_address: Optional[str] = None, num_proces
     else:
       source = detect_cluster()
       if source is None:
-        logging.info("single process: no coordinator given and no SLURM/MPI/TPU environment detected")
+        logging.debug("single process: no coordinator given and no SLURM/MPI/TPU environment detected")
         return Processes(0, 1, "single process")
   if num_processes == 1 and process_id in (None, 0):
     return Processes(0, 1, "single process")

@@ -10,10 +10,10 @@ what each figure means (model FLOPs follow DESIGN.md section 3).
 """
 
 import json
-import sys
 
 from absl import app, flags
 
+from maxscore import cli
 from maxscore import benchmark
 from maxscore.config import ConfigError
 from maxscore.errors import ScoreInputError
@@ -77,8 +77,7 @@ def bench(argv, fv: flags.FlagValues) -> dict:
   try:
     report = benchmark.run_benchmark(options_from_flags(fv, argv[1:]))
   except (ScoreInputError, ConfigError) as e:
-    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-    sys.exit(2)
+    cli.fail(e)
   print(benchmark.summary(report))
   if fv.output_json:
     with open(fv.output_json, "w") as f:
@@ -92,9 +91,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS) -> None:
 
 def run(argv) -> dict:
   """Parses `argv` into fresh flags and runs the benchmark (for tests: no global flag state)."""
-  fv = flags.FlagValues()
-  define_flags(fv)
-  return bench(fv(list(argv)), fv)
+  return cli.run_with_fresh_flags(define_flags, bench, argv)
 
 
 if __name__ == "__main__":

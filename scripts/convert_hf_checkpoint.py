@@ -3,10 +3,10 @@
   python scripts/convert_hf_checkpoint.py --hf_dir=Qwen3-0.6B --output_dir=ckpt/qwen3-0.6b [--dtype=bfloat16]
 """
 
-import sys
 
 from absl import app, flags, logging
 
+from maxscore import cli
 from maxscore.convert import ConversionError, convert_hf_checkpoint
 from maxscore.checkpointing import CheckpointError
 
@@ -21,8 +21,7 @@ def main(argv):
   try:
     out = convert_hf_checkpoint(FLAGS.value, OUTPUT.value, DTYPE.value, overwrite=OVERWRITE.value)
   except (ConversionError, CheckpointError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    cli.fail(e)
   logging.info("wrote %s", out)
   print(out)
 

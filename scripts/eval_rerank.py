@@ -8,11 +8,13 @@ Trailing `key=value` arguments (or --override=key=value) override configs/base.y
 Input errors print one line and exit 2. A killed run restarted with the same flags resumes.
 """
 
-import sys
 
 from absl import app, flags
 
+from maxscore import cli
+from maxscore import mesh as mesh_lib
 from maxscore import data, eval as eval_lib, prompts
+from layers.sharding import ShardingError
 from maxscore.checkpointing import CheckpointError
 from maxscore.config import ConfigError
 from maxscore.errors import ScoreInputError
@@ -54,13 +56,22 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_list("metrics", list(d.metrics), "trec_eval names or aliases (ndcg@10, mrr@10, map, ...)",
                     flag_values=fv)
   flags.DEFINE_string("run_tag", d.run_tag, "tag column of the run file", flag_values=fv)
+  flags.DEFINE_bool("use_head", True, "score through the checkpoint's trained score head (head/) when it has "
+                    "one; --nouse_head scores with the backbone's label probabilities", flag_values=fv)
   flags.DEFINE_multi_string("override", [], "key=value config override (repeatable)", flag_values=fv)
   flags.DEFINE_bool("progress", True, "show a progress bar", flag_values=fv)
   flags.DEFINE_bool("fsync", False, "fsync results.jsonl after every query (survives power loss)",
                     flag_values=fv)
+  flags.DEFINE_integer("gather_every", 1, "multi-process: queries each data group scores between gathers to "
+                       "process 0", flag_values=fv)
+  mesh_lib.define_flags(fv)
 
 
 def main(argv, fv: flags.FlagValues = flags.FLAGS):
+  try:
+    mesh_lib.initialize_from_flags(fv)  # before any other JAX call; single-process when nothing is set
+  except mesh_lib.DistributedError as e:
+    cli.fail(e, 1)
   overrides = list(argv[1:]) + list(fv.override)
   cfg = eval_lib.EvalConfig(template=fv.template, instruction=fv.instruction, labels=tuple(fv.labels),
                             score_mode=fv.score_mode, max_query_tokens=fv.max_query_tokens,
@@ -70,20 +81,19 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
   try:
     cfg.validate()
     dataset = data.load_rerank_set(jsonl, fv.data_dir, fv.run_file, fv.split, fv.rerank_top_k, fv.skip_bad)
-    scorer = eval_lib.build_scorer(fv.checkpoint_dir, overrides)
+    scorer = eval_lib.build_scorer(fv.checkpoint_dir, overrides, use_head=fv.use_head)
     report = eval_lib.run_eval(scorer, dataset, cfg, fv.output_dir, overwrite=fv.overwrite,
-                               progress=fv.progress, fsync=fv.fsync)
-  except (ScoreInputError, ConfigError, CheckpointError, eval_lib.ResumeError, FileNotFoundError) as e:
-    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-    sys.exit(2)
-  print(eval_lib.format_report(report))
+                               progress=fv.progress, fsync=fv.fsync, gather_every=fv.gather_every)
+  except (ScoreInputError, ConfigError, CheckpointError, eval_lib.ResumeError, FileNotFoundError,
+          mesh_lib.MeshError, ShardingError) as e:
+    cli.fail(e)
+  if report is not None:  # process 0 writes and reports; the others only score
+    print(eval_lib.format_report(report))
 
 
 def run(argv):
   """Parses `argv` into fresh flags and calls main (for tests: no global flag state)."""
-  fv = flags.FlagValues()
-  define_flags(fv)
-  main(fv(list(argv)), fv)
+  return cli.run_with_fresh_flags(define_flags, main, argv)
 
 
 if __name__ == "__main__":

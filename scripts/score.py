@@ -11,6 +11,7 @@ import sys
 
 from absl import app, flags, logging
 
+from maxscore import cli
 from maxscore import eval as eval_lib
 from maxscore.checkpointing import CheckpointError
 from maxscore.config import ConfigError
@@ -36,8 +37,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     scorer = eval_lib.build_scorer(fv.checkpoint_dir, list(argv[1:]) + list(fv.override))
     counts = eval_lib.score_jsonl(scorer, fv.input, fv.output, fv.batch_size)
   except (ScoreInputError, ConfigError, CheckpointError, FileNotFoundError) as e:
-    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-    sys.exit(2)
+    cli.fail(e)
   logging.info("scored %d requests, %d errors", counts["ok"], counts["errors"])
   if counts["errors"]:
     print(f"{counts['errors']} of {counts['ok'] + counts['errors']} requests failed; see their error lines",
@@ -46,9 +46,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
 
 def run(argv):
   """Parses `argv` into fresh flags and calls main (for tests: no global flag state)."""
-  fv = flags.FlagValues()
-  define_flags(fv)
-  main(fv(list(argv)), fv)
+  return cli.run_with_fresh_flags(define_flags, main, argv)
 
 
 if __name__ == "__main__":

@@ -336,3 +336,31 @@ def test_killed_peer_stops_the_other_process_and_restart_resumes(tmp_path, check
   reason = [l for l in log0.splitlines() if l.startswith("maxscore.mesh.DistributedError") or "Terminating" in l]
   print(f"survivor exited with {code} {elapsed:.1f}s after the kill ({reason[:1]}); "
         f"{done_before} queries kept, the rest resumed")
+
+
+@pytest.mark.slow
+def test_eval_rerank_two_processes_equals_single_process(tmp_path):
+  """scripts/eval_rerank.py end to end on 2 processes x 2 CPU devices: identical run file and metrics."""
+  root = pathlib.Path(__file__).resolve().parent.parent
+  base = [sys.executable, str(root / "scripts" / "eval_rerank.py"), "--max_queries=8", "--noprogress"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(root))
+  start = time.perf_counter()
+  single = subprocess.run(base + [f"--output_dir={tmp_path / 'single'}"], capture_output=True, text=True,
+                          env=dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=1"), timeout=600)
+  single_s = time.perf_counter() - start
+  assert single.returncode == 0, single.stderr[-2000:]
+  port = _free_port()
+  env2 = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  start = time.perf_counter()
+  procs = [subprocess.Popen(base + [f"--output_dir={tmp_path / 'multi'}", f"--coordinator_address=127.0.0.1:{port}",
+                                    "--num_processes=2", f"--process_id={i}", "--heartbeat_timeout_s=20"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env2) for i in range(2)]
+  outs = [p.communicate(timeout=600) for p in procs]
+  multi_s = time.perf_counter() - start
+  assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+  print(f"eval_rerank wall time: single process {single_s:.1f}s, two processes {multi_s:.1f}s")
+  for name in ("run.trec", "metrics.json", "metrics_per_query.jsonl"):
+    assert (tmp_path / "multi" / name).read_bytes() == (tmp_path / "single" / name).read_bytes(), name
+  summary = json.loads((tmp_path / "multi" / "summary.json").read_text())
+  assert summary["processes"] == 2 and summary["data_groups"] == 2
+  assert (tmp_path / "multi" / "run.trec").read_text().count("\n") == 8 * 24
