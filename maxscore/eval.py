@@ -17,6 +17,7 @@ metrics_per_query.jsonl, metrics.json (means over evaluated queries), summary.js
 """
 
 import collections
+import contextlib
 import dataclasses
 import json
 import os
@@ -30,7 +31,8 @@ import numpy as np
 from absl import logging
 from tqdm import tqdm
 
-from maxscore import data, metrics, prompts
+from maxscore import data, heads, metrics, prompts
+from maxscore import mesh as mesh_lib
 from maxscore.config import load_config, parse_override, to_flat_dict
 from maxscore.data import RerankSet
 from maxscore.errors import ScoreInputError
@@ -102,16 +104,18 @@ class EvalReport:
   output_dir: pathlib.Path
 
 
-def build_scorer(checkpoint_dir: Optional[str] = None, overrides: Sequence[str] = ()) -> Scorer:
+def build_scorer(checkpoint_dir: Optional[str] = None, overrides: Sequence[str] = (),
+                 use_head: bool = True) -> Scorer:
   """The scorer a script asked for: a checkpoint (default: the embedded default model), or
-  `checkpoint_dir="none"` for the config's random-init model; overrides are `key=value`."""
+  `checkpoint_dir="none"` for the config's random-init model; overrides are `key=value`.
+  A checkpoint with a trained score head (head/) scores through it unless use_head=False."""
   over = dict(parse_override(a) for a in overrides)
   if checkpoint_dir is None:
     checkpoint_dir = over.pop("checkpoint_dir", None) or str(data.DEFAULT_CHECKPOINT)
   over.pop("checkpoint_dir", None)
   if checkpoint_dir.lower() == "none":
     return Scorer.from_config(load_config(over))
-  return Scorer.from_checkpoint(checkpoint_dir, **over)
+  return heads.load_scorer(checkpoint_dir, use_head=use_head, **over)
 
 
 # --- resume state ------------------------------------------------------------------------------
@@ -130,6 +134,7 @@ def _fingerprint(scorer: Scorer, cfg: EvalConfig, label_ids: Sequence[int]) -> d
       "label_ids": list(label_ids),
       "score_mode": cfg.score_mode,
       "max_tokens": [cfg.max_query_tokens, cfg.max_item_tokens],
+      **({"head": scorer.head_fingerprint} if hasattr(scorer, "head_fingerprint") else {}),
   }
 
 
@@ -207,48 +212,79 @@ def _score_query(scorer: Scorer, builder: prompts.PromptBuilder, q: data.RerankQ
   }
 
 
-def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os.PathLike, *,
-             overwrite: bool = False, progress: bool = True, fsync: bool = False) -> EvalReport:
-  """Scores every query not already in output_dir/results.jsonl, then writes the final outputs."""
-  cfg.validate()
-  wall_start = time.perf_counter()
-  out = pathlib.Path(output_dir)
+def _resume_state(scorer, cfg, label_ids, queries, out: pathlib.Path, overwrite: bool) -> dict[str, dict]:
+  """Process 0's finished records from results.jsonl (after --overwrite and the digest check)."""
   out.mkdir(parents=True, exist_ok=True)
   results_path = out / RESULTS_FILE
   if overwrite and results_path.exists():
     results_path.unlink()
-  template = prompts.get_template(cfg.template)
-  label_ids = prompts.resolve_labels(scorer.tokenizer, cfg.labels or template.default_labels)
-  builder = prompts.PromptBuilder(scorer.tokenizer, template, cfg.instruction, cfg.max_query_tokens,
-                                  cfg.max_item_tokens)
-  queries = dataset.queries[:cfg.max_queries] if cfg.max_queries else dataset.queries
   done = _load_results(results_path, _fingerprint(scorer, cfg, label_ids))
   for q in queries:
     if q.qid in done and done[q.qid]["digest"] != q.digest():
       raise ResumeError(f"{results_path} has query {q.qid!r} scored on other text or candidates; "
                         f"use another --output_dir or pass --overwrite")
-  todo = [q for q in queries if q.qid not in done and q.candidates]
-  resumed = sum(q.qid in done for q in queries)
-  logging.info("eval: %d queries (%d candidates), %d already in %s, %d to score; labels %s, template %s",
-               len(queries), sum(len(q.candidates) for q in queries), resumed, results_path, len(todo),
-               list(label_ids), cfg.template)
+  return done
+
+
+def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os.PathLike, *,
+             overwrite: bool = False, progress: bool = True, fsync: bool = False,
+             gather_every: int = 1) -> Optional[EvalReport]:
+  """Scores every query not already in output_dir/results.jsonl, then writes the final outputs.
+
+  Multi-process (DESIGN.md section 8): every process calls this with the same arguments; process 0
+  owns results.jsonl and the outputs, each data group scores a strided slice of the remaining
+  queries, and records reach process 0 every `gather_every` queries. Non-zero processes return None.
+  """
+  cfg.validate()
+  wall_start = time.perf_counter()
+  out = pathlib.Path(output_dir)
+  results_path = out / RESULTS_FILE
+  lead = jax.process_index() == 0
+  group = mesh_lib.my_group(scorer.config.mesh)
+  template = prompts.get_template(cfg.template)
+  label_ids = prompts.resolve_labels(scorer.tokenizer, cfg.labels or template.default_labels)
+  builder = prompts.PromptBuilder(scorer.tokenizer, template, cfg.instruction, cfg.max_query_tokens,
+                                  cfg.max_item_tokens)
+  queries = dataset.queries[:cfg.max_queries] if cfg.max_queries else dataset.queries
+  done, error = {}, None
+  if lead:
+    try:
+      done = _resume_state(scorer, cfg, label_ids, queries, out, overwrite)
+    except ResumeError as e:
+      error = str(e)
+  error = mesh_lib.broadcast_from_process0(error)
+  if error:
+    raise ResumeError(error)
+  done_ids = set(mesh_lib.broadcast_from_process0(sorted(done) if lead else None))
+  todo = [q for q in queries if q.qid not in done_ids and q.candidates]
+  resumed = sum(q.qid in done_ids for q in queries)
+  if lead:
+    logging.info("eval: %d queries (%d candidates), %d already in %s, %d to score over %d data group(s); "
+                 "labels %s, template %s", len(queries), sum(len(q.candidates) for q in queries), resumed,
+                 results_path, len(todo), group.count, list(label_ids), cfg.template)
+  mine = [todo[i] for i in mesh_lib.query_slice(len(todo), group.index, group.count)]
   items_done, seconds = 0, 0.0
-  with open(results_path, "a", encoding="utf-8") as f, tqdm(
-      total=len(todo) + resumed, initial=resumed, unit="query", disable=not progress, dynamic_ncols=True,
-      desc="eval") as bar:
-    for q in todo:
-      rec = _score_query(scorer, builder, q, label_ids, cfg)
-      f.write(json.dumps(rec) + "\n")
-      f.flush()
-      if fsync:
-        os.fsync(f.fileno())
-      done[q.qid] = rec
-      items_done, seconds = items_done + len(q.candidates), seconds + rec["seconds"]
-      bar.set_postfix_str(f"{items_done / seconds:.0f} items/s, {rec['algorithm']}", refresh=False)
-      bar.update(1)
+  with open(results_path, "a", encoding="utf-8") if lead else contextlib.nullcontext() as f, tqdm(
+      total=len(todo) + resumed, initial=resumed, unit="query", disable=not (progress and lead),
+      dynamic_ncols=True, desc="eval") as bar:
+    for r0 in range(0, mesh_lib.num_rounds(len(todo), group.count), gather_every):
+      recs = [_score_query(scorer, builder, q, label_ids, cfg) for q in mine[r0:r0 + gather_every]]
+      for rec in mesh_lib.gather_to_process0(recs, contribute=group.is_leader) or []:
+        f.write(json.dumps(rec) + "\n")
+        f.flush()
+        if fsync:
+          os.fsync(f.fileno())
+        done[rec["qid"]] = rec
+        items_done, seconds = items_done + len(rec["docids"]), seconds + rec["seconds"]
+        bar.set_postfix_str(f"{items_done / max(seconds, 1e-9):.0f} items/s, {rec['algorithm']}", refresh=False)
+        bar.update(1)
+  if not lead:
+    return None
   report = _finalize(dataset, queries, done, cfg, out)
   summary = _summary(scorer, dataset, queries, done, cfg, label_ids, resumed, report.metrics,
                      len(report.per_query), time.perf_counter() - wall_start)
+  summary["data_groups"] = group.count
+  summary["processes"] = jax.process_count()
   _write_json(out / "summary.json", summary)
   logging.info("eval: wrote %s", ", ".join(str(out / n) for n in
                                           ("run.trec", "metrics.json", "metrics_per_query.jsonl", "summary.json")))
@@ -298,6 +334,7 @@ def _summary(scorer: Scorer, dataset: RerankSet, queries, done, cfg: EvalConfig,
   return {
       "model": scorer.model_name,
       "checkpoint_dir": scorer.config.runtime.checkpoint_dir,
+      "head": scorer.head_fingerprint if hasattr(scorer, "head_fingerprint") else None,
       "backend": jax.default_backend(),
       "devices": [str(d) for d in jax.devices()],
       "data": dataset.source,

@@ -1,0 +1,660 @@
+"""Score-head training: a light head on a frozen backbone (or, with train_backbone, the whole model).
+
+    summary = train(TrainConfig(head="lm_labels", delta="full"), EvalConfig(), "ckpt/", train_set, dev_set,
+                    "out/train", export_dir="ckpt-with-head/")
+
+1. Prompts are built exactly as the eval builds them (an `EvalConfig`: template, labels, truncation).
+2. Frozen backbone: each query's features are computed ONCE, without gradients, by the scorer's
+   own fast path (`Scorer.hidden_states_requests`, one query per call as eval does): the hidden
+   states h [N, D] at the score positions and, from them and the lm_head, the label log-probs
+   lp [N, K]. They are stacked to [queries, N_max, ...] with masks, kept in memory and, with
+   `feature_cache`, in an npz file that a later run (same model, prompts and data) reads instead.
+3. Each step takes `batch_size` queries in an order drawn per epoch from PRNG(seed, epoch); the
+   head maps (h, lp) to label log-probs, `heads.relevance` to one ranking logit per item, and the
+   loss compares each query's logits with its graded qrels: `listwise` softmax cross-entropy
+   against the normalized gains (default), `pairwise` logistic over pairs with different grades,
+   or `pointwise` binary cross-entropy (relevant = grade >= 1). Optimizer: clip_by_global_norm
+   then AdamW on a warmup + cosine schedule.
+4. Orbax CheckpointManager in `<workdir>/checkpoints`: params, optimizer state, step and data
+   position (epoch, index in the epoch's order, PRNG key), every `save_every` steps and at the
+   end, the last `keep_checkpoints` kept. A restarted run resumes from the latest: every later
+   step, metric and the final params equal an uninterrupted run's bit for bit (float32 on CPU).
+5. `<workdir>/metrics.jsonl`: train loss lines and dev-eval lines (`metrics.evaluate` over the
+   ranking score eval would compute from the head's scores); lines past the checkpoint a run
+   resumes from are dropped first, so the file reads as one uninterrupted run. TensorBoard
+   summaries go to `<workdir>/tensorboard` when tensorboardX is installed (tensorflow is not a
+   dependency, and flax.metrics.tensorboard needs it); otherwise the JSON lines are the log.
+6. `export_dir`: a copy of the base checkpoint with the head in head/ (heads.export_checkpoint).
+
+`train_backbone=True` trains the decoder params together with the head, through the packed
+layout (DESIGN.md section 2) with each scanned layer rematerialized in the backward pass.
+"""
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import pathlib
+import shutil
+import time
+from typing import Any, Literal, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from absl import logging
+
+from layers.decoder import PRECISIONS, Decoder, DecoderLayer
+from layers.embeddings import Embed
+from layers.kernels import SegmentLayout
+from layers.normalization import RMSNorm, logical
+from maxscore import data, heads, metrics, prompts
+from maxscore.data import RerankSet
+from maxscore.eval import SCORE_MODES, EvalConfig, build_scorer
+from maxscore.layout import RowSpec, bucket, pack_rows
+from maxscore.requests import TokenRequest
+from maxscore.scorer import Scorer, finalize_scores
+
+FORMAT_VERSION = 1
+MASK_LOGIT = -1e9  # ranking logit of padding items: exp underflows to 0, gradients stay finite
+
+
+class TrainError(ValueError):
+  """A training setting is invalid, or the workdir holds another run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """Head, loss, optimizer and loop settings (prompts and metrics come from an EvalConfig)."""
+  head: Literal["lm_labels", "linear", "mlp"] = "lm_labels"
+  delta: Literal["full", "low_rank", "none"] = "full"  # lm_labels: h @ W, h @ A @ B, or no hidden term
+  rank: int = 8                    # lm_labels with delta=low_rank: rank of h @ A @ B
+  use_bias: bool = True            # lm_labels: a trainable bias on the label logits
+  num_outputs: int = 0             # linear/mlp: 1 = one relevance logit, 0 = one logit per label
+  mlp_hidden: int = 256            # mlp: hidden width
+  loss: Literal["listwise", "pairwise", "pointwise"] = "listwise"
+  learning_rate: float = 3e-3      # peak of the warmup + cosine schedule
+  end_learning_rate: float = 0.0   # value the cosine decays to at the last step
+  warmup_steps: int = 10
+  weight_decay: float = 1e-4       # AdamW decoupled weight decay
+  clip_norm: float = 1.0           # clip_by_global_norm before AdamW
+  batch_size: int = 8              # queries per step
+  num_epochs: int = 20
+  num_steps: int = 0               # total steps; 0 = num_epochs over the train queries
+  seed: int = 0                    # head init and data order
+  log_every: int = 1               # train-loss lines every N steps
+  eval_every: int = 20             # dev eval every N steps (and at step 0 and the end); 0 = start and end only
+  save_every: int = 20             # checkpoint every N steps (and at the end)
+  keep_checkpoints: int = 3        # checkpoints kept (the latest ones)
+  train_backbone: bool = False     # fine-tune the decoder too (with remat); no feature cache then
+  algorithm: Optional[str] = None  # scorer algorithm for the frozen features; None = the scorer's choice
+
+  def validate(self) -> "TrainConfig":
+    if self.loss not in LOSSES:
+      raise TrainError(f"loss={self.loss!r} is not one of {sorted(LOSSES)}")
+    if self.head not in heads.HEADS:
+      raise TrainError(f"head={self.head!r} is not one of {sorted(heads.HEADS)}")
+    for name in ("batch_size", "num_epochs", "keep_checkpoints", "log_every"):
+      if getattr(self, name) < 1:
+        raise TrainError(f"{name}={getattr(self, name)} must be >= 1")
+    for name in ("num_steps", "warmup_steps", "eval_every", "save_every", "rank"):
+      if getattr(self, name) < 0:
+        raise TrainError(f"{name}={getattr(self, name)} must be >= 0")
+    if self.learning_rate <= 0:
+      raise TrainError(f"learning_rate={self.learning_rate} must be > 0")
+    return self
+
+  def head_config(self, label_ids: Sequence[int], hidden_size: int) -> heads.HeadConfig:
+    try:
+      return self._head_config(label_ids, hidden_size)
+    except ValueError as e:
+      raise TrainError(str(e)) from None
+
+  def _head_config(self, label_ids: Sequence[int], hidden_size: int) -> heads.HeadConfig:
+    return heads.HeadConfig(kind=self.head, label_token_ids=tuple(label_ids), hidden_size=hidden_size,
+                            delta=self.delta if self.head == "lm_labels" else "full", rank=self.rank,
+                            use_bias=self.use_bias if self.head == "lm_labels" else True,
+                            num_outputs=self.num_outputs if self.head != "lm_labels" else 0,
+                            mlp_hidden=self.mlp_hidden).validate()
+
+
+# --- losses: (ranking logits [B, N], grades [B, N], mask [B, N]) -> (loss [B], weight [B]) -------------
+def listwise_softmax_ce(logits_BxN, grades_BxN, mask_BxN):
+  """Cross-entropy of softmax(logits) over a query's items against its gains normalized to sum 1
+  (negative grades count 0); a query without a positive grade has weight 0."""
+  gains = jnp.where(mask_BxN, jnp.maximum(grades_BxN, 0.0), 0.0)
+  total = gains.sum(-1)
+  target = gains / jnp.maximum(total, 1e-12)[:, None]
+  logp = jax.nn.log_softmax(jnp.where(mask_BxN, logits_BxN, MASK_LOGIT), axis=-1)
+  loss = -jnp.sum(jnp.where(mask_BxN, target * logp, 0.0), axis=-1)
+  return loss, (total > 0).astype(jnp.float32)
+
+
+def pairwise_logistic(logits_BxN, grades_BxN, mask_BxN):
+  """Mean of log(1 + exp(-(s_i - s_j))) over the pairs (i, j) of a query with grade_i > grade_j."""
+  pair = mask_BxN[:, :, None] & mask_BxN[:, None, :] & (grades_BxN[:, :, None] > grades_BxN[:, None, :])
+  diff = logits_BxN[:, :, None] - logits_BxN[:, None, :]
+  count = pair.sum((1, 2))
+  loss = jnp.sum(jnp.where(pair, jax.nn.softplus(-diff), 0.0), axis=(1, 2)) / jnp.maximum(count, 1)
+  return loss, (count > 0).astype(jnp.float32)
+
+
+def pointwise_bce(logits_BxN, grades_BxN, mask_BxN):
+  """Mean binary cross-entropy of sigmoid(logit) against relevant (grade >= 1) over a query's items."""
+  y = (grades_BxN >= 1).astype(jnp.float32)
+  per_item = jax.nn.softplus(logits_BxN) - y * logits_BxN
+  count = mask_BxN.sum(-1)
+  loss = jnp.sum(jnp.where(mask_BxN, per_item, 0.0), axis=-1) / jnp.maximum(count, 1)
+  return loss, (count > 0).astype(jnp.float32)
+
+
+LOSSES = {"listwise": listwise_softmax_ce, "pairwise": pairwise_logistic, "pointwise": pointwise_bce}
+
+
+def batch_loss(name: str, logits_BxN, grades_BxN, mask_BxN) -> jax.Array:
+  """Mean of the per-query losses over the queries that have weight."""
+  loss, weight = LOSSES[name](logits_BxN, grades_BxN, mask_BxN)
+  return jnp.sum(loss * weight) / jnp.maximum(weight.sum(), 1.0)
+
+
+def make_optimizer(cfg: TrainConfig, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """clip_by_global_norm, then AdamW on linear warmup + cosine decay to end_learning_rate."""
+  warmup = min(cfg.warmup_steps, max(total_steps - 1, 0))
+  schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, warmup, max(total_steps, warmup + 1),
+                                                cfg.end_learning_rate)
+  return optax.chain(optax.clip_by_global_norm(cfg.clip_norm),
+                     optax.adamw(schedule, weight_decay=cfg.weight_decay)), schedule
+
+
+# --- examples and features ------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Examples:
+  """One split's queries as token requests, with grades per item."""
+  qids: tuple[str, ...]
+  docids: tuple[tuple[str, ...], ...]
+  requests: tuple[TokenRequest, ...]
+  grades: tuple[tuple[int, ...], ...]
+  qrels: dict
+
+  @property
+  def max_items(self) -> int:
+    return max((len(r.items) for r in self.requests), default=0)
+
+  def grid(self) -> tuple[np.ndarray, np.ndarray]:
+    """grades [Q, N_max] (float32) and mask [Q, N_max]."""
+    q, n = len(self.requests), self.max_items
+    grades, mask = np.zeros((q, n), np.float32), np.zeros((q, n), bool)
+    for i, g in enumerate(self.grades):
+      grades[i, :len(g)], mask[i, :len(g)] = g, True
+    return grades, mask
+
+  def digest(self) -> str:
+    h = hashlib.sha256()
+    for qid, docids, r, g in zip(self.qids, self.docids, self.requests, self.grades):
+      h.update(json.dumps([qid, docids, r.query, r.items, r.label_ids, r.separator, g]).encode())
+    return h.hexdigest()[:16]
+
+
+def make_examples(scorer: Scorer, dataset: RerankSet, prompt: EvalConfig, label_ids: Sequence[int]) -> Examples:
+  """Token requests for every query with candidates, built as eval builds them."""
+  template = prompts.get_template(prompt.template)
+  builder = prompts.PromptBuilder(scorer.tokenizer, template, prompt.instruction, prompt.max_query_tokens,
+                                  prompt.max_item_tokens)
+  queries = [q for q in (dataset.queries[:prompt.max_queries] if prompt.max_queries else dataset.queries)
+             if q.candidates]
+  reqs = []
+  for q in queries:
+    query_ids, _ = builder.query(q.query)
+    reqs.append(scorer.make_request(query_ids, [builder.item(text)[0] for _, text in q.candidates],
+                                    label_token_ids=label_ids, apply_softmax=False))
+  grades = tuple(tuple(int(dataset.qrels.get(q.qid, {}).get(d, 0)) for d, _ in q.candidates) for q in queries)
+  return Examples(tuple(q.qid for q in queries), tuple(tuple(d for d, _ in q.candidates) for q in queries),
+                  tuple(reqs), grades, {q.qid: dataset.qrels.get(q.qid, {}) for q in queries})
+
+
+@dataclasses.dataclass
+class Features:
+  """Frozen-backbone features of one split: hidden [Q, N, D], label log-probs [Q, N, K] (float32)."""
+  hidden: np.ndarray
+  logprobs: np.ndarray
+  seconds: float = 0.0
+  cached: bool = False
+
+
+def _label_logprobs_fn(scorer: Scorer):
+  """jit: label log-probs [..., K] from hidden rows [..., D] through the lm_head (DESIGN.md section 1)."""
+  decoder = scorer.runner.decoder(scorer.runner.default_kernel)
+
+  @jax.jit
+  def fn(params, h_xD, labels_K):
+    logits = decoder.apply({"params": params}, h_xD, method=Decoder.logits)
+    return jnp.take(logits, labels_K, axis=-1) - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+  return fn
+
+
+def extract_features(scorer: Scorer, examples: Examples, algorithm: Optional[str] = None,
+                     progress: bool = False) -> Features:
+  """h and lp for every query, one scorer forward per query (no gradients), padded to [Q, N_max]."""
+  start = time.perf_counter()
+  q, n, d = len(examples.requests), examples.max_items, scorer.config.model.hidden_size
+  k = len(examples.requests[0].label_ids) if examples.requests else 0
+  hidden, lps = np.zeros((q, n, d), np.float32), np.zeros((q, n, k), np.float32)
+  lp_fn = _label_logprobs_fn(scorer)
+  for i, req in enumerate(examples.requests):
+    scorer.prefix_cache.clear()  # as eval does: the algorithm depends on the query's geometry only
+    h = scorer.hidden_states_requests([req], algorithm)[0]
+    hidden[i, :len(h)] = h
+    lps[i, :len(h)] = np.asarray(lp_fn(scorer.runner.params, h, np.asarray(req.label_ids, np.int32)))
+    if progress and (i + 1) % 20 == 0:
+      logging.info("features: %d/%d queries", i + 1, q)
+  return Features(hidden, lps, time.perf_counter() - start)
+
+
+def _features_fingerprint(scorer: Scorer, examples: dict[str, Examples], algorithm: Optional[str]) -> str:
+  rt = scorer.config.runtime
+  key = {"version": FORMAT_VERSION, "checkpoint": rt.checkpoint_dir, "init_seed": rt.init_seed,
+         "model": dataclasses.asdict(scorer.config.model), "dtype": [rt.dtype, rt.weight_dtype, rt.matmul_precision],
+         "algorithm": algorithm, "splits": {k: v.digest() for k, v in sorted(examples.items())}}
+  return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_or_extract(scorer: Scorer, examples: dict[str, Examples], cache: Optional[os.PathLike],
+                    algorithm: Optional[str] = None, progress: bool = False) -> dict[str, Features]:
+  """Features per split, read from the npz `cache` when it was written for the same model, prompts
+  and data, else computed (and written there when `cache` is set). No pickle: plain arrays only."""
+  fingerprint = _features_fingerprint(scorer, examples, algorithm)
+  path = pathlib.Path(cache) if cache else None
+  if path is not None and path.is_file():
+    with np.load(path, allow_pickle=False) as f:
+      if str(f["fingerprint"]) == fingerprint:
+        logging.info("features: read %s", path)
+        return {s: Features(f[f"{s}_hidden"], f[f"{s}_logprobs"], 0.0, True) for s in examples}
+    logging.warning("features: %s was written for another model, prompt or data; recomputing", path)
+  out = {s: extract_features(scorer, ex, algorithm, progress) for s, ex in examples.items()}
+  if path is not None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {f"{s}_{name}": getattr(f, name) for s, f in out.items() for name in ("hidden", "logprobs")}
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, fingerprint=np.asarray(fingerprint), **arrays)
+    os.replace(tmp, path)
+  return out
+
+
+# --- train_backbone: the packed forward with gradients ------------------------------------------------
+class RematDecoder(Decoder):
+  """Decoder whose scanned layers are rematerialized in the backward pass (same params as Decoder):
+  activations are kept per layer boundary, not per op. Mirrors Decoder.setup with nn.remat."""
+
+  def setup(self):
+    cfg = self.config
+    self.embed = Embed(cfg.vocab_size, cfg.hidden_size, self.dtype, self.param_dtype)
+    scanned = nn.scan(nn.remat(DecoderLayer, prevent_cse=False), variable_axes={"params": 0},
+                      split_rngs={"params": True}, in_axes=(nn.broadcast, nn.broadcast, 0), length=cfg.num_layers,
+                      metadata_params={nn.PARTITION_NAME: "layers"})
+    self.layers = scanned(cfg, self.attend, self.dtype, self.param_dtype, PRECISIONS[self.precision],
+                          self.return_kv)
+    self.final_norm = RMSNorm(cfg.rms_norm_eps, self.dtype, self.param_dtype)
+    if not cfg.tie_word_embeddings:
+      self.lm_head = self.param("lm_head", logical(("embed", "vocab")), (cfg.hidden_size, cfg.vocab_size),
+                                self.param_dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedPlan:
+  """One packed batch (a row per query) and where each (query, item) lands in its [B*N] score rows."""
+  batch: dict                        # tokens, positions, layout, score_index (device-ready)
+  gather_QxN: np.ndarray
+  mask_QxN: np.ndarray
+
+
+def packed_geometry(scorer: Scorer, examples: Examples) -> tuple[int, int, int]:
+  """(P, L, N) buckets that hold every query of `examples` in one row: one compiled shape per split."""
+  bk = scorer.config.buckets
+  p = max(len(r.prefix) for r in examples.requests)
+  l = max((len(x) for r in examples.requests for x in r.items), default=1)
+  return (bucket(p, bk.prefix_buckets, "query (with separator)"), bucket(max(l, 1), bk.item_buckets, "item"),
+          bucket(examples.max_items, bk.item_count_buckets, "item count"))
+
+
+def plan_packed(reqs: Sequence[Optional[TokenRequest]], geometry: tuple[int, int, int]) -> PackedPlan:
+  """Each request in one packed row of the fixed geometry (None = an empty padding row)."""
+  p, l, n = geometry
+  rows = [RowSpec(i, r.prefix, tuple(range(len(r.items))), r.items, l) for i, r in enumerate(reqs) if r is not None]
+  pb = pack_rows(rows, p, l, n, len(reqs))
+  layout = SegmentLayout(jnp.asarray(pb.prefix_valid_B), jnp.asarray(pb.slot_valid_BxN), p, l, n)
+  gather = np.zeros((len(reqs), n), np.int32)
+  mask = np.zeros((len(reqs), n), bool)
+  for b, j in zip(*np.nonzero(pb.item_BxN >= 0)):
+    gather[pb.request_BxN[b, j], pb.item_BxN[b, j]] = b * n + j
+    mask[pb.request_BxN[b, j], pb.item_BxN[b, j]] = True
+  batch = {"tokens": jnp.asarray(pb.tokens_BxT), "positions": jnp.asarray(pb.positions_BxT), "layout": layout,
+           "score_index": jnp.asarray(pb.score_index_BxN)}
+  return PackedPlan(batch, gather, mask)
+
+
+def packed_features(decoder: Decoder, backbone, batch: dict, gather_QxN, labels_K):
+  """h [Q, N, D] and label log-probs [Q, N, K] of one packed forward (differentiable in `backbone`)."""
+  hidden_BxTxD, _ = decoder.apply({"params": backbone}, batch["tokens"], batch["positions"], batch["layout"])
+  h_BxNxD = jnp.take_along_axis(hidden_BxTxD, batch["score_index"][..., None], axis=1)
+  h_QxNxD = h_BxNxD.reshape(-1, h_BxNxD.shape[-1])[gather_QxN].astype(jnp.float32)
+  logits = decoder.apply({"params": backbone}, h_QxNxD, method=Decoder.logits)
+  lp = jnp.take(logits, labels_K, axis=-1) - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+  return h_QxNxD, lp
+
+
+# --- the loop ------------------------------------------------------------------------------------
+class MetricsLog:
+  """metrics.jsonl (and TensorBoard when tensorboardX is installed); resumable."""
+
+  def __init__(self, workdir: pathlib.Path, resume_step: Optional[int]):
+    self.path = workdir / "metrics.jsonl"
+    kept = []
+    if resume_step is not None and self.path.exists():
+      for line in self.path.read_text(encoding="utf-8").split("\n"):
+        try:
+          rec = json.loads(line)
+        except json.JSONDecodeError:
+          continue  # a torn last line
+        if rec.get("step", 0) <= resume_step:
+          kept.append(rec)
+    self.path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+    self.logged = {(r["kind"], r["step"]) for r in kept}
+    self.records = kept
+    self.writer = None
+    try:
+      import tensorboardX  # pylint: disable=import-outside-toplevel
+      self.writer = tensorboardX.SummaryWriter(str(workdir / "tensorboard"))
+    except ImportError:
+      logging.info("tensorboardX is not installed: metrics go to %s only", self.path)
+
+  def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
+    if (kind, step) in self.logged:
+      return
+    rec = {"kind": kind, "step": step, **values}
+    with open(self.path, "a", encoding="utf-8") as f:
+      f.write(json.dumps(rec) + "\n")
+    self.logged.add((kind, step))
+    self.records.append(rec)
+    if self.writer is not None:
+      for name, v in values.items():
+        if isinstance(v, (int, float)) and name not in ("epoch",):
+          self.writer.add_scalar(f"{kind}/{name}", v, step)
+      self.writer.flush()
+
+  def close(self) -> None:
+    if self.writer is not None:
+      self.writer.close()
+
+
+def evaluate_split(cfg_head: heads.HeadConfig, params, hidden, logprobs, examples: Examples,
+                   prompt: EvalConfig) -> dict[str, float]:
+  """Metrics of the ranking eval would compute from the head's scores (score_mode of `prompt`)."""
+  apply_softmax, rank_fn = SCORE_MODES[prompt.score_mode]
+  new_lp = np.asarray(_apply_jit(cfg_head)(params, hidden, logprobs))
+  run = {}
+  for i, (qid, docids) in enumerate(zip(examples.qids, examples.docids)):
+    scores = np.asarray(rank_fn(finalize_scores(new_lp[i, :len(docids)], apply_softmax)), np.float32)
+    run[qid] = {d: float(s) for d, s in zip(docids, scores)}
+  per_query = metrics.evaluate(examples.qrels, run, prompt.metrics)
+  return metrics.aggregate(per_query) if per_query else {}
+
+
+_APPLY_CACHE: dict = {}
+
+
+def _apply_jit(cfg: heads.HeadConfig):
+  if cfg not in _APPLY_CACHE:
+    _APPLY_CACHE[cfg] = jax.jit(lambda p, h, lp: heads.apply_head(cfg, p, h, lp))
+  return _APPLY_CACHE[cfg]
+
+
+def _run_fingerprint(cfg: TrainConfig, prompt: EvalConfig, scorer: Scorer, examples: dict[str, Examples]) -> dict:
+  rt = scorer.config.runtime
+  return {"format_version": FORMAT_VERSION, "train": dataclasses.asdict(cfg),
+          "prompt": json.loads(json.dumps(dataclasses.asdict(prompt))), "checkpoint": rt.checkpoint_dir,
+          "model": dataclasses.asdict(scorer.config.model), "data": {k: v.digest() for k, v in sorted(examples.items())}}
+
+
+class ResumeError(TrainError):
+  """The workdir holds a run with another config or data."""
+
+
+def train(cfg: TrainConfig, prompt: EvalConfig, checkpoint_dir: Optional[str], train_set: RerankSet,
+          dev_set: Optional[RerankSet], workdir: os.PathLike, *, overrides: Sequence[str] = (),
+          feature_cache: Optional[os.PathLike] = None, export_dir: Optional[os.PathLike] = None,
+          overwrite: bool = False, progress: bool = True, step_delay_s: float = 0.0) -> dict[str, Any]:
+  """Trains (or resumes) a score head; writes checkpoints, metrics.jsonl and summary.json in
+  `workdir` and the exported checkpoint in `export_dir`. Returns the summary."""
+  cfg.validate()
+  prompt.validate()
+  wall_start = time.perf_counter()
+  workdir = pathlib.Path(workdir).resolve()
+  if overwrite and workdir.exists():
+    shutil.rmtree(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+
+  scorer = build_scorer(checkpoint_dir, overrides, use_head=False)
+  label_ids = prompts.resolve_labels(scorer.tokenizer, prompt.labels or prompts.TEMPLATES[prompt.template].default_labels)
+  examples = {"train": make_examples(scorer, train_set, prompt, label_ids)}
+  if dev_set is not None:
+    examples["dev"] = make_examples(scorer, dev_set, prompt, label_ids)
+  if not examples["train"].requests:
+    raise data.DataError("the train split has no queries with candidates")
+  head_cfg = cfg.head_config(label_ids, scorer.config.model.hidden_size)
+  grids = {s: ex.grid() for s, ex in examples.items()}
+
+  # Features (frozen) or packed plans (train_backbone).
+  if cfg.train_backbone:
+    feats, feature_seconds, cached = None, 0.0, False
+    geometry = {s: packed_geometry(scorer, ex) for s, ex in examples.items()}
+  else:
+    feats = load_or_extract(scorer, examples, feature_cache, cfg.algorithm, progress)
+    feature_seconds = sum(f.seconds for f in feats.values())
+    cached = all(f.cached for f in feats.values())
+
+  # Optimizer, state, checkpoints.
+  n_train = len(examples["train"].requests)
+  steps_per_epoch = math.ceil(n_train / cfg.batch_size)
+  total_steps = cfg.num_steps or cfg.num_epochs * steps_per_epoch
+  optimizer, schedule = make_optimizer(cfg, total_steps)
+  init_key, data_key = jax.random.split(jax.random.PRNGKey(cfg.seed))
+  params = {"head": heads.init_head(head_cfg, init_key)}
+  if cfg.train_backbone:
+    params["backbone"] = jax.tree_util.tree_map(jnp.asarray, scorer.runner.params)
+  # Committed to one device, like the arrays every step returns (else step 2 compiles again).
+  params = jax.device_put(params, jax.devices()[0])
+  state = {"params": params, "opt_state": jax.device_put(optimizer.init(params), jax.devices()[0]),
+           "step": np.int32(0), "epoch": np.int32(0), "index": np.int32(0), "rng": np.asarray(data_key)}
+  fingerprint = _run_fingerprint(cfg, prompt, scorer, examples)
+  manager = ocp.CheckpointManager(workdir / "checkpoints", options=ocp.CheckpointManagerOptions(
+      max_to_keep=cfg.keep_checkpoints, create=True))
+  resume_step = manager.latest_step()
+  if resume_step is not None:
+    stored = manager.restore(resume_step, args=ocp.args.Composite(run=ocp.args.JsonRestore()))["run"]
+    if stored != json.loads(json.dumps(fingerprint)):
+      diff = sorted(k for k in set(stored) | set(fingerprint) if stored.get(k) != json.loads(json.dumps(fingerprint)).get(k))
+      raise ResumeError(f"{workdir} holds a run with another {', '.join(diff)}; use another --workdir or pass "
+                        f"--overwrite")
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=device), state)
+    state = manager.restore(resume_step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
+    logging.info("train: resumed from step %d (epoch %d, index %d)", int(state["step"]), int(state["epoch"]),
+                 int(state["index"]))
+  log = MetricsLog(workdir, resume_step)
+
+  # The step function.
+  decoder = RematDecoder(scorer.config.model, scorer.runner.decoder(scorer.runner.default_kernel).attend,
+                         dtype=scorer.runner.dtype, param_dtype=scorer.runner.dtype,
+                         precision=scorer.runner.precision) if cfg.train_backbone else None
+  labels_K = jnp.asarray(label_ids, jnp.int32)
+
+  def loss_fn(params, batch):
+    if cfg.train_backbone:
+      h, lp = packed_features(decoder, params["backbone"], batch["packed"], batch["gather"], labels_K)
+    else:
+      h, lp = batch["hidden"], batch["logprobs"]
+    logits = jnp.where(batch["mask"], heads.relevance(heads.apply_head(head_cfg, params["head"], h, lp)), MASK_LOGIT)
+    return batch_loss(cfg.loss, logits, batch["grades"], batch["mask"])
+
+  @jax.jit
+  def train_step(params, opt_state, batch):
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss, optax.global_norm(grads)
+
+  def make_batch(idx: np.ndarray) -> tuple[dict, int]:
+    valid = idx >= 0
+    safe = np.where(valid, idx, 0)
+    grades, mask = grids["train"]
+    batch = {"grades": grades[safe], "mask": mask[safe] & valid[:, None]}
+    if cfg.train_backbone:
+      plan = plan_packed([examples["train"].requests[i] if i >= 0 else None for i in idx], geometry["train"])
+      batch.update(packed=plan.batch, gather=plan.gather_QxN[:, :grades.shape[1]])
+    else:
+      batch.update(hidden=feats["train"].hidden[safe], logprobs=feats["train"].logprobs[safe])
+    return batch, int(batch["mask"].sum())
+
+  def dev_metrics(params) -> Optional[dict[str, float]]:
+    if "dev" not in examples:
+      return None
+    if cfg.train_backbone:
+      h, lp = _backbone_features(decoder, params["backbone"], examples["dev"], geometry["dev"], labels_K,
+                                 cfg.batch_size)
+    else:
+      h, lp = feats["dev"].hidden, feats["dev"].logprobs
+    return evaluate_split(head_cfg, params["head"], h, lp, examples["dev"], prompt)
+
+  def save(step: int) -> None:
+    manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                               run=ocp.args.JsonSave(fingerprint)))
+
+  step = int(state["step"])
+  eval_seconds, step_seconds, step_items, first_step_seconds = 0.0, 0.0, 0, None
+  if step == 0:
+    t = time.perf_counter()
+    m = dev_metrics(state["params"])
+    eval_seconds += time.perf_counter() - t
+    if m is not None:
+      log.write("eval", 0, {"split": "dev", **m})
+  while step < total_steps:
+    epoch, index = int(state["epoch"]), int(state["index"])
+    order = np.asarray(jax.random.permutation(jax.random.fold_in(jnp.asarray(state["rng"]), epoch), n_train))
+    idx = order[index:index + cfg.batch_size]
+    idx = np.concatenate([idx, np.full(cfg.batch_size - len(idx), -1, idx.dtype)])
+    batch, items = make_batch(idx)
+    t = time.perf_counter()
+    new_params, new_opt, loss, gnorm = train_step(state["params"], state["opt_state"], batch)
+    loss = float(loss)  # waits for the step
+    dt = time.perf_counter() - t
+    if first_step_seconds is None:
+      first_step_seconds = dt
+    else:
+      step_seconds, step_items = step_seconds + dt, step_items + items
+    index += cfg.batch_size
+    if index >= n_train:
+      epoch, index = epoch + 1, 0
+    step += 1
+    state = {"params": new_params, "opt_state": new_opt, "step": np.int32(step), "epoch": np.int32(epoch),
+             "index": np.int32(index), "rng": state["rng"]}
+    if step % cfg.log_every == 0 or step == total_steps:
+      log.write("train", step, {"epoch": epoch, "loss": loss, "grad_norm": float(gnorm),
+                                "learning_rate": float(schedule(step - 1))})
+    if (cfg.eval_every and step % cfg.eval_every == 0) or step == total_steps:
+      t = time.perf_counter()
+      m = dev_metrics(state["params"])
+      eval_seconds += time.perf_counter() - t
+      if m is not None:
+        log.write("eval", step, {"split": "dev", **m})
+    if (cfg.save_every and step % cfg.save_every == 0) or step == total_steps:
+      save(step)
+    if progress and step % max(1, total_steps // 10) == 0:
+      logging.info("train: step %d/%d loss %.4f", step, total_steps, loss)
+    if step_delay_s:
+      time.sleep(step_delay_s)
+  manager.wait_until_finished()
+  if step == total_steps and manager.latest_step() != step:  # resumed at the end: nothing ran
+    save(step)
+    manager.wait_until_finished()
+  log.close()
+
+  final = state["params"]
+  evals = [r for r in log.records if r["kind"] == "eval"]
+  summary = {
+      "workdir": str(workdir),
+      "checkpoint_dir": scorer.config.runtime.checkpoint_dir,
+      "head": head_cfg.to_dict(),
+      "train_config": dataclasses.asdict(cfg),
+      "prompt": json.loads(json.dumps(dataclasses.asdict(prompt))),
+      "label_ids": list(label_ids),
+      "train_queries": n_train,
+      "train_items": int(grids["train"][1].sum()),
+      "dev_queries": len(examples["dev"].requests) if "dev" in examples else 0,
+      "steps": step,
+      "steps_per_epoch": steps_per_epoch,
+      "resumed_from_step": resume_step,
+      "final_train_loss": next((r["loss"] for r in reversed(log.records) if r["kind"] == "train"), None),
+      "dev_metrics_initial": next((_metric_values(r) for r in evals if r["step"] == 0), None),
+      "dev_metrics_final": _metric_values(evals[-1]) if evals else None,
+      "params_sha256": _params_digest(final["head"]),
+      "throughput": _throughput(feats, feature_seconds, cached, examples, step_seconds, step_items,
+                                first_step_seconds, eval_seconds, time.perf_counter() - wall_start),
+  }
+  if export_dir:
+    info = {k: summary[k] for k in ("train_config", "prompt", "label_ids", "train_queries", "steps",
+                                    "dev_metrics_initial", "dev_metrics_final")}
+    info["base_checkpoint"] = summary["checkpoint_dir"]
+    backbone = jax.device_get(final["backbone"]) if cfg.train_backbone else None
+    summary["export_dir"] = str(heads.export_checkpoint(scorer.config.runtime.checkpoint_dir, export_dir, head_cfg,
+                                                        jax.device_get(final["head"]), info, backbone,
+                                                        overwrite=True))
+  (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+  return summary
+
+
+def _backbone_features(decoder: Decoder, backbone, examples: Examples, geometry, labels_K, batch_size: int):
+  """Features of every query through the current (trained) backbone, `batch_size` queries per forward."""
+  if decoder not in _PACKED_JIT:
+    _PACKED_JIT[decoder] = jax.jit(lambda bb, batch, gather: packed_features(decoder, bb, batch, gather, labels_K))
+  reqs = list(examples.requests)
+  hs, lps = [], []
+  for start in range(0, len(reqs), batch_size):
+    chunk = reqs[start:start + batch_size]
+    plan = plan_packed(chunk + [None] * (batch_size - len(chunk)), geometry)
+    h, lp = _PACKED_JIT[decoder](backbone, plan.batch, plan.gather_QxN[:, :examples.max_items])
+    hs.append(np.asarray(h)[:len(chunk)])
+    lps.append(np.asarray(lp)[:len(chunk)])
+  return np.concatenate(hs), np.concatenate(lps)
+
+
+_PACKED_JIT: dict = {}
+
+
+def _metric_values(rec: dict) -> dict[str, float]:
+  return {k: v for k, v in rec.items() if k not in ("kind", "step", "split")}
+
+
+def _params_digest(tree) -> str:
+  leaves = jax.tree_util.tree_leaves(jax.device_get(tree))
+  return hashlib.sha256(b"".join(np.asarray(x).tobytes() for x in leaves)).hexdigest()[:16]
+
+
+def _throughput(feats, feature_seconds, cached, examples, step_seconds, step_items, first_step_seconds,
+                eval_seconds, wall) -> dict[str, Any]:
+  """Examples (query-item pairs) per second of head training, and where the time went."""
+  extracted_items = 0 if (feats is None or cached) else sum(int(ex.grid()[1].sum()) for ex in examples.values())
+  busy = feature_seconds + step_seconds + (first_step_seconds or 0.0) + eval_seconds
+  return {
+      "train_items_per_s": step_items / step_seconds if step_seconds else None,
+      "train_seconds": step_seconds,
+      "first_step_seconds": first_step_seconds,
+      "frozen_forward_seconds": feature_seconds,
+      "frozen_forward_items_per_s": extracted_items / feature_seconds if feature_seconds else None,
+      "frozen_forward_share": feature_seconds / busy if busy else None,
+      "features_from_cache": cached,
+      "eval_seconds": eval_seconds,
+      "wall_seconds": wall,
+  }

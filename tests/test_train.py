@@ -1,0 +1,231 @@
+"""Score-head training: losses against hand-computed values, a frozen backbone, feature cache,
+kill-and-resume bit-exactness of the script, throughput reporting, train_backbone."""
+
+import dataclasses
+import importlib.util
+import json
+import math
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from maxscore import checkpointing, data, eval as eval_lib, heads, train as train_lib
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+# A small slice of the embedded default: 6 train and 3 dev queries, documents cut to 24 tokens.
+PROMPT = eval_lib.EvalConfig(max_query_tokens=8, max_item_tokens=24)
+SMALL = dict(batch_size=2, num_epochs=3, eval_every=2, save_every=2, warmup_steps=2, learning_rate=1e-2)
+SCRIPT_FLAGS = ["--max_train_queries=6", "--max_dev_queries=3", "--max_query_tokens=8", "--max_item_tokens=24",
+                "--batch_size=2", "--num_epochs=3", "--eval_every=2", "--save_every=2", "--keep_checkpoints=2",
+                "--warmup_steps=2", "--learning_rate=1e-2", "--noprogress"]
+
+
+def _split(name, n):
+  s = data.load_jsonl(data.DEFAULT_JSONL, split=name)
+  s.queries = s.queries[:n]
+  return s
+
+
+# --- losses on tiny inputs -------------------------------------------------------------------------
+def test_listwise_loss_by_hand():
+  logits = jnp.asarray([[1.0, 0.0, -1.0, 5.0]])
+  grades = jnp.asarray([[2.0, 1.0, 0.0, 7.0]])
+  mask = jnp.asarray([[True, True, True, False]])  # the 4th item is padding: ignored
+  z = math.log(math.e + 1 + math.exp(-1))
+  want = -(2 / 3 * (1 - z) + 1 / 3 * (0 - z))
+  loss, weight = train_lib.listwise_softmax_ce(logits, grades, mask)
+  np.testing.assert_allclose(loss, [want], rtol=1e-6)
+  assert float(weight[0]) == 1.0
+  _, weight = train_lib.listwise_softmax_ce(logits, jnp.zeros_like(grades), mask)
+  assert float(weight[0]) == 0.0  # no relevant item: no target, no weight
+
+
+def test_pairwise_loss_by_hand():
+  logits = jnp.asarray([[2.0, 0.5, 1.0]])
+  grades = jnp.asarray([[2.0, 1.0, 1.0]])
+  mask = jnp.ones((1, 3), bool)
+  sp = lambda x: math.log1p(math.exp(x))
+  want = (sp(-(2.0 - 0.5)) + sp(-(2.0 - 1.0))) / 2  # pairs (0,1), (0,2); equal grades are no pair
+  loss, weight = train_lib.pairwise_logistic(logits, grades, mask)
+  np.testing.assert_allclose(loss, [want], rtol=1e-6)
+  assert float(weight[0]) == 1.0
+
+
+def test_pointwise_loss_by_hand():
+  logits = jnp.asarray([[0.0, 2.0, -1.0]])
+  grades = jnp.asarray([[0.0, 2.0, 1.0]])
+  mask = jnp.asarray([[True, True, False]])
+  want = (math.log(2) + math.log1p(math.exp(-2.0))) / 2
+  loss, _ = train_lib.pointwise_bce(logits, grades, mask)
+  np.testing.assert_allclose(loss, [want], rtol=1e-6)
+  # batch_loss averages over queries with weight only.
+  both = train_lib.batch_loss("listwise", jnp.zeros((2, 2)), jnp.asarray([[1.0, 0.0], [0.0, 0.0]]),
+                              jnp.ones((2, 2), bool))
+  np.testing.assert_allclose(both, math.log(2), rtol=1e-6)
+
+
+def test_optimizer_schedule():
+  cfg = train_lib.TrainConfig(learning_rate=0.1, warmup_steps=4, end_learning_rate=0.01)
+  _, schedule = train_lib.make_optimizer(cfg, 20)
+  np.testing.assert_allclose([schedule(0), schedule(2), schedule(4), schedule(20)], [0.0, 0.05, 0.1, 0.01], rtol=1e-5)
+
+
+# --- training in-process ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def frozen_run(tmp_path_factory):
+  root = tmp_path_factory.mktemp("frozen")
+  cfg = train_lib.TrainConfig(**SMALL)
+  summary = train_lib.train(cfg, PROMPT, None, _split("train", 6), _split("dev", 3), root / "work",
+                            feature_cache=root / "features.npz", export_dir=root / "export", progress=False)
+  return cfg, root, summary
+
+
+def test_frozen_backbone_gets_no_updates(frozen_run):
+  cfg, root, summary = frozen_run
+  # The training state holds head params only: no gradient is ever taken w.r.t. the backbone.
+  manager_dir = root / "work" / "checkpoints"
+  last = max(int(p.name) for p in manager_dir.iterdir() if p.name.isdigit())
+  assert last == summary["steps"] == 3 * 3
+  state_tree = json.loads((manager_dir / str(last) / "state" / "_METADATA").read_text())["tree_metadata"]
+  assert all("backbone" not in key for key in state_tree)
+  # The exported checkpoint's backbone is the base's, bit for bit.
+  base = checkpointing.restore_checkpoint(data.DEFAULT_CHECKPOINT).params
+  exported = checkpointing.restore_checkpoint(root / "export").params
+  for a, b in zip(jax.tree_util.tree_leaves(base), jax.tree_util.tree_leaves(exported)):
+    np.testing.assert_array_equal(a, b)
+  assert (root / "export" / "tokenizer").is_dir() and heads.has_head(root / "export")
+
+
+def test_summary_reports_metrics_and_throughput(frozen_run):
+  _, root, summary = frozen_run
+  t = summary["throughput"]
+  assert t["train_items_per_s"] > 0 and 0 < t["frozen_forward_share"] <= 1 and t["frozen_forward_seconds"] > 0
+  assert not t["features_from_cache"]
+  assert set(summary["dev_metrics_final"]) >= {"ndcg_cut_10", "map"}
+  lines = [json.loads(l) for l in (root / "work" / "metrics.jsonl").read_text().splitlines()]
+  assert [l["step"] for l in lines if l["kind"] == "eval"] == [0, 2, 4, 6, 8, 9]
+  assert [l["step"] for l in lines if l["kind"] == "train"] == list(range(1, 10))
+  assert all(np.isfinite(l["loss"]) for l in lines if l["kind"] == "train")
+  # Exported head, used by eval: dev metrics of run_eval equal the trainer's final dev metrics.
+  report = eval_lib.run_eval(eval_lib.build_scorer(summary["export_dir"]), _split("dev", 3), PROMPT,
+                             root / "eval", progress=False)
+  for k, v in summary["dev_metrics_final"].items():
+    assert report.metrics[k] == pytest.approx(v, abs=1e-6), k
+  assert report.summary["head"]["config"]["kind"] == "lm_labels"
+
+
+def test_feature_cache_and_determinism(frozen_run, tmp_path):
+  cfg, root, summary = frozen_run
+  again = train_lib.train(cfg, PROMPT, None, _split("train", 6), _split("dev", 3), tmp_path / "work",
+                          feature_cache=root / "features.npz", progress=False)
+  assert again["throughput"]["features_from_cache"] and again["throughput"]["frozen_forward_seconds"] == 0
+  assert again["params_sha256"] == summary["params_sha256"]
+  assert again["dev_metrics_final"] == summary["dev_metrics_final"]
+  # Another workdir config in the same workdir is refused, not mixed.
+  with pytest.raises(train_lib.ResumeError, match="another train"):
+    train_lib.train(train_lib.TrainConfig(**{**SMALL, "seed": 1}), PROMPT, None, _split("train", 6),
+                    _split("dev", 3), tmp_path / "work", feature_cache=root / "features.npz", progress=False)
+
+
+# --- kill and resume -------------------------------------------------------------------------------
+def _script(workdir, cache, export, *extra):
+  cmd = [sys.executable, str(REPO / "scripts" / "train_score_head.py"), f"--workdir={workdir}",
+         f"--feature_cache={cache}", f"--export_dir={export}", *SCRIPT_FLAGS, *extra]
+  env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+  return cmd, env
+
+
+def _checkpoints(workdir):
+  d = pathlib.Path(workdir) / "checkpoints"
+  return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else []
+
+
+def _head_params(export):
+  _, params, _ = heads.load_head(export)
+  return {k: np.asarray(v) for k, v in params.items()}
+
+
+@pytest.mark.slow
+def test_kill_and_resume_is_bit_exact(tmp_path):
+  cache = tmp_path / "features.npz"
+  cmd, env = _script(tmp_path / "a", cache, tmp_path / "a_export")
+  done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  # The same run, slowed down and killed (SIGKILL: no cleanup) once a checkpoint past step 2 exists.
+  cmd, env = _script(tmp_path / "b", cache, tmp_path / "b_export")
+  proc = subprocess.Popen(cmd + ["--step_delay_s=0.5"], env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None and not any(s >= 4 for s in _checkpoints(tmp_path / "b")):
+    time.sleep(0.05)
+  assert proc.poll() is None, "the run ended before it could be killed"
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  killed_at = max(_checkpoints(tmp_path / "b"))
+  assert 4 <= killed_at < 9 and not (tmp_path / "b" / "summary.json").exists()
+  done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  a = json.loads((tmp_path / "a" / "summary.json").read_text())
+  b = json.loads((tmp_path / "b" / "summary.json").read_text())
+  assert b["resumed_from_step"] >= killed_at and a["resumed_from_step"] is None
+  assert a["params_sha256"] == b["params_sha256"] and a["steps"] == b["steps"] == 9
+  assert a["dev_metrics_final"] == b["dev_metrics_final"] and a["final_train_loss"] == b["final_train_loss"]
+  pa, pb = _head_params(tmp_path / "a_export"), _head_params(tmp_path / "b_export")
+  assert set(pa) == set(pb) and all(pa[k].dtype == np.float32 and np.array_equal(pa[k], pb[k]) for k in pa)
+  # metrics.jsonl reads as one uninterrupted run.
+  assert (tmp_path / "a" / "metrics.jsonl").read_text() == (tmp_path / "b" / "metrics.jsonl").read_text()
+  assert len(_checkpoints(tmp_path / "a")) == 2  # keep_checkpoints
+
+
+def test_script_input_errors(tmp_path):
+  script = importlib.util.spec_from_file_location("_train_script", REPO / "scripts" / "train_score_head.py")
+  module = importlib.util.module_from_spec(script)
+  script.loader.exec_module(module)
+  with pytest.raises(SystemExit) as e:
+    module.run(["prog", f"--workdir={tmp_path}", "--batch_size=0"])
+  assert e.value.code == 2
+  with pytest.raises(SystemExit) as e:
+    module.run(["prog", f"--workdir={tmp_path}", "--train_split=nope"])
+  assert e.value.code == 2
+
+
+# --- train_backbone --------------------------------------------------------------------------------
+def test_remat_decoder_matches_decoder():
+  """train_backbone's forward: same params and hidden states as the scorer's, layers rematerialized."""
+  scorer = eval_lib.build_scorer(use_head=False)
+  ex = train_lib.make_examples(scorer, _split("train", 1), eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=6),
+                               (4, 5))
+  ex = dataclasses.replace(ex, requests=(dataclasses.replace(ex.requests[0], items=ex.requests[0].items[:4]),))
+  plan = train_lib.plan_packed(list(ex.requests), train_lib.packed_geometry(scorer, ex))
+  attend = scorer.runner.decoder("shared_prefix").attend
+  labels = jnp.asarray([4, 5])
+  forward = lambda dec: jax.jit(lambda p: train_lib.packed_features(dec, p, plan.batch, plan.gather_QxN, labels))
+  remat = train_lib.RematDecoder(scorer.config.model, attend)
+  h0, _ = forward(train_lib.Decoder(scorer.config.model, attend))(scorer.runner.params)
+  h1, _ = forward(remat)(scorer.runner.params)
+  np.testing.assert_allclose(h0, h1, atol=1e-6, rtol=0)
+  np.testing.assert_allclose(h0[0, :4], scorer.hidden_states_requests(list(ex.requests), "packed")[0], atol=2e-5)
+  loss = lambda p: train_lib.packed_features(remat, p, plan.batch, plan.gather_QxN, labels)[1].sum()
+  assert "remat" in str(jax.make_jaxpr(jax.grad(loss))(scorer.runner.params))
+
+
+@pytest.mark.slow
+def test_train_backbone_two_steps(tmp_path):
+  cfg = train_lib.TrainConfig(train_backbone=True, batch_size=2, num_steps=2, eval_every=0, warmup_steps=0,
+                              learning_rate=1e-3)
+  summary = train_lib.train(cfg, PROMPT, None, _split("train", 4), _split("dev", 2), tmp_path / "work",
+                            export_dir=tmp_path / "export", progress=False)
+  assert summary["steps"] == 2 and np.isfinite(summary["final_train_loss"])
+  base = checkpointing.restore_checkpoint(data.DEFAULT_CHECKPOINT).params
+  tuned = checkpointing.restore_checkpoint(tmp_path / "export").params
+  changed = [not np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(base), jax.tree_util.tree_leaves(tuned))]
+  assert all(changed)
+  assert summary["throughput"]["frozen_forward_seconds"] == 0
