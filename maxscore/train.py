@@ -21,9 +21,9 @@
    step, metric and the final params equal an uninterrupted run's bit for bit (float32 on CPU).
 5. `<workdir>/metrics.jsonl`: train loss lines and dev-eval lines (`metrics.evaluate` over the
    ranking score eval would compute from the head's scores); lines past the checkpoint a run
-   resumes from are dropped first, so the file reads as one uninterrupted run. TensorBoard
-   summaries go to `<workdir>/tensorboard` when tensorboardX is installed (tensorflow is not a
-   dependency, and flax.metrics.tensorboard needs it); otherwise the JSON lines are the log.
+   resumes from are dropped first, so the file reads as one uninterrupted run. The same scalars go
+   to TensorBoard event files in `<workdir>/tensorboard` (tensorboardX: flax.metrics.tensorboard
+   would need tensorflow), which a resumed run rewrites from the kept lines.
 6. `export_dir`: a copy of the base checkpoint with the head in head/ (heads.export_checkpoint).
 
 `train_backbone=True` trains the decoder params together with the head, through the packed
@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
+import tensorboardX
 from absl import logging
 
 from layers.decoder import PRECISIONS, Decoder, DecoderLayer
@@ -348,7 +349,7 @@ def packed_features(decoder: Decoder, backbone, batch: dict, gather_QxN, labels_
 
 # --- the loop ------------------------------------------------------------------------------------
 class MetricsLog:
-  """metrics.jsonl (and TensorBoard when tensorboardX is installed); resumable."""
+  """metrics.jsonl and TensorBoard scalars (`<kind>/<name>` at each step); resumable."""
 
   def __init__(self, workdir: pathlib.Path, resume_step: Optional[int]):
     self.path = workdir / "metrics.jsonl"
@@ -364,12 +365,20 @@ class MetricsLog:
     self.path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
     self.logged = {(r["kind"], r["step"]) for r in kept}
     self.records = kept
-    self.writer = None
-    try:
-      import tensorboardX  # pylint: disable=import-outside-toplevel
-      self.writer = tensorboardX.SummaryWriter(str(workdir / "tensorboard"))
-    except ImportError:
-      logging.info("tensorboardX is not installed: metrics go to %s only", self.path)
+    # metrics.jsonl is the record; the event files mirror it. A killed run's last events may never
+    # have left tensorboardX's writer thread, so a resumed run rewrites them from the kept lines.
+    tb_dir = workdir / "tensorboard"
+    if tb_dir.exists():
+      shutil.rmtree(tb_dir)
+    self.writer = tensorboardX.SummaryWriter(str(tb_dir))
+    for rec in kept:
+      self._scalars(rec["kind"], rec["step"], rec)
+    self.writer.flush()
+
+  def _scalars(self, kind: str, step: int, values: dict[str, Any]) -> None:
+    for name, v in values.items():
+      if isinstance(v, (int, float)) and name not in ("epoch", "step"):
+        self.writer.add_scalar(f"{kind}/{name}", v, step)
 
   def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
     if (kind, step) in self.logged:
@@ -379,15 +388,11 @@ class MetricsLog:
       f.write(json.dumps(rec) + "\n")
     self.logged.add((kind, step))
     self.records.append(rec)
-    if self.writer is not None:
-      for name, v in values.items():
-        if isinstance(v, (int, float)) and name not in ("epoch",):
-          self.writer.add_scalar(f"{kind}/{name}", v, step)
-      self.writer.flush()
+    self._scalars(kind, step, values)
+    self.writer.flush()
 
   def close(self) -> None:
-    if self.writer is not None:
-      self.writer.close()
+    self.writer.close()
 
 
 def evaluate_split(cfg_head: heads.HeadConfig, params, hidden, logprobs, examples: Examples,
@@ -606,7 +611,10 @@ def train(cfg: TrainConfig, prompt: EvalConfig, checkpoint_dir: Optional[str], t
   if export_dir:
     info = {k: summary[k] for k in ("train_config", "prompt", "label_ids", "train_queries", "steps",
                                     "dev_metrics_initial", "dev_metrics_final")}
-    info["base_checkpoint"] = summary["checkpoint_dir"]
+    # "." when the head was written into its own base checkpoint (paths of this machine mean
+    # nothing inside a checkpoint that is copied elsewhere).
+    same = pathlib.Path(export_dir).resolve() == pathlib.Path(summary["checkpoint_dir"]).resolve()
+    info["base_checkpoint"] = "." if same else summary["checkpoint_dir"]
     backbone = jax.device_get(final["backbone"]) if cfg.train_backbone else None
     summary["export_dir"] = str(heads.export_checkpoint(scorer.config.runtime.checkpoint_dir, export_dir, head_cfg,
                                                         jax.device_get(final["head"]), info, backbone,

@@ -8,6 +8,7 @@ import math
 import os
 import pathlib
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -32,6 +33,27 @@ def _split(name, n):
   s = data.load_jsonl(data.DEFAULT_JSONL, split=name)
   s.queries = s.queries[:n]
   return s
+
+
+def _tensorboard_scalars(logdir) -> dict[tuple[str, int], float]:
+  """{(tag, step): value} of the event files: records in the TFRecord framing (u64 length, u32 crc,
+  Event proto, u32 crc), in time order; a SessionLog START at step s discards earlier events at
+  steps >= s, as TensorBoard does."""
+  from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
+  events = []
+  for path in pathlib.Path(logdir).glob("events.out.tfevents.*"):
+    buf, pos = path.read_bytes(), 0
+    while pos < len(buf):
+      (n,) = struct.unpack("<Q", buf[pos:pos + 8])
+      events.append(event_pb2.Event.FromString(buf[pos + 12:pos + 12 + n]))
+      pos += 12 + n + 4
+  scalars = {}
+  for ev in sorted(events, key=lambda e: e.wall_time):
+    if ev.HasField("session_log") and ev.session_log.status == event_pb2.SessionLog.START:
+      scalars = {k: v for k, v in scalars.items() if k[1] < ev.step}
+    for v in ev.summary.value:
+      scalars[(v.tag, ev.step)] = v.simple_value
+  return scalars
 
 
 # --- losses on tiny inputs -------------------------------------------------------------------------
@@ -114,6 +136,13 @@ def test_summary_reports_metrics_and_throughput(frozen_run):
   assert [l["step"] for l in lines if l["kind"] == "eval"] == [0, 2, 4, 6, 8, 9]
   assert [l["step"] for l in lines if l["kind"] == "train"] == list(range(1, 10))
   assert all(np.isfinite(l["loss"]) for l in lines if l["kind"] == "train")
+  # The same scalars in TensorBoard event files.
+  tb = _tensorboard_scalars(root / "work" / "tensorboard")
+  assert sorted(s for tag, s in tb if tag == "train/loss") == list(range(1, 10))
+  assert sorted(s for tag, s in tb if tag == "eval/ndcg_cut_10") == [0, 2, 4, 6, 8, 9]
+  for l in lines:
+    key = "loss" if l["kind"] == "train" else "ndcg_cut_10"
+    assert tb[(f"{l['kind']}/{key}", l["step"])] == pytest.approx(l[key], rel=1e-6)
   # Exported head, used by eval: dev metrics of run_eval equal the trainer's final dev metrics.
   report = eval_lib.run_eval(eval_lib.build_scorer(summary["export_dir"]), _split("dev", 3), PROMPT,
                              root / "eval", progress=False)
@@ -182,6 +211,8 @@ def test_kill_and_resume_is_bit_exact(tmp_path):
   assert set(pa) == set(pb) and all(pa[k].dtype == np.float32 and np.array_equal(pa[k], pb[k]) for k in pa)
   # metrics.jsonl reads as one uninterrupted run.
   assert (tmp_path / "a" / "metrics.jsonl").read_text() == (tmp_path / "b" / "metrics.jsonl").read_text()
+  # TensorBoard too: the resumed run rewrote the event files from the kept metrics lines.
+  assert _tensorboard_scalars(tmp_path / "a" / "tensorboard") == _tensorboard_scalars(tmp_path / "b" / "tensorboard")
   assert len(_checkpoints(tmp_path / "a")) == 2  # keep_checkpoints
 
 
