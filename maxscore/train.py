@@ -78,7 +78,7 @@ class TrainConfig:
   num_outputs: int = 0             # linear/mlp: 1 = one relevance logit, 0 = one logit per label
   mlp_hidden: int = 256            # mlp: hidden width
   loss: Literal["listwise", "pairwise", "pointwise"] = "listwise"
-  learning_rate: float = 3e-3      # peak of the warmup + cosine schedule
+  learning_rate: float = 1e-3      # peak of the warmup + cosine schedule
   end_learning_rate: float = 0.0   # value the cosine decays to at the last step
   warmup_steps: int = 10
   weight_decay: float = 1e-4       # AdamW decoupled weight decay

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maxscore import checkpointing, data, eval as eval_lib, heads, train as train_lib
+from maxscore import checkpointing, data, eval as eval_lib, head_study, heads, train as train_lib
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # A small slice of the embedded default: 6 train and 3 dev queries, documents cut to 24 tokens.
@@ -260,3 +260,31 @@ def test_train_backbone_two_steps(tmp_path):
   changed = [not np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(base), jax.tree_util.tree_leaves(tuned))]
   assert all(changed)
   assert summary["throughput"]["frozen_forward_seconds"] == 0
+
+
+# --- head study ------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_head_study_small(tmp_path):
+  report = head_study.study(None, None, ["lm_labels", "linear"], [0, 1], tmp_path, prompt=PROMPT, max_queries=3,
+                            num_epochs=2, batch_size=2, learning_rate=1e-2)
+  assert [(r["spec"], r["seed"]) for r in report["runs"]] == [("lm_labels", 0), ("lm_labels", 1), ("linear", 0),
+                                                               ("linear", 1)]
+  assert all(set(r["dev"]) >= {"ndcg_cut_10"} and set(r["test"]) >= {"ndcg_cut_10"} for r in report["runs"])
+  # The exported first-seed head re-scored by run_eval gives the trainer's test metrics.
+  for spec in ("lm_labels", "linear"):
+    first = next(r for r in report["runs"] if r["spec"] == spec)
+    paired = report["paired"][spec]["test"]
+    assert paired["queries"] == 3 and paired["wins"] + paired["losses"] + paired["ties"] == 3
+    assert paired["mean_diff"] == pytest.approx(first["test"]["ndcg_cut_10"] - report["baseline"]["test"]["ndcg_cut_10"],
+                                                abs=1e-6)
+  table = head_study.markdown(report)
+  assert "| no head (untrained) |" in table and "BM25 reference" in table and "p = " in table
+  with pytest.raises(train_lib.TrainError, match="specs"):
+    head_study.study(None, None, ["nope"], [0], tmp_path)
+
+
+def test_bm25_reference_ranks_matching_documents_first():
+  s = data.RerankSet([data.RerankQuery("q", "for loops", (("a", "while statements loop"), ("b", "the for loops"),
+                                                            ("c", "nothing here")))], {"q": {"b": 1}}, {})
+  run = head_study.bm25_run(s)["q"]
+  assert run["b"] > run["a"] == run["c"] == 0.0

@@ -1,0 +1,126 @@
+"""How much a trained score head helps: heads x seeds, dev and test, against no head.
+
+    report = study(checkpoint_dir=None, jsonl=None, specs=("lm_labels", "linear"), seeds=(0, 1, 2),
+                   workdir="out/head_study")
+
+For every head spec and seed, one training run (train.train, features cached per split) gives the
+final head; its nDCG@10 (and the other eval metrics) on the dev and the test split come from the
+trainer's own dev evaluation, run once with each split as the "dev" set (training never reads the
+dev set, so both runs end with the same params: checked by digest). The first seed of each spec is
+exported and re-scored by eval.run_eval on both splits for per-query metrics, which a paired
+sign-flip test (metrics.paired_test) compares with the backbone scored without a head. A BM25
+ranking over lowercase words is reported beside them as a reference for what the data allows
+(it is no maxscore scoring path).
+"""
+
+import collections
+import dataclasses
+import math
+import pathlib
+import re
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from maxscore import data, eval as eval_lib, metrics, train as train_lib
+
+# Named head settings (TrainConfig fields); the rest are TrainConfig's defaults.
+SPECS: dict[str, dict[str, Any]] = {
+    "lm_labels": {"head": "lm_labels", "delta": "full"},
+    "lm_labels_low_rank": {"head": "lm_labels", "delta": "low_rank"},
+    "linear": {"head": "linear", "num_outputs": 1},
+    "mlp": {"head": "mlp", "num_outputs": 1},
+}
+SPLITS = ("dev", "test")
+
+
+def bm25_run(dataset: data.RerankSet, k1: float = 1.2, b: float = 0.75) -> dict[str, dict[str, float]]:
+  """BM25 scores of each query's candidates over lowercase [a-z] words; idf and the average length
+  come from the candidates of `dataset` (a reference ranking, not a model)."""
+  words = lambda s: re.findall(r"[a-z]+", s.lower())
+  docs = {d: collections.Counter(words(t)) for q in dataset.queries for d, t in q.candidates}
+  df = collections.Counter(w for c in docs.values() for w in c)
+  avg = np.mean([sum(c.values()) for c in docs.values()]) if docs else 1.0
+  n = len(docs)
+  idf = lambda w: math.log(1 + (n - df[w] + 0.5) / (df[w] + 0.5))
+  run = {}
+  for q in dataset.queries:
+    terms = words(q.query)
+    run[q.qid] = {}
+    for d, _ in q.candidates:
+      c, length = docs[d], sum(docs[d].values())
+      run[q.qid][d] = float(sum(idf(w) * c[w] * (k1 + 1) / (c[w] + k1 * (1 - b + b * length / avg))
+                                for w in terms if w in c))
+  return run
+
+
+def study(checkpoint_dir: Optional[str], jsonl: Optional[str], specs: Sequence[str], seeds: Sequence[int],
+          workdir: str, prompt: eval_lib.EvalConfig = eval_lib.EvalConfig(), overrides: Sequence[str] = (),
+          max_queries: int = 0, **train_kw: Any) -> dict[str, Any]:
+  """Trains every spec x seed; returns {"baseline", "bm25", "runs", "paired"} (see the module docstring)."""
+  unknown = [s for s in specs if s not in SPECS]
+  if unknown or not specs or not seeds:
+    raise train_lib.TrainError(f"specs {list(specs)} / seeds {list(seeds)}: need >= 1 of each, specs from "
+                               f"{sorted(SPECS)}")
+  work = pathlib.Path(workdir)
+  jsonl = jsonl or str(data.DEFAULT_JSONL)
+  sets = {s: data.load_jsonl(jsonl, split=s) for s in ("train",) + SPLITS}
+  if max_queries:
+    for s in sets.values():
+      s.queries = s.queries[:max_queries]
+
+  def evaluate(scorer, split: str, name: str) -> dict[str, dict[str, float]]:
+    report = eval_lib.run_eval(scorer, sets[split], prompt, work / "eval" / f"{name}-{split}", overwrite=True,
+                               progress=False)
+    return report.per_query
+
+  base = eval_lib.build_scorer(checkpoint_dir, overrides, use_head=False)
+  baseline = {s: evaluate(base, s, "no_head") for s in SPLITS}
+  out: dict[str, Any] = {
+      "baseline": {s: metrics.aggregate(pq) for s, pq in baseline.items()},
+      "bm25": {s: metrics.aggregate(metrics.evaluate(sets[s].qrels, bm25_run(sets[s]), prompt.metrics))
+               for s in SPLITS},
+      "runs": [], "paired": {}}
+  for spec in specs:
+    for seed in seeds:
+      cfg = train_lib.TrainConfig(**{**train_kw, **SPECS[spec], "seed": seed, "eval_every": 0})
+      export = work / f"{spec}-s{seed}-export" if seed == seeds[0] else None
+      finals, digests = {}, set()
+      for split in SPLITS:
+        summary = train_lib.train(cfg, prompt, checkpoint_dir, sets["train"], sets[split],
+                                  work / f"{spec}-s{seed}-{split}", overrides=overrides,
+                                  feature_cache=work / f"features-{split}.npz", overwrite=True, progress=False,
+                                  export_dir=export if split == SPLITS[-1] else None)
+        finals[split] = summary["dev_metrics_final"]
+        digests.add(summary["params_sha256"])
+      if len(digests) != 1:
+        raise RuntimeError(f"{spec} seed {seed}: the dev set changed the trained head ({sorted(digests)})")
+      out["runs"].append({"spec": spec, "seed": seed, "config": dataclasses.asdict(cfg), **finals})
+      if export is not None:
+        scorer = eval_lib.build_scorer(str(export), overrides)
+        out["paired"][spec] = {s: metrics.paired_test(evaluate(scorer, s, f"{spec}-s{seed}"), baseline[s],
+                                                       "ndcg_cut_10") for s in SPLITS}
+  return out
+
+
+def markdown(report: dict[str, Any], metric: str = "ndcg_cut_10") -> str:
+  """The report as a markdown table (mean, min-max over seeds) plus the paired tests."""
+  rows = ["| system | " + " | ".join(SPLITS) + " |", "|---|" + "---|" * len(SPLITS)]
+  rows.append("| no head (untrained) | " + " | ".join(f"{report['baseline'][s][metric]:.4f}" for s in SPLITS) + " |")
+  by_spec = collections.defaultdict(list)
+  for r in report["runs"]:
+    by_spec[r["spec"]].append(r)
+  for spec, runs in by_spec.items():
+    cells = []
+    for s in SPLITS:
+      v = [r[s][metric] for r in runs]
+      cells.append(f"{np.mean(v):.4f} ({min(v):.4f}-{max(v):.4f})")
+    rows.append(f"| {spec}, seeds {','.join(str(r['seed']) for r in runs)}: mean (min-max) | " + " | ".join(cells) + " |")
+  rows.append("| BM25 reference | " + " | ".join(f"{report['bm25'][s][metric]:.4f}" for s in SPLITS) + " |")
+  lines = ["\n".join(rows), ""]
+  for spec, tests in report["paired"].items():
+    for s, t in tests.items():
+      lines.append(f"{spec} seed {by_spec[spec][0]['seed']} vs no head, {s}: {t['mean_diff']:+.4f} over "
+                   f"{t['queries']} queries, {t['wins']} wins / {t['losses']} losses / {t['ties']} ties, "
+                   f"paired sign-flip p = {t['p_value']:.3f}")
+  return "\n".join(lines)
