@@ -57,11 +57,13 @@ class Decoder(nn.Module):
   param_dtype: jnp.dtype = jnp.float32
   precision: str = "highest"
   return_kv: bool = False
+  remat: bool = False  # rematerialize each layer in the backward pass (same params; for training)
 
   def setup(self):
     cfg = self.config
     self.embed = Embed(cfg.vocab_size, cfg.hidden_size, self.dtype, self.param_dtype)
-    scanned = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
+    layer = nn.remat(DecoderLayer, prevent_cse=False) if self.remat else DecoderLayer
+    scanned = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
                       in_axes=(nn.broadcast, nn.broadcast, 0), length=cfg.num_layers,
                       metadata_params={nn.PARTITION_NAME: "layers"})
     self.layers = scanned(cfg, self.attend, self.dtype, self.param_dtype, PRECISIONS[self.precision],

@@ -40,7 +40,6 @@ import shutil
 import time
 from typing import Any, Literal, Optional, Sequence
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -49,10 +48,8 @@ import orbax.checkpoint as ocp
 import tensorboardX
 from absl import logging
 
-from layers.decoder import PRECISIONS, Decoder, DecoderLayer
-from layers.embeddings import Embed
+from layers.decoder import Decoder
 from layers.kernels import SegmentLayout
-from layers.normalization import RMSNorm, logical
 from maxscore import data, heads, metrics, prompts
 from maxscore.data import RerankSet
 from maxscore.eval import SCORE_MODES, EvalConfig, build_scorer
@@ -286,24 +283,6 @@ def load_or_extract(scorer: Scorer, examples: dict[str, Examples], cache: Option
 
 
 # --- train_backbone: the packed forward with gradients ------------------------------------------------
-class RematDecoder(Decoder):
-  """Decoder whose scanned layers are rematerialized in the backward pass (same params as Decoder):
-  activations are kept per layer boundary, not per op. Mirrors Decoder.setup with nn.remat."""
-
-  def setup(self):
-    cfg = self.config
-    self.embed = Embed(cfg.vocab_size, cfg.hidden_size, self.dtype, self.param_dtype)
-    scanned = nn.scan(nn.remat(DecoderLayer, prevent_cse=False), variable_axes={"params": 0},
-                      split_rngs={"params": True}, in_axes=(nn.broadcast, nn.broadcast, 0), length=cfg.num_layers,
-                      metadata_params={nn.PARTITION_NAME: "layers"})
-    self.layers = scanned(cfg, self.attend, self.dtype, self.param_dtype, PRECISIONS[self.precision],
-                          self.return_kv)
-    self.final_norm = RMSNorm(cfg.rms_norm_eps, self.dtype, self.param_dtype)
-    if not cfg.tie_word_embeddings:
-      self.lm_head = self.param("lm_head", logical(("embed", "vocab")), (cfg.hidden_size, cfg.vocab_size),
-                                self.param_dtype)
-
-
 @dataclasses.dataclass(frozen=True)
 class PackedPlan:
   """One packed batch (a row per query) and where each (query, item) lands in its [B*N] score rows."""
@@ -492,9 +471,9 @@ def train(cfg: TrainConfig, prompt: EvalConfig, checkpoint_dir: Optional[str], t
   log = MetricsLog(workdir, resume_step)
 
   # The step function.
-  decoder = RematDecoder(scorer.config.model, scorer.runner.decoder(scorer.runner.default_kernel).attend,
-                         dtype=scorer.runner.dtype, param_dtype=scorer.runner.dtype,
-                         precision=scorer.runner.precision) if cfg.train_backbone else None
+  decoder = Decoder(scorer.config.model, scorer.runner.decoder(scorer.runner.default_kernel).attend,
+                    dtype=scorer.runner.dtype, param_dtype=scorer.runner.dtype, precision=scorer.runner.precision,
+                    remat=True) if cfg.train_backbone else None
   labels_K = jnp.asarray(label_ids, jnp.int32)
 
   def loss_fn(params, batch):

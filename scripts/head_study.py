@@ -10,11 +10,10 @@ Trailing `key=value` arguments override configs/base.yml keys. Input errors exit
 
 import json
 import pathlib
-import sys
 
 from absl import app, flags
 
-from maxscore import head_study, train as train_lib
+from maxscore import cli, head_study, train as train_lib
 from maxscore.checkpointing import CheckpointError
 from maxscore.config import ConfigError
 from maxscore.errors import ScoreInputError
@@ -38,8 +37,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     report = head_study.study(fv.checkpoint_dir, fv.jsonl, fv.specs, [int(s) for s in fv.seeds], fv.workdir,
                               overrides=list(argv[1:]), max_queries=fv.max_queries, num_epochs=fv.num_epochs)
   except (ScoreInputError, ConfigError, CheckpointError, train_lib.TrainError, FileNotFoundError, ValueError) as e:
-    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-    sys.exit(2)
+    cli.fail(e)
   path = pathlib.Path(fv.output_json or pathlib.Path(fv.workdir) / "report.json")
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps(report, indent=2) + "\n")
@@ -48,10 +46,8 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
 
 
 def run(argv):
-  """Parses `argv` into fresh flags and calls main (for tests: no global flag state)."""
-  fv = flags.FlagValues()
-  define_flags(fv)
-  main(fv(list(argv)), fv)
+  """Parses `argv` into fresh flags and calls main (tests)."""
+  return cli.run_with_fresh_flags(define_flags, main, argv)
 
 
 if __name__ == "__main__":

@@ -13,11 +13,10 @@ Trailing `key=value` arguments override configs/base.yml keys. Input errors exit
 
 import dataclasses
 import json
-import sys
 
 from absl import app, flags
 
-from maxscore import data, eval as eval_lib, prompts, train as train_lib
+from maxscore import cli, data, eval as eval_lib, prompts, train as train_lib
 from maxscore.checkpointing import CheckpointError
 from maxscore.config import ConfigError
 from maxscore.errors import ScoreInputError
@@ -109,16 +108,13 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
                               overrides=overrides, feature_cache=fv.feature_cache, export_dir=fv.export_dir,
                               overwrite=fv.overwrite, progress=fv.progress, step_delay_s=fv.step_delay_s)
   except (ScoreInputError, ConfigError, CheckpointError, train_lib.TrainError, FileNotFoundError) as e:
-    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-    sys.exit(2)
+    cli.fail(e)
   print(json.dumps(summary, indent=2))
 
 
 def run(argv):
-  """Parses `argv` into fresh flags and calls main (for tests: no global flag state)."""
-  fv = flags.FlagValues()
-  define_flags(fv)
-  main(fv(list(argv)), fv)
+  """Parses `argv` into fresh flags and calls main (tests)."""
+  return cli.run_with_fresh_flags(define_flags, main, argv)
 
 
 if __name__ == "__main__":

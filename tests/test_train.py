@@ -239,7 +239,7 @@ def test_remat_decoder_matches_decoder():
   attend = scorer.runner.decoder("shared_prefix").attend
   labels = jnp.asarray([4, 5])
   forward = lambda dec: jax.jit(lambda p: train_lib.packed_features(dec, p, plan.batch, plan.gather_QxN, labels))
-  remat = train_lib.RematDecoder(scorer.config.model, attend)
+  remat = train_lib.Decoder(scorer.config.model, attend, remat=True)
   h0, _ = forward(train_lib.Decoder(scorer.config.model, attend))(scorer.runner.params)
   h1, _ = forward(remat)(scorer.runner.params)
   np.testing.assert_allclose(h0, h1, atol=1e-6, rtol=0)
@@ -281,6 +281,15 @@ def test_head_study_small(tmp_path):
   assert "| no head (untrained) |" in table and "BM25 reference" in table and "p = " in table
   with pytest.raises(train_lib.TrainError, match="specs"):
     head_study.study(None, None, ["nope"], [0], tmp_path)
+
+
+def test_head_study_script_input_errors(tmp_path, capsys):
+  spec = importlib.util.spec_from_file_location("_head_study_script", REPO / "scripts" / "head_study.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  with pytest.raises(SystemExit) as e:
+    module.run(["prog", f"--workdir={tmp_path}", "--specs=nope"])
+  assert e.value.code == 2 and "nope" in capsys.readouterr().err
 
 
 def test_bm25_reference_ranks_matching_documents_first():
