@@ -3,7 +3,7 @@
     report = study(checkpoint_dir=None, jsonl=None, specs=("lm_labels", "linear"), seeds=(0, 1, 2),
                    workdir="out/head_study")
 
-For every head spec and seed, one training run (train.train, features cached per split) gives the
+For every head spec (x learning rate x loss, when given) and seed, one training run (train.train, features cached per split) gives the
 final head; its nDCG@10 (and the other eval metrics) on the dev and the test split come from the
 trainer's own dev evaluation, run once with each split as the "dev" set (training never reads the
 dev set, so both runs end with the same params: checked by digest). The first seed of each spec is
@@ -15,6 +15,7 @@ ranking over lowercase words is reported beside them as a reference for what the
 
 import collections
 import dataclasses
+import itertools
 import math
 import pathlib
 import re
@@ -56,8 +57,11 @@ def bm25_run(dataset: data.RerankSet, k1: float = 1.2, b: float = 0.75) -> dict[
 
 def study(checkpoint_dir: Optional[str], jsonl: Optional[str], specs: Sequence[str], seeds: Sequence[int],
           workdir: str, prompt: eval_lib.EvalConfig = eval_lib.EvalConfig(), overrides: Sequence[str] = (),
-          max_queries: int = 0, **train_kw: Any) -> dict[str, Any]:
-  """Trains every spec x seed; returns {"baseline", "bm25", "runs", "paired"} (see the module docstring)."""
+          max_queries: int = 0, learning_rates: Sequence[Optional[float]] = (None,),
+          losses: Sequence[Optional[str]] = (None,), **train_kw: Any) -> dict[str, Any]:
+  """Trains every spec x learning rate x loss x seed (None = TrainConfig's default); returns
+  {"baseline", "bm25", "runs", "paired"} (see the module docstring; "paired" is keyed by the
+  setting's name, for its first seed)."""
   unknown = [s for s in specs if s not in SPECS]
   if unknown or not specs or not seeds:
     raise train_lib.TrainError(f"specs {list(specs)} / seeds {list(seeds)}: need >= 1 of each, specs from "
@@ -81,25 +85,29 @@ def study(checkpoint_dir: Optional[str], jsonl: Optional[str], specs: Sequence[s
       "bm25": {s: metrics.aggregate(metrics.evaluate(sets[s].qrels, bm25_run(sets[s]), prompt.metrics))
                for s in SPLITS},
       "runs": [], "paired": {}}
-  for spec in specs:
+  for spec, lr, loss in itertools.product(specs, learning_rates, losses):
+    setting = {**train_kw, **SPECS[spec]}
+    setting.update({k: v for k, v in (("learning_rate", lr), ("loss", loss)) if v is not None})
+    name = spec + "".join(f" {k}={v}" for k, v in (("lr", lr), ("loss", loss)) if v is not None)
+    tag = name.replace(" ", "_").replace("=", "")
     for seed in seeds:
-      cfg = train_lib.TrainConfig(**{**train_kw, **SPECS[spec], "seed": seed, "eval_every": 0})
-      export = work / f"{spec}-s{seed}-export" if seed == seeds[0] else None
+      cfg = train_lib.TrainConfig(**{**setting, "seed": seed, "eval_every": 0})
+      export = work / f"{tag}-s{seed}-export" if seed == seeds[0] else None
       finals, digests = {}, set()
       for split in SPLITS:
         summary = train_lib.train(cfg, prompt, checkpoint_dir, sets["train"], sets[split],
-                                  work / f"{spec}-s{seed}-{split}", overrides=overrides,
+                                  work / f"{tag}-s{seed}-{split}", overrides=overrides,
                                   feature_cache=work / f"features-{split}.npz", overwrite=True, progress=False,
                                   export_dir=export if split == SPLITS[-1] else None)
         finals[split] = summary["dev_metrics_final"]
         digests.add(summary["params_sha256"])
       if len(digests) != 1:
-        raise RuntimeError(f"{spec} seed {seed}: the dev set changed the trained head ({sorted(digests)})")
-      out["runs"].append({"spec": spec, "seed": seed, "config": dataclasses.asdict(cfg), **finals})
+        raise RuntimeError(f"{name} seed {seed}: the dev set changed the trained head ({sorted(digests)})")
+      out["runs"].append({"name": name, "spec": spec, "seed": seed, "config": dataclasses.asdict(cfg), **finals})
       if export is not None:
         scorer = eval_lib.build_scorer(str(export), overrides)
-        out["paired"][spec] = {s: metrics.paired_test(evaluate(scorer, s, f"{spec}-s{seed}"), baseline[s],
-                                                       "ndcg_cut_10") for s in SPLITS}
+        out["paired"][name] = {s: metrics.paired_test(evaluate(scorer, s, f"{tag}-s{seed}"), baseline[s],
+                                                      "ndcg_cut_10") for s in SPLITS}
   return out
 
 
@@ -109,13 +117,15 @@ def markdown(report: dict[str, Any], metric: str = "ndcg_cut_10") -> str:
   rows.append("| no head (untrained) | " + " | ".join(f"{report['baseline'][s][metric]:.4f}" for s in SPLITS) + " |")
   by_spec = collections.defaultdict(list)
   for r in report["runs"]:
-    by_spec[r["spec"]].append(r)
+    by_spec[r["name"]].append(r)
   for spec, runs in by_spec.items():
     cells = []
     for s in SPLITS:
       v = [r[s][metric] for r in runs]
-      cells.append(f"{np.mean(v):.4f} ({min(v):.4f}-{max(v):.4f})")
-    rows.append(f"| {spec}, seeds {','.join(str(r['seed']) for r in runs)}: mean (min-max) | " + " | ".join(cells) + " |")
+      cells.append(f"{v[0]:.4f}" if len(v) == 1 else f"{np.mean(v):.4f} ({min(v):.4f}-{max(v):.4f})")
+    seeds = ",".join(str(r["seed"]) for r in runs)
+    label = f"seed {seeds}" if len(runs) == 1 else f"seeds {seeds}: mean (min-max)"
+    rows.append(f"| {spec}, {label} | " + " | ".join(cells) + " |")
   rows.append("| BM25 reference | " + " | ".join(f"{report['bm25'][s][metric]:.4f}" for s in SPLITS) + " |")
   lines = ["\n".join(rows), ""]
   for spec, tests in report["paired"].items():
