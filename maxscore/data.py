@@ -256,8 +256,10 @@ def read_trec_run(path: os.PathLike) -> dict[str, dict[str, float]]:
 
 
 def _read_run(path: pathlib.Path, qrels: Qrels, queries: dict[str, str], top_k: int,
-              problems: _Problems) -> dict[str, list[tuple[str, str]]]:
-  """{qid: [(docid, 'file:line')]} in rank order, top_k per query, for queries of the split."""
+              problems: _Problems, other_splits: frozenset = frozenset(),
+              other_lines: Optional[list] = None) -> dict[str, list[tuple[str, str]]]:
+  """{qid: [(docid, 'file:line')]} in rank order, top_k per query, for queries of the split. Lines
+  of queries judged only in another split (`other_splits`) are passed over, counted in other_lines."""
   ranked: dict[str, list[tuple[int, float, str, str]]] = {}
   seen: dict[tuple[str, str], str] = {}
   for number, line in _lines(path):
@@ -276,6 +278,10 @@ def _read_run(path: pathlib.Path, qrels: Qrels, queries: dict[str, str], top_k: 
       problems("unknown_qids", where, f"query {qid!r} is not in queries.jsonl")
       continue
     if qid not in qrels:
+      if qid in other_splits:
+        if other_lines is not None:
+          other_lines.append(where)
+        continue
       problems("qids_not_in_qrels", where, f"query {qid!r} has no judgments in the qrels of this split")
       continue
     if (qid, docid) in seen:
@@ -301,14 +307,18 @@ def load_beir(data_dir: os.PathLike, run_file: os.PathLike, split: str = "test",
               skip_bad: bool = False) -> RerankSet:
   """Loads a BEIR directory and the run to rerank; queries keep the run file's order.
 
-  The queries evaluated are the run's queries that have judgments in qrels/<split>.tsv. A run
-  line for a query without judgments, a qrels line for a query absent from queries.jsonl, or a
-  run docid absent from the corpus is an error (or skipped and counted with skip_bad)."""
+  The queries evaluated are the run's queries that have judgments in qrels/<split>.tsv; one run
+  may cover several splits (train, dev, test): lines of queries judged only in another
+  qrels/*.tsv are passed over. A run line for a query judged in no split, a qrels line for a
+  query absent from queries.jsonl, or a run docid absent from the corpus is an error (or skipped
+  and counted with skip_bad)."""
   data_dir, run_file = pathlib.Path(data_dir), pathlib.Path(run_file)
   problems = _Problems(skip_bad)
   queries = _read_queries(data_dir / "queries.jsonl", problems)
-  qrels = read_qrels(data_dir / "qrels" / f"{split}.tsv", problems, known_qids=queries)
-  run = _read_run(run_file, qrels, queries, top_k, problems)
+  qrels_path = data_dir / "qrels" / f"{split}.tsv"
+  qrels = read_qrels(qrels_path, problems, known_qids=queries)
+  other_lines: list = []
+  run = _read_run(run_file, qrels, queries, top_k, problems, _judged_elsewhere(qrels_path), other_lines)
   needed = {docid for rows in run.values() for docid, _ in rows}
   texts: dict[str, str] = {}
   empty: set[str] = set()  # skipped empty documents: their run lines are not counted again
@@ -339,8 +349,22 @@ def load_beir(data_dir: os.PathLike, run_file: os.PathLike, split: str = "test",
     logging.info("%d judged queries of split %r have no candidates in %s and are not evaluated",
                  missing, split, run_file)
   source = {"format": "beir", "data_dir": str(data_dir), "run_file": str(run_file), "split": split,
-            "top_k": top_k, "judged_queries_without_candidates": missing}
+            "top_k": top_k, "judged_queries_without_candidates": missing,
+            "run_lines_of_other_splits": len(other_lines)}
   return RerankSet(out, {q: qrels[q] for q in run}, source, problems.counts)
+
+
+def _judged_elsewhere(qrels_path: pathlib.Path) -> frozenset:
+  """Query ids in the first column of the other qrels/*.tsv files (their lines are not checked here)."""
+  qids = set()
+  for other in sorted(qrels_path.parent.glob("*.tsv")):
+    if other.name == qrels_path.name:
+      continue
+    for number, line in _lines(other):
+      cols = line.split("\t")
+      if number > 1 or cols[0] != "query-id":
+        qids.add(cols[0].strip())
+  return frozenset(qids)
 
 
 def _check_nonempty(queries: Sequence[RerankQuery], what: str) -> None:

@@ -84,6 +84,22 @@ def test_beir_malformed_inputs_name_file_and_line(beir, case, fragment):
   assert "\n" not in str(e.value)
 
 
+def test_beir_run_covering_several_splits(beir):
+  """One run over train/dev/test queries: each split takes its own; a query judged nowhere stays an error."""
+  d, run = beir
+  (d / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\nq2\td5\t1\n")
+  _append(run, "q2 Q0 d5 1 1.0 bm25\nq2 Q0 d0 2 0.5 bm25\n")
+  test = data.load_beir(d, run, "test")
+  assert [q.qid for q in test.queries] == ["q1", "q0"] and test.source["run_lines_of_other_splits"] == 2
+  assert test.skipped == {}
+  dev = data.load_beir(d, run, "dev")
+  assert [q.qid for q in dev.queries] == ["q2"] and dev.qrels == {"q2": {"d5": 1}}
+  assert dev.source["run_lines_of_other_splits"] == 5
+  (d / "qrels" / "dev.tsv").unlink()
+  with pytest.raises(DataError, match="query 'q2' has no judgments"):
+    data.load_beir(d, run, "test")
+
+
 def test_beir_skip_bad_counts(beir):
   d, run = beir
   _append(run, "q2 Q0 d0 1 1.0 bm25\nq1 Q0 nope 3 0.1 bm25\nq1 Q0 d6 4 0.1 bm25\nbroken line\n")

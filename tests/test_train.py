@@ -228,6 +228,36 @@ def test_script_input_errors(tmp_path):
   assert e.value.code == 2
 
 
+def _write_beir(d, run, splits):
+  """The given {split: RerankSet} as one BEIR directory (corpus, queries, qrels/<split>.tsv) + a TREC run."""
+  (d / "qrels").mkdir(parents=True)
+  docs = {doc: text for ds in splits.values() for q in ds.queries for doc, text in q.candidates}
+  (d / "corpus.jsonl").write_text("".join(json.dumps({"_id": k, "title": "", "text": v}) + "\n" for k, v in docs.items()))
+  (d / "queries.jsonl").write_text("".join(json.dumps({"_id": q.qid, "text": q.query}) + "\n"
+                                           for ds in splits.values() for q in ds.queries))
+  for name, ds in splits.items():
+    (d / "qrels" / f"{name}.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"{q.qid}\t{doc}\t{g}\n" for q in ds.queries for doc, g in ds.qrels.get(q.qid, {}).items()))
+  run.write_text("".join(f"{q.qid} Q0 {doc} {r} {-r} bm25\n" for ds in splits.values() for q in ds.queries
+                         for r, (doc, _) in enumerate(q.candidates, 1)))
+
+
+def test_beir_and_jsonl_training_data_train_the_same_head(tmp_path):
+  """train_score_head.py on BEIR + run equals the same queries in the JSONL form, bit for bit."""
+  script = importlib.util.spec_from_file_location("_train_script_beir", REPO / "scripts" / "train_score_head.py")
+  module = importlib.util.module_from_spec(script)
+  script.loader.exec_module(module)
+  _write_beir(tmp_path / "beir", tmp_path / "run.trec", {"train": _split("train", 6), "dev": _split("dev", 3)})
+  flags_ = [f for f in SCRIPT_FLAGS if not f.startswith("--max_")] + ["--max_query_tokens=8", "--max_item_tokens=24",
+                                                                      "--num_epochs=1"]
+  module.run(["prog", f"--workdir={tmp_path / 'b'}", f"--data_dir={tmp_path / 'beir'}",
+              f"--run_file={tmp_path / 'run.trec'}", *flags_])
+  module.run(["prog", f"--workdir={tmp_path / 'j'}", "--max_train_queries=6", "--max_dev_queries=3", *flags_])
+  b, j = (json.loads((tmp_path / w / "summary.json").read_text()) for w in ("b", "j"))
+  assert b["train_queries"] == j["train_queries"] == 6 and b["dev_queries"] == j["dev_queries"] == 3
+  assert b["params_sha256"] == j["params_sha256"] and b["dev_metrics_final"] == j["dev_metrics_final"]
+
+
 # --- train_backbone --------------------------------------------------------------------------------
 def test_remat_decoder_matches_decoder():
   """train_backbone's forward: same params and hidden states as the scorer's, layers rematerialized."""
