@@ -267,7 +267,7 @@ def load_head(checkpoint_dir: os.PathLike) -> tuple[HeadConfig, dict, dict]:
   if shapes != {k: tuple(v.shape) for k, v in want.items()}:
     raise checkpointing.CheckpointError(f"{d / 'params'} holds {shapes}, the head config needs "
                                         f"{ {k: tuple(v.shape) for k, v in want.items()} }")
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # each process loads its own copy
   target = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=device) for k, v in want.items()}
   params = checkpointer.restore(d / "params", target)
   return cfg, dict(params), dict(meta.get("info", {}))

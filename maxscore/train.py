@@ -450,8 +450,8 @@ def train(cfg: TrainConfig, prompt: EvalConfig, checkpoint_dir: Optional[str], t
   if cfg.train_backbone:
     params["backbone"] = jax.tree_util.tree_map(jnp.asarray, scorer.runner.params)
   # Committed to one device, like the arrays every step returns (else step 2 compiles again).
-  params = jax.device_put(params, jax.devices()[0])
-  state = {"params": params, "opt_state": jax.device_put(optimizer.init(params), jax.devices()[0]),
+  params = jax.device_put(params, jax.local_devices()[0])
+  state = {"params": params, "opt_state": jax.device_put(optimizer.init(params), jax.local_devices()[0]),
            "step": np.int32(0), "epoch": np.int32(0), "index": np.int32(0), "rng": np.asarray(data_key)}
   fingerprint = _run_fingerprint(cfg, prompt, scorer, examples)
   manager = ocp.CheckpointManager(workdir / "checkpoints", options=ocp.CheckpointManagerOptions(
@@ -463,7 +463,7 @@ def train(cfg: TrainConfig, prompt: EvalConfig, checkpoint_dir: Optional[str], t
       diff = sorted(k for k in set(stored) | set(fingerprint) if stored.get(k) != json.loads(json.dumps(fingerprint)).get(k))
       raise ResumeError(f"{workdir} holds a run with another {', '.join(diff)}; use another --workdir or pass "
                         f"--overwrite")
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=device), state)
     state = manager.restore(resume_step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
     logging.info("train: resumed from step %d (epoch %d, index %d)", int(state["step"]), int(state["epoch"]),
