@@ -370,7 +370,9 @@ def format_report(report: EvalReport) -> str:
   """A few lines for the terminal: metrics, throughput, algorithms."""
   s = report.summary
   resumed = f" ({s['queries_resumed']} resumed from results.jsonl)" if s["queries_resumed"] else ""
-  lines = [f"model {s['model']} on {s['backend']}: {s['queries_evaluated']} queries evaluated{resumed}, "
+  head = s.get("head")
+  with_head = f" + trained {head['config']['kind']} score head" if head else ""
+  lines = [f"model {s['model']}{with_head} on {s['backend']}: {s['queries_evaluated']} queries evaluated{resumed}, "
            f"{s['items']} candidates, outputs in {report.output_dir}"]
   lines += [f"  {name:<18} {value:.4f}" for name, value in report.metrics.items()]
   rate = lambda x: "n/a" if x is None else f"{x:,.0f}"
