@@ -256,11 +256,12 @@ def read_trec_run(path: os.PathLike) -> dict[str, dict[str, float]]:
 
 
 def _read_run(path: pathlib.Path, qrels: Qrels, queries: dict[str, str], top_k: int,
-              problems: _Problems, other_splits: frozenset = frozenset(),
-              other_lines: Optional[list] = None) -> dict[str, list[tuple[str, str]]]:
-  """{qid: [(docid, 'file:line')]} in rank order, top_k per query, for queries of the split. Lines
-  of queries judged only in another split (`other_splits`) are passed over, counted in other_lines."""
+              problems: _Problems, other_splits: frozenset = frozenset()
+              ) -> tuple[dict[str, list[tuple[str, str]]], int]:
+  """({qid: [(docid, 'file:line')]} in rank order, top_k per query, for queries of the split; the
+  number of lines passed over because their query is judged only in another split, `other_splits`)."""
   ranked: dict[str, list[tuple[int, float, str, str]]] = {}
+  passed_over = 0
   seen: dict[tuple[str, str], str] = {}
   for number, line in _lines(path):
     where = f"{path}:{number}"
@@ -279,8 +280,7 @@ def _read_run(path: pathlib.Path, qrels: Qrels, queries: dict[str, str], top_k: 
       continue
     if qid not in qrels:
       if qid in other_splits:
-        if other_lines is not None:
-          other_lines.append(where)
+        passed_over += 1
         continue
       problems("qids_not_in_qrels", where, f"query {qid!r} has no judgments in the qrels of this split")
       continue
@@ -293,7 +293,7 @@ def _read_run(path: pathlib.Path, qrels: Qrels, queries: dict[str, str], top_k: 
   for qid, rows in ranked.items():
     rows.sort()
     out[qid] = [(docid, where) for _, _, docid, where in (rows[:top_k] if top_k > 0 else rows)]
-  return out
+  return out, passed_over
 
 
 def _doc_text(rec: dict) -> str:
@@ -317,8 +317,7 @@ def load_beir(data_dir: os.PathLike, run_file: os.PathLike, split: str = "test",
   queries = _read_queries(data_dir / "queries.jsonl", problems)
   qrels_path = data_dir / "qrels" / f"{split}.tsv"
   qrels = read_qrels(qrels_path, problems, known_qids=queries)
-  other_lines: list = []
-  run = _read_run(run_file, qrels, queries, top_k, problems, _judged_elsewhere(qrels_path), other_lines)
+  run, other_lines = _read_run(run_file, qrels, queries, top_k, problems, _judged_elsewhere(qrels_path))
   needed = {docid for rows in run.values() for docid, _ in rows}
   texts: dict[str, str] = {}
   empty: set[str] = set()  # skipped empty documents: their run lines are not counted again
@@ -350,21 +349,15 @@ def load_beir(data_dir: os.PathLike, run_file: os.PathLike, split: str = "test",
                  missing, split, run_file)
   source = {"format": "beir", "data_dir": str(data_dir), "run_file": str(run_file), "split": split,
             "top_k": top_k, "judged_queries_without_candidates": missing,
-            "run_lines_of_other_splits": len(other_lines)}
+            "run_lines_of_other_splits": other_lines}
   return RerankSet(out, {q: qrels[q] for q in run}, source, problems.counts)
 
 
 def _judged_elsewhere(qrels_path: pathlib.Path) -> frozenset:
-  """Query ids in the first column of the other qrels/*.tsv files (their lines are not checked here)."""
-  qids = set()
-  for other in sorted(qrels_path.parent.glob("*.tsv")):
-    if other.name == qrels_path.name:
-      continue
-    for number, line in _lines(other):
-      cols = line.split("\t")
-      if number > 1 or cols[0] != "query-id":
-        qids.add(cols[0].strip())
-  return frozenset(qids)
+  """Query ids judged in the other qrels files beside `qrels_path` (read leniently: their bad lines
+  are that split's problem, skipped here)."""
+  return frozenset(qid for other in sorted(qrels_path.parent.glob("*.tsv")) if other.name != qrels_path.name
+                   for qid in read_qrels(other, _Problems(skip_bad=True)))
 
 
 def _check_nonempty(queries: Sequence[RerankQuery], what: str) -> None:

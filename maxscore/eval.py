@@ -134,7 +134,7 @@ def _fingerprint(scorer: Scorer, cfg: EvalConfig, label_ids: Sequence[int]) -> d
       "label_ids": list(label_ids),
       "score_mode": cfg.score_mode,
       "max_tokens": [cfg.max_query_tokens, cfg.max_item_tokens],
-      **({"head": scorer.head_fingerprint} if hasattr(scorer, "head_fingerprint") else {}),
+      **({"head": scorer.head_fingerprint} if scorer.head_fingerprint else {}),
   }
 
 
@@ -334,7 +334,7 @@ def _summary(scorer: Scorer, dataset: RerankSet, queries, done, cfg: EvalConfig,
   return {
       "model": scorer.model_name,
       "checkpoint_dir": scorer.config.runtime.checkpoint_dir,
-      "head": scorer.head_fingerprint if hasattr(scorer, "head_fingerprint") else None,
+      "head": scorer.head_fingerprint,
       "backend": jax.default_backend(),
       "devices": [str(d) for d in jax.devices()],
       "data": dataset.source,

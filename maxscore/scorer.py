@@ -57,6 +57,9 @@ def finalize_scores(label_logprobs: np.ndarray, apply_softmax: bool) -> np.ndarr
 class Scorer:
   """Scores items for queries with one model; holds params, tokenizer, compiled functions and caches."""
 
+  # A plain scorer applies no score head (heads.HeadScorer: the head's config and params digest).
+  head_fingerprint: Optional[dict[str, Any]] = None
+
   def __init__(self, config: Config, params: Any, tokenizer: Optional[Tokenizer] = None,
                model_name: str = "maxscore", mesh: Any = "auto"):
     """`mesh`: "auto" = this process's data-group mesh from config.mesh when there are several devices
