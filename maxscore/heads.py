@@ -38,6 +38,7 @@ it was trained for; requests for other labels get the backbone's scores, as with
 """
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -219,6 +220,12 @@ def apply_head(cfg: HeadConfig, params: Mapping, h_xD: Optional[jax.Array], lp_x
   return HEADS[cfg.kind][1](cfg, params, h_xD, lp_xK)
 
 
+@functools.lru_cache(maxsize=None)
+def jit_apply(cfg: HeadConfig) -> Callable:
+  """apply_head for `cfg`, jitted once per config (params, h, lp) -> lp'."""
+  return jax.jit(lambda p, h, lp: apply_head(cfg, p, h, lp))
+
+
 def relevance(lp_xK: jax.Array) -> jax.Array:
   """One ranking logit per item: log-odds of the first label within the label softmax,
   lp_0 - logsumexp(lp_1:). It orders items as eval's p_first does, and equals log_odds for K = 2."""
@@ -320,7 +327,6 @@ class HeadScorer:
     self.head_config = cfg
     self.head_params = {k: jnp.asarray(v) for k, v in params.items()}
     self.head_info = dict(info or {})
-    self._apply = jax.jit(lambda p, h, lp: apply_head(cfg, p, h, lp))
 
   def __getattr__(self, name: str) -> Any:
     return getattr(self.scorer, name)
@@ -367,7 +373,7 @@ class HeadScorer:
       name = (lps or hs)[j][1]
       lp = lps[j][0] if lps else np.zeros((len(r.items), cfg.num_labels), np.float32)
       h = hs[j][0] if hs else np.zeros((len(r.items), 0), np.float32)
-      new_lp = np.asarray(self._apply(self.head_params, h, lp)) if len(r.items) else lp
+      new_lp = np.asarray(jit_apply(cfg)(self.head_params, h, lp)) if len(r.items) else lp
       out[i] = ScoreResult(finalize_scores(new_lp, r.apply_softmax), name, self.scorer._usage(r, name))
     return out
 

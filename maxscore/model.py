@@ -48,7 +48,8 @@ def kernel_options(cfg: KernelConfig) -> KernelOptions:
                        gpu_block_kv=cfg.gpu_block_kv, interpret=cfg.kernel_interpret)
 
 
-def _label_logprobs(decoder: Decoder, params, hidden_BxNxD, label_ids_K):
+def label_logprobs(decoder: Decoder, params, hidden_BxNxD, label_ids_K):
+  """Full-vocabulary log_softmax of the lm_head logits at hidden rows [..., D], at the label ids: [..., K]."""
   logits_BxNxV = decoder.apply({"params": params}, hidden_BxNxD, method=Decoder.logits)
   label_logits = jnp.take(logits_BxNxV, label_ids_K, axis=-1)
   return label_logits - jax.nn.logsumexp(logits_BxNxV, axis=-1, keepdims=True)
@@ -60,7 +61,7 @@ def _hidden(decoder: Decoder, params, hidden_BxNxD, label_ids_K):
 
 
 # What an entry point returns at the score rows: label log-probs [.., K] or final hidden states [.., D].
-OUTPUTS = {"logprobs": _label_logprobs, "hidden": _hidden}
+OUTPUTS = {"logprobs": label_logprobs, "hidden": _hidden}
 
 
 class ModelRunner:

@@ -4,11 +4,9 @@
                     "out/train", export_dir="ckpt-with-head/")
 
 1. Prompts are built exactly as the eval builds them (an `EvalConfig`: template, labels, truncation).
-2. Frozen backbone: each query's features are computed ONCE, without gradients, by the scorer's
-   own fast path (`Scorer.hidden_states_requests`, one query per call as eval does): the hidden
-   states h [N, D] at the score positions and, from them and the lm_head, the label log-probs
-   lp [N, K]. They are stacked to [queries, N_max, ...] with masks, kept in memory and, with
-   `feature_cache`, in an npz file that a later run (same model, prompts and data) reads instead.
+2. Frozen backbone: each query's features (hidden states h and label log-probs lp at the score
+   positions) are computed ONCE, without gradients, by the scorer's own fast path and optionally
+   cached in an npz (maxscore/features.py).
 3. Each step takes `batch_size` queries in an order drawn per epoch from PRNG(seed, epoch); the
    head maps (h, lp) to label log-probs, `heads.relevance` to one ranking logit per item, and the
    loss compares each query's logits with its graded qrels: `listwise` softmax cross-entropy
@@ -49,12 +47,11 @@ import tensorboardX
 from absl import logging
 
 from layers.decoder import Decoder
-from layers.kernels import SegmentLayout
-from maxscore import data, heads, metrics, prompts
+from maxscore import data, features, heads, metrics, prompts
+from maxscore.features import (Examples, load_or_extract, make_examples, packed_features, packed_geometry,
+                               plan_packed)
 from maxscore.data import RerankSet
 from maxscore.eval import SCORE_MODES, EvalConfig, build_scorer
-from maxscore.layout import RowSpec, bucket, pack_rows
-from maxscore.requests import TokenRequest
 from maxscore.scorer import Scorer, finalize_scores
 
 FORMAT_VERSION = 1
@@ -168,164 +165,6 @@ def make_optimizer(cfg: TrainConfig, total_steps: int) -> tuple[optax.GradientTr
                      optax.adamw(schedule, weight_decay=cfg.weight_decay)), schedule
 
 
-# --- examples and features ------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Examples:
-  """One split's queries as token requests, with grades per item."""
-  qids: tuple[str, ...]
-  docids: tuple[tuple[str, ...], ...]
-  requests: tuple[TokenRequest, ...]
-  grades: tuple[tuple[int, ...], ...]
-  qrels: dict
-
-  @property
-  def max_items(self) -> int:
-    return max((len(r.items) for r in self.requests), default=0)
-
-  def grid(self) -> tuple[np.ndarray, np.ndarray]:
-    """grades [Q, N_max] (float32) and mask [Q, N_max]."""
-    q, n = len(self.requests), self.max_items
-    grades, mask = np.zeros((q, n), np.float32), np.zeros((q, n), bool)
-    for i, g in enumerate(self.grades):
-      grades[i, :len(g)], mask[i, :len(g)] = g, True
-    return grades, mask
-
-  def digest(self) -> str:
-    h = hashlib.sha256()
-    for qid, docids, r, g in zip(self.qids, self.docids, self.requests, self.grades):
-      h.update(json.dumps([qid, docids, r.query, r.items, r.label_ids, r.separator, g]).encode())
-    return h.hexdigest()[:16]
-
-
-def make_examples(scorer: Scorer, dataset: RerankSet, prompt: EvalConfig, label_ids: Sequence[int]) -> Examples:
-  """Token requests for every query with candidates, built as eval builds them."""
-  template = prompts.get_template(prompt.template)
-  builder = prompts.PromptBuilder(scorer.tokenizer, template, prompt.instruction, prompt.max_query_tokens,
-                                  prompt.max_item_tokens)
-  queries = [q for q in (dataset.queries[:prompt.max_queries] if prompt.max_queries else dataset.queries)
-             if q.candidates]
-  reqs = []
-  for q in queries:
-    query_ids, _ = builder.query(q.query)
-    reqs.append(scorer.make_request(query_ids, [builder.item(text)[0] for _, text in q.candidates],
-                                    label_token_ids=label_ids, apply_softmax=False))
-  grades = tuple(tuple(int(dataset.qrels.get(q.qid, {}).get(d, 0)) for d, _ in q.candidates) for q in queries)
-  return Examples(tuple(q.qid for q in queries), tuple(tuple(d for d, _ in q.candidates) for q in queries),
-                  tuple(reqs), grades, {q.qid: dataset.qrels.get(q.qid, {}) for q in queries})
-
-
-@dataclasses.dataclass
-class Features:
-  """Frozen-backbone features of one split: hidden [Q, N, D], label log-probs [Q, N, K] (float32)."""
-  hidden: np.ndarray
-  logprobs: np.ndarray
-  seconds: float = 0.0
-  cached: bool = False
-
-
-def _label_logprobs_fn(scorer: Scorer):
-  """jit: label log-probs [..., K] from hidden rows [..., D] through the lm_head (DESIGN.md section 1)."""
-  decoder = scorer.runner.decoder(scorer.runner.default_kernel)
-
-  @jax.jit
-  def fn(params, h_xD, labels_K):
-    logits = decoder.apply({"params": params}, h_xD, method=Decoder.logits)
-    return jnp.take(logits, labels_K, axis=-1) - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
-  return fn
-
-
-def extract_features(scorer: Scorer, examples: Examples, algorithm: Optional[str] = None,
-                     progress: bool = False) -> Features:
-  """h and lp for every query, one scorer forward per query (no gradients), padded to [Q, N_max]."""
-  start = time.perf_counter()
-  q, n, d = len(examples.requests), examples.max_items, scorer.config.model.hidden_size
-  k = len(examples.requests[0].label_ids) if examples.requests else 0
-  hidden, lps = np.zeros((q, n, d), np.float32), np.zeros((q, n, k), np.float32)
-  lp_fn = _label_logprobs_fn(scorer)
-  for i, req in enumerate(examples.requests):
-    scorer.prefix_cache.clear()  # as eval does: the algorithm depends on the query's geometry only
-    h = scorer.hidden_states_requests([req], algorithm)[0]
-    hidden[i, :len(h)] = h
-    lps[i, :len(h)] = np.asarray(lp_fn(scorer.runner.params, h, np.asarray(req.label_ids, np.int32)))
-    if progress and (i + 1) % 20 == 0:
-      logging.info("features: %d/%d queries", i + 1, q)
-  return Features(hidden, lps, time.perf_counter() - start)
-
-
-def _features_fingerprint(scorer: Scorer, examples: dict[str, Examples], algorithm: Optional[str]) -> str:
-  rt = scorer.config.runtime
-  key = {"version": FORMAT_VERSION, "checkpoint": rt.checkpoint_dir, "init_seed": rt.init_seed,
-         "model": dataclasses.asdict(scorer.config.model), "dtype": [rt.dtype, rt.weight_dtype, rt.matmul_precision],
-         "algorithm": algorithm, "splits": {k: v.digest() for k, v in sorted(examples.items())}}
-  return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def load_or_extract(scorer: Scorer, examples: dict[str, Examples], cache: Optional[os.PathLike],
-                    algorithm: Optional[str] = None, progress: bool = False) -> dict[str, Features]:
-  """Features per split, read from the npz `cache` when it was written for the same model, prompts
-  and data, else computed (and written there when `cache` is set). No pickle: plain arrays only."""
-  fingerprint = _features_fingerprint(scorer, examples, algorithm)
-  path = pathlib.Path(cache) if cache else None
-  if path is not None and path.is_file():
-    with np.load(path, allow_pickle=False) as f:
-      if str(f["fingerprint"]) == fingerprint:
-        logging.info("features: read %s", path)
-        return {s: Features(f[f"{s}_hidden"], f[f"{s}_logprobs"], 0.0, True) for s in examples}
-    logging.warning("features: %s was written for another model, prompt or data; recomputing", path)
-  out = {s: extract_features(scorer, ex, algorithm, progress) for s, ex in examples.items()}
-  if path is not None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    arrays = {f"{s}_{name}": getattr(f, name) for s, f in out.items() for name in ("hidden", "logprobs")}
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, fingerprint=np.asarray(fingerprint), **arrays)
-    os.replace(tmp, path)
-  return out
-
-
-# --- train_backbone: the packed forward with gradients ------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class PackedPlan:
-  """One packed batch (a row per query) and where each (query, item) lands in its [B*N] score rows."""
-  batch: dict                        # tokens, positions, layout, score_index (device-ready)
-  gather_QxN: np.ndarray
-  mask_QxN: np.ndarray
-
-
-def packed_geometry(scorer: Scorer, examples: Examples) -> tuple[int, int, int]:
-  """(P, L, N) buckets that hold every query of `examples` in one row: one compiled shape per split."""
-  bk = scorer.config.buckets
-  p = max(len(r.prefix) for r in examples.requests)
-  l = max((len(x) for r in examples.requests for x in r.items), default=1)
-  return (bucket(p, bk.prefix_buckets, "query (with separator)"), bucket(max(l, 1), bk.item_buckets, "item"),
-          bucket(examples.max_items, bk.item_count_buckets, "item count"))
-
-
-def plan_packed(reqs: Sequence[Optional[TokenRequest]], geometry: tuple[int, int, int]) -> PackedPlan:
-  """Each request in one packed row of the fixed geometry (None = an empty padding row)."""
-  p, l, n = geometry
-  rows = [RowSpec(i, r.prefix, tuple(range(len(r.items))), r.items, l) for i, r in enumerate(reqs) if r is not None]
-  pb = pack_rows(rows, p, l, n, len(reqs))
-  layout = SegmentLayout(jnp.asarray(pb.prefix_valid_B), jnp.asarray(pb.slot_valid_BxN), p, l, n)
-  gather = np.zeros((len(reqs), n), np.int32)
-  mask = np.zeros((len(reqs), n), bool)
-  for b, j in zip(*np.nonzero(pb.item_BxN >= 0)):
-    gather[pb.request_BxN[b, j], pb.item_BxN[b, j]] = b * n + j
-    mask[pb.request_BxN[b, j], pb.item_BxN[b, j]] = True
-  batch = {"tokens": jnp.asarray(pb.tokens_BxT), "positions": jnp.asarray(pb.positions_BxT), "layout": layout,
-           "score_index": jnp.asarray(pb.score_index_BxN)}
-  return PackedPlan(batch, gather, mask)
-
-
-def packed_features(decoder: Decoder, backbone, batch: dict, gather_QxN, labels_K):
-  """h [Q, N, D] and label log-probs [Q, N, K] of one packed forward (differentiable in `backbone`)."""
-  hidden_BxTxD, _ = decoder.apply({"params": backbone}, batch["tokens"], batch["positions"], batch["layout"])
-  h_BxNxD = jnp.take_along_axis(hidden_BxTxD, batch["score_index"][..., None], axis=1)
-  h_QxNxD = h_BxNxD.reshape(-1, h_BxNxD.shape[-1])[gather_QxN].astype(jnp.float32)
-  logits = decoder.apply({"params": backbone}, h_QxNxD, method=Decoder.logits)
-  lp = jnp.take(logits, labels_K, axis=-1) - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
-  return h_QxNxD, lp
-
-
 # --- the loop ------------------------------------------------------------------------------------
 class MetricsLog:
   """metrics.jsonl and TensorBoard scalars (`<kind>/<name>` at each step); resumable."""
@@ -378,22 +217,13 @@ def evaluate_split(cfg_head: heads.HeadConfig, params, hidden, logprobs, example
                    prompt: EvalConfig) -> dict[str, float]:
   """Metrics of the ranking eval would compute from the head's scores (score_mode of `prompt`)."""
   apply_softmax, rank_fn = SCORE_MODES[prompt.score_mode]
-  new_lp = np.asarray(_apply_jit(cfg_head)(params, hidden, logprobs))
+  new_lp = np.asarray(heads.jit_apply(cfg_head)(params, hidden, logprobs))
   run = {}
   for i, (qid, docids) in enumerate(zip(examples.qids, examples.docids)):
     scores = np.asarray(rank_fn(finalize_scores(new_lp[i, :len(docids)], apply_softmax)), np.float32)
     run[qid] = {d: float(s) for d, s in zip(docids, scores)}
   per_query = metrics.evaluate(examples.qrels, run, prompt.metrics)
   return metrics.aggregate(per_query) if per_query else {}
-
-
-_APPLY_CACHE: dict = {}
-
-
-def _apply_jit(cfg: heads.HeadConfig):
-  if cfg not in _APPLY_CACHE:
-    _APPLY_CACHE[cfg] = jax.jit(lambda p, h, lp: heads.apply_head(cfg, p, h, lp))
-  return _APPLY_CACHE[cfg]
 
 
 def _run_fingerprint(cfg: TrainConfig, prompt: EvalConfig, scorer: Scorer, examples: dict[str, Examples]) -> dict:
@@ -506,7 +336,7 @@ def train(cfg: TrainConfig, prompt: EvalConfig, checkpoint_dir: Optional[str], t
     if "dev" not in examples:
       return None
     if cfg.train_backbone:
-      h, lp = _backbone_features(decoder, params["backbone"], examples["dev"], geometry["dev"], labels_K,
+      h, lp = features.backbone_features(decoder, params["backbone"], examples["dev"], geometry["dev"], labels_K,
                                  cfg.batch_size)
     else:
       h, lp = feats["dev"].hidden, feats["dev"].logprobs
@@ -600,24 +430,6 @@ def train(cfg: TrainConfig, prompt: EvalConfig, checkpoint_dir: Optional[str], t
                                                         overwrite=True))
   (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
   return summary
-
-
-def _backbone_features(decoder: Decoder, backbone, examples: Examples, geometry, labels_K, batch_size: int):
-  """Features of every query through the current (trained) backbone, `batch_size` queries per forward."""
-  if decoder not in _PACKED_JIT:
-    _PACKED_JIT[decoder] = jax.jit(lambda bb, batch, gather: packed_features(decoder, bb, batch, gather, labels_K))
-  reqs = list(examples.requests)
-  hs, lps = [], []
-  for start in range(0, len(reqs), batch_size):
-    chunk = reqs[start:start + batch_size]
-    plan = plan_packed(chunk + [None] * (batch_size - len(chunk)), geometry)
-    h, lp = _PACKED_JIT[decoder](backbone, plan.batch, plan.gather_QxN[:, :examples.max_items])
-    hs.append(np.asarray(h)[:len(chunk)])
-    lps.append(np.asarray(lp)[:len(chunk)])
-  return np.concatenate(hs), np.concatenate(lps)
-
-
-_PACKED_JIT: dict = {}
 
 
 def _metric_values(rec: dict) -> dict[str, float]:

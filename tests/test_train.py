@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maxscore import checkpointing, data, eval as eval_lib, head_study, heads, train as train_lib
+from layers.decoder import Decoder
+from maxscore import checkpointing, data, eval as eval_lib, features, head_study, heads, train as train_lib
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # A small slice of the embedded default: 6 train and 3 dev queries, documents cut to 24 tokens.
@@ -262,19 +263,19 @@ def test_beir_and_jsonl_training_data_train_the_same_head(tmp_path):
 def test_remat_decoder_matches_decoder():
   """train_backbone's forward: same params and hidden states as the scorer's, layers rematerialized."""
   scorer = eval_lib.build_scorer(use_head=False)
-  ex = train_lib.make_examples(scorer, _split("train", 1), eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=6),
+  ex = features.make_examples(scorer, _split("train", 1), eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=6),
                                (4, 5))
   ex = dataclasses.replace(ex, requests=(dataclasses.replace(ex.requests[0], items=ex.requests[0].items[:4]),))
-  plan = train_lib.plan_packed(list(ex.requests), train_lib.packed_geometry(scorer, ex))
+  plan = features.plan_packed(list(ex.requests), features.packed_geometry(scorer, ex))
   attend = scorer.runner.decoder("shared_prefix").attend
   labels = jnp.asarray([4, 5])
-  forward = lambda dec: jax.jit(lambda p: train_lib.packed_features(dec, p, plan.batch, plan.gather_QxN, labels))
-  remat = train_lib.Decoder(scorer.config.model, attend, remat=True)
-  h0, _ = forward(train_lib.Decoder(scorer.config.model, attend))(scorer.runner.params)
+  forward = lambda dec: jax.jit(lambda p: features.packed_features(dec, p, plan.batch, plan.gather_QxN, labels))
+  remat = Decoder(scorer.config.model, attend, remat=True)
+  h0, _ = forward(Decoder(scorer.config.model, attend))(scorer.runner.params)
   h1, _ = forward(remat)(scorer.runner.params)
   np.testing.assert_allclose(h0, h1, atol=1e-6, rtol=0)
   np.testing.assert_allclose(h0[0, :4], scorer.hidden_states_requests(list(ex.requests), "packed")[0], atol=2e-5)
-  loss = lambda p: train_lib.packed_features(remat, p, plan.batch, plan.gather_QxN, labels)[1].sum()
+  loss = lambda p: features.packed_features(remat, p, plan.batch, plan.gather_QxN, labels)[1].sum()
   assert "remat" in str(jax.make_jaxpr(jax.grad(loss))(scorer.runner.params))
 
 
