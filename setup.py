@@ -1,12 +1,12 @@
 """maxscore: fast LLM reranker scoring in JAX."""
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 setup(
     name="maxscore",
     version="0.1.0",
     description="MaxText-style JAX module for scoring and evaluating LLM rerankers",
-    packages=["maxscore", "maxscore.algorithms", "maxscore.testing", "layers", "layers.kernels"],
+    packages=find_packages(include=["maxscore", "maxscore.*", "layers", "layers.*"]),
     package_data={"maxscore": ["assets/**/*"]},
     python_requires=">=3.10",
     install_requires=[

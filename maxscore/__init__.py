@@ -2,8 +2,8 @@
 
 from maxscore.config import Config, ConfigError, load_config
 from maxscore.errors import ScoreInputError
-from maxscore.requests import parse_multi_item_sequence
-from maxscore.scorer import Scorer, ScoreResult
+from maxscore.scoring.requests import parse_multi_item_sequence
+from maxscore.scoring.scorer import Scorer, ScoreResult
 
 __all__ = ["Config", "ConfigError", "ScoreInputError", "ScoreResult", "Scorer", "load_config",
            "parse_multi_item_sequence"]

@@ -14,7 +14,7 @@ import json
 from absl import app, flags
 
 from maxscore import cli
-from maxscore import benchmark
+from maxscore.bench import harness as benchmark
 from maxscore.config import ConfigError
 from maxscore.errors import ScoreInputError
 

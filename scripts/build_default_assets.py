@@ -31,9 +31,10 @@ from absl import app, flags, logging
 from layers.config import ModelConfig
 from layers.decoder import Decoder, init_params
 from layers.kernels import get_kernel
-from maxscore import checkpointing, data
+from maxscore.checkpoints import storage as checkpointing
+from maxscore.rerank import data
 from maxscore.testing.tokenizers import sample_texts, train_sentencepiece
-from maxscore.tokenizer import load_tokenizer
+from maxscore.checkpoints.tokenizer import load_tokenizer
 
 OUTPUT = flags.DEFINE_string("output_dir", str(data.DEFAULT_DIR), "where to write the assets")
 SEED = flags.DEFINE_integer("seed", 0, "seed of the model init, candidate sampling and splits")

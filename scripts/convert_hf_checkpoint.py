@@ -7,8 +7,8 @@
 from absl import app, flags, logging
 
 from maxscore import cli
-from maxscore.convert import ConversionError, convert_hf_checkpoint
-from maxscore.checkpointing import CheckpointError
+from maxscore.checkpoints.convert import ConversionError, convert_hf_checkpoint
+from maxscore.checkpoints.storage import CheckpointError
 
 FLAGS = flags.DEFINE_string("hf_dir", None, "Hugging Face model directory", required=True)
 OUTPUT = flags.DEFINE_string("output_dir", None, "where to write the maxscore checkpoint", required=True)

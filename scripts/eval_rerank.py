@@ -12,10 +12,10 @@ Input errors print one line and exit 2. A killed run restarted with the same fla
 from absl import app, flags
 
 from maxscore import cli
-from maxscore import mesh as mesh_lib
-from maxscore import data, eval as eval_lib, prompts
+from maxscore.distributed import mesh as mesh_lib
+from maxscore.rerank import data, eval as eval_lib, prompts
 from layers.sharding import ShardingError
-from maxscore.checkpointing import CheckpointError
+from maxscore.checkpoints.storage import CheckpointError
 from maxscore.config import ConfigError
 from maxscore.errors import ScoreInputError
 

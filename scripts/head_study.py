@@ -15,8 +15,10 @@ import pathlib
 
 from absl import app, flags
 
-from maxscore import cli, head_study, train as train_lib
-from maxscore.checkpointing import CheckpointError
+from maxscore import cli
+
+from maxscore.heads import study as head_study, train as train_lib
+from maxscore.checkpoints.storage import CheckpointError
 from maxscore.config import ConfigError
 from maxscore.errors import ScoreInputError
 

@@ -12,8 +12,8 @@ import sys
 from absl import app, flags, logging
 
 from maxscore import cli
-from maxscore import eval as eval_lib
-from maxscore.checkpointing import CheckpointError
+from maxscore.rerank import eval as eval_lib
+from maxscore.checkpoints.storage import CheckpointError
 from maxscore.config import ConfigError
 from maxscore.errors import ScoreInputError
 

@@ -16,8 +16,11 @@ import json
 
 from absl import app, flags
 
-from maxscore import cli, data, eval as eval_lib, prompts, train as train_lib
-from maxscore.checkpointing import CheckpointError
+from maxscore import cli
+
+from maxscore.heads import train as train_lib
+from maxscore.rerank import data, eval as eval_lib, prompts
+from maxscore.checkpoints.storage import CheckpointError
 from maxscore.config import ConfigError
 from maxscore.errors import ScoreInputError
 

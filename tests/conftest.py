@@ -7,7 +7,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 
 import pytest
 
-from maxscore.convert import convert_hf_checkpoint
+from maxscore.checkpoints.convert import convert_hf_checkpoint
 from maxscore.testing import hf_models, tokenizers
 
 # name -> (family, overrides): GQA with 1 and 2 kv heads, tied and untied, biases, Llama-3 rope scaling.

@@ -11,8 +11,9 @@ import pytest
 from layers.config import ModelConfig
 from layers.kernels import SegmentLayout
 from layers.kernels.reference import visibility
-from maxscore import benchmark
-from maxscore.scorer import Scorer
+from maxscore.bench import harness as benchmark
+from maxscore.scoring import cost_model
+from maxscore.scoring.scorer import Scorer
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("_script_bench", REPO / "scripts" / "bench.py")
@@ -34,17 +35,17 @@ def test_model_flops_by_hand():
   cfg = ModelConfig(vocab_size=10, hidden_size=4, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=2, mlp_dim=8)
   # q 4*2*2 + k,v 2*(4*1*2) + o 2*2*4 + qk-norm 2*2 + mlp 3*4*8 + 2 norms*4, + final norm 4
   assert cfg.non_embedding_params() == 16 + 16 + 16 + 4 + 96 + 8 + 4 == 160
-  f = benchmark.model_flops(cfg, query_len=3, item_lens=[2, 0, 1], algorithm="packed")  # P = 3 + separator = 4
+  f = cost_model.model_flops(cfg, query_len=3, item_lens=[2, 0, 1], algorithm="packed")  # P = 3 + separator = 4
   assert f["tokens"] == 4 + 3 and f["dense"] == 2 * 160 * 7
   # pairs: prefix 4*5/2 = 10; item of 2: 2*4 + 3 = 11; empty: 0; item of 1: 4 + 1 = 5.
   assert f["attention"] == 4 * 2 * 2 * (10 + 11 + 0 + 5)
   assert f["lm_head"] == 2 * 4 * 10 * 3
   assert f["total"] == 2240 + 416 + 240 == f["shared_total"]
-  s = benchmark.model_flops(cfg, query_len=3, item_lens=[2, 0, 1], algorithm="serial")
+  s = cost_model.model_flops(cfg, query_len=3, item_lens=[2, 0, 1], algorithm="serial")
   # serial sequences of 6, 4 and 5 tokens, each causal: 21 + 10 + 15 pairs.
   assert s["total"] == 2 * 160 * 15 + 4 * 2 * 2 * 46 + 240 == f["serial_total"]
   assert f["flop_ratio"] == pytest.approx(5776 / 2896)
-  assert benchmark.model_flops(cfg, 3, [2, 0, 1], separator=False)["prefix_len"] == 3
+  assert cost_model.model_flops(cfg, 3, [2, 0, 1], separator=False)["prefix_len"] == 3
 
 
 @pytest.mark.parametrize("p,lens", [(1, [1]), (7, [3, 0, 5, 5]), (16, [4] * 6)])
@@ -54,7 +55,7 @@ def test_attention_pairs_equal_the_visibility_mask(p, lens):
   layout = SegmentLayout(jnp.asarray([p]), jnp.asarray([lens]), p, l, n)
   seg = layout.segment_ids()
   mask = np.asarray(visibility(seg, seg, 0))[0] & (np.asarray(seg)[0] >= 0)[:, None]  # real queries only
-  assert mask.sum() == benchmark.attention_pairs(p, lens)
+  assert mask.sum() == cost_model.attention_pairs(p, lens)
 
 
 def test_matmul_peak_is_positive():

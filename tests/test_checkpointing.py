@@ -11,7 +11,7 @@ import pytest
 
 from layers.decoder import Decoder, init_params
 from layers.kernels import get_kernel
-from maxscore.checkpointing import CheckpointError, restore_checkpoint, save_checkpoint
+from maxscore.checkpoints.storage import CheckpointError, restore_checkpoint, save_checkpoint
 from maxscore.config import load_config
 
 

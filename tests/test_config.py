@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import yaml
 
-from maxscore.checkpointing import abstract_params
+from maxscore.checkpoints.storage import abstract_params
 from maxscore.config import CONFIG_DIR, ConfigError, load_config, to_flat_dict
 
 MODEL_FILES = sorted((CONFIG_DIR / "models").glob("*.yml"))

@@ -6,9 +6,10 @@ import re
 import numpy as np
 import pytest
 
-from maxscore import checkpointing, data, prompts
-from maxscore.data import DataError
-from maxscore.tokenizer import load_tokenizer
+from maxscore.checkpoints import storage as checkpointing
+from maxscore.rerank import data, prompts
+from maxscore.rerank.data import DataError
+from maxscore.checkpoints.tokenizer import load_tokenizer
 
 
 def _write_jsonl(path, records):

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from maxscore import data, eval as eval_lib, metrics, prompts
+from maxscore.rerank import data, eval as eval_lib, metrics, prompts
 from maxscore.testing.tokenizers import sample_texts
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

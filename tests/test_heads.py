@@ -6,8 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maxscore import ScoreInputError, data, eval as eval_lib, heads
-from maxscore.checkpointing import CheckpointError
+from maxscore import ScoreInputError
+
+from maxscore.heads import score_heads as heads
+from maxscore.rerank import data, eval as eval_lib
+from maxscore.checkpoints.storage import CheckpointError
 
 QUERY = "What does the for statement do?"
 ITEMS = ["The for statement iterates over the elements of a sequence.", "Boolean operations.", "",

@@ -10,8 +10,8 @@ import pytest
 
 from conftest import HF_VARIANTS
 from maxscore import Scorer
-from maxscore.checkpointing import read_metadata
-from maxscore.convert import ConversionError, convert_hf_checkpoint, model_config_from_hf
+from maxscore.checkpoints.storage import read_metadata
+from maxscore.checkpoints.convert import ConversionError, convert_hf_checkpoint, model_config_from_hf
 from maxscore.testing.hf_models import hf_logits, make_hf_model, save_hf_model
 
 LENGTHS = (1, 7, 128, 512)

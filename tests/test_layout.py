@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from maxscore.errors import ScoreInputError
-from maxscore.layout import batch_rows, bucket, group_items, pack_rows, plan_rows, serial_batches
+from maxscore.scoring.layout import batch_rows, bucket, group_items, pack_rows, plan_rows, serial_batches
 
 
 def test_bucket_picks_smallest_fit_and_names_overflow():

@@ -67,8 +67,8 @@ def run_devices() -> None:
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from layers.sharding import ShardingError  # pylint: disable=g-import-not-at-top
-  from maxscore.mesh import MeshError  # pylint: disable=g-import-not-at-top
-  from maxscore.scorer import Scorer  # pylint: disable=g-import-not-at-top
+  from maxscore.distributed.mesh import MeshError  # pylint: disable=g-import-not-at-top
+  from maxscore.scoring.scorer import Scorer  # pylint: disable=g-import-not-at-top
   assert jax.device_count() == 4
   reqs, report = requests(4, small=True), {"errors": {}, "specs": {}, "diff": {}}
   compiles = []
@@ -106,10 +106,10 @@ def run_devices() -> None:
 
 def run_worker(args) -> None:
   """One of `num_processes` processes: scores its data group's slice; process 0 appends results to a JSONL."""
-  from maxscore import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from maxscore.distributed import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   info = mesh_lib.initialize_distributed(f"127.0.0.1:{args.port}", args.num_processes, args.process_id,
                                          initialization_timeout_s=args.init_timeout, heartbeat_timeout_s=10)
-  from maxscore.scorer import Scorer  # pylint: disable=g-import-not-at-top
+  from maxscore.scoring.scorer import Scorer  # pylint: disable=g-import-not-at-top
   cfg = score_config(**json.loads(args.mesh))
   group = mesh_lib.my_group(cfg.mesh)
   print(f"process {info.index}/{info.count}: group {group.index}/{group.count} processes {group.processes} "
@@ -167,7 +167,7 @@ from jax.sharding import AbstractMesh  # noqa: E402
 
 from layers.config import ModelConfig  # noqa: E402
 from layers.sharding import MESH_AXES, ShardingError, batch_axes, check_divisible, rules_for_batch  # noqa: E402
-from maxscore import mesh as mesh_lib  # noqa: E402
+from maxscore.distributed import mesh as mesh_lib  # noqa: E402
 from maxscore.config import MeshConfig  # noqa: E402
 
 
@@ -258,8 +258,8 @@ def checkpoint_and_reference(tmp_path_factory):
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   from layers.decoder import Decoder, init_params  # pylint: disable=g-import-not-at-top
   from layers.kernels import get_kernel  # pylint: disable=g-import-not-at-top
-  from maxscore.checkpointing import save_checkpoint  # pylint: disable=g-import-not-at-top
-  from maxscore.scorer import Scorer  # pylint: disable=g-import-not-at-top
+  from maxscore.checkpoints.storage import save_checkpoint  # pylint: disable=g-import-not-at-top
+  from maxscore.scoring.scorer import Scorer  # pylint: disable=g-import-not-at-top
   model = score_config().model
   params = nn.unbox(init_params(Decoder(model, get_kernel("reference")), jax.random.PRNGKey(5)))
   ckpt = save_checkpoint(tmp_path_factory.mktemp("mesh") / "ckpt", params, model)
@@ -333,7 +333,7 @@ def test_killed_peer_stops_the_other_process_and_restart_resumes(tmp_path, check
   codes = _wait(_launch(ckpt, out, {}, _free_port()), timeout=600)
   assert codes == [0, 0], pathlib.Path(f"{out}.p0.log").read_text()[-3000:]
   _check_output(out, reference)
-  reason = [l for l in log0.splitlines() if l.startswith("maxscore.mesh.DistributedError") or "Terminating" in l]
+  reason = [l for l in log0.splitlines() if l.startswith("maxscore.distributed.DistributedError") or "Terminating" in l]
   print(f"survivor exited with {code} {elapsed:.1f}s after the kill ({reason[:1]}); "
         f"{done_before} queries kept, the rest resumed")
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import pytrec_eval
 
-from maxscore import metrics
+from maxscore.rerank import metrics
 
 _ORACLE_MEASURES = {"ndcg_cut.1,3,5,10,20", "recall.5,10,100", "P.5,10", "map",
                     "map_cut.10", "recip_rank", "ndcg"}

@@ -5,7 +5,7 @@ import pytest
 
 from maxscore import ScoreInputError, Scorer, parse_multi_item_sequence
 from maxscore.testing.hf_models import hf_logits
-from maxscore.tokenizer import load_tokenizer
+from maxscore.checkpoints.tokenizer import load_tokenizer
 
 ALGORITHMS = ("serial", "packed", "prefill_extend")
 VOCAB = 520

@@ -3,7 +3,7 @@
 import pytest
 
 from maxscore.config import load_config
-from maxscore.selector import select
+from maxscore.scoring.selector import select
 
 CFG = load_config(["model_name=qwen3-0.6b"])
 

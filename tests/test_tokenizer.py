@@ -8,7 +8,7 @@ import tokenizers
 
 from maxscore.errors import ScoreInputError
 from maxscore.testing import tokenizers as testing_tokenizers
-from maxscore.tokenizer import find_tokenizer_file, load_tokenizer
+from maxscore.checkpoints.tokenizer import find_tokenizer_file, load_tokenizer
 
 KINDS = ("sentencepiece", "hf")
 TEXTS = (

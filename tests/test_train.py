@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 
 from layers.decoder import Decoder
-from maxscore import checkpointing, data, eval as eval_lib, features, head_study, heads, train as train_lib
+from maxscore.checkpoints import storage as checkpointing
+from maxscore.heads import features, study as head_study, score_heads as heads, train as train_lib
+from maxscore.rerank import data, eval as eval_lib
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # A small slice of the embedded default: 6 train and 3 dev queries, documents cut to 24 tokens.

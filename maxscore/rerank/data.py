@@ -27,7 +27,7 @@ from absl import logging
 
 from maxscore.errors import ScoreInputError
 
-DEFAULT_DIR = pathlib.Path(__file__).resolve().parent / "assets" / "default"
+DEFAULT_DIR = pathlib.Path(__file__).resolve().parent.parent / "assets" / "default"
 DEFAULT_CHECKPOINT = DEFAULT_DIR / "pydoc-tiny-qwen3"
 DEFAULT_JSONL = DEFAULT_DIR / "pydoc_rerank.jsonl"
 

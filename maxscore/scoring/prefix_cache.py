@@ -5,7 +5,7 @@ import dataclasses
 import threading
 from typing import Callable, Hashable
 
-from maxscore.model import PrefixState
+from maxscore.scoring.runner import PrefixState
 
 
 @dataclasses.dataclass

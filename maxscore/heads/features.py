@@ -27,13 +27,13 @@ from absl import logging
 
 from layers.decoder import Decoder
 from layers.kernels import SegmentLayout
-from maxscore import prompts
-from maxscore.data import RerankSet
-from maxscore.eval import EvalConfig
-from maxscore.layout import RowSpec, bucket, pack_rows
-from maxscore.model import label_logprobs
-from maxscore.requests import TokenRequest
-from maxscore.scorer import Scorer
+from maxscore.rerank import prompts
+from maxscore.rerank.data import RerankSet
+from maxscore.rerank.eval import EvalConfig
+from maxscore.scoring.layout import RowSpec, bucket, pack_rows
+from maxscore.scoring.runner import label_logprobs
+from maxscore.scoring.requests import TokenRequest
+from maxscore.scoring.scorer import Scorer
 
 FORMAT_VERSION = 1  # of the feature cache
 

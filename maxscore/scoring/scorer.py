@@ -18,15 +18,16 @@ from absl import logging
 from layers import sharding
 from layers.decoder import Decoder, init_params
 from layers.kernels import get_kernel
-from maxscore import checkpointing, selector
-from maxscore import mesh as mesh_lib
-from maxscore.algorithms import ALGORITHMS, AlgorithmContext
+from maxscore.checkpoints import storage as checkpointing
+from maxscore.scoring import selector
+from maxscore.distributed import mesh as mesh_lib
+from maxscore.scoring.algorithms import ALGORITHMS, AlgorithmContext
 from maxscore.config import Config, from_flat_dict, load_config, to_flat_dict
 from maxscore.errors import ScoreInputError
-from maxscore.model import ModelRunner
-from maxscore.prefix_cache import PrefixCache
-from maxscore.requests import TokenRequest, make_request
-from maxscore.tokenizer import Tokenizer, load_tokenizer
+from maxscore.scoring.runner import ModelRunner
+from maxscore.scoring.prefix_cache import PrefixCache
+from maxscore.scoring.requests import TokenRequest, make_request
+from maxscore.checkpoints.tokenizer import Tokenizer, load_tokenizer
 
 REQUEST_FIELDS = frozenset({"query", "items", "label_token_ids", "apply_softmax", "item_first", "model"})
 

@@ -4,8 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from layers.kernels import SegmentLayout
-from maxscore.algorithms.common import AlgorithmContext, by_labels, empty_results, scatter
-from maxscore.layout import batch_rows, plan_rows
+from maxscore.scoring.algorithms.common import AlgorithmContext, by_labels, empty_results, scatter
+from maxscore.scoring.layout import batch_rows, plan_rows
 
 
 def run(ctx: AlgorithmContext, requests) -> list[np.ndarray]:

@@ -4,8 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from layers.kernels import SegmentLayout
-from maxscore.algorithms.common import AlgorithmContext, by_labels, empty_results
-from maxscore.layout import serial_batches
+from maxscore.scoring.algorithms.common import AlgorithmContext, by_labels, empty_results
+from maxscore.scoring.layout import serial_batches
 
 
 def run(ctx: AlgorithmContext, requests) -> list[np.ndarray]:

@@ -16,8 +16,8 @@ import numpy as np
 from safetensors import safe_open
 
 from layers.config import ModelConfig
-from maxscore.checkpointing import save_checkpoint
-from maxscore.tokenizer import find_tokenizer_file
+from maxscore.checkpoints.storage import save_checkpoint
+from maxscore.checkpoints.tokenizer import find_tokenizer_file
 
 FAMILIES = {"llama": "llama", "qwen3": "qwen3"}
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}

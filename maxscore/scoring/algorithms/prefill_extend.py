@@ -6,8 +6,8 @@ to their own tokens, merged by log-sum-exp -- the same slot math as the shared_p
 
 import numpy as np
 
-from maxscore.algorithms.common import AlgorithmContext, by_labels, empty_results, scatter
-from maxscore.layout import bucket, pack_rows, plan_rows
+from maxscore.scoring.algorithms.common import AlgorithmContext, by_labels, empty_results, scatter
+from maxscore.scoring.layout import bucket, pack_rows, plan_rows
 
 
 def prefix_state(ctx: AlgorithmContext, prefix):

@@ -17,7 +17,7 @@ import functools
 from typing import Optional, Sequence
 
 from maxscore.errors import ScoreInputError
-from maxscore.tokenizer import Tokenizer
+from maxscore.checkpoints.tokenizer import Tokenizer
 
 DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
 

@@ -32,7 +32,8 @@ from layers.kernels import KernelOptions, SegmentLayout, get_kernel
 from layers.kernels import pallas_gpu, splash
 from maxscore.config import Config, load_config, to_flat_dict
 from maxscore.errors import ScoreInputError
-from maxscore.scorer import Scorer
+from maxscore.scoring.cost_model import attention_pairs, model_flops
+from maxscore.scoring.scorer import Scorer
 
 MiB = 1 << 20
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -109,45 +110,6 @@ def _timed(fn: Callable[[], Any]) -> float:
   t0 = time.perf_counter()
   fn()
   return time.perf_counter() - t0
-
-
-# --- cost model (DESIGN.md section 3) ------------------------------------------------------
-
-def attention_pairs(prefix_len: int, item_lens: Sequence[int]) -> int:
-  """Useful (query, key) pairs: prefix causal, each item token vs the prefix and its own causal block."""
-  p = prefix_len
-  return p * (p + 1) // 2 + sum(l * p + l * (l + 1) // 2 for l in item_lens)
-
-
-def serial_attention_pairs(prefix_len: int, item_lens: Sequence[int]) -> int:
-  """Causal pairs of the N full sequences Q + s + I_i."""
-  return sum((prefix_len + l) * (prefix_len + l + 1) // 2 for l in item_lens)
-
-
-def model_flops(model_cfg: ModelConfig, query_len: int, item_lens: Sequence[int], algorithm: str = "packed",
-                separator: bool = True) -> dict[str, Any]:
-  """Model FLOPs of one request (DESIGN.md cost model), split into dense, attention and lm_head.
-
-  `algorithm="serial"` gives serial's own work (the query once per item); anything else the
-  shared-prefix work that packed and prefill_extend both do. `serial_total` and `flop_ratio`
-  (serial / shared) are always included.
-  """
-  p = query_len + (1 if separator else 0)
-  n = len(item_lens)
-  dense_per_token = 2 * model_cfg.non_embedding_params()
-  attn_per_pair = 4 * model_cfg.num_heads * model_cfg.head_dim * model_cfg.num_layers
-  lm_head = 2 * model_cfg.hidden_size * model_cfg.vocab_size * n
-
-  def parts(tokens: int, pairs: int) -> dict[str, int]:
-    dense, attention = dense_per_token * tokens, attn_per_pair * pairs
-    return dict(tokens=tokens, dense=dense, attention=attention, lm_head=lm_head, total=dense + attention + lm_head)
-
-  shared = parts(p + sum(item_lens), attention_pairs(p, item_lens))
-  serial = parts(n * p + sum(item_lens), serial_attention_pairs(p, item_lens))
-  out = dict(serial if algorithm == "serial" else shared)
-  out.update(algorithm=algorithm, prefix_len=p, num_items=n, serial_total=serial["total"],
-             shared_total=shared["total"], flop_ratio=serial["total"] / max(shared["total"], 1))
-  return out
 
 
 # --- instrumentation -----------------------------------------------------------------------
@@ -430,7 +392,7 @@ def run_hf_baseline(model, request: dict, batch_size: int, repeats: int, peak_fl
 def hf_scorer(model_cfg: ModelConfig, config: Config, workdir: pathlib.Path, seed: int):
   """(HF model, Scorer) on the same random weights: built in transformers, saved, converted."""
   import transformers
-  from maxscore.convert import convert_hf_checkpoint
+  from maxscore.checkpoints.convert import convert_hf_checkpoint
   transformers.utils.logging.disable_progress_bar()
   model = build_hf_model(model_cfg, seed)
   model.save_pretrained(workdir / "hf", safe_serialization=True)

@@ -47,12 +47,13 @@ import tensorboardX
 from absl import logging
 
 from layers.decoder import Decoder
-from maxscore import data, features, heads, metrics, prompts
-from maxscore.features import (Examples, load_or_extract, make_examples, packed_features, packed_geometry,
+from maxscore.heads import features, score_heads as heads
+from maxscore.rerank import data, metrics, prompts
+from maxscore.heads.features import (Examples, load_or_extract, make_examples, packed_features, packed_geometry,
                                plan_packed)
-from maxscore.data import RerankSet
-from maxscore.eval import SCORE_MODES, EvalConfig, build_scorer
-from maxscore.scorer import Scorer, finalize_scores
+from maxscore.rerank.data import RerankSet
+from maxscore.rerank.eval import SCORE_MODES, EvalConfig, build_scorer
+from maxscore.scoring.scorer import Scorer, finalize_scores
 
 FORMAT_VERSION = 1
 MASK_LOGIT = -1e9  # ranking logit of padding items: exp underflows to 0, gradients stay finite

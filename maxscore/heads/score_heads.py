@@ -52,10 +52,10 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from maxscore import checkpointing
+from maxscore.checkpoints import storage as checkpointing
 from maxscore.errors import ScoreInputError
-from maxscore.requests import TokenRequest
-from maxscore.scorer import ScoreResult, Scorer, finalize_scores
+from maxscore.scoring.requests import TokenRequest
+from maxscore.scoring.scorer import ScoreResult, Scorer, finalize_scores
 
 FORMAT_VERSION = 1
 HEAD_DIR = "head"

@@ -14,7 +14,7 @@ from typing import Sequence
 from absl import logging
 
 from maxscore.config import BucketConfig, KernelConfig, ScoringConfig
-from maxscore.layout import bucket
+from maxscore.scoring.layout import bucket
 
 
 @dataclasses.dataclass(frozen=True)

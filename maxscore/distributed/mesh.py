@@ -332,7 +332,7 @@ def initialize_distributed(coordinator_address: Optional[str] = None, num_proces
             "make the coordinator port reachable, and call this before any other JAX function.")
   # A peer that never joins makes JAX's client abort the process from C++ (no Python exception), with a
   # terse DEADLINE_EXCEEDED; a watchdog that fires first says what happened instead.
-  joined = _watchdog(initialization_timeout_s, f"maxscore.mesh.DistributedError: {where}: not every process joined "
+  joined = _watchdog(initialization_timeout_s, f"maxscore.distributed.DistributedError: {where}: not every process joined "
                      f"within {initialization_timeout_s}s; a peer process is missing or cannot reach the coordinator. "
                      + advice)
   try:

@@ -6,9 +6,9 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from maxscore.config import BucketConfig, ScoringConfig
-from maxscore.model import ModelRunner
-from maxscore.prefix_cache import PrefixCache
-from maxscore.requests import TokenRequest
+from maxscore.scoring.runner import ModelRunner
+from maxscore.scoring.prefix_cache import PrefixCache
+from maxscore.scoring.requests import TokenRequest
 
 
 @dataclasses.dataclass

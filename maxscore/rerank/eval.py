@@ -31,12 +31,13 @@ import numpy as np
 from absl import logging
 from tqdm import tqdm
 
-from maxscore import data, heads, metrics, prompts
-from maxscore import mesh as mesh_lib
+from maxscore.heads import score_heads as heads
+from maxscore.rerank import data, metrics, prompts
+from maxscore.distributed import mesh as mesh_lib
 from maxscore.config import load_config, parse_override, to_flat_dict
-from maxscore.data import RerankSet
+from maxscore.rerank.data import RerankSet
 from maxscore.errors import ScoreInputError
-from maxscore.scorer import Scorer
+from maxscore.scoring.scorer import Scorer
 
 DEFAULT_METRICS = ("ndcg@10", "mrr@10", "map", "recall@10", "p@10")
 RESULTS_FILE = "results.jsonl"

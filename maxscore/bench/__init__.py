@@ -1,0 +1,1 @@
+"""Benchmarks: the scoring harness (items/s against the measured matmul peak) and the transformers baseline."""
