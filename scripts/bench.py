@@ -1,11 +1,11 @@
 """Benchmarks scoring (or the attention kernels alone) on this machine; prints a table, writes JSON.
 
-  python scripts/bench.py                                  # issue 5's reference workload, Qwen3-0.6B dims, 2 layers
+  python scripts/bench.py                                  # the reference workload, Qwen3-0.6B dims, 2 layers
   python scripts/bench.py --query_len=300 --num_items=10 --item_len=10 --batch_requests=64 --algorithms=auto
   python scripts/bench.py --mode=kernels                   # shared_prefix vs reference at P=2001, N=500, L=20
   python scripts/bench.py --query_len=200 --num_items=50 --item_len=10 --num_layers=1 matmul_precision=default
 
-Trailing `key=value` arguments override configs/base.yml keys. See maxscore/benchmark.py for
+Trailing `key=value` arguments override configs/base.yml keys. See maxscore/bench/ for
 what each figure means (model FLOPs follow DESIGN.md section 3).
 """
 
@@ -14,7 +14,7 @@ import json
 from absl import app, flags
 
 from maxscore import cli
-from maxscore.bench import harness as benchmark
+from maxscore import bench as benchmark
 from maxscore.config import ConfigError
 from maxscore.errors import ScoreInputError
 

@@ -11,7 +11,7 @@ import pytest
 from layers.config import ModelConfig
 from layers.kernels import SegmentLayout
 from layers.kernels.reference import visibility
-from maxscore.bench import harness as benchmark
+from maxscore import bench as benchmark
 from maxscore.scoring import cost_model
 from maxscore.scoring.scorer import Scorer
 

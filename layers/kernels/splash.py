@@ -80,9 +80,8 @@ def _geometry(q_len: int, offset: int, options: KernelOptions):
 def make_kernel(mask: MultiItemMask, num_heads: int, block_q: int, block_kv: int, interpret: bool):
   """The splash kernel for one row (heads share one mask; GQA served by MHA with fewer kv heads).
 
-  Sharding hook: under a mesh, wrap the kernel call in shard_map with
-  `kernel.manual_sharding_spec(NamedSharding(mesh, P(heads_axis, q_seq_axis)))` and pass
-  `head_shards` / `q_seq_shards` here (the lead wires this up).
+  Under a mesh the kernel runs inside the shard_map that layers/sharding.py puts around every
+  kernel, so it sees one shard of the heads and is built with head_shards=1, q_seq_shards=1.
   """
   multi = splash_mask.MultiHeadMask([mask] * num_heads)
   block_sizes = splash_kernel.BlockSizes(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv)
