@@ -1,9 +1,21 @@
-"""What every absl entry script shares: one-line errors with an exit code, and flag parsing for tests."""
+"""What every absl entry script shares: one-line errors with an exit code, flags defined from the one
+config system, and flag parsing for tests.
+
+Each script's settings are typed sections (frozen dataclasses) documented key by key in
+configs/<entry>.yml; `define_entry_flags` turns every key into the familiar absl flag (default and
+help from the YAML, type from the dataclass) and `entry_from_flags` reads them back through the
+same strict loader as configs/base.yml, so a flag and a YAML key are one setting.
+"""
 
 import sys
-from typing import Any, Callable, NoReturn, Sequence
+import types
+import typing
+from typing import Any, Callable, Literal, Mapping, NoReturn, Sequence
 
+import yaml
 from absl import flags
+
+from maxscore import config as config_lib
 
 
 def fail(error: BaseException, code: int = 2) -> NoReturn:
@@ -18,3 +30,59 @@ def run_with_fresh_flags(define_flags: Callable[[flags.FlagValues], None],
   fv = flags.FlagValues()
   define_flags(fv)
   return main(fv(list(argv)), fv)
+
+
+def _unwrap_optional(tp: Any) -> Any:
+  if typing.get_origin(tp) in (typing.Union, types.UnionType):
+    inner = [a for a in typing.get_args(tp) if a is not type(None)]
+    return inner[0]
+  return tp
+
+
+def _define(fv: flags.FlagValues, name: str, tp: Any, default: Any, help_: str) -> None:
+  base = _unwrap_optional(tp)
+  origin = typing.get_origin(base)
+  if origin is Literal:
+    flags.DEFINE_enum(name, default, [str(a) for a in typing.get_args(base)], help_, flag_values=fv)
+  elif origin is tuple:
+    flags.DEFINE_list(name, None if default is None else [str(x) for x in default], help_, flag_values=fv)
+  elif base is bool:
+    flags.DEFINE_bool(name, default, help_, flag_values=fv)
+  elif base is int:
+    flags.DEFINE_integer(name, default, help_, flag_values=fv)
+  elif base is float:
+    flags.DEFINE_float(name, default, help_, flag_values=fv)
+  elif base is str:
+    flags.DEFINE_string(name, default, help_, flag_values=fv)
+  else:
+    raise TypeError(f"no flag type for config key {name}: {tp}")
+
+
+def define_entry_flags(fv: flags.FlagValues, entry: str, sections: Mapping[str, type]) -> None:
+  """One absl flag per key of configs/<entry>.yml: its default and one-line help from the YAML,
+  its type from the section dataclass."""
+  path = config_lib.CONFIG_DIR / f"{entry}.yml"
+  defaults = yaml.safe_load(path.read_text()) or {}
+  comments = config_lib.read_comments(path)
+  keys = config_lib.entry_keys(sections)
+  for key, section in keys.items():
+    hints = typing.get_type_hints(sections[section])
+    _define(fv, key, hints[key], defaults.get(key), comments.get(key, ""))
+    fv.register_flag_by_module(sys.argv[0], fv[key])  # listed by the script's --help, as its own flags
+
+
+def _from_flag(tp: Any, value: Any) -> Any:
+  """A flag's value in the form the config loader takes (list items parsed as YAML scalars)."""
+  base = _unwrap_optional(tp)
+  if value is not None and typing.get_origin(base) is tuple:
+    item = typing.get_args(base)[0]
+    return [yaml.safe_load(x) if item in (int, float) else x for x in value]
+  return value
+
+
+def entry_from_flags(fv: flags.FlagValues, entry: str, sections: Mapping[str, type]) -> dict[str, Any]:
+  """The entry's sections from its flags, through the strict loader (ConfigError on a bad value)."""
+  keys = config_lib.entry_keys(sections)
+  hints = {k: typing.get_type_hints(sections[s])[k] for k, s in keys.items()}
+  values = {k: _from_flag(hints[k], fv[k].value) for k in keys}
+  return config_lib.load_entry(entry, sections, values)

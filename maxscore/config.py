@@ -269,3 +269,69 @@ def load_config(overrides: Sequence[str] | Mapping[str, Any] = (),
   flat.update(model_flat)
   flat.update(over)
   return from_flat_dict(flat, where="overrides")
+
+
+# --- entry points: configs/<entry>.yml into typed sections, the same strict rules -------------
+
+def read_comments(path: os.PathLike) -> dict[str, str]:
+  """The one-line comment beside each top-level key of a flat YAML file (its documentation)."""
+  out = {}
+  for line in pathlib.Path(path).read_text().splitlines():
+    if line and not line[0].isspace() and not line.startswith("#") and ":" in line:
+      key, _, rest = line.partition(":")
+      out[key.strip()] = rest.partition("#")[2].strip() if "#" in rest else ""
+  return out
+
+
+def build_section(cls: type, values: Mapping[str, Any], where: str = "config") -> Any:
+  """A frozen section dataclass from `values` (any subset of its fields), typed as strictly as
+  base.yml's keys; its `validate()` runs when it has one, and a ValueError becomes a ConfigError."""
+  hints = typing.get_type_hints(cls)
+  fields = [f.name for f in dataclasses.fields(cls)]
+  kw = {}
+  for key, value in values.items():
+    if key not in fields:
+      raise _unknown_key(key, fields, where)
+    kw[key] = _coerce(key, value, hints[key])
+  try:
+    section = cls(**kw)
+    return section.validate() if hasattr(section, "validate") else section
+  except ConfigError:
+    raise
+  except ValueError as e:
+    raise ConfigError(f"{where}: {' '.join(str(e).split())}") from None
+
+
+def entry_keys(sections: Mapping[str, type]) -> dict[str, str]:
+  """key -> section name over an entry point's sections (a key belongs to exactly one section)."""
+  out: dict[str, str] = {}
+  for name, cls in sections.items():
+    for f in dataclasses.fields(cls):
+      if f.name in out:
+        raise TypeError(f"config key {f.name!r} is in both section {out[f.name]} and {name}")
+      out[f.name] = name
+  return out
+
+
+def load_entry(entry: str, sections: Mapping[str, type], values: Mapping[str, Any] = (),
+               config_dir: os.PathLike = CONFIG_DIR) -> dict[str, Any]:
+  """configs/<entry>.yml, then `values` (`key: value`), into one validated dataclass per section.
+
+  The YAML must hold every key of every section (it documents them), nothing else."""
+  path = pathlib.Path(config_dir) / f"{entry}.yml"
+  flat = _read_yaml(path)
+  keys = entry_keys(sections)
+  for key in flat:
+    if key not in keys:
+      raise _unknown_key(key, list(keys), str(path))
+  missing = sorted(set(keys) - set(flat))
+  if missing:
+    raise ConfigError(f"{path} does not document the keys {missing}")
+  for key in dict(values):
+    if key not in keys:
+      raise _unknown_key(key, list(keys), f"the {entry} settings")
+  flat.update(dict(values))
+  by_section: dict[str, dict[str, Any]] = {name: {} for name in sections}
+  for key, value in flat.items():
+    by_section[keys[key]][key] = value
+  return {name: build_section(cls, by_section[name], where=f"{entry} settings") for name, cls in sections.items()}

@@ -1,30 +1,57 @@
-"""Converts a Hugging Face Llama/Qwen3 directory (config.json + safetensors) into a maxscore checkpoint.
+"""Converts a Hugging Face directory (config.json + safetensors) into a maxscore checkpoint.
 
   python scripts/convert_hf_checkpoint.py --hf_dir=Qwen3-0.6B --output_dir=ckpt/qwen3-0.6b [--dtype=bfloat16]
+
+Every flag is a key of configs/convert.yml.
 """
 
+import dataclasses
+from typing import Literal, Optional
 
 from absl import app, flags, logging
 
 from maxscore import cli
 from maxscore.checkpoints.convert import ConversionError, convert_hf_checkpoint
 from maxscore.checkpoints.storage import CheckpointError
-
-FLAGS = flags.DEFINE_string("hf_dir", None, "Hugging Face model directory", required=True)
-OUTPUT = flags.DEFINE_string("output_dir", None, "where to write the maxscore checkpoint", required=True)
-DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "parameter dtype to store")
-OVERWRITE = flags.DEFINE_bool("overwrite", False, "replace an existing output_dir")
+from maxscore.config import ConfigError
 
 
-def main(argv):
+@dataclasses.dataclass(frozen=True)
+class ConvertOptions:
+  """What to convert and where (configs/convert.yml documents each key)."""
+  hf_dir: Optional[str] = None
+  output_dir: Optional[str] = None
+  dtype: Literal["float32", "bfloat16"] = "float32"
+  overwrite: bool = False
+
+
+ENTRY = "convert"
+SECTIONS = {"convert": ConvertOptions}
+
+
+def define_flags(fv: flags.FlagValues) -> None:
+  cli.define_entry_flags(fv, ENTRY, SECTIONS)
+
+
+def main(argv, fv: flags.FlagValues = flags.FLAGS):
   del argv
   try:
-    out = convert_hf_checkpoint(FLAGS.value, OUTPUT.value, DTYPE.value, overwrite=OVERWRITE.value)
-  except (ConversionError, CheckpointError) as e:
+    opts = cli.entry_from_flags(fv, ENTRY, SECTIONS)["convert"]
+    missing = [f"--{k}" for k in ("hf_dir", "output_dir") if not getattr(opts, k)]
+    if missing:
+      raise ConfigError(f"{' and '.join(missing)} required")
+    out = convert_hf_checkpoint(opts.hf_dir, opts.output_dir, opts.dtype, overwrite=opts.overwrite)
+  except (ConversionError, CheckpointError, ConfigError) as e:
     cli.fail(e)
   logging.info("wrote %s", out)
   print(out)
 
 
+def run(argv):
+  """Parses `argv` into fresh flags and calls main (tests)."""
+  return cli.run_with_fresh_flags(define_flags, main, argv)
+
+
 if __name__ == "__main__":
+  define_flags(flags.FLAGS)
   app.run(main)

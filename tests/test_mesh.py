@@ -224,7 +224,7 @@ def test_single_process_helpers_are_local(monkeypatch):
 
 
 def test_missing_peer_is_a_clear_error_not_a_hang():
-  code = ("from maxscore import mesh\n"
+  code = ("from maxscore.distributed import mesh\n"
           f"mesh.initialize_distributed('127.0.0.1:{_free_port()}', 2, 0, initialization_timeout_s=3)\n")
   t = time.time()
   p = subprocess.run([sys.executable, "-c", code], env=_env(1), capture_output=True, text=True, timeout=120)

@@ -1,4 +1,4 @@
-"""maxscore.metrics checked query by query against pytrec_eval (trec_eval)."""
+"""maxscore.rerank.metrics checked query by query against pytrec_eval (trec_eval)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Tests for maxscore.tokenizer on tiny sentencepiece and byte-level BPE models trained here."""
+"""Tests for maxscore.checkpoints.tokenizer on tiny sentencepiece and byte-level BPE models trained here."""
 
 import json
 

@@ -20,7 +20,7 @@ import pytest
 
 from layers.decoder import Decoder
 from maxscore.checkpoints import storage as checkpointing
-from maxscore.heads import features, study as head_study, score_heads as heads, train as train_lib
+from maxscore.heads import features, losses, study as head_study, score_heads as heads, train as train_lib
 from maxscore.rerank import data, eval as eval_lib
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -66,10 +66,10 @@ def test_listwise_loss_by_hand():
   mask = jnp.asarray([[True, True, True, False]])  # the 4th item is padding: ignored
   z = math.log(math.e + 1 + math.exp(-1))
   want = -(2 / 3 * (1 - z) + 1 / 3 * (0 - z))
-  loss, weight = train_lib.listwise_softmax_ce(logits, grades, mask)
+  loss, weight = losses.listwise_softmax_ce(logits, grades, mask)
   np.testing.assert_allclose(loss, [want], rtol=1e-6)
   assert float(weight[0]) == 1.0
-  _, weight = train_lib.listwise_softmax_ce(logits, jnp.zeros_like(grades), mask)
+  _, weight = losses.listwise_softmax_ce(logits, jnp.zeros_like(grades), mask)
   assert float(weight[0]) == 0.0  # no relevant item: no target, no weight
 
 
@@ -79,7 +79,7 @@ def test_pairwise_loss_by_hand():
   mask = jnp.ones((1, 3), bool)
   sp = lambda x: math.log1p(math.exp(x))
   want = (sp(-(2.0 - 0.5)) + sp(-(2.0 - 1.0))) / 2  # pairs (0,1), (0,2); equal grades are no pair
-  loss, weight = train_lib.pairwise_logistic(logits, grades, mask)
+  loss, weight = losses.pairwise_logistic(logits, grades, mask)
   np.testing.assert_allclose(loss, [want], rtol=1e-6)
   assert float(weight[0]) == 1.0
 
@@ -89,10 +89,10 @@ def test_pointwise_loss_by_hand():
   grades = jnp.asarray([[0.0, 2.0, 1.0]])
   mask = jnp.asarray([[True, True, False]])
   want = (math.log(2) + math.log1p(math.exp(-2.0))) / 2
-  loss, _ = train_lib.pointwise_bce(logits, grades, mask)
+  loss, _ = losses.pointwise_bce(logits, grades, mask)
   np.testing.assert_allclose(loss, [want], rtol=1e-6)
   # batch_loss averages over queries with weight only.
-  both = train_lib.batch_loss("listwise", jnp.zeros((2, 2)), jnp.asarray([[1.0, 0.0], [0.0, 0.0]]),
+  both = losses.batch_loss("listwise", jnp.zeros((2, 2)), jnp.asarray([[1.0, 0.0], [0.0, 0.0]]),
                               jnp.ones((2, 2), bool))
   np.testing.assert_allclose(both, math.log(2), rtol=1e-6)
 

@@ -12,14 +12,20 @@ start and end of the same run (`measure`); per-algorithm timing in `workloads`; 
 import dataclasses
 import pathlib
 import tempfile
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import numpy as np
 
 from maxscore.bench.hf_baseline import hf_scorer, run_hf_baseline
 from maxscore.bench.kernels import run_kernels
 from maxscore.bench.measure import machine_info, measure_matmul_peak
-from maxscore.bench.workloads import fresh_scorer, make_requests, mixed_shape_run, run_algorithm, warmup_check
+from maxscore.bench.workloads import (
+  fresh_scorer,
+  make_requests,
+  mixed_shape_run,
+  run_algorithm,
+  warmup_check,
+)
 from maxscore.config import Config, load_config
 from maxscore.errors import ScoreInputError
 from maxscore.scoring.cost_model import model_flops
@@ -28,20 +34,20 @@ from maxscore.scoring.scorer import Scorer
 
 @dataclasses.dataclass(frozen=True)
 class BenchOptions:
-  """Everything scripts/bench.py's flags set; defaults are the reference workload
-  (2000-token query, 500 items x 20 tokens, Qwen3-0.6B dims at 2 layers)."""
-  mode: str = "score"                  # score | kernels
+  """Everything scripts/bench.py's flags set (configs/bench.yml documents each); defaults are the
+  reference workload (2000-token query, 500 items x 20 tokens, Qwen3-0.6B dims at 2 layers)."""
+  mode: Literal["score", "kernels"] = "score"
   model: str = "qwen3-0.6b"
-  num_layers: Optional[int] = 2
+  num_layers: int = 2                  # 0: the model's own
   query_len: int = 2000
   num_items: int = 500
   item_len: int = 20
-  separator_token_id: Optional[int] = 198  # P = query_len + 1, as in the kernel geometry P=2001
+  separator_token_id: int = 198        # P = query_len + 1, as in the kernel geometry P=2001; -1: none
   algorithms: tuple[str, ...] = ("serial", "packed", "prefill_extend", "auto")
-  kernels: Optional[tuple[str, ...]] = None  # None: shared_prefix (score), shared_prefix,reference (kernels)
+  kernels: tuple[str, ...] = ()        # (): shared_prefix (score), shared_prefix,reference (kernels)
   labels: tuple[int, ...] = (9454, 2753)
   repeats: int = 3
-  serial_items: int = 20
+  serial_items: int = 20               # 0: all
   hf_baseline: bool = True
   hf_batch_size: int = 32
   hf_repeats: int = 1
@@ -55,6 +61,24 @@ class BenchOptions:
   seed: int = 0
   overrides: tuple[str, ...] = ()      # key=value config overrides
 
+  def validate(self) -> "BenchOptions":
+    for name in ("query_len", "num_items", "item_len", "repeats", "hf_batch_size", "hf_repeats", "num_heads",
+                 "num_kv_heads", "head_dim"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+    for name in ("num_layers", "serial_items", "batch_requests", "mixed_requests"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+    if self.separator_token_id < -1:
+      raise ValueError(f"separator_token_id={self.separator_token_id} must be a token id, or -1 for none")
+    if not 0 < self.kernel_memory_fraction <= 1:
+      raise ValueError(f"kernel_memory_fraction={self.kernel_memory_fraction} must be in (0, 1]")
+    return self
+
+  @property
+  def separator(self) -> Optional[int]:
+    return None if self.separator_token_id < 0 else self.separator_token_id
+
   def kernel_list(self) -> tuple[str, ...]:
     if self.kernels:
       return tuple(self.kernels)
@@ -65,8 +89,8 @@ def bench_config(opts: BenchOptions) -> Config:
   over = [f"model_name={opts.model}", f"label_token_ids=[{','.join(map(str, opts.labels))}]"]
   if opts.num_layers:
     over.append(f"num_layers={opts.num_layers}")
-  if opts.separator_token_id is not None:
-    over.append(f"separator_token_id={opts.separator_token_id}")
+  if opts.separator is not None:
+    over.append(f"separator_token_id={opts.separator}")
   return load_config(over + list(opts.overrides))
 
 
@@ -102,7 +126,7 @@ def run_score(opts: BenchOptions, peak_flops: float) -> dict[str, Any]:
     for kernel in opts.kernel_list():
       kscorer = scorer if kernel == scorer.config.kernel.attention else fresh_scorer(scorer, attention=kernel)
       for alg in opts.algorithms:
-        max_items = opts.serial_items if alg == "serial" else None
+        max_items = (opts.serial_items or None) if alg == "serial" else None
         try:
           row = run_algorithm(kscorer, request, alg, opts.repeats, max_items, peak_flops, separator is not None)
         except Exception as e:  # noqa: BLE001 -- e.g. the reference kernel refusing a long row

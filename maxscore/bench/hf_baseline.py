@@ -101,6 +101,7 @@ def run_hf_baseline(model, request: dict, batch_size: int, repeats: int, peak_fl
 def hf_scorer(model_cfg: ModelConfig, config: Config, workdir: pathlib.Path, seed: int):
   """(HF model, Scorer) on the same random weights: built in transformers, saved, converted."""
   import transformers
+
   from maxscore.checkpoints.convert import convert_hf_checkpoint
   transformers.utils.logging.disable_progress_bar()
   model = build_hf_model(model_cfg, seed)

@@ -7,9 +7,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from layers.kernels import KernelOptions, SegmentLayout, get_kernel
-from layers.kernels import pallas_gpu, splash
-from maxscore.bench.measure import CompileCounter, RssSampler, memory_stats, physical_memory_bytes, timed
+from layers.kernels import KernelOptions, SegmentLayout, get_kernel, pallas_gpu, splash
+from maxscore.bench.measure import (
+  CompileCounter,
+  RssSampler,
+  memory_stats,
+  physical_memory_bytes,
+  timed,
+)
 from maxscore.scoring.cost_model import attention_pairs
 
 
@@ -40,7 +45,7 @@ def kernel_block_stats(prefix_len: int, slot_len: int, num_slots: int) -> list[d
 
 def run_kernels(opts, peak_flops: Optional[float]) -> dict[str, Any]:
   """shared_prefix vs reference (and any other named kernel) on one packed row at the given geometry."""
-  p, n, l = opts.query_len + (1 if opts.separator_token_id is not None else 0), opts.num_items, opts.item_len
+  p, n, l = opts.query_len + (1 if opts.separator is not None else 0), opts.num_items, opts.item_len
   t = p + n * l
   nh, kh, hd = opts.num_heads, opts.num_kv_heads, opts.head_dim
   keys = jax.random.split(jax.random.PRNGKey(opts.seed), 3)

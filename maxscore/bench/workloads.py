@@ -10,7 +10,14 @@ from typing import Any, Optional, Sequence
 import jax
 import numpy as np
 
-from maxscore.bench.measure import CompileCounter, RssSampler, biggest_memory, jit_cache_size, record_model_calls, timed
+from maxscore.bench.measure import (
+  CompileCounter,
+  RssSampler,
+  biggest_memory,
+  jit_cache_size,
+  record_model_calls,
+  timed,
+)
 from maxscore.scoring.cost_model import model_flops
 from maxscore.scoring.scorer import Scorer
 

@@ -29,9 +29,9 @@ from layers.decoder import Decoder
 from layers.kernels import SegmentLayout
 from maxscore.rerank import prompts
 from maxscore.rerank.data import RerankSet
-from maxscore.rerank.eval import EvalConfig
+from maxscore.rerank.eval import PromptConfig
 from maxscore.scoring.layout import RowSpec, bucket, pack_rows
-from maxscore.scoring.runner import label_logprobs
+from maxscore.scoring.runner import label_logprobs, packed_hidden
 from maxscore.scoring.requests import TokenRequest
 from maxscore.scoring.scorer import Scorer
 
@@ -67,7 +67,7 @@ class Examples:
     return h.hexdigest()[:16]
 
 
-def make_examples(scorer: Scorer, dataset: RerankSet, prompt: EvalConfig, label_ids: Sequence[int]) -> Examples:
+def make_examples(scorer: Scorer, dataset: RerankSet, prompt: PromptConfig, label_ids: Sequence[int]) -> Examples:
   """Token requests for every query with candidates, built as eval builds them."""
   template = prompts.get_template(prompt.template)
   builder = prompts.PromptBuilder(scorer.tokenizer, template, prompt.instruction, prompt.max_query_tokens,
@@ -177,8 +177,8 @@ def plan_packed(reqs: Sequence[Optional[TokenRequest]], geometry: tuple[int, int
 
 def packed_features(decoder: Decoder, backbone, batch: dict, gather_QxN, labels_K):
   """h [Q, N, D] and label log-probs [Q, N, K] of one packed forward (differentiable in `backbone`)."""
-  hidden_BxTxD, _ = decoder.apply({"params": backbone}, batch["tokens"], batch["positions"], batch["layout"])
-  h_BxNxD = jnp.take_along_axis(hidden_BxTxD, batch["score_index"][..., None], axis=1)
+  h_BxNxD = packed_hidden(decoder, backbone, batch["tokens"], batch["positions"], batch["layout"],
+                          batch["score_index"])
   h_QxNxD = h_BxNxD.reshape(-1, h_BxNxD.shape[-1])[gather_QxN].astype(jnp.float32)
   return h_QxNxD, label_logprobs(decoder, backbone, h_QxNxD, labels_K)
 

@@ -24,9 +24,6 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from maxscore.heads import train as train_lib
-
-# Named head settings (TrainConfig fields); the rest are TrainConfig's defaults.
-
 from maxscore.rerank import data, eval as eval_lib, metrics
 
 # Named head settings (TrainConfig fields); the rest are TrainConfig's defaults.

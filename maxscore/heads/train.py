@@ -1,12 +1,12 @@
 """Score-head training: a light head on a frozen backbone (or, with train_backbone, the whole model).
 
-    summary = train(TrainConfig(head="lm_labels", delta="full"), EvalConfig(), "ckpt/", train_set, dev_set,
+    summary = train(TrainConfig(head="lm_labels", delta="full"), PromptConfig(), "ckpt/", train_set, dev_set,
                     "out/train", export_dir="ckpt-with-head/")
 
-1. Prompts are built exactly as the eval builds them (an `EvalConfig`: template, labels, truncation).
+1. Prompts are built exactly as the eval builds them (a `PromptConfig`: template, labels, truncation).
 2. Frozen backbone: each query's features (hidden states h and label log-probs lp at the score
    positions) are computed ONCE, without gradients, by the scorer's own fast path and optionally
-   cached in an npz (maxscore/features.py).
+   cached in an npz (maxscore/heads/features.py).
 3. Each step takes `batch_size` queries in an order drawn per epoch from PRNG(seed, epoch); the
    head maps (h, lp) to label log-probs, `heads.relevance` to one ranking logit per item, and the
    loss compares each query's logits with its graded qrels: `listwise` softmax cross-entropy
@@ -43,20 +43,27 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
-import tensorboardX
 from absl import logging
 
 from layers.decoder import Decoder
-from maxscore.heads import features, score_heads as heads
+from maxscore.heads import features
+from maxscore.heads import score_heads as heads
+from maxscore.heads.features import (
+  Examples,
+  load_or_extract,
+  make_examples,
+  packed_features,
+  packed_geometry,
+  plan_packed,
+)
+from maxscore.heads.losses import LOSSES, MASK_LOGIT, batch_loss
+from maxscore.heads.metrics_log import MetricsLog
 from maxscore.rerank import data, metrics, prompts
-from maxscore.heads.features import (Examples, load_or_extract, make_examples, packed_features, packed_geometry,
-                               plan_packed)
 from maxscore.rerank.data import RerankSet
-from maxscore.rerank.eval import SCORE_MODES, EvalConfig, build_scorer
+from maxscore.rerank.eval import SCORE_MODES, PromptConfig, build_scorer
 from maxscore.scoring.scorer import Scorer, finalize_scores
 
 FORMAT_VERSION = 1
-MASK_LOGIT = -1e9  # ranking logit of padding items: exp underflows to 0, gradients stay finite
 
 
 class TrainError(ValueError):
@@ -65,7 +72,7 @@ class TrainError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-  """Head, loss, optimizer and loop settings (prompts and metrics come from an EvalConfig)."""
+  """Head, loss, optimizer and loop settings (prompts and metrics come from a PromptConfig)."""
   head: Literal["lm_labels", "linear", "mlp"] = "lm_labels"
   delta: Literal["full", "low_rank", "none"] = "full"  # lm_labels: h @ W, h @ A @ B, or no hidden term
   rank: int = 8                    # lm_labels with delta=low_rank: rank of h @ A @ B
@@ -118,45 +125,6 @@ class TrainConfig:
                             mlp_hidden=self.mlp_hidden).validate()
 
 
-# --- losses: (ranking logits [B, N], grades [B, N], mask [B, N]) -> (loss [B], weight [B]) -------------
-def listwise_softmax_ce(logits_BxN, grades_BxN, mask_BxN):
-  """Cross-entropy of softmax(logits) over a query's items against its gains normalized to sum 1
-  (negative grades count 0); a query without a positive grade has weight 0."""
-  gains = jnp.where(mask_BxN, jnp.maximum(grades_BxN, 0.0), 0.0)
-  total = gains.sum(-1)
-  target = gains / jnp.maximum(total, 1e-12)[:, None]
-  logp = jax.nn.log_softmax(jnp.where(mask_BxN, logits_BxN, MASK_LOGIT), axis=-1)
-  loss = -jnp.sum(jnp.where(mask_BxN, target * logp, 0.0), axis=-1)
-  return loss, (total > 0).astype(jnp.float32)
-
-
-def pairwise_logistic(logits_BxN, grades_BxN, mask_BxN):
-  """Mean of log(1 + exp(-(s_i - s_j))) over the pairs (i, j) of a query with grade_i > grade_j."""
-  pair = mask_BxN[:, :, None] & mask_BxN[:, None, :] & (grades_BxN[:, :, None] > grades_BxN[:, None, :])
-  diff = logits_BxN[:, :, None] - logits_BxN[:, None, :]
-  count = pair.sum((1, 2))
-  loss = jnp.sum(jnp.where(pair, jax.nn.softplus(-diff), 0.0), axis=(1, 2)) / jnp.maximum(count, 1)
-  return loss, (count > 0).astype(jnp.float32)
-
-
-def pointwise_bce(logits_BxN, grades_BxN, mask_BxN):
-  """Mean binary cross-entropy of sigmoid(logit) against relevant (grade >= 1) over a query's items."""
-  y = (grades_BxN >= 1).astype(jnp.float32)
-  per_item = jax.nn.softplus(logits_BxN) - y * logits_BxN
-  count = mask_BxN.sum(-1)
-  loss = jnp.sum(jnp.where(mask_BxN, per_item, 0.0), axis=-1) / jnp.maximum(count, 1)
-  return loss, (count > 0).astype(jnp.float32)
-
-
-LOSSES = {"listwise": listwise_softmax_ce, "pairwise": pairwise_logistic, "pointwise": pointwise_bce}
-
-
-def batch_loss(name: str, logits_BxN, grades_BxN, mask_BxN) -> jax.Array:
-  """Mean of the per-query losses over the queries that have weight."""
-  loss, weight = LOSSES[name](logits_BxN, grades_BxN, mask_BxN)
-  return jnp.sum(loss * weight) / jnp.maximum(weight.sum(), 1.0)
-
-
 def make_optimizer(cfg: TrainConfig, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """clip_by_global_norm, then AdamW on linear warmup + cosine decay to end_learning_rate."""
   warmup = min(cfg.warmup_steps, max(total_steps - 1, 0))
@@ -166,56 +134,37 @@ def make_optimizer(cfg: TrainConfig, total_steps: int) -> tuple[optax.GradientTr
                      optax.adamw(schedule, weight_decay=cfg.weight_decay)), schedule
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainRun:
+  """Where a head-training run reads its data and writes its state (configs/train.yml documents each)."""
+  checkpoint_dir: Optional[str] = None     # backbone checkpoint; None = the embedded default
+  jsonl: Optional[str] = None              # rerank set in the JSONL form; None (and no data_dir) = the embedded one
+  data_dir: Optional[str] = None           # BEIR dataset directory
+  run_file: Optional[str] = None           # first-stage TREC run (with data_dir)
+  train_split: str = "train"
+  dev_split: str = "dev"                   # "" = no dev split
+  rerank_top_k: int = 100                  # candidates per query (by first-stage rank); 0 = all
+  max_train_queries: int = 0               # 0 = all
+  max_dev_queries: int = 0                 # 0 = all
+  workdir: str = "out/train_head"
+  export_dir: Optional[str] = None
+  feature_cache: Optional[str] = None
+  overwrite: bool = False
+  progress: bool = True
+  step_delay_s: float = 0.0                # tests: sleep after every step so a supervisor can kill mid-run
+
+  def validate(self) -> "TrainRun":
+    for name in ("rerank_top_k", "max_train_queries", "max_dev_queries"):
+      if getattr(self, name) < 0:
+        raise TrainError(f"{name}={getattr(self, name)} must be >= 0")
+    if self.step_delay_s < 0:
+      raise TrainError(f"step_delay_s={self.step_delay_s} must be >= 0")
+    return self
+
+
 # --- the loop ------------------------------------------------------------------------------------
-class MetricsLog:
-  """metrics.jsonl and TensorBoard scalars (`<kind>/<name>` at each step); resumable."""
-
-  def __init__(self, workdir: pathlib.Path, resume_step: Optional[int]):
-    self.path = workdir / "metrics.jsonl"
-    kept = []
-    if resume_step is not None and self.path.exists():
-      for line in self.path.read_text(encoding="utf-8").split("\n"):
-        try:
-          rec = json.loads(line)
-        except json.JSONDecodeError:
-          continue  # a torn last line
-        if rec.get("step", 0) <= resume_step:
-          kept.append(rec)
-    self.path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-    self.logged = {(r["kind"], r["step"]) for r in kept}
-    self.records = kept
-    # metrics.jsonl is the record; the event files mirror it. A killed run's last events may never
-    # have left tensorboardX's writer thread, so a resumed run rewrites them from the kept lines.
-    tb_dir = workdir / "tensorboard"
-    if tb_dir.exists():
-      shutil.rmtree(tb_dir)
-    self.writer = tensorboardX.SummaryWriter(str(tb_dir))
-    for rec in kept:
-      self._scalars(rec["kind"], rec["step"], rec)
-    self.writer.flush()
-
-  def _scalars(self, kind: str, step: int, values: dict[str, Any]) -> None:
-    for name, v in values.items():
-      if isinstance(v, (int, float)) and name not in ("epoch", "step"):
-        self.writer.add_scalar(f"{kind}/{name}", v, step)
-
-  def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
-    if (kind, step) in self.logged:
-      return
-    rec = {"kind": kind, "step": step, **values}
-    with open(self.path, "a", encoding="utf-8") as f:
-      f.write(json.dumps(rec) + "\n")
-    self.logged.add((kind, step))
-    self.records.append(rec)
-    self._scalars(kind, step, values)
-    self.writer.flush()
-
-  def close(self) -> None:
-    self.writer.close()
-
-
 def evaluate_split(cfg_head: heads.HeadConfig, params, hidden, logprobs, examples: Examples,
-                   prompt: EvalConfig) -> dict[str, float]:
+                   prompt: PromptConfig) -> dict[str, float]:
   """Metrics of the ranking eval would compute from the head's scores (score_mode of `prompt`)."""
   apply_softmax, rank_fn = SCORE_MODES[prompt.score_mode]
   new_lp = np.asarray(heads.jit_apply(cfg_head)(params, hidden, logprobs))
@@ -227,7 +176,7 @@ def evaluate_split(cfg_head: heads.HeadConfig, params, hidden, logprobs, example
   return metrics.aggregate(per_query) if per_query else {}
 
 
-def _run_fingerprint(cfg: TrainConfig, prompt: EvalConfig, scorer: Scorer, examples: dict[str, Examples]) -> dict:
+def _run_fingerprint(cfg: TrainConfig, prompt: PromptConfig, scorer: Scorer, examples: dict[str, Examples]) -> dict:
   rt = scorer.config.runtime
   return {"format_version": FORMAT_VERSION, "train": dataclasses.asdict(cfg),
           "prompt": json.loads(json.dumps(dataclasses.asdict(prompt))), "checkpoint": rt.checkpoint_dir,
@@ -238,7 +187,209 @@ class ResumeError(TrainError):
   """The workdir holds a run with another config or data."""
 
 
-def train(cfg: TrainConfig, prompt: EvalConfig, checkpoint_dir: Optional[str], train_set: RerankSet,
+@dataclasses.dataclass
+class Prepared:
+  """Everything a run trains on, built once: the scorer, its labels and head, and each split's
+  examples with their frozen features (or packed plans when the backbone trains too)."""
+  scorer: Scorer
+  label_ids: tuple[int, ...]
+  head_cfg: heads.HeadConfig
+  examples: dict[str, Examples]
+  grids: dict[str, tuple[np.ndarray, np.ndarray]]
+  feats: Optional[dict] = None       # frozen features per split
+  geometry: Optional[dict] = None    # train_backbone: packed geometry per split
+  feature_seconds: float = 0.0
+  cached: bool = False
+
+  @property
+  def num_train(self) -> int:
+    return len(self.examples["train"].requests)
+
+
+def prepare(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str], train_set: RerankSet,
+            dev_set: Optional[RerankSet], overrides: Sequence[str] = (), feature_cache: Optional[os.PathLike] = None,
+            progress: bool = True) -> Prepared:
+  """Loads the backbone, builds the prompts as the eval does, and the features training reads."""
+  scorer = build_scorer(checkpoint_dir, overrides, use_head=False)
+  label_ids = prompts.resolve_labels(scorer.tokenizer, prompt.labels or prompts.TEMPLATES[prompt.template].default_labels)
+  examples = {"train": make_examples(scorer, train_set, prompt, label_ids)}
+  if dev_set is not None:
+    examples["dev"] = make_examples(scorer, dev_set, prompt, label_ids)
+  if not examples["train"].requests:
+    raise data.DataError("the train split has no queries with candidates")
+  prep = Prepared(scorer, tuple(label_ids), cfg.head_config(label_ids, scorer.config.model.hidden_size), examples,
+                  {s: ex.grid() for s, ex in examples.items()})
+  if cfg.train_backbone:
+    prep.geometry = {s: packed_geometry(scorer, ex) for s, ex in examples.items()}
+  else:
+    prep.feats = load_or_extract(scorer, examples, feature_cache, cfg.algorithm, progress)
+    prep.feature_seconds = sum(f.seconds for f in prep.feats.values())
+    prep.cached = all(f.cached for f in prep.feats.values())
+  return prep
+
+
+def init_train_state(cfg: TrainConfig, prep: Prepared, optimizer: optax.GradientTransformation) -> dict[str, Any]:
+  """Head params (and the backbone's when it trains), optimizer state, step and data position."""
+  init_key, data_key = jax.random.split(jax.random.PRNGKey(cfg.seed))
+  params = {"head": heads.init_head(prep.head_cfg, init_key)}
+  if cfg.train_backbone:
+    params["backbone"] = jax.tree_util.tree_map(jnp.asarray, prep.scorer.runner.params)
+  # Committed to one device, like the arrays every step returns (else step 2 compiles again).
+  params = jax.device_put(params, jax.local_devices()[0])
+  return {"params": params, "opt_state": jax.device_put(optimizer.init(params), jax.local_devices()[0]),
+          "step": np.int32(0), "epoch": np.int32(0), "index": np.int32(0), "rng": np.asarray(data_key)}
+
+
+def checkpoint_manager(workdir: pathlib.Path, cfg: TrainConfig) -> ocp.CheckpointManager:
+  return ocp.CheckpointManager(workdir / "checkpoints", options=ocp.CheckpointManagerOptions(
+      max_to_keep=cfg.keep_checkpoints, create=True))
+
+
+def save_state(manager: ocp.CheckpointManager, step: int, state: dict, fingerprint: dict) -> None:
+  manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), run=ocp.args.JsonSave(fingerprint)))
+
+
+def restore_state(manager: ocp.CheckpointManager, state: dict, fingerprint: dict,
+                  workdir: pathlib.Path) -> tuple[dict, Optional[int]]:
+  """The latest checkpoint's state (and its step), or `state` unchanged (and None) in a fresh workdir.
+
+  Refuses a workdir whose run had another config or data."""
+  resume_step = manager.latest_step()
+  if resume_step is None:
+    return state, None
+  stored = manager.restore(resume_step, args=ocp.args.Composite(run=ocp.args.JsonRestore()))["run"]
+  expected = json.loads(json.dumps(fingerprint))
+  if stored != expected:
+    diff = sorted(k for k in set(stored) | set(expected) if stored.get(k) != expected.get(k))
+    raise ResumeError(f"{workdir} holds a run with another {', '.join(diff)}; use another --workdir or pass "
+                      f"--overwrite")
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=device), state)
+  state = manager.restore(resume_step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
+  logging.info("train: resumed from step %d (epoch %d, index %d)", int(state["step"]), int(state["epoch"]),
+               int(state["index"]))
+  return state, resume_step
+
+
+def backbone_decoder(cfg: TrainConfig, scorer: Scorer) -> Optional[Decoder]:
+  """The scorer's decoder with each scanned layer rematerialized, when the backbone trains."""
+  if not cfg.train_backbone:
+    return None
+  runner = scorer.runner
+  return Decoder(scorer.config.model, runner.decoder(runner.default_kernel).attend, dtype=runner.dtype,
+                 param_dtype=runner.dtype, precision=runner.precision, remat=True)
+
+
+def make_train_step(cfg: TrainConfig, head_cfg: heads.HeadConfig, optimizer: optax.GradientTransformation,
+                    decoder: Optional[Decoder], labels_K: jax.Array):
+  """The jitted step: (params, opt_state, batch) -> (params, opt_state, loss, grad norm)."""
+
+  def loss_fn(params, batch):
+    if decoder is not None:
+      h, lp = packed_features(decoder, params["backbone"], batch["packed"], batch["gather"], labels_K)
+    else:
+      h, lp = batch["hidden"], batch["logprobs"]
+    logits = jnp.where(batch["mask"], heads.relevance(heads.apply_head(head_cfg, params["head"], h, lp)), MASK_LOGIT)
+    return batch_loss(cfg.loss, logits, batch["grades"], batch["mask"])
+
+  @jax.jit
+  def train_step(params, opt_state, batch):
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss, optax.global_norm(grads)
+
+  return train_step
+
+
+def batch_indices(state: dict, n_train: int, batch_size: int) -> np.ndarray:
+  """The next `batch_size` train queries of the epoch's order (drawn from PRNG(seed, epoch)); -1 pads."""
+  epoch, index = int(state["epoch"]), int(state["index"])
+  order = np.asarray(jax.random.permutation(jax.random.fold_in(jnp.asarray(state["rng"]), epoch), n_train))
+  idx = order[index:index + batch_size]
+  return np.concatenate([idx, np.full(batch_size - len(idx), -1, idx.dtype)])
+
+
+def make_batch(prep: Prepared, idx: np.ndarray) -> tuple[dict, int]:
+  """The step's inputs for train queries `idx` (-1: padding) and the number of real items in it."""
+  valid = idx >= 0
+  safe = np.where(valid, idx, 0)
+  grades, mask = prep.grids["train"]
+  batch = {"grades": grades[safe], "mask": mask[safe] & valid[:, None]}
+  if prep.geometry is not None:
+    plan = plan_packed([prep.examples["train"].requests[i] if i >= 0 else None for i in idx], prep.geometry["train"])
+    batch.update(packed=plan.batch, gather=plan.gather_QxN[:, :grades.shape[1]])
+  else:
+    batch.update(hidden=prep.feats["train"].hidden[safe], logprobs=prep.feats["train"].logprobs[safe])
+  return batch, int(batch["mask"].sum())
+
+
+def dev_metrics(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, decoder: Optional[Decoder],
+                labels_K: jax.Array, params) -> Optional[dict[str, float]]:
+  """Dev metrics of the current params (None without a dev split)."""
+  if "dev" not in prep.examples:
+    return None
+  if decoder is not None:
+    h, lp = features.backbone_features(decoder, params["backbone"], prep.examples["dev"], prep.geometry["dev"],
+                                       labels_K, cfg.batch_size)
+  else:
+    h, lp = prep.feats["dev"].hidden, prep.feats["dev"].logprobs
+  return evaluate_split(prep.head_cfg, params["head"], h, lp, prep.examples["dev"], prompt)
+
+
+@dataclasses.dataclass
+class _Timing:
+  eval_seconds: float = 0.0
+  step_seconds: float = 0.0
+  step_items: int = 0
+  first_step_seconds: Optional[float] = None
+
+
+def _log_dev(log: MetricsLog, step: int, evaluate, params, timing: _Timing) -> None:
+  t = time.perf_counter()
+  m = evaluate(params)
+  timing.eval_seconds += time.perf_counter() - t
+  if m is not None:
+    log.write("eval", step, {"split": "dev", **m})
+
+
+def train_loop(cfg: TrainConfig, prep: Prepared, state: dict, train_step, schedule, total_steps: int,
+               evaluate, log: MetricsLog, save, progress: bool, step_delay_s: float) -> tuple[dict, _Timing]:
+  """Steps from the state's step to `total_steps`: logs, dev evals and checkpoints on their cadence."""
+  timing = _Timing()
+  step = int(state["step"])
+  if step == 0:
+    _log_dev(log, 0, evaluate, state["params"], timing)
+  while step < total_steps:
+    batch, items = make_batch(prep, batch_indices(state, prep.num_train, cfg.batch_size))
+    t = time.perf_counter()
+    new_params, new_opt, loss, gnorm = train_step(state["params"], state["opt_state"], batch)
+    loss = float(loss)  # waits for the step
+    dt = time.perf_counter() - t
+    if timing.first_step_seconds is None:
+      timing.first_step_seconds = dt
+    else:
+      timing.step_seconds, timing.step_items = timing.step_seconds + dt, timing.step_items + items
+    epoch, index = int(state["epoch"]), int(state["index"]) + cfg.batch_size
+    if index >= prep.num_train:
+      epoch, index = epoch + 1, 0
+    step += 1
+    state = {"params": new_params, "opt_state": new_opt, "step": np.int32(step), "epoch": np.int32(epoch),
+             "index": np.int32(index), "rng": state["rng"]}
+    if step % cfg.log_every == 0 or step == total_steps:
+      log.write("train", step, {"epoch": epoch, "loss": loss, "grad_norm": float(gnorm),
+                                "learning_rate": float(schedule(step - 1))})
+    if (cfg.eval_every and step % cfg.eval_every == 0) or step == total_steps:
+      _log_dev(log, step, evaluate, state["params"], timing)
+    if (cfg.save_every and step % cfg.save_every == 0) or step == total_steps:
+      save(step, state)
+    if progress and step % max(1, total_steps // 10) == 0:
+      logging.info("train: step %d/%d loss %.4f", step, total_steps, loss)
+    if step_delay_s:
+      time.sleep(step_delay_s)
+  return state, timing
+
+
+def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str], train_set: RerankSet,
           dev_set: Optional[RerankSet], workdir: os.PathLike, *, overrides: Sequence[str] = (),
           feature_cache: Optional[os.PathLike] = None, export_dir: Optional[os.PathLike] = None,
           overwrite: bool = False, progress: bool = True, step_delay_s: float = 0.0) -> dict[str, Any]:
@@ -252,161 +403,51 @@ def train(cfg: TrainConfig, prompt: EvalConfig, checkpoint_dir: Optional[str], t
     shutil.rmtree(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
 
-  scorer = build_scorer(checkpoint_dir, overrides, use_head=False)
-  label_ids = prompts.resolve_labels(scorer.tokenizer, prompt.labels or prompts.TEMPLATES[prompt.template].default_labels)
-  examples = {"train": make_examples(scorer, train_set, prompt, label_ids)}
-  if dev_set is not None:
-    examples["dev"] = make_examples(scorer, dev_set, prompt, label_ids)
-  if not examples["train"].requests:
-    raise data.DataError("the train split has no queries with candidates")
-  head_cfg = cfg.head_config(label_ids, scorer.config.model.hidden_size)
-  grids = {s: ex.grid() for s, ex in examples.items()}
-
-  # Features (frozen) or packed plans (train_backbone).
-  if cfg.train_backbone:
-    feats, feature_seconds, cached = None, 0.0, False
-    geometry = {s: packed_geometry(scorer, ex) for s, ex in examples.items()}
-  else:
-    feats = load_or_extract(scorer, examples, feature_cache, cfg.algorithm, progress)
-    feature_seconds = sum(f.seconds for f in feats.values())
-    cached = all(f.cached for f in feats.values())
-
-  # Optimizer, state, checkpoints.
-  n_train = len(examples["train"].requests)
-  steps_per_epoch = math.ceil(n_train / cfg.batch_size)
+  prep = prepare(cfg, prompt, checkpoint_dir, train_set, dev_set, overrides, feature_cache, progress)
+  steps_per_epoch = math.ceil(prep.num_train / cfg.batch_size)
   total_steps = cfg.num_steps or cfg.num_epochs * steps_per_epoch
   optimizer, schedule = make_optimizer(cfg, total_steps)
-  init_key, data_key = jax.random.split(jax.random.PRNGKey(cfg.seed))
-  params = {"head": heads.init_head(head_cfg, init_key)}
-  if cfg.train_backbone:
-    params["backbone"] = jax.tree_util.tree_map(jnp.asarray, scorer.runner.params)
-  # Committed to one device, like the arrays every step returns (else step 2 compiles again).
-  params = jax.device_put(params, jax.local_devices()[0])
-  state = {"params": params, "opt_state": jax.device_put(optimizer.init(params), jax.local_devices()[0]),
-           "step": np.int32(0), "epoch": np.int32(0), "index": np.int32(0), "rng": np.asarray(data_key)}
-  fingerprint = _run_fingerprint(cfg, prompt, scorer, examples)
-  manager = ocp.CheckpointManager(workdir / "checkpoints", options=ocp.CheckpointManagerOptions(
-      max_to_keep=cfg.keep_checkpoints, create=True))
-  resume_step = manager.latest_step()
-  if resume_step is not None:
-    stored = manager.restore(resume_step, args=ocp.args.Composite(run=ocp.args.JsonRestore()))["run"]
-    if stored != json.loads(json.dumps(fingerprint)):
-      diff = sorted(k for k in set(stored) | set(fingerprint) if stored.get(k) != json.loads(json.dumps(fingerprint)).get(k))
-      raise ResumeError(f"{workdir} holds a run with another {', '.join(diff)}; use another --workdir or pass "
-                        f"--overwrite")
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=device), state)
-    state = manager.restore(resume_step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
-    logging.info("train: resumed from step %d (epoch %d, index %d)", int(state["step"]), int(state["epoch"]),
-                 int(state["index"]))
+  fingerprint = _run_fingerprint(cfg, prompt, prep.scorer, prep.examples)
+  manager = checkpoint_manager(workdir, cfg)
+  state, resume_step = restore_state(manager, init_train_state(cfg, prep, optimizer), fingerprint, workdir)
   log = MetricsLog(workdir, resume_step)
 
-  # The step function.
-  decoder = Decoder(scorer.config.model, scorer.runner.decoder(scorer.runner.default_kernel).attend,
-                    dtype=scorer.runner.dtype, param_dtype=scorer.runner.dtype, precision=scorer.runner.precision,
-                    remat=True) if cfg.train_backbone else None
-  labels_K = jnp.asarray(label_ids, jnp.int32)
-
-  def loss_fn(params, batch):
-    if cfg.train_backbone:
-      h, lp = packed_features(decoder, params["backbone"], batch["packed"], batch["gather"], labels_K)
-    else:
-      h, lp = batch["hidden"], batch["logprobs"]
-    logits = jnp.where(batch["mask"], heads.relevance(heads.apply_head(head_cfg, params["head"], h, lp)), MASK_LOGIT)
-    return batch_loss(cfg.loss, logits, batch["grades"], batch["mask"])
-
-  @jax.jit
-  def train_step(params, opt_state, batch):
-    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss, optax.global_norm(grads)
-
-  def make_batch(idx: np.ndarray) -> tuple[dict, int]:
-    valid = idx >= 0
-    safe = np.where(valid, idx, 0)
-    grades, mask = grids["train"]
-    batch = {"grades": grades[safe], "mask": mask[safe] & valid[:, None]}
-    if cfg.train_backbone:
-      plan = plan_packed([examples["train"].requests[i] if i >= 0 else None for i in idx], geometry["train"])
-      batch.update(packed=plan.batch, gather=plan.gather_QxN[:, :grades.shape[1]])
-    else:
-      batch.update(hidden=feats["train"].hidden[safe], logprobs=feats["train"].logprobs[safe])
-    return batch, int(batch["mask"].sum())
-
-  def dev_metrics(params) -> Optional[dict[str, float]]:
-    if "dev" not in examples:
-      return None
-    if cfg.train_backbone:
-      h, lp = features.backbone_features(decoder, params["backbone"], examples["dev"], geometry["dev"], labels_K,
-                                 cfg.batch_size)
-    else:
-      h, lp = feats["dev"].hidden, feats["dev"].logprobs
-    return evaluate_split(head_cfg, params["head"], h, lp, examples["dev"], prompt)
-
-  def save(step: int) -> None:
-    manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                               run=ocp.args.JsonSave(fingerprint)))
-
-  step = int(state["step"])
-  eval_seconds, step_seconds, step_items, first_step_seconds = 0.0, 0.0, 0, None
-  if step == 0:
-    t = time.perf_counter()
-    m = dev_metrics(state["params"])
-    eval_seconds += time.perf_counter() - t
-    if m is not None:
-      log.write("eval", 0, {"split": "dev", **m})
-  while step < total_steps:
-    epoch, index = int(state["epoch"]), int(state["index"])
-    order = np.asarray(jax.random.permutation(jax.random.fold_in(jnp.asarray(state["rng"]), epoch), n_train))
-    idx = order[index:index + cfg.batch_size]
-    idx = np.concatenate([idx, np.full(cfg.batch_size - len(idx), -1, idx.dtype)])
-    batch, items = make_batch(idx)
-    t = time.perf_counter()
-    new_params, new_opt, loss, gnorm = train_step(state["params"], state["opt_state"], batch)
-    loss = float(loss)  # waits for the step
-    dt = time.perf_counter() - t
-    if first_step_seconds is None:
-      first_step_seconds = dt
-    else:
-      step_seconds, step_items = step_seconds + dt, step_items + items
-    index += cfg.batch_size
-    if index >= n_train:
-      epoch, index = epoch + 1, 0
-    step += 1
-    state = {"params": new_params, "opt_state": new_opt, "step": np.int32(step), "epoch": np.int32(epoch),
-             "index": np.int32(index), "rng": state["rng"]}
-    if step % cfg.log_every == 0 or step == total_steps:
-      log.write("train", step, {"epoch": epoch, "loss": loss, "grad_norm": float(gnorm),
-                                "learning_rate": float(schedule(step - 1))})
-    if (cfg.eval_every and step % cfg.eval_every == 0) or step == total_steps:
-      t = time.perf_counter()
-      m = dev_metrics(state["params"])
-      eval_seconds += time.perf_counter() - t
-      if m is not None:
-        log.write("eval", step, {"split": "dev", **m})
-    if (cfg.save_every and step % cfg.save_every == 0) or step == total_steps:
-      save(step)
-    if progress and step % max(1, total_steps // 10) == 0:
-      logging.info("train: step %d/%d loss %.4f", step, total_steps, loss)
-    if step_delay_s:
-      time.sleep(step_delay_s)
+  decoder = backbone_decoder(cfg, prep.scorer)
+  labels_K = jnp.asarray(prep.label_ids, jnp.int32)
+  train_step = make_train_step(cfg, prep.head_cfg, optimizer, decoder, labels_K)
+  evaluate = lambda params: dev_metrics(cfg, prompt, prep, decoder, labels_K, params)
+  save = lambda step, state: save_state(manager, step, state, fingerprint)
+  state, timing = train_loop(cfg, prep, state, train_step, schedule, total_steps, evaluate, log, save, progress,
+                             step_delay_s)
   manager.wait_until_finished()
+  step = int(state["step"])
   if step == total_steps and manager.latest_step() != step:  # resumed at the end: nothing ran
-    save(step)
+    save(step, state)
     manager.wait_until_finished()
   log.close()
 
-  final = state["params"]
+  summary = _summary(cfg, prompt, prep, workdir, log, step, steps_per_epoch, resume_step, state["params"], timing,
+                     time.perf_counter() - wall_start)
+  if export_dir:
+    summary["export_dir"] = export(cfg, prep, summary, state["params"], export_dir)
+  (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+  return summary
+
+
+def _summary(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, workdir: pathlib.Path, log: MetricsLog,
+             step: int, steps_per_epoch: int, resume_step: Optional[int], final, timing: _Timing,
+             wall: float) -> dict[str, Any]:
   evals = [r for r in log.records if r["kind"] == "eval"]
-  summary = {
+  examples = prep.examples
+  return {
       "workdir": str(workdir),
-      "checkpoint_dir": scorer.config.runtime.checkpoint_dir,
-      "head": head_cfg.to_dict(),
+      "checkpoint_dir": prep.scorer.config.runtime.checkpoint_dir,
+      "head": prep.head_cfg.to_dict(),
       "train_config": dataclasses.asdict(cfg),
       "prompt": json.loads(json.dumps(dataclasses.asdict(prompt))),
-      "label_ids": list(label_ids),
-      "train_queries": n_train,
-      "train_items": int(grids["train"][1].sum()),
+      "label_ids": list(prep.label_ids),
+      "train_queries": prep.num_train,
+      "train_items": int(prep.grids["train"][1].sum()),
       "dev_queries": len(examples["dev"].requests) if "dev" in examples else 0,
       "steps": step,
       "steps_per_epoch": steps_per_epoch,
@@ -415,22 +456,22 @@ def train(cfg: TrainConfig, prompt: EvalConfig, checkpoint_dir: Optional[str], t
       "dev_metrics_initial": next((_metric_values(r) for r in evals if r["step"] == 0), None),
       "dev_metrics_final": _metric_values(evals[-1]) if evals else None,
       "params_sha256": _params_digest(final["head"]),
-      "throughput": _throughput(feats, feature_seconds, cached, examples, step_seconds, step_items,
-                                first_step_seconds, eval_seconds, time.perf_counter() - wall_start),
+      "throughput": _throughput(prep.feats, prep.feature_seconds, prep.cached, examples, timing.step_seconds,
+                                timing.step_items, timing.first_step_seconds, timing.eval_seconds, wall),
   }
-  if export_dir:
-    info = {k: summary[k] for k in ("train_config", "prompt", "label_ids", "train_queries", "steps",
-                                    "dev_metrics_initial", "dev_metrics_final")}
-    # "." when the head was written into its own base checkpoint (paths of this machine mean
-    # nothing inside a checkpoint that is copied elsewhere).
-    same = pathlib.Path(export_dir).resolve() == pathlib.Path(summary["checkpoint_dir"]).resolve()
-    info["base_checkpoint"] = "." if same else summary["checkpoint_dir"]
-    backbone = jax.device_get(final["backbone"]) if cfg.train_backbone else None
-    summary["export_dir"] = str(heads.export_checkpoint(scorer.config.runtime.checkpoint_dir, export_dir, head_cfg,
-                                                        jax.device_get(final["head"]), info, backbone,
-                                                        overwrite=True))
-  (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-  return summary
+
+
+def export(cfg: TrainConfig, prep: Prepared, summary: dict[str, Any], final, export_dir: os.PathLike) -> str:
+  """The base checkpoint with the trained head (and backbone, when it trained) in `export_dir`."""
+  info = {k: summary[k] for k in ("train_config", "prompt", "label_ids", "train_queries", "steps",
+                                  "dev_metrics_initial", "dev_metrics_final")}
+  # "." when the head was written into its own base checkpoint (paths of this machine mean
+  # nothing inside a checkpoint that is copied elsewhere).
+  same = pathlib.Path(export_dir).resolve() == pathlib.Path(summary["checkpoint_dir"]).resolve()
+  info["base_checkpoint"] = "." if same else summary["checkpoint_dir"]
+  backbone = jax.device_get(final["backbone"]) if cfg.train_backbone else None
+  return str(heads.export_checkpoint(prep.scorer.config.runtime.checkpoint_dir, export_dir, prep.head_cfg,
+                                     jax.device_get(final["head"]), info, backbone, overwrite=True))
 
 
 def _metric_values(rec: dict) -> dict[str, float]:

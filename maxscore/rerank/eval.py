@@ -64,26 +64,24 @@ SCORE_MODES = {"p_first": (True, _p_first), "log_odds": (False, _log_odds)}
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalConfig:
-  """The eval's own knobs (the scorer's come from configs/base.yml)."""
-  template: str = "plain"                  # a name in maxscore.prompts.TEMPLATES
+class PromptConfig:
+  """How prompts and ranking scores are built from a rerank set (the eval and head training share it)."""
+  template: str = "plain"                  # a name in maxscore.rerank.prompts.TEMPLATES
   instruction: str = prompts.DEFAULT_INSTRUCTION
   labels: tuple[str, ...] = ()             # label words or ids; () = the template's default labels
   score_mode: Literal["p_first", "log_odds"] = "p_first"
   max_query_tokens: int = 512              # the query text is cut to this many tokens; 0 = no limit
   max_item_tokens: int = 512               # each document is cut to this many tokens; 0 = no limit
   metrics: tuple[str, ...] = DEFAULT_METRICS
-  run_tag: str = "maxscore"                # last column of run.trec
-  max_queries: int = 0                     # evaluate only the first N queries; 0 = all
 
-  def validate(self) -> "EvalConfig":
+  def validate(self):
     prompts.get_template(self.template)
     if self.score_mode not in SCORE_MODES:
       raise data.DataError(f"score_mode={self.score_mode!r} is not one of {sorted(SCORE_MODES)}")
     labels = self.labels or prompts.TEMPLATES[self.template].default_labels
     if len(labels) < 2:
       raise data.DataError(f"score_mode={self.score_mode} needs 2 labels (positive first), got {list(labels)}")
-    for name in ("max_query_tokens", "max_item_tokens", "max_queries"):
+    for name in ("max_query_tokens", "max_item_tokens"):
       if getattr(self, name) < 0:
         raise data.DataError(f"{name}={getattr(self, name)} must be >= 0")
     for m in self.metrics:
@@ -91,6 +89,20 @@ class EvalConfig:
         metrics.canonical_name(m)
       except ValueError as e:
         raise data.DataError(str(e)) from None
+    return self
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig(PromptConfig):
+  """The eval's own knobs: its prompts, plus the run file's tag and a query limit (the scorer's
+  knobs come from configs/base.yml)."""
+  run_tag: str = "maxscore"                # last column of run.trec
+  max_queries: int = 0                     # evaluate only the first N queries; 0 = all
+
+  def validate(self) -> "EvalConfig":
+    super().validate()
+    if self.max_queries < 0:
+      raise data.DataError(f"max_queries={self.max_queries} must be >= 0")
     if not self.run_tag or any(c.isspace() for c in self.run_tag):
       raise data.DataError(f"run_tag={self.run_tag!r} must be one word")
     return self

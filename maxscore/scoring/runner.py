@@ -6,7 +6,6 @@ log_softmax over the full vocabulary, pick the label ids. Shapes come from bucke
 set of compiled executables is bounded; `compiled_shapes` records which were built.
 """
 
-import dataclasses
 import threading
 from typing import Any, Optional
 
@@ -53,6 +52,14 @@ def label_logprobs(decoder: Decoder, params, hidden_BxNxD, label_ids_K):
   logits_BxNxV = decoder.apply({"params": params}, hidden_BxNxD, method=Decoder.logits)
   label_logits = jnp.take(logits_BxNxV, label_ids_K, axis=-1)
   return label_logits - jax.nn.logsumexp(logits_BxNxV, axis=-1, keepdims=True)
+
+
+def packed_hidden(decoder: Decoder, params, tokens_BxT, positions_BxT, layout: SegmentLayout, score_index_BxN):
+  """Final hidden states [B, N, D] at the score indices of one packed (or serial: N=1, P=T) forward.
+
+  The one packed forward: scoring jits it, and backbone training differentiates through it."""
+  hidden_BxTxD, _ = decoder.apply({"params": params}, tokens_BxT, positions_BxT, layout)
+  return jnp.take_along_axis(hidden_BxTxD, score_index_BxN[..., None], axis=1)
 
 
 def _hidden(decoder: Decoder, params, hidden_BxNxD, label_ids_K):
@@ -136,8 +143,7 @@ class ModelRunner:
     def build(kernel):
       decoder = self.decoder(kernel)
       def fn(params, tokens, positions, layout, score_index, labels):
-        hidden_BxTxD, _ = decoder.apply({"params": params}, tokens, positions, layout)
-        h_BxNxD = jnp.take_along_axis(hidden_BxTxD, score_index[..., None], axis=1)
+        h_BxNxD = packed_hidden(decoder, params, tokens, positions, layout, score_index)
         return OUTPUTS[output](decoder, params, h_BxNxD, labels)
       return fn
     self._record("packed", kernel, output, tokens_BxT.shape, layout.prefix_len, layout.slot_len, layout.num_slots,

@@ -1,0 +1,45 @@
+"""Ranking losses for score-head training: (ranking logits [B, N], grades [B, N], mask [B, N]) ->
+(loss [B], weight [B]); a query with weight 0 (nothing to learn from) does not count in the batch mean."""
+
+import jax
+import jax.numpy as jnp
+
+MASK_LOGIT = -1e9  # ranking logit of padding items: exp underflows to 0, gradients stay finite
+
+
+def listwise_softmax_ce(logits_BxN, grades_BxN, mask_BxN):
+  """Cross-entropy of softmax(logits) over a query's items against its gains normalized to sum 1
+  (negative grades count 0); a query without a positive grade has weight 0."""
+  gains = jnp.where(mask_BxN, jnp.maximum(grades_BxN, 0.0), 0.0)
+  total = gains.sum(-1)
+  target = gains / jnp.maximum(total, 1e-12)[:, None]
+  logp = jax.nn.log_softmax(jnp.where(mask_BxN, logits_BxN, MASK_LOGIT), axis=-1)
+  loss = -jnp.sum(jnp.where(mask_BxN, target * logp, 0.0), axis=-1)
+  return loss, (total > 0).astype(jnp.float32)
+
+
+def pairwise_logistic(logits_BxN, grades_BxN, mask_BxN):
+  """Mean of log(1 + exp(-(s_i - s_j))) over the pairs (i, j) of a query with grade_i > grade_j."""
+  pair = mask_BxN[:, :, None] & mask_BxN[:, None, :] & (grades_BxN[:, :, None] > grades_BxN[:, None, :])
+  diff = logits_BxN[:, :, None] - logits_BxN[:, None, :]
+  count = pair.sum((1, 2))
+  loss = jnp.sum(jnp.where(pair, jax.nn.softplus(-diff), 0.0), axis=(1, 2)) / jnp.maximum(count, 1)
+  return loss, (count > 0).astype(jnp.float32)
+
+
+def pointwise_bce(logits_BxN, grades_BxN, mask_BxN):
+  """Mean binary cross-entropy of sigmoid(logit) against relevant (grade >= 1) over a query's items."""
+  y = (grades_BxN >= 1).astype(jnp.float32)
+  per_item = jax.nn.softplus(logits_BxN) - y * logits_BxN
+  count = mask_BxN.sum(-1)
+  loss = jnp.sum(jnp.where(mask_BxN, per_item, 0.0), axis=-1) / jnp.maximum(count, 1)
+  return loss, (count > 0).astype(jnp.float32)
+
+
+LOSSES = {"listwise": listwise_softmax_ce, "pairwise": pairwise_logistic, "pointwise": pointwise_bce}
+
+
+def batch_loss(name: str, logits_BxN, grades_BxN, mask_BxN) -> jax.Array:
+  """Mean of the per-query losses over the queries that have weight."""
+  loss, weight = LOSSES[name](logits_BxN, grades_BxN, mask_BxN)
+  return jnp.sum(loss * weight) / jnp.maximum(weight.sum(), 1.0)

@@ -1,0 +1,55 @@
+"""metrics.jsonl and TensorBoard scalars of a training run; a resumed run reads as one uninterrupted run."""
+
+import json
+import pathlib
+import shutil
+from typing import Any, Optional
+
+import tensorboardX
+
+
+class MetricsLog:
+  """metrics.jsonl and TensorBoard scalars (`<kind>/<name>` at each step); resumable."""
+
+  def __init__(self, workdir: pathlib.Path, resume_step: Optional[int]):
+    self.path = workdir / "metrics.jsonl"
+    kept = []
+    if resume_step is not None and self.path.exists():
+      for line in self.path.read_text(encoding="utf-8").split("\n"):
+        try:
+          rec = json.loads(line)
+        except json.JSONDecodeError:
+          continue  # a torn last line
+        if rec.get("step", 0) <= resume_step:
+          kept.append(rec)
+    self.path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+    self.logged = {(r["kind"], r["step"]) for r in kept}
+    self.records = kept
+    # metrics.jsonl is the record; the event files mirror it. A killed run's last events may never
+    # have left tensorboardX's writer thread, so a resumed run rewrites them from the kept lines.
+    tb_dir = workdir / "tensorboard"
+    if tb_dir.exists():
+      shutil.rmtree(tb_dir)
+    self.writer = tensorboardX.SummaryWriter(str(tb_dir))
+    for rec in kept:
+      self._scalars(rec["kind"], rec["step"], rec)
+    self.writer.flush()
+
+  def _scalars(self, kind: str, step: int, values: dict[str, Any]) -> None:
+    for name, v in values.items():
+      if isinstance(v, (int, float)) and name not in ("epoch", "step"):
+        self.writer.add_scalar(f"{kind}/{name}", v, step)
+
+  def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
+    if (kind, step) in self.logged:
+      return
+    rec = {"kind": kind, "step": step, **values}
+    with open(self.path, "a", encoding="utf-8") as f:
+      f.write(json.dumps(rec) + "\n")
+    self.logged.add((kind, step))
+    self.records.append(rec)
+    self._scalars(kind, step, values)
+    self.writer.flush()
+
+  def close(self) -> None:
+    self.writer.close()

@@ -1,0 +1,108 @@
+"""Entry-point settings: every configs/<entry>.yml documents its sections' keys with the dataclass
+defaults, flags come from the YAML, bad values are one-line ConfigErrors, and every example command
+in README.md's code blocks parses against its script's flags and the config."""
+
+import importlib.util
+import pathlib
+import re
+import shlex
+
+import pytest
+import yaml
+from absl import flags
+
+from maxscore import cli, config as config_lib
+from maxscore.config import ConfigError, load_config
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _script(name: str):
+  spec = importlib.util.spec_from_file_location(f"script_{name}", REPO / "scripts" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+ENTRY_SCRIPTS = ["bench", "convert_hf_checkpoint", "train_score_head"]
+
+
+@pytest.mark.parametrize("name", ENTRY_SCRIPTS)
+def test_entry_yaml_documents_every_key_with_the_dataclass_default(name):
+  script = _script(name)
+  path = config_lib.CONFIG_DIR / f"{script.ENTRY}.yml"
+  values, comments = yaml.safe_load(path.read_text()), config_lib.read_comments(path)
+  loaded = config_lib.load_entry(script.ENTRY, script.SECTIONS)
+  for section, cls in script.SECTIONS.items():
+    assert loaded[section] == cls(), f"{path}: defaults of {cls.__name__} drifted from the dataclass"
+  assert set(values) == set(config_lib.entry_keys(script.SECTIONS))
+  assert all(comments[k] for k in values), [k for k in values if not comments[k]]
+
+
+@pytest.mark.parametrize("name", ENTRY_SCRIPTS)
+def test_flags_are_the_yaml_keys(name):
+  script = _script(name)
+  fv = flags.FlagValues()
+  script.define_flags(fv)
+  fv(["prog"])
+  loaded = cli.entry_from_flags(fv, script.ENTRY, script.SECTIONS)
+  assert loaded == config_lib.load_entry(script.ENTRY, script.SECTIONS)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batch_size=0"], "batch_size=0 must be >= 1"),
+    (["--learning_rate=-1"], "learning_rate=-1.0 must be > 0"),
+    (["--max_train_queries=-2"], "max_train_queries=-2 must be >= 0"),
+])
+def test_bad_entry_value_is_a_config_error(argv, message):
+  script = _script("train_score_head")
+  fv = flags.FlagValues()
+  script.define_flags(fv)
+  fv(["prog"] + argv)
+  with pytest.raises(ConfigError, match=re.escape(message)):
+    cli.entry_from_flags(fv, script.ENTRY, script.SECTIONS)
+
+
+def test_unknown_entry_key_names_the_nearest():
+  script = _script("bench")
+  with pytest.raises(ConfigError, match="did you mean num_items"):
+    config_lib.load_entry(script.ENTRY, script.SECTIONS, {"num_itmes": 3})
+
+
+def _readme_commands():
+  """(script name, argv) of every `scripts/<name>.py ...` command in README.md's code (fenced or
+  indented blocks), shell syntax around it removed ($VAR -> 0, `&`, `;`, quotes, comments)."""
+  lines, fenced = [], False
+  for line in (REPO / "README.md").read_text().splitlines():
+    if line.startswith("```"):
+      fenced = not fenced
+    elif fenced or line.startswith("    "):
+      lines.append(line)
+  out = []
+  for cmd in "\n".join(lines).replace("\\\n", " ").splitlines():
+    m = re.search(r"scripts/(\w+)\.py(.*)", cmd)
+    if m:
+      rest = re.split(r"[&;|#]", m.group(2))[0].replace('"', " ").replace("'", " ")
+      rest = re.sub(r"\$\w+", "0", rest)
+      out.append((m.group(1), [a for a in shlex.split(rest) if a not in ("...", "[--dtype=bfloat16]")]))
+  return out
+
+
+README_COMMANDS = _readme_commands()
+
+
+def test_readme_has_example_commands():
+  assert len(README_COMMANDS) >= 8
+
+
+@pytest.mark.parametrize("name, args", README_COMMANDS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(README_COMMANDS)])
+def test_readme_command_parses(name, args):
+  """Its flags exist and take their values; trailing key=value arguments are valid config keys."""
+  script = _script(name)
+  fv = flags.FlagValues()
+  script.define_flags(fv)
+  rest = fv(["prog"] + args, known_only=False)[1:]
+  if hasattr(script, "SECTIONS"):
+    cli.entry_from_flags(fv, script.ENTRY, script.SECTIONS)
+  overrides = [a for a in rest if "=" in a] + [a for a in getattr(fv, "override", None) or []]
+  load_config([o for o in overrides if not o.startswith("checkpoint_dir=")])
