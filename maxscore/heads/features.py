@@ -72,8 +72,7 @@ def make_examples(scorer: Scorer, dataset: RerankSet, prompt: PromptConfig, labe
   template = prompts.get_template(prompt.template)
   builder = prompts.PromptBuilder(scorer.tokenizer, template, prompt.instruction, prompt.max_query_tokens,
                                   prompt.max_item_tokens)
-  queries = [q for q in (dataset.queries[:prompt.max_queries] if prompt.max_queries else dataset.queries)
-             if q.candidates]
+  queries = [q for q in dataset.queries if q.candidates]
   reqs = []
   for q in queries:
     query_ids, _ = builder.query(q.query)
