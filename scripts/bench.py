@@ -11,7 +11,7 @@ what each figure means (model FLOPs follow DESIGN.md section 3).
 
 import json
 
-from absl import app, flags
+from absl import flags
 
 from maxscore import cli
 from maxscore.bench import harness as benchmark
@@ -95,5 +95,4 @@ def run(argv) -> dict:
 
 
 if __name__ == "__main__":
-  define_flags(flags.FLAGS)
-  app.run(main)
+  cli.run_script(main, define_flags)

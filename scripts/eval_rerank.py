@@ -9,7 +9,7 @@ Input errors print one line and exit 2. A killed run restarted with the same fla
 """
 
 
-from absl import app, flags
+from absl import flags
 
 from maxscore import cli
 from maxscore.distributed import mesh as mesh_lib
@@ -97,5 +97,4 @@ def run(argv):
 
 
 if __name__ == "__main__":
-  define_flags(flags.FLAGS)
-  app.run(main)
+  cli.run_script(main, define_flags, log_dir_flag="output_dir")

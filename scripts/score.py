@@ -9,7 +9,7 @@ cannot be scored gets {"error": "line N: ..."} on its line and the run goes on.
 
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from maxscore import cli
 from maxscore.rerank import eval as eval_lib
@@ -50,5 +50,4 @@ def run(argv):
 
 
 if __name__ == "__main__":
-  define_flags(flags.FLAGS)
-  app.run(main)
+  cli.run_script(main, define_flags)

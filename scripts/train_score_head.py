@@ -14,7 +14,7 @@ Trailing `key=value` arguments override configs/base.yml keys. Input errors exit
 import dataclasses
 import json
 
-from absl import app, flags
+from absl import flags
 
 from maxscore import cli
 
@@ -121,5 +121,4 @@ def run(argv):
 
 
 if __name__ == "__main__":
-  define_flags(flags.FLAGS)
-  app.run(main)
+  cli.run_script(main, define_flags, log_dir_flag="workdir")
