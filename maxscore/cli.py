@@ -28,10 +28,10 @@ def run_with_fresh_flags(define_flags: Callable[[flags.FlagValues], None],
 def console_logging(log_file: Optional[os.PathLike] = None, verbose: bool = False) -> Optional[logging.Handler]:
   """Quiet consoles: stderr shows warnings and errors unless `verbose`; every INFO line (Orbax, absl, JAX and
   maxscore's own) goes to `log_file` (appended, its directory created) either way. Returns the file handler."""
+  absl_logging.use_absl_handler()  # (may reset the root level from --verbosity: first)
   root = logging.getLogger()
   if root.level == logging.NOTSET or root.level > logging.INFO:
     root.setLevel(logging.INFO)
-  absl_logging.use_absl_handler()
   absl_logging.get_absl_handler().setLevel(logging.NOTSET if verbose else logging.WARNING)
   if log_file is None:
     return None
