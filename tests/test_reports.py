@@ -221,3 +221,22 @@ def test_console_logging_sends_info_to_the_file_only(tmp_path, capfd):
   assert "library chatter" in text and "something to see" in text
   assert cli._expand_bare_v(["x.py", "-v", "--a=1"]) == ["x.py", "--verbosity=1", "--a=1"]
   assert cli._expand_bare_v(["x.py", "-v", "0"]) == ["x.py", "-v", "0"]
+
+
+def test_plot_runs_script_depth_from_eval_dirs(tmp_path, capsys):
+  qrels, runs = _collection(num_runs=1)
+  for k in (3, 6):
+    d = tmp_path / f"k{k}"
+    d.mkdir()
+    cut = {q: dict(sorted(docs.items(), key=lambda kv: -kv[1])[:k]) for q, docs in runs["r0"].items()}
+    _write_run(d / "run.trec", cut)
+    (d / "metrics.json").write_text(json.dumps({"metrics": {"ndcg_cut_10": k / 10}, "first_stage": {
+        "ndcg_cut_10": k / 20}}))
+  assert compare.depth_series({"a": [tmp_path / "k6", tmp_path / "k3"]}, "ndcg@10") == {
+      "a": [(3, 0.3), (6, 0.6)], "first stage": [(3, 0.15), (6, 0.3)]}
+  script = _script("plot_runs")
+  script.run(["plot_runs.py", "depth", f"a={tmp_path / 'k3'},{tmp_path / 'k6'}", f"--output={tmp_path / 'd.png'}"])
+  assert _png_size(tmp_path / "d.png") == (800, 450)
+  with pytest.raises(SystemExit) as e:
+    script.run(["plot_runs.py", "depth", f"a={tmp_path / 'nope'}"])
+  assert e.value.code == 2 and "nope has no metrics.json" in capsys.readouterr().err

@@ -86,6 +86,28 @@ def first_stage_path(eval_dir: pathlib.Path) -> pathlib.Path:
   return pathlib.Path(eval_dir) / first_stage.RUN_FILE
 
 
+def depth_series(groups: Mapping[str, Sequence[pathlib.Path]], metric: str,
+                 first_stage_label: Optional[str] = "first stage") -> dict[str, list[tuple[int, float]]]:
+  """label -> [(rerank depth k, mean metric)] from eval output directories run at several --rerank_top_k;
+  k is the most candidates any query had in the directory's run.trec. The first group's directories also
+  give the first stage's line (its metrics at the same depths), under `first_stage_label` (None: left out)."""
+  name = metrics.canonical_name(metric)
+  series: dict[str, list[tuple[int, float]]] = {}
+  for i, (label, dirs) in enumerate(groups.items()):
+    for d in dirs:
+      d = pathlib.Path(d)
+      if not (d / "metrics.json").exists():
+        raise CompareError(f"{d} has no metrics.json (not a finished eval output directory)")
+      report = json.loads((d / "metrics.json").read_text(encoding="utf-8"))
+      if name not in report["metrics"]:
+        raise CompareError(f"{d}/metrics.json has no {name}; it has {sorted(report['metrics'])}")
+      k = max((len(docs) for docs in load_run(d).values()), default=0)
+      series.setdefault(label, []).append((k, report["metrics"][name]))
+      if i == 0 and first_stage_label and name in report.get("first_stage", {}):
+        series.setdefault(first_stage_label, []).append((k, report["first_stage"][name]))
+  return {label: sorted(points) for label, points in series.items()}
+
+
 # --- the comparison ------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Comparison:

@@ -58,15 +58,18 @@ def per_query_delta(deltas: Mapping[str, float], path: os.PathLike, *, run: str,
 
 
 def metric_vs_depth(series: Mapping[str, Sequence[tuple[int, float]]], path: os.PathLike, *, metric: str,
-                    size: tuple[float, float] = SIZE, dpi: int = DPI) -> pathlib.Path:
-  """One line per system: `metric` at each rerank depth k (points sorted by k)."""
+                    reference: str = "first stage", size: tuple[float, float] = SIZE,
+                    dpi: int = DPI) -> pathlib.Path:
+  """One line per system: `metric` at each rerank depth k (points sorted by k); the `reference` series
+  (the first stage) dashed and gray."""
   if not series:
     raise ValueError("no series to plot against the rerank depth")
   fig, ax = plt.subplots(figsize=size)
   ks = sorted({k for points in series.values() for k, _ in points})
   for label, points in series.items():
     points = sorted(points)
-    ax.plot([k for k, _ in points], [v for _, v in points], marker="o", label=label)
+    style = dict(color="gray", linestyle="--") if label == reference else {}
+    ax.plot([k for k, _ in points], [v for _, v in points], marker="o", label=label, **style)
   ax.set_xscale("log", base=2)
   ax.set_xticks(ks, [str(k) for k in ks])
   ax.set_title(f"{metric} vs rerank depth")
