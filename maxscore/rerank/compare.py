@@ -148,24 +148,32 @@ def compare(runs: Mapping[str, metrics.Run], qrels: metrics.Qrels, metric_names:
             test: Literal["randomization", "t"] = "randomization", alpha: float = 0.05,
             num_samples: int = 10_000, seed: int = 0) -> Comparison:
   """Evaluates every run on the same queries and tests each against `baseline` (default: the first run)."""
-  if len(runs) < 2:
-    raise CompareError(f"need at least 2 runs to compare, got {len(runs)}")
-  baseline = baseline or next(iter(runs))
-  if baseline not in runs:
-    raise CompareError(f"baseline {baseline!r} is not one of the runs {list(runs)}")
-  if test not in TESTS:
-    raise CompareError(f"test={test!r} is not one of {list(TESTS)}")
   try:
     names = list(dict.fromkeys(metrics.canonical_name(m) for m in metric_names))
   except ValueError as e:
     raise CompareError(str(e)) from None
   evaluated = {name: metrics.evaluate(qrels, run, names) for name, run in runs.items()}
+  return compare_per_query(evaluated, names, baseline, intersect, test, alpha, num_samples, seed)
+
+
+def compare_per_query(evaluated: Mapping[str, metrics.PerQuery], metric_names: Sequence[str],
+                      baseline: Optional[str] = None, intersect: bool = False,
+                      test: Literal["randomization", "t"] = "randomization", alpha: float = 0.05,
+                      num_samples: int = 10_000, seed: int = 0) -> Comparison:
+  """`compare` from per-query metric values already computed (run -> qid -> metric -> value)."""
+  if len(evaluated) < 2:
+    raise CompareError(f"need at least 2 runs to compare, got {len(evaluated)}")
+  baseline = baseline or next(iter(evaluated))
+  if baseline not in evaluated:
+    raise CompareError(f"baseline {baseline!r} is not one of the runs {list(evaluated)}")
+  if test not in TESTS:
+    raise CompareError(f"test={test!r} is not one of {list(TESTS)}")
+  names = list(dict.fromkeys(metrics.canonical_name(m) for m in metric_names))
   qids = _query_sets(evaluated, intersect)
   per_query = {name: {q: pq[q] for q in qids} for name, pq in evaluated.items()}
-  means = {name: metrics.aggregate(pq) for name, pq in per_query.items()}
-  means = {name: {m: v[m] for m in names} for name, v in means.items()}
+  means = {name: {m: float(sum(v[q][m] for q in qids)) / len(qids) for m in names} for name, v in per_query.items()}
   tests = []
-  for name in runs:
+  for name in evaluated:
     if name == baseline:
       continue
     for m in names:
@@ -189,10 +197,12 @@ def _fmt(x: Optional[float], spec: str = ".4f") -> str:
 
 def _legend(c: Comparison) -> str:
   test = "paired randomization test" if c.test == "randomization" else "paired t-test"
-  sampled = any(t["randomization_method"] != "exact" for t in c.tests)
-  return (f"{MARK}: p < {c.alpha:g} against {c.baseline} ({test}, two-sided, Holm-Bonferroni over "
-          f"{len(c.tests)} comparisons)" + ("; ~: randomization p estimated from random sign vectors, the "
-                                            "rest enumerate all" if sampled else ""))
+  n = len(c.tests)
+  legend = (f"{MARK}: p < {c.alpha:g} against {c.baseline} ({test}, two-sided, Holm-Bonferroni over {n} "
+            f"comparison{'' if n == 1 else 's'})")
+  if any(t["randomization_method"] != "exact" for t in c.tests):
+    legend += "; ~: randomization p estimated from random sign vectors (the others enumerate all)"
+  return legend
 
 
 def markdown(c: Comparison) -> str:
