@@ -63,7 +63,9 @@ def run_script(main: Callable[[Sequence[str]], Any], define_flags: Optional[Call
   def quiet_main(argv):
     log_dir = getattr(flags.FLAGS, log_dir_flag) if log_dir_flag else None
     verbose = bool(flags.FLAGS["verbosity"].present) and flags.FLAGS.verbosity >= 0
-    console_logging(pathlib.Path(log_dir) / f"{script}.log" if log_dir else None, verbose)
+    process = getattr(flags.FLAGS, "process_id", None) if "process_id" in flags.FLAGS else None
+    name = f"{script}.process{process}.log" if process else f"{script}.log"  # one file per process
+    console_logging(pathlib.Path(log_dir) / name if log_dir else None, verbose)
     return main(argv)
 
   app.run(quiet_main, argv=_expand_bare_v(sys.argv))
