@@ -2,6 +2,7 @@
 to a file), and flag parsing for tests."""
 
 import logging
+import logging.handlers
 import os
 import pathlib
 import sys
@@ -37,7 +38,8 @@ def console_logging(log_file: Optional[os.PathLike] = None, verbose: bool = Fals
     return None
   path = pathlib.Path(log_file)
   path.parent.mkdir(parents=True, exist_ok=True)
-  handler = logging.FileHandler(path, encoding="utf-8")
+  # Watched: a script that clears its output directory (train --overwrite) gets the file back on the next line.
+  handler = logging.handlers.WatchedFileHandler(path, encoding="utf-8", delay=True)
   handler.setFormatter(absl_logging.PythonFormatter())
   root.addHandler(handler)
   return handler
