@@ -44,7 +44,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
   try:
     named = compare.name_runs(argv[1:])
     runs = {name: compare.load_run(path) for name, path in named}
-    qrels, _ = compare.load_qrels(fv.qrels, [p for _, p in named])
+    qrels, qrels_source = compare.load_qrels(fv.qrels, [p for _, p in named])
     result = compare.compare(runs, qrels, fv.metrics, fv.baseline, fv.intersect, fv.test, fv.alpha,
                              fv.num_samples, fv.seed)
   except (compare.CompareError, data.DataError) as e:
@@ -54,7 +54,8 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
   if fv.output_json:
     path = pathlib.Path(fv.output_json)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result.to_json(), indent=2) + "\n", encoding="utf-8")
+    report = {**result.to_json(), "qrels": qrels_source, "inputs": {name: str(p) for name, p in named}}
+    path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     written.append(path)
   if fv.output_latex:
     path = pathlib.Path(fv.output_latex)

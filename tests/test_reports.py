@@ -6,8 +6,12 @@ import importlib.util
 import itertools
 import json
 import logging
+import os
 import pathlib
+import re
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -167,6 +171,7 @@ def test_compare_script_outputs_and_one_line_refusal(tmp_path, capsys):
   assert "| a (baseline) |" in out and "| b |" in out
   report = json.loads((tmp_path / "c.json").read_text())
   assert report["num_queries"] == 18 and report["baseline"] == "a" and len(report["tests"]) == 1
+  assert report["inputs"] == {"a": str(a), "b": str(eval_dir)} and report["qrels"].endswith("qrels.txt")
   assert _png_size(tmp_path / "plots" / "delta_b.png") == (800, 450)
   del runs["r1"]["q5"]
   _write_run(eval_dir / "run.trec", runs["r1"])
@@ -240,3 +245,30 @@ def test_plot_runs_script_depth_from_eval_dirs(tmp_path, capsys):
   with pytest.raises(SystemExit) as e:
     script.run(["plot_runs.py", "depth", f"a={tmp_path / 'nope'}"])
   assert e.value.code == 2 and "nope has no metrics.json" in capsys.readouterr().err
+
+
+def test_qrels_default_to_the_first_eval_directorys_data(tmp_path):
+  qrels, runs = _collection(num_queries=4, num_runs=1)
+  records = [{"qid": q, "query": f"query {q}", "candidates": [{"docid": d, "text": d} for d in docs],
+              "qrels": qrels[q]} for q, docs in runs["r0"].items()]
+  (tmp_path / "set.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  d = tmp_path / "eval"
+  d.mkdir()
+  (d / "summary.json").write_text(json.dumps({"data": {"format": "jsonl", "path": str(tmp_path / "set.jsonl")}}))
+  assert compare.load_qrels(None, [tmp_path / "a.trec", d]) == (qrels, str(tmp_path / "set.jsonl"))
+  with pytest.raises(compare.CompareError, match="no --qrels given"):
+    compare.load_qrels(None, [tmp_path / "a.trec"])
+
+
+def test_eval_script_console_is_quiet_and_logs_to_a_file(tmp_path):
+  """The real entry point: no library INFO line on stderr by default, all of them in the log file; -v shows them."""
+  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+  cmd = [sys.executable, str(REPO / "scripts" / "eval_rerank.py"), "--max_queries=1", "--noprogress",
+         "--rerank_top_k=4", f"--output_dir={tmp_path / 'out'}"]
+  quiet = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+  assert quiet.returncode == 0, quiet.stderr[-2000:]
+  assert not re.search(r"^I\d{4} ", quiet.stderr, re.M) and "first stage" in quiet.stdout
+  log = (tmp_path / "out" / "eval_rerank.log").read_text()
+  assert re.search(r"^I\d{4} .*eval: 1 queries", log, re.M) and "orbax" in log.lower()
+  loud = subprocess.run(cmd + ["-v"], env=env, capture_output=True, text=True, timeout=300)
+  assert loud.returncode == 0 and re.search(r"^I\d{4} .*eval: 1 queries", loud.stderr, re.M)
