@@ -7,7 +7,8 @@
 Runs are eval output directories (their run.trec) or TREC run files, optionally named `name=path`.
 --qrels is a TREC or BEIR qrels file or a JSONL rerank set; by default the data the first eval
 directory was evaluated on. Prints Markdown; a run covering other queries than the rest is refused
-(one line, exit 2) unless --intersect. --plot_dir writes each run's sorted per-query differences.
+(one line, exit 2) unless --intersect. --plot_dir (default: beside --output_json) gets each run's sorted
+per-query differences to the baseline as a PNG.
 """
 
 import json
@@ -37,7 +38,7 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_string("output_json", None, "write the comparison as JSON here", flag_values=fv)
   flags.DEFINE_string("output_latex", None, "write the means table as a LaTeX tabular here", flag_values=fv)
   flags.DEFINE_string("plot_dir", None, "write delta_<run>.png (per-query differences to the baseline on the "
-                      "first metric) here", flag_values=fv)
+                      "first metric) here; default: beside --output_json, if given", flag_values=fv)
 
 
 def main(argv, fv: flags.FlagValues = flags.FLAGS):
@@ -62,13 +63,14 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(compare.latex(result), encoding="utf-8")
     written.append(path)
-  if fv.plot_dir:
+  plot_dir = fv.plot_dir or (pathlib.Path(fv.output_json).parent if fv.output_json else None)
+  if plot_dir:
     metric = result.metrics[0]
     for name in result.means:
       if name != result.baseline:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
         written.append(plots.per_query_delta(compare.per_query_deltas(result, name, metric),
-                                             pathlib.Path(fv.plot_dir) / f"delta_{safe}.png", run=name,
+                                             pathlib.Path(plot_dir) / f"delta_{safe}.png", run=name,
                                              baseline=result.baseline, metric=metric))
   if written:
     print("\nwrote " + ", ".join(str(p) for p in written))

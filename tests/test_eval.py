@@ -113,6 +113,7 @@ def test_no_arguments_runs_the_embedded_default(scorer, tmp_path, monkeypatch, c
   assert summary["metrics"] == means and summary["label_ids"] == [
       scorer.tokenizer.label_id(l) for l in ("Yes", "No")]
   assert summary["first_stage_metrics"] == json.loads((out / "metrics.json").read_text())["first_stage"]
+  assert (out / "delta_vs_first_stage.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   for word in ("ndcg_cut_10", "first stage", "delta", "items/s", "algorithm packed" if "packed" in summary["algorithms"] else "algorithm"):
     assert word in printed
 
