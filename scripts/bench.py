@@ -12,7 +12,7 @@ what each figure means (model FLOPs follow DESIGN.md section 3).
 import dataclasses
 import json
 
-from absl import app, flags
+from absl import flags
 
 from maxscore import cli
 from maxscore import bench as benchmark
@@ -57,5 +57,4 @@ def run(argv) -> dict:
 
 
 if __name__ == "__main__":
-  define_flags(flags.FLAGS)
-  app.run(main)
+  cli.run_script(main, define_flags)

@@ -8,7 +8,7 @@ Every flag is a key of configs/convert.yml.
 import dataclasses
 from typing import Literal, Optional
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from maxscore import cli
 from maxscore.checkpoints.convert import ConversionError, convert_hf_checkpoint
@@ -53,5 +53,4 @@ def run(argv):
 
 
 if __name__ == "__main__":
-  define_flags(flags.FLAGS)
-  app.run(main)
+  cli.run_script(main, define_flags)

@@ -5,15 +5,17 @@
       --data_dir=beir/scifact --run_file=bm25.trec --split=test --rerank_top_k=100 attention=shared_prefix
 
 Trailing `key=value` arguments (or --override=key=value) override configs/base.yml keys.
-Input errors print one line and exit 2. A killed run restarted with the same flags resumes.
+Input errors print one line and exit 2. A killed run restarted with the same flags resumes. The console
+shows the progress bar, warnings, errors and the summary (first stage, reranked, delta); library INFO lines
+go to <output_dir>/eval_rerank.log (and the console with -v).
 """
 
 
-from absl import app, flags
+from absl import flags
 
 from maxscore import cli
 from maxscore.distributed import mesh as mesh_lib
-from maxscore.rerank import data, eval as eval_lib, prompts
+from maxscore.rerank import data, eval as eval_lib, first_stage, metrics, plots, prompts
 from layers.sharding import ShardingError
 from maxscore.checkpoints.storage import CheckpointError
 from maxscore.config import ConfigError
@@ -60,6 +62,8 @@ def define_flags(fv: flags.FlagValues) -> None:
                     "one; --nouse_head scores with the backbone's label probabilities", flag_values=fv)
   flags.DEFINE_multi_string("override", [], "key=value config override (repeatable)", flag_values=fv)
   flags.DEFINE_bool("progress", True, "show a progress bar", flag_values=fv)
+  flags.DEFINE_bool("plot", True, "write delta_vs_first_stage.png (per-query differences to the first stage on "
+                    "the first metric, sorted) to output_dir", flag_values=fv)
   flags.DEFINE_bool("fsync", False, "fsync results.jsonl after every query (survives power loss)",
                     flag_values=fv)
   flags.DEFINE_integer("gather_every", 1, "multi-process: queries each data group scores between gathers to "
@@ -89,6 +93,16 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     cli.fail(e)
   if report is not None:  # process 0 writes and reports; the others only score
     print(eval_lib.format_report(report))
+    if fv.plot and report.per_query:
+      _plot_against_first_stage(report, dataset.qrels)
+
+
+def _plot_against_first_stage(report: eval_lib.EvalReport, qrels) -> None:
+  metric = metrics.canonical_name(report.summary["eval_config"]["metrics"][0])
+  base = metrics.evaluate(qrels, data.read_trec_run(report.output_dir / first_stage.RUN_FILE), [metric])
+  deltas = {q: v[metric] - base[q][metric] for q, v in report.per_query.items() if q in base}
+  plots.per_query_delta(deltas, report.output_dir / "delta_vs_first_stage.png", run="reranked",
+                        baseline="first stage", metric=metric)
 
 
 def run(argv):
@@ -97,5 +111,4 @@ def run(argv):
 
 
 if __name__ == "__main__":
-  define_flags(flags.FLAGS)
-  app.run(main)
+  cli.run_script(main, define_flags, log_dir_flag="output_dir")

@@ -5,7 +5,7 @@
   python scripts/head_study.py --specs=linear,mlp,lm_labels,lm_labels_low_rank --seeds=0 \
       --learning_rates=3e-4,1e-3,3e-3,1e-2 --losses=listwise,pairwise,pointwise   # the README's sweep
 
-Prints a markdown table (mean and range over seeds) and the paired sign-flip tests of the first
+Prints a markdown table (mean and range over seeds) and the paired t and randomization tests of the first
 seed's exported head against the backbone without a head; writes the whole report as JSON.
 Trailing `key=value` arguments override configs/base.yml keys. Input errors exit 2.
 """
@@ -13,7 +13,7 @@ Trailing `key=value` arguments override configs/base.yml keys. Input errors exit
 import json
 import pathlib
 
-from absl import app, flags
+from absl import flags
 
 from maxscore import cli
 
@@ -60,5 +60,4 @@ def run(argv):
 
 
 if __name__ == "__main__":
-  define_flags(flags.FLAGS)
-  app.run(main)
+  cli.run_script(main, define_flags, log_dir_flag="workdir")

@@ -9,7 +9,7 @@ cannot be scored gets {"error": "line N: ..."} on its line and the run goes on.
 
 import sys
 
-from absl import app, flags, logging
+from absl import flags
 
 from maxscore import cli
 from maxscore.rerank import eval as eval_lib
@@ -38,7 +38,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     counts = eval_lib.score_jsonl(scorer, fv.input, fv.output, fv.batch_size)
   except (ScoreInputError, ConfigError, CheckpointError, FileNotFoundError) as e:
     cli.fail(e)
-  logging.info("scored %d requests, %d errors", counts["ok"], counts["errors"])
+  print(f"scored {counts['ok']} requests, {counts['errors']} errors", file=sys.stderr)
   if counts["errors"]:
     print(f"{counts['errors']} of {counts['ok'] + counts['errors']} requests failed; see their error lines",
           file=sys.stderr)
@@ -50,5 +50,4 @@ def run(argv):
 
 
 if __name__ == "__main__":
-  define_flags(flags.FLAGS)
-  app.run(main)
+  cli.run_script(main, define_flags)

@@ -14,7 +14,7 @@ keys. Input errors exit 2.
 
 import json
 
-from absl import app, flags
+from absl import flags
 
 from maxscore import cli
 from maxscore.checkpoints.storage import CheckpointError
@@ -61,5 +61,4 @@ def run(argv):
 
 
 if __name__ == "__main__":
-  define_flags(flags.FLAGS)
-  app.run(main)
+  cli.run_script(main, define_flags, log_dir_flag="workdir")

@@ -89,6 +89,7 @@ def _readme_commands():
 
 
 README_COMMANDS = _readme_commands()
+RUN_LIST_SCRIPTS = ("compare_runs", "plot_runs")
 
 
 def test_readme_has_example_commands():
@@ -104,5 +105,8 @@ def test_readme_command_parses(name, args):
   rest = fv(["prog"] + args, known_only=False)[1:]
   if hasattr(script, "SECTIONS"):
     cli.entry_from_flags(fv, script.ENTRY, script.SECTIONS)
+  if name in RUN_LIST_SCRIPTS:  # trailing arguments are runs (`name=path` or a path), not config keys
+    assert rest and all(a and not a.startswith("-") for a in rest), rest
+    return
   overrides = [a for a in rest if "=" in a] + [a for a in getattr(fv, "override", None) or []]
   load_config([o for o in overrides if not o.startswith("checkpoint_dir=")])

@@ -86,6 +86,14 @@ def _check_outputs(out, dataset, metric_names=eval_lib.DEFAULT_METRICS):
   agg = json.loads((out / "metrics.json").read_text())
   assert agg["num_queries"] == len(expected)
   assert agg["metrics"] == pytest.approx(metrics.aggregate(expected), abs=1e-12)
+  # The first stage: each query's candidates in the given order, the same queries as the reranked run.
+  given = {q.qid: {d: -float(i) for i, (d, _) in enumerate(q.candidates)} for q in dataset.queries}
+  base = metrics.aggregate(metrics.evaluate(dataset.qrels, given, metric_names))
+  assert agg["first_stage"] == pytest.approx(base, abs=1e-12)
+  assert agg["delta"] == pytest.approx({n: agg["metrics"][n] - base[n] for n in base}, abs=1e-12)
+  first = data.read_trec_run(out / "first_stage.trec")
+  assert {q: sorted(r, key=r.get, reverse=True) for q, r in first.items()} == {
+      q: list(r) for q, r in given.items()}
   return agg["metrics"]
 
 
@@ -104,7 +112,9 @@ def test_no_arguments_runs_the_embedded_default(scorer, tmp_path, monkeypatch, c
                                    "items_truncated": 0}
   assert summary["metrics"] == means and summary["label_ids"] == [
       scorer.tokenizer.label_id(l) for l in ("Yes", "No")]
-  for word in ("ndcg_cut_10", "items/s", "algorithm packed" if "packed" in summary["algorithms"] else "algorithm"):
+  assert summary["first_stage_metrics"] == json.loads((out / "metrics.json").read_text())["first_stage"]
+  assert (out / "delta_vs_first_stage.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  for word in ("ndcg_cut_10", "first stage", "delta", "items/s", "algorithm packed" if "packed" in summary["algorithms"] else "algorithm"):
     assert word in printed
 
 

@@ -1,7 +1,6 @@
 """Conversion from Hugging Face and logits parity with transformers (the external oracle)."""
 
 import json
-import shutil
 import subprocess
 import sys
 

@@ -308,7 +308,7 @@ def test_head_study_small(tmp_path):
     first = next(r for r in report["runs"] if r["spec"] == spec)
     paired = report["paired"][spec]["test"]
     assert paired["queries"] == 3 and paired["wins"] + paired["losses"] + paired["ties"] == 3
-    assert paired["mean_diff"] == pytest.approx(first["test"]["ndcg_cut_10"] - report["baseline"]["test"]["ndcg_cut_10"],
+    assert paired["delta"] == pytest.approx(first["test"]["ndcg_cut_10"] - report["baseline"]["test"]["ndcg_cut_10"],
                                                 abs=1e-6)
   table = head_study.markdown(report)
   assert "| no head (untrained) |" in table and "BM25 reference" in table and "p = " in table

@@ -7,8 +7,9 @@ For every head spec (x learning rate x loss, when given) and seed, one training 
 final head; its nDCG@10 (and the other eval metrics) on the dev and the test split come from the
 trainer's own dev evaluation, run once with each split as the "dev" set (training never reads the
 dev set, so both runs end with the same params: checked by digest). The first seed of each spec is
-exported and re-scored by eval.run_eval on both splits for per-query metrics, which a paired
-sign-flip test (metrics.paired_test) compares with the backbone scored without a head. A BM25
+exported and re-scored by eval.run_eval on both splits for per-query metrics, which
+compare.compare_per_query tests against the backbone scored without a head (paired t and randomization
+tests, Holm-Bonferroni across the exported heads of a split). A BM25
 ranking over lowercase words is reported beside them as a reference for what the data allows
 (it is no maxscore scoring path).
 """
@@ -24,7 +25,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from maxscore.heads import train as train_lib
-from maxscore.rerank import data, eval as eval_lib, metrics
+from maxscore.rerank import compare, data, eval as eval_lib, metrics
 
 # Named head settings (TrainConfig fields); the rest are TrainConfig's defaults.
 SPECS: dict[str, dict[str, Any]] = {
@@ -86,6 +87,7 @@ def study(checkpoint_dir: Optional[str], jsonl: Optional[str], specs: Sequence[s
       "bm25": {s: metrics.aggregate(metrics.evaluate(sets[s].qrels, bm25_run(sets[s]), prompt.metrics))
                for s in SPLITS},
       "runs": [], "paired": {}}
+  exported: dict[str, dict[str, metrics.PerQuery]] = {s: {} for s in SPLITS}  # split -> setting -> per query
   for spec, lr, loss in itertools.product(specs, learning_rates, losses):
     setting = {**train_kw, **SPECS[spec]}
     setting.update({k: v for k, v in (("learning_rate", lr), ("loss", loss)) if v is not None})
@@ -107,9 +109,24 @@ def study(checkpoint_dir: Optional[str], jsonl: Optional[str], specs: Sequence[s
       out["runs"].append({"name": name, "spec": spec, "seed": seed, "config": dataclasses.asdict(cfg), **finals})
       if export is not None:
         scorer = eval_lib.build_scorer(str(export), overrides)
-        out["paired"][name] = {s: metrics.paired_test(evaluate(scorer, s, f"{tag}-s{seed}"), baseline[s],
-                                                      "ndcg_cut_10") for s in SPLITS}
+        for s in SPLITS:
+          exported[s][name] = evaluate(scorer, s, f"{tag}-s{seed}")
+  out["paired"] = paired_tests(baseline, exported)
   return out
+
+
+def paired_tests(baseline: dict[str, metrics.PerQuery], exported: dict[str, dict[str, metrics.PerQuery]],
+                 metric: str = "ndcg_cut_10") -> dict[str, dict[str, dict[str, Any]]]:
+  """setting -> split -> its test against no head on `metric` (compare's test record, Holm-adjusted over
+  the settings compared on that split)."""
+  paired: dict[str, dict[str, dict[str, Any]]] = {}
+  for s, heads in exported.items():
+    if not heads:
+      continue
+    c = compare.compare_per_query({"no head": baseline[s], **heads}, [metric], baseline="no head")
+    for t in c.tests:
+      paired.setdefault(t["run"], {})[s] = t
+  return paired
 
 
 def markdown(report: dict[str, Any], metric: str = "ndcg_cut_10") -> str:
@@ -131,7 +148,8 @@ def markdown(report: dict[str, Any], metric: str = "ndcg_cut_10") -> str:
   lines = ["\n".join(rows), ""]
   for spec, tests in report["paired"].items():
     for s, t in tests.items():
-      lines.append(f"{spec} seed {by_spec[spec][0]['seed']} vs no head, {s}: {t['mean_diff']:+.4f} over "
+      lines.append(f"{spec} seed {by_spec[spec][0]['seed']} vs no head, {s}: {t['delta']:+.4f} over "
                    f"{t['queries']} queries, {t['wins']} wins / {t['losses']} losses / {t['ties']} ties, "
-                   f"paired sign-flip p = {t['p_value']:.3f}")
+                   f"paired t p = {t['p_t']:.3f}, randomization p = {t['p_randomization']:.3f} "
+                   f"(Holm over {len(report['paired'])} heads: {t['p_randomization_holm']:.3f})")
   return "\n".join(lines)

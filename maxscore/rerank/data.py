@@ -210,8 +210,10 @@ def _read_queries(path: pathlib.Path, problems: _Problems) -> dict[str, str]:
   return out
 
 
-def read_qrels(path: pathlib.Path, problems: _Problems, known_qids=None) -> Qrels:
-  """BEIR qrels TSV (`query-id corpus-id score`, an optional header line); or TREC `qid 0 docid grade`."""
+def read_qrels(path: pathlib.Path, problems: Optional[_Problems] = None, known_qids=None) -> Qrels:
+  """BEIR qrels TSV (`query-id corpus-id score`, an optional header line); or TREC `qid 0 docid grade`.
+  Without `problems`, a malformed line raises DataError."""
+  problems = problems or _Problems(skip_bad=False)
   qrels: Qrels = {}
   for number, line in _lines(path):
     where = f"{path}:{number}"

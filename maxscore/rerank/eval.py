@@ -11,7 +11,8 @@ run's. The prefix cache is cleared before each query, so the algorithm the selec
 (and with it every float) depends only on the query's geometry, never on what ran before.
 
 Outputs in `output_dir`: results.jsonl (resume state), run.trec (reranked TREC run),
-metrics_per_query.jsonl, metrics.json (means over evaluated queries), summary.json.
+first_stage.trec (the ranking it started from, same queries and depth), metrics_per_query.jsonl,
+metrics.json (means over evaluated queries: reranked, first stage and the delta), summary.json.
 
 `score_jsonl` is the batch form of the /v1/score API behind scripts/score.py.
 """
@@ -32,7 +33,7 @@ from absl import logging
 from tqdm import tqdm
 
 from maxscore.heads import score_heads as heads
-from maxscore.rerank import data, metrics, prompts
+from maxscore.rerank import data, first_stage, metrics, prompts
 from maxscore.distributed import mesh as mesh_lib
 from maxscore.config import load_config, parse_override, to_flat_dict
 from maxscore.rerank.data import RerankSet
@@ -115,6 +116,7 @@ class EvalReport:
   per_query: dict[str, dict[str, float]]
   summary: dict[str, Any]
   output_dir: pathlib.Path
+  first_stage: dict[str, float] = dataclasses.field(default_factory=dict)  # baseline means, same queries
 
 
 def build_scorer(checkpoint_dir: Optional[str] = None, overrides: Sequence[str] = (),
@@ -296,6 +298,8 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
   report = _finalize(dataset, queries, done, cfg, out)
   summary = _summary(scorer, dataset, queries, done, cfg, label_ids, resumed, report.metrics,
                      len(report.per_query), time.perf_counter() - wall_start)
+  summary["first_stage_metrics"] = report.first_stage
+  summary["delta"] = {n: v - report.first_stage[n] for n, v in report.metrics.items() if n in report.first_stage}
   summary["data_groups"] = group.count
   summary["processes"] = jax.process_count()
   _write_json(out / "summary.json", summary)
@@ -331,8 +335,13 @@ def _finalize(dataset: RerankSet, queries, done, cfg: EvalConfig, out: pathlib.P
   names = [metrics.canonical_name(m) for m in cfg.metrics]
   means = metrics.aggregate(ordered) if ordered else {}
   means = {n: means[n] for n in dict.fromkeys(names) if n in means}
-  _write_json(out / "metrics.json", {"metrics": means, "num_queries": len(ordered)})
-  return EvalReport(means, ordered, {}, out)
+  base = first_stage.evaluate(dataset.qrels, queries, run, cfg.metrics)
+  tmp = out / (first_stage.RUN_FILE + ".tmp")
+  tmp.write_text("".join(l + "\n" for l in first_stage.trec_lines(base)), encoding="utf-8")
+  os.replace(tmp, out / first_stage.RUN_FILE)
+  _write_json(out / "metrics.json", {"metrics": means, "num_queries": len(ordered), "first_stage": base.means,
+                                     "delta": base.delta(means)})
+  return EvalReport(means, ordered, {}, out, base.means)
 
 
 def _summary(scorer: Scorer, dataset: RerankSet, queries, done, cfg: EvalConfig, label_ids, resumed: int,
@@ -387,7 +396,7 @@ def format_report(report: EvalReport) -> str:
   with_head = f" + trained {head['config']['kind']} score head" if head else ""
   lines = [f"model {s['model']}{with_head} on {s['backend']}: {s['queries_evaluated']} queries evaluated{resumed}, "
            f"{s['items']} candidates, outputs in {report.output_dir}"]
-  lines += [f"  {name:<18} {value:.4f}" for name, value in report.metrics.items()]
+  lines += first_stage.table(report.metrics, report.first_stage)
   rate = lambda x: "n/a" if x is None else f"{x:,.0f}"
   lines.append(f"  items/s {rate(s['items_per_s'])} (warm {rate(s['items_per_s_warm'])}), tokens/s "
                f"{rate(s['tokens_per_s'])}, wall {s['wall_seconds']:.1f} s, "

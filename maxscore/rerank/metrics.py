@@ -176,20 +176,3 @@ def aggregate(per_query: PerQuery) -> dict[str, float]:
   """Mean of each metric over the evaluated queries (trec_eval's `all` row)."""
   return MetricSums.from_per_query(per_query).means()
 
-
-def paired_test(per_query_a: PerQuery, per_query_b: PerQuery, metric: str, num_samples: int = 100_000,
-                seed: int = 0) -> dict[str, float]:
-  """How system a differs from b on `metric` over the queries both evaluated: mean difference a - b,
-  per-query wins/losses/ties, and the two-sided p-value of a paired sign-flip randomization test
-  (Monte Carlo over `num_samples` random sign vectors; the observed vector counts as one sample)."""
-  name = canonical_name(metric)
-  qids = sorted(set(per_query_a) & set(per_query_b))
-  if not qids:
-    raise ValueError("the two runs share no evaluated query")
-  d = np.array([per_query_a[q][name] - per_query_b[q][name] for q in qids], np.float64)
-  observed = abs(d.mean())
-  signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(num_samples, len(d)))
-  extreme = int(np.sum(np.abs(signs @ d) / len(d) >= observed - 1e-12))
-  return {"queries": len(qids), "mean_diff": float(d.mean()), "wins": int(np.sum(d > 0)),
-          "losses": int(np.sum(d < 0)), "ties": int(np.sum(d == 0)),
-          "p_value": (extreme + 1) / (num_samples + 1)}

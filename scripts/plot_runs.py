@@ -1,0 +1,60 @@
+"""Plots for evaluation reports: a metric against the rerank depth, or a score head's training curves.
+
+  python scripts/plot_runs.py depth head=out/k10,out/k20,out/k50 nohead=out/n10,out/n20,out/n50 \\
+      --metric=ndcg@10 --output=out/depth.png
+  python scripts/plot_runs.py training out/train_head/metrics.jsonl --metric=ndcg@10 --output=out/train.png
+
+depth: each `label=dir,dir,...` is one line over eval output directories run at different --rerank_top_k
+(the first label's directories also draw the first stage). training: train loss and the dev metric
+over the steps of a train_score_head.py run. The per-query wins-and-losses plot is compare_runs.py's
+--plot_dir.
+"""
+
+import pathlib
+
+from absl import flags
+
+from maxscore import cli
+from maxscore.rerank import compare, metrics, plots
+
+KINDS = ("depth", "training")
+
+
+def define_flags(fv: flags.FlagValues) -> None:
+  flags.DEFINE_string("metric", "ndcg@10", "trec_eval name or alias of the metric to plot", flag_values=fv)
+  flags.DEFINE_string("output", None, "PNG to write (default: <kind>.png in the current directory)", flag_values=fv)
+
+
+def main(argv, fv: flags.FlagValues = flags.FLAGS):
+  args = list(argv[1:])
+  if not args or args[0] not in KINDS or len(args) < 2:
+    cli.fail(ValueError(f"usage: plot_runs.py {{{'|'.join(KINDS)}}} ARGS... (got {args[:1] or 'nothing'}); "
+                        "depth takes label=dir,dir,... groups, training one metrics.jsonl"))
+  kind, rest = args[0], args[1:]
+  output = pathlib.Path(fv.output or f"{kind}.png")
+  try:
+    metric = metrics.canonical_name(fv.metric)
+    if kind == "depth":
+      groups = {}
+      for a in rest:
+        label, sep, dirs = a.partition("=")
+        if not sep or not label or not dirs:
+          raise ValueError(f"depth group {a!r} must be label=dir,dir,...")
+        groups[label] = [pathlib.Path(d) for d in dirs.split(",") if d]
+      path = plots.metric_vs_depth(compare.depth_series(groups, metric), output, metric=metric)
+    else:
+      if len(rest) != 1 or not pathlib.Path(rest[0]).is_file():
+        raise ValueError(f"training takes one metrics.jsonl file, got {rest}")
+      path = plots.training_curves(plots.read_metrics_jsonl(rest[0]), output, dev_metric=metric)
+  except (ValueError, compare.CompareError) as e:
+    cli.fail(e)
+  print(f"wrote {path}")
+
+
+def run(argv):
+  """Parses `argv` into fresh flags and calls main (tests)."""
+  return cli.run_with_fresh_flags(define_flags, main, argv)
+
+
+if __name__ == "__main__":
+  cli.run_script(main, define_flags)
