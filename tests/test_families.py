@@ -107,3 +107,34 @@ def test_converted_config_keeps_the_family_options(hf_checkpoints):
   hf = json.loads((hf_dir / "config.json").read_text())
   assert cfg.family == "gemma3" and cfg.layer_pattern == "LLG" and cfg.sliding_window == hf["sliding_window"]
   assert cfg.rope_local_theta == 10000.0 and cfg.rope_theta == 1e6 and cfg.rope_scaling_type == "linear"
+
+
+def test_eval_rerank_bge_template_raw_logit_end_to_end(tmp_path, hf_tokenizer_path):
+  """scripts/eval_rerank.py --template=bge_gemma --score_mode=raw_logit on a converted Gemma 2 model."""
+  import importlib.util
+  import pathlib
+  from maxscore.checkpoints.convert import convert_hf_checkpoint
+  from maxscore.rerank import prompts
+  from maxscore.testing.hf_models import make_hf_model, save_hf_model
+  hf = save_hf_model(make_hf_model("gemma2", vocab_size=520), tmp_path / "hf", tokenizer_file=hf_tokenizer_path)
+  ckpt = convert_hf_checkpoint(hf, tmp_path / "ckpt")
+  docs = ["sorting a list in place", "the garbage collector", "binary search trees", "list comprehension"]
+  records = [{"qid": f"q{i}", "query": q, "candidates": [{"docid": f"d{j}", "text": t} for j, t in enumerate(docs)],
+              "qrels": {"d0": 1}} for i, q in enumerate(["how to sort a list", "memory management"])]
+  data_path = tmp_path / "set.jsonl"
+  data_path.write_text("".join(json.dumps(r) + "\n" for r in records))
+  spec = importlib.util.spec_from_file_location("_eval_rerank", pathlib.Path(__file__).parent.parent / "scripts" /
+                                                "eval_rerank.py")
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  out = tmp_path / "out"
+  script.run(["eval_rerank.py", f"--jsonl={data_path}", "--split=all", f"--checkpoint_dir={ckpt}",
+              "--template=bge_gemma", "--score_mode=raw_logit", f"--output_dir={out}", "--noprogress",
+              "attention=shared_prefix"])
+  results = [json.loads(l) for l in (out / "results.jsonl").read_text().splitlines()[1:]]
+  assert [r["qid"] for r in results] == ["q0", "q1"]
+  scorer = Scorer.from_checkpoint(ckpt, attention="shared_prefix")
+  builder = prompts.PromptBuilder(scorer.tokenizer, prompts.TEMPLATES["bge_gemma"])
+  yes = scorer.tokenizer.label_id("Yes")
+  want = scorer.label_logits(builder.query(records[0]["query"])[0], [builder.item(t)[0] for t in docs], [yes])
+  np.testing.assert_allclose(results[0]["scores"], want.scores[:, 0], atol=1e-5, rtol=0)
