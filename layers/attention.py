@@ -1,4 +1,11 @@
-"""Grouped-query self-attention with optional q/k RMSNorm (Qwen3) and biases; the kernel is pluggable."""
+"""Grouped-query self-attention with the families' options; the kernel is pluggable.
+
+Options from the config: q/k/v (and o) biases, per-head q/k RMSNorm (Qwen3, Gemma 3), the
+attention scale (`query_pre_attn_scalar`), logit soft-capping, and per layer a sliding window
+and its RoPE base. The layer is scanned, so "is this layer local" arrives as a traced flag; a
+model that mixes local and global layers picks the kernel call with `lax.cond` (each branch has
+a static window, which a splash mask or a Triton block range needs).
+"""
 
 from typing import Callable, Optional
 
@@ -21,28 +28,35 @@ class Attention(nn.Module):
   precision: jax.lax.Precision | None = None
 
   @nn.compact
-  def __call__(self, x_BxTxD, positions_BxT, layout: SegmentLayout, prefix_kv: Optional[PrefixKV] = None):
+  def __call__(self, x_BxTxD, positions_BxT, layout: SegmentLayout, prefix_kv: Optional[PrefixKV] = None,
+               is_local: Optional[jax.Array] = None):
     cfg = self.config
     d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
     def proj(name, heads, axis):
       w = self.param(name, logical(("embed", axis, "head_dim")), (d, heads, h), self.param_dtype)
       y = jnp.einsum("BTD,DNH->BTNH", x_BxTxD, w.astype(self.dtype), precision=self.precision)
-      if cfg.attention_bias:
+      if cfg.qkv_bias:
         y = y + self.param(f"{name}_bias", nn.with_logical_partitioning(nn.initializers.zeros, (axis, "head_dim")),
                            (heads, h), self.param_dtype).astype(self.dtype)
       return y
 
     q_BxTxNxH, k_BxTxKxH, v_BxTxKxH = proj("q", n, "heads"), proj("k", k, "kv_heads"), proj("v", k, "kv_heads")
     if cfg.qk_norm:
-      norm = lambda name: RMSNorm(cfg.rms_norm_eps, self.dtype, self.param_dtype, "head_dim", name=name)
+      norm = lambda name: RMSNorm(cfg.rms_norm_eps, self.dtype, self.param_dtype, "head_dim", cfg.gemma_style,
+                                  name=name)
       q_BxTxNxH, k_BxTxKxH = norm("q_norm")(q_BxTxNxH), norm("k_norm")(k_BxTxKxH)
     inv_freq = rope_inv_freq(cfg)
+    if cfg.rope_local_theta is not None and is_local is not None:
+      inv_freq = jnp.where(is_local, jnp.asarray(rope_inv_freq(cfg, local=True)), jnp.asarray(inv_freq))
     q_BxTxNxH = apply_rope(q_BxTxNxH, positions_BxT, inv_freq)
     k_BxTxKxH = apply_rope(k_BxTxKxH, positions_BxT, inv_freq)
+    if cfg.query_pre_attn_scalar is not None and cfg.query_pre_attn_scalar != h:
+      # Kernels scale by head_dim ** -0.5; this makes the product query_pre_attn_scalar ** -0.5.
+      q_BxTxNxH = (q_BxTxNxH.astype(jnp.float32) * (cfg.attn_scale * h ** 0.5)).astype(q_BxTxNxH.dtype)
     q_BxTxNxH = nn.with_logical_constraint(q_BxTxNxH, ("activation_batch", "activation_length", "activation_heads",
                                                        "head_dim"))
-    out_BxTxNxH = self.attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout, prefix_kv)
+    out_BxTxNxH = self._attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout, prefix_kv, is_local)
     w_o = self.param("o", logical(("heads", "head_dim", "embed")), (n, h, d), self.param_dtype)
     out_BxTxD = jnp.einsum("BTNH,NHD->BTD", out_BxTxNxH.astype(self.dtype), w_o.astype(self.dtype),
                            precision=self.precision)
@@ -50,3 +64,16 @@ class Attention(nn.Module):
       out_BxTxD = out_BxTxD + self.param("o_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
                                          (d,), self.param_dtype).astype(self.dtype)
     return out_BxTxD, PrefixKV(k_BxTxKxH, v_BxTxKxH)
+
+  def _attend(self, q, k, v, layout, prefix_kv, is_local):
+    """The kernel with this layer's window: static where every layer agrees, else lax.cond on the flag."""
+    cfg = self.config
+    call = lambda window: self.attend(q, k, v, layout, prefix_kv, window=window, softcap=cfg.attn_logit_softcap)
+    local = cfg.layer_is_local
+    if cfg.window is None or not any(local):
+      return call(None)
+    if all(local):
+      return call(cfg.sliding_window)
+    if is_local is None:
+      raise ValueError(f"layer_pattern={cfg.layer_pattern!r} mixes local and global layers: pass is_local")
+    return jax.lax.cond(is_local, lambda: call(cfg.sliding_window), lambda: call(None))

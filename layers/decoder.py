@@ -1,4 +1,4 @@
-"""The decoder-only transformer (Llama-3 / Qwen3 families).
+"""The decoder-only transformer: one module for every family, options from ModelConfig.
 
 Flax Linen, chosen once for the whole project: parameters are a plain pytree that
 maps one-to-one onto Orbax checkpoints and Hugging Face tensors, `model.apply` is a pure
@@ -27,7 +27,12 @@ PRECISIONS = {"default": jax.lax.Precision.DEFAULT, "high": jax.lax.Precision.HI
 
 
 class DecoderLayer(nn.Module):
-  """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)). Scanned: (carry, per-layer input)."""
+  """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)). Scanned: (carry, per-layer input).
+
+  With sandwich norms (Gemma 2/3) each block's output is normalized too before the residual add:
+  x + norm(attn(norm(x))). Param names: `input_norm` before attention, `post_attn_norm` before
+  the MLP (Llama's post_attention_layernorm), `attn_out_norm` / `mlp_out_norm` on the outputs.
+  """
   config: ModelConfig
   attend: Callable
   dtype: jnp.dtype
@@ -36,21 +41,28 @@ class DecoderLayer(nn.Module):
   return_kv: bool = False
 
   @nn.compact
-  def __call__(self, x_BxTxD, positions_BxT, layout, prefix_kv: Optional[PrefixKV]):
+  def __call__(self, x_BxTxD, positions_BxT, layout, prefix_kv: Optional[PrefixKV], is_local_: jax.Array):
     cfg = self.config
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-    h = RMSNorm(cfg.rms_norm_eps, name="input_norm", **kw)(x_BxTxD)
+    norm = lambda name: RMSNorm(cfg.rms_norm_eps, plus_one=cfg.gemma_style, name=name, **kw)
+    h = norm("input_norm")(x_BxTxD)
     attn, kv = Attention(cfg, self.attend, precision=self.precision, name="attn", **kw)(
-        h, positions_BxT, layout, prefix_kv)
-    x_BxTxD = x_BxTxD + attn
-    h = RMSNorm(cfg.rms_norm_eps, name="post_attn_norm", **kw)(x_BxTxD)
-    x_BxTxD = x_BxTxD + MLP(cfg.hidden_size, cfg.mlp_dim, precision=self.precision, name="mlp", **kw)(h)
+        h, positions_BxT, layout, prefix_kv, is_local_)
+    x_BxTxD = x_BxTxD + (norm("attn_out_norm")(attn) if cfg.sandwich_norm else attn)
+    h = norm("post_attn_norm")(x_BxTxD)
+    act = "gelu_tanh" if cfg.gemma_style else "silu"
+    mlp = MLP(cfg.hidden_size, cfg.mlp_dim, precision=self.precision, activation=act, name="mlp", **kw)(h)
+    x_BxTxD = x_BxTxD + (norm("mlp_out_norm")(mlp) if cfg.sandwich_norm else mlp)
     x_BxTxD = nn.with_logical_constraint(x_BxTxD, ("activation_batch", "activation_length", "activation_embed"))
     return x_BxTxD, (kv if self.return_kv else None)
 
 
 class Decoder(nn.Module):
-  """Embedding -> scanned layers -> final RMSNorm. `logits` applies the (tied or separate) lm_head."""
+  """Embedding -> scanned layers -> final RMSNorm. `logits` applies the (tied or separate) lm_head.
+
+  Per-layer options that vary along the stack (local or global attention) enter the scan as a
+  per-layer input array, so the layers stay one scanned module.
+  """
   config: ModelConfig
   attend: Callable
   dtype: jnp.dtype = jnp.float32
@@ -61,30 +73,37 @@ class Decoder(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.embed = Embed(cfg.vocab_size, cfg.hidden_size, self.dtype, self.param_dtype)
+    self.embed = Embed(cfg.vocab_size, cfg.hidden_size, self.dtype, self.param_dtype, cfg.embed_scale)
     layer = nn.remat(DecoderLayer, prevent_cse=False) if self.remat else DecoderLayer
     scanned = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
-                      in_axes=(nn.broadcast, nn.broadcast, 0), length=cfg.num_layers,
+                      in_axes=(nn.broadcast, nn.broadcast, 0, 0), length=cfg.num_layers,
                       metadata_params={nn.PARTITION_NAME: "layers"})
     self.layers = scanned(cfg, self.attend, self.dtype, self.param_dtype, PRECISIONS[self.precision],
                           self.return_kv)
-    self.final_norm = RMSNorm(cfg.rms_norm_eps, self.dtype, self.param_dtype)
+    self.final_norm = RMSNorm(cfg.rms_norm_eps, self.dtype, self.param_dtype, plus_one=cfg.gemma_style)
     if not cfg.tie_word_embeddings:
       self.lm_head = self.param("lm_head", logical(("embed", "vocab")), (cfg.hidden_size, cfg.vocab_size),
                                 self.param_dtype)
 
   def __call__(self, tokens_BxT, positions_BxT, layout: SegmentLayout, prefix_kv: Optional[PrefixKV] = None):
     """Final hidden states [B, T, D], and the stacked per-layer K/V [layers, B, T, K, H] when return_kv."""
-    x_BxTxD = self.embed(tokens_BxT)
-    x_BxTxD, kv = self.layers(x_BxTxD, positions_BxT, layout, prefix_kv)
+    x_BxTxD, kv = self.run_layers(self.embed(tokens_BxT), positions_BxT, layout, prefix_kv)
     return self.final_norm(x_BxTxD), kv
 
+  def run_layers(self, x_BxTxD, positions_BxT, layout: SegmentLayout, prefix_kv: Optional[PrefixKV] = None):
+    """The scanned layer stack on embeddings [B, T, D] (each layer gets its local/global flag)."""
+    is_local_L = jnp.asarray(self.config.layer_is_local)
+    return self.layers(x_BxTxD, positions_BxT, layout, prefix_kv, is_local_L)
+
   def logits(self, h_xD: jax.Array) -> jax.Array:
-    """float32 logits over the full vocabulary for hidden rows [..., D]."""
+    """float32 logits over the full vocabulary for hidden rows [..., D] (soft-capped where configured)."""
     if self.config.tie_word_embeddings:
-      return self.embed.attend(h_xD)
-    return jnp.einsum("...D,DV->...V", h_xD.astype(jnp.float32), self.lm_head.astype(jnp.float32),
-                      precision=jax.lax.Precision.HIGHEST)
+      logits = self.embed.attend(h_xD)
+    else:
+      logits = jnp.einsum("...D,DV->...V", h_xD.astype(jnp.float32), self.lm_head.astype(jnp.float32),
+                          precision=jax.lax.Precision.HIGHEST)
+    cap = self.config.final_logit_softcap
+    return logits if cap is None else jnp.tanh(logits / cap) * cap
 
 
 def init_params(model: Decoder, rng: jax.Array):

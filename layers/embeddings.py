@@ -12,18 +12,23 @@ from layers.normalization import logical
 
 
 class Embed(nn.Module):
-  """Token embedding table [vocab, embed]; `attend` is the tied output projection."""
+  """Token embedding table [vocab, embed]; `attend` is the tied output projection.
+
+  `scale` (Gemma: sqrt(hidden_size)) multiplies the looked-up rows, in `dtype` as Gemma does.
+  """
   vocab_size: int
   features: int
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
+  scale: float | None = None
 
   def setup(self):
     self.embedding = self.param("embedding", logical(("vocab", "embed")), (self.vocab_size, self.features),
                                 self.param_dtype)
 
   def __call__(self, tokens_BxT: jax.Array) -> jax.Array:
-    return jnp.take(self.embedding, tokens_BxT, axis=0).astype(self.dtype)
+    x = jnp.take(self.embedding, tokens_BxT, axis=0).astype(self.dtype)
+    return x if self.scale is None else x * jnp.asarray(self.scale, self.dtype)
 
   def attend(self, x_BxD: jax.Array) -> jax.Array:
     """Logits in float32 against the embedding rows (tied lm_head)."""
@@ -31,14 +36,21 @@ class Embed(nn.Module):
                       precision=jax.lax.Precision.HIGHEST)
 
 
-def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
-  """Inverse frequencies [head_dim/2] in float32, with Llama-3 scaling when configured."""
+def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> np.ndarray:
+  """Inverse frequencies [head_dim/2] in float32 for a global layer (with its scaling) or a local one.
+
+  A local layer uses `rope_local_theta` unscaled when the config sets one (Gemma 3), else the global
+  frequencies.
+  """
+  theta = cfg.rope_local_theta if local and cfg.rope_local_theta is not None else cfg.rope_theta
   exponent = np.arange(0, cfg.head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(cfg.head_dim)
-  inv_freq = (np.float32(1.0) / (np.float32(cfg.rope_theta) ** exponent)).astype(np.float32)
-  if cfg.rope_scaling_type is None:
+  inv_freq = (np.float32(1.0) / (np.float32(theta) ** exponent)).astype(np.float32)
+  if cfg.rope_scaling_type is None or (local and cfg.rope_local_theta is not None):
     return inv_freq
+  if cfg.rope_scaling_type == "linear":
+    return (inv_freq / np.float32(cfg.rope_scaling_factor)).astype(np.float32)
   if cfg.rope_scaling_type != "llama3":
-    raise ValueError(f"rope_scaling_type={cfg.rope_scaling_type!r} is not supported (use llama3 or null)")
+    raise ValueError(f"rope_scaling_type={cfg.rope_scaling_type!r} is not supported (use llama3, linear or null)")
   factor, low, high = cfg.rope_scaling_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
   old_len = cfg.rope_original_max_position
   wavelen = 2 * math.pi / inv_freq

@@ -1,4 +1,4 @@
-"""SwiGLU feed-forward block."""
+"""Gated feed-forward block: SwiGLU (Llama, Qwen, Mistral) or GeGLU with tanh GELU (Gemma)."""
 
 import flax.linen as nn
 import jax
@@ -8,12 +8,13 @@ from layers.normalization import logical
 
 
 class MLP(nn.Module):
-  """down(silu(gate(x)) * up(x))."""
+  """down(act(gate(x)) * up(x)), act = silu or gelu_tanh."""
   hidden_size: int
   mlp_dim: int
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
   precision: jax.lax.Precision | None = None
+  activation: str = "silu"
 
   @nn.compact
   def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
@@ -22,6 +23,7 @@ class MLP(nn.Module):
     up = self.param("up", logical(("embed", "mlp")), (d, f), self.param_dtype)
     down = self.param("down", logical(("mlp", "embed")), (f, d), self.param_dtype)
     dot = lambda eq, a, w: jnp.einsum(eq, a, w.astype(self.dtype), precision=self.precision)
-    h_BxTxF = nn.silu(dot("BTD,DF->BTF", x_BxTxD, gate)) * dot("BTD,DF->BTF", x_BxTxD, up)
+    act = {"silu": nn.silu, "gelu_tanh": lambda x: nn.gelu(x, approximate=True)}[self.activation]
+    h_BxTxF = act(dot("BTD,DF->BTF", x_BxTxD, gate)) * dot("BTD,DF->BTF", x_BxTxD, up)
     h_BxTxF = nn.with_logical_constraint(h_BxTxF, ("activation_batch", "activation_length", "activation_mlp"))
     return dot("BTF,FD->BTD", h_BxTxF, down)

@@ -203,7 +203,7 @@ class ShardedKernel:
   kernel: Callable
   mesh: Mesh
 
-  def __call__(self, q, k, v, layout, prefix_kv=None):
+  def __call__(self, q, k, v, layout, prefix_kv=None, window=None, softcap=None):
     b = batch_axes(q.shape[0], self.mesh)
     heads_spec = P(b, None, "tensor", None)
     layout_spec = layout.replace(prefix_valid_B=P(b), slot_valid_BxN=P(b, None))
@@ -215,7 +215,7 @@ class ShardedKernel:
     kernel = self.kernel
 
     def local(q, k, v, layout, prefix_kv=None):
-      return kernel(q, k, v, layout, prefix_kv)
+      return kernel(q, k, v, layout, prefix_kv, window=window, softcap=softcap)
     return jax.shard_map(local, mesh=self.mesh, in_specs=tuple(specs), out_specs=heads_spec,
                          check_vma=False)(*args)
 

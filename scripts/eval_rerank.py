@@ -49,7 +49,8 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_list("labels", list(d.labels), "label words or token ids, positive first; "
                     "default: the template's (Yes,No for plain; yes,no for qwen3_reranker)", flag_values=fv)
   flags.DEFINE_enum("score_mode", d.score_mode, sorted(eval_lib.SCORE_MODES),
-                    "ranking score: p_first = softmax over labels, p(first); log_odds = log p0 - log p1",
+                    "ranking score: p_first = softmax over labels, p(first); log_odds = log p0 - log p1; "
+                    "raw_logit = the first label's raw logit (FlagEmbedding-style)",
                     flag_values=fv)
   flags.DEFINE_integer("max_query_tokens", d.max_query_tokens, "cut queries to this many tokens; 0 = no limit",
                        flag_values=fv)

@@ -5,6 +5,8 @@
 A request is {"query", "items", "label_token_ids"?, "apply_softmax"?, "item_first"?} (text or
 token ids); a response is {"scores", "model", "usage", "object": "scoring"}. A request that
 cannot be scored gets {"error": "line N: ..."} on its line and the run goes on.
+With --score_mode=raw_logit the scores are the labels' raw lm_head logits (what FlagEmbedding-style
+rerankers rank by) instead of probabilities.
 """
 
 import sys
@@ -26,6 +28,9 @@ def define_flags(fv: flags.FlagValues) -> None:
                       "'none': random init from the config", flag_values=fv)
   flags.DEFINE_integer("batch_size", 16, "requests scored together in one score_requests call",
                        flag_values=fv)
+  flags.DEFINE_enum("score_mode", "probability", ["probability", "raw_logit"],
+                    "probability: per request apply_softmax (sglang /v1/score); raw_logit: raw label logits",
+                    flag_values=fv)
   flags.DEFINE_multi_string("override", [], "key=value config override (repeatable)", flag_values=fv)
 
 
@@ -35,7 +40,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     sys.exit(2)
   try:
     scorer = eval_lib.build_scorer(fv.checkpoint_dir, list(argv[1:]) + list(fv.override))
-    counts = eval_lib.score_jsonl(scorer, fv.input, fv.output, fv.batch_size)
+    counts = eval_lib.score_jsonl(scorer, fv.input, fv.output, fv.batch_size, fv.score_mode == "raw_logit")
   except (ScoreInputError, ConfigError, CheckpointError, FileNotFoundError) as e:
     cli.fail(e)
   print(f"scored {counts['ok']} requests, {counts['errors']} errors", file=sys.stderr)

@@ -19,6 +19,9 @@ HF_VARIANTS = {
     "llama_kv1_tied": ("llama", dict(num_key_value_heads=1, tie_word_embeddings=True, rope_scaling=None)),
 }
 
+# One tiny model per further family (tests/test_families.py): windows 5-6 tokens, soft-caps, patterns.
+FAMILY_VARIANTS = {name: (name, {}) for name in ("gemma", "gemma2", "gemma3", "qwen2", "mistral")}
+
 
 @pytest.fixture(scope="session")
 def sp_tokenizer_path(tmp_path_factory) -> pathlib.Path:
@@ -38,7 +41,7 @@ def hf_checkpoints(tmp_path_factory):
 
   def get(name: str, tokenizer_file=None):
     if name not in cache:
-      family, overrides = HF_VARIANTS[name]
+      family, overrides = {**HF_VARIANTS, **FAMILY_VARIANTS}[name]
       model = hf_models.make_hf_model(family, vocab_size=520, **overrides)
       hf_dir = hf_models.save_hf_model(model, root / name, tokenizer_file=tokenizer_file)
       cache[name] = (model, hf_dir, convert_hf_checkpoint(hf_dir, root / f"{name}_ckpt"))

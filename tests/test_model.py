@@ -46,7 +46,7 @@ def test_causality_gradient_wrt_later_positions_is_zero(model_and_params):
 
   def out_at_5(x):
     h = decoder.apply({"params": params}, x, positions, layout,
-                      method=lambda m, x, pos, lay: m.final_norm(m.layers(x, pos, lay, None)[0]))
+                      method=lambda m, x, pos, lay: m.final_norm(m.run_layers(x, pos, lay)[0]))
     return h[0, 5].sum()
   jac = np.asarray(jax.grad(out_at_5)(x_BxTxD))
   assert np.all(jac[0, 6:] == 0)

@@ -4,6 +4,12 @@ A row is `[prefix: P][slot 1: L] ... [slot N: L]`. Prefix tokens are segment 0, 
 segment n+1, padding is -1; key k is visible to query t iff k <= t, seg[k] >= 0 and
 (seg[k] == 0 or seg[k] == seg[t]). With `prefix_kv` the prefix keys come from a cache and
 the row holds only the slots. With N = 0 the layout is plain causal attention over P tokens.
+
+Two per-layer options reach every kernel as static keyword arguments:
+- `window` W (sliding-window layers): additionally pos[t] - pos[k] < W, where pos is the token's
+  serial position (`serial_positions`: a prefix token's index; slot token j: prefix_valid + j),
+  so the packed layout sees exactly the keys the serial sequence Q + [s] + I_i sees.
+- `softcap` c: attention logits become c * tanh(logits / c) before masking (Gemma 2).
 """
 
 import dataclasses
@@ -52,6 +58,40 @@ class SegmentLayout:
     return jnp.concatenate(parts, axis=1).astype(jnp.int32) if parts else jnp.zeros((b, 0), jnp.int32)
 
 
+  def serial_positions(self, include_prefix: bool = True) -> jax.Array:
+    """Serial (RoPE) position per token [B, T]: prefix index k -> k, slot token j -> prefix_valid + j."""
+    b = self.prefix_valid_B.shape[0]
+    parts = []
+    if include_prefix:
+      parts.append(jnp.broadcast_to(jnp.arange(self.prefix_len), (b, self.prefix_len)))
+    if self.num_slots:
+      pos_L = jnp.arange(self.slot_len)
+      pos_BxNxL = jnp.broadcast_to(self.prefix_valid_B[:, None, None] + pos_L[None, None, :],
+                                   (b, self.num_slots, self.slot_len))
+      parts.append(pos_BxNxL.reshape(b, -1))
+    return jnp.concatenate(parts, axis=1).astype(jnp.int32) if parts else jnp.zeros((b, 0), jnp.int32)
+
+
+def with_prefix(k_BxTxKxH, v_BxTxKxH, prefix_kv: Optional["PrefixKV"], dtype=None):
+  """Keys/values [B, S, K, H] a row attends to: the cached prefix (broadcast to B) in front of the row's own.
+
+  Returns (k, v, offset), offset being the absolute index of the row's first token (P with a cache).
+  """
+  dtype = dtype or k_BxTxKxH.dtype
+  k, v = k_BxTxKxH.astype(dtype), v_BxTxKxH.astype(dtype)
+  if prefix_kv is None:
+    return k, v, 0
+  b = k.shape[0]
+  pk = jnp.broadcast_to(prefix_kv.k, (b,) + prefix_kv.k.shape[1:]).astype(dtype)
+  pv = jnp.broadcast_to(prefix_kv.v, (b,) + prefix_kv.v.shape[1:]).astype(dtype)
+  return jnp.concatenate([pk, k], axis=1), jnp.concatenate([pv, v], axis=1), prefix_kv.k.shape[1]
+
+
+def soft_cap(logits: jax.Array, cap: Optional[float]) -> jax.Array:
+  """cap * tanh(logits / cap), or logits unchanged when cap is None."""
+  return logits if cap is None else jnp.tanh(logits / cap) * cap
+
+
 class PrefixKV(NamedTuple):
   """One layer's cached prefix keys and values, [B or 1, P, kv_heads, head_dim]."""
   k: jax.Array
@@ -94,9 +134,10 @@ class BoundKernel:
   name: str
   options: KernelOptions
 
-  def __call__(self, q, k, v, layout: SegmentLayout, prefix_kv: Optional[PrefixKV] = None):
+  def __call__(self, q, k, v, layout: SegmentLayout, prefix_kv: Optional[PrefixKV] = None,
+               window: Optional[int] = None, softcap: Optional[float] = None):
     module = importlib.import_module(KERNELS[self.name])
-    return module.attend(q, k, v, layout, prefix_kv, options=self.options)
+    return module.attend(q, k, v, layout, prefix_kv, options=self.options, window=window, softcap=softcap)
 
 
 def get_kernel(name: str, options: KernelOptions = KernelOptions()) -> Callable:

@@ -6,6 +6,10 @@ the own blocks [own_lo, own_hi) from the first key of its first slot to its last
 block (other items, the causal upper triangle, padded prefix) is skipped; inside a visited block
 the exact segment + causal + padding mask applies. Online softmax in float32; a query that sees no
 key (only possible with prefix_valid = 0) returns zeros, never NaN.
+
+Sliding window W: the mask also requires pos[q] - pos[k] < W on serial positions (read from two
+small position vectors beside the segment ids); logit soft-capping applies before the mask.
+The visited block ranges are those of the full mask (a superset; the window only masks more).
 """
 
 import functools
@@ -17,7 +21,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from layers.kernels.base import MASK_VALUE, KernelOptions, PrefixKV, SegmentLayout
+from layers.kernels.base import MASK_VALUE, KernelOptions, PrefixKV, SegmentLayout, soft_cap, with_prefix
 
 _HI = jax.lax.Precision.HIGHEST  # f32 inputs -> IEEE dot in Triton (not TF32); bf16 stays bf16.
 
@@ -42,22 +46,26 @@ def block_counts(P: int, L: int, N: int, block_q: int, block_kv: int) -> dict:
               visited_blocks=int((pre_hi + own_hi - own_lo).sum()))
 
 
-def _flash_kernel(bounds_ref, seg_q_ref, seg_k_ref, q_ref, k_ref, v_ref, o_ref, *, block_kv, offset, scale):
+def _flash_kernel(bounds_ref, seg_q_ref, seg_k_ref, spos_q_ref, spos_k_ref, q_ref, k_ref, v_ref, o_ref, *,
+                  block_kv, offset, scale, window, softcap):
   """One (row, q head, q block): online softmax over the kv blocks named in bounds_ref."""
   block_q, head_dim = q_ref.shape
   q = q_ref[...]
   seg_q = seg_q_ref[...]
+  spos_q = spos_q_ref[...]
   pos_q = offset + pl.program_id(2) * block_q + jnp.arange(block_q)
 
   def body(j, carry):
     acc, m, l = carry
     kv = pl.ds(j * block_kv, block_kv)
     k, v, seg_k = k_ref[kv, :], v_ref[kv, :], seg_k_ref[kv]
-    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=_HI,
-                            preferred_element_type=jnp.float32) * scale
+    s = soft_cap(jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=_HI,
+                                     preferred_element_type=jnp.float32) * scale, softcap)
     pos_k = j * block_kv + jnp.arange(block_kv)
     vis = ((pos_k[None, :] <= pos_q[:, None]) & (seg_k[None, :] >= 0)
            & ((seg_k[None, :] == 0) | (seg_k[None, :] == seg_q[:, None])))
+    if window is not None:
+      vis &= (spos_q[:, None] - spos_k_ref[kv][None, :]) < window
     s = jnp.where(vis, s, MASK_VALUE)
     m_new = jnp.maximum(m, jnp.max(s, axis=1))
     p = jnp.where(vis, jnp.exp(s - m_new[:, None]), 0.0)
@@ -87,7 +95,7 @@ def _pad(x, axis, size, value=0):
 
 
 def attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout: SegmentLayout, prefix_kv: Optional[PrefixKV] = None,
-           *, options: KernelOptions) -> jax.Array:
+           *, options: KernelOptions, window: Optional[int] = None, softcap: Optional[float] = None) -> jax.Array:
   """Same contract as reference.attend; T, S and head_dim are padded to blocks here and sliced back."""
   b, t, nh, h = q_BxTxNxH.shape
   kh = k_BxTxKxH.shape[2]
@@ -100,11 +108,8 @@ def attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout: SegmentLayout, prefix_kv: Op
   if t == 0:
     return q_BxTxNxH
   seg_k_BxS = layout.segment_ids(include_prefix=True)
-  if prefix_kv is not None:
-    pk = jnp.broadcast_to(prefix_kv.k, (b,) + prefix_kv.k.shape[1:]).astype(k_BxTxKxH.dtype)
-    pv = jnp.broadcast_to(prefix_kv.v, (b,) + prefix_kv.v.shape[1:]).astype(v_BxTxKxH.dtype)
-    k_BxTxKxH = jnp.concatenate([pk, k_BxTxKxH], axis=1)
-    v_BxTxKxH = jnp.concatenate([pv, v_BxTxKxH], axis=1)
+  spos_k_BxS = layout.serial_positions(include_prefix=True)
+  k_BxTxKxH, v_BxTxKxH, _ = with_prefix(k_BxTxKxH, v_BxTxKxH, prefix_kv)
   s = k_BxTxKxH.shape[1]
   bq = _block(options.gpu_block_q, t, "gpu_block_q", options.interpret)
   bk = _block(options.gpu_block_kv, s, "gpu_block_kv", options.interpret)
@@ -115,6 +120,8 @@ def attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout: SegmentLayout, prefix_kv: Op
   v = _pad(_pad(v_BxTxKxH, 1, sp), 3, hp).astype(q.dtype)
   seg_q_BxT = _pad(seg_k_BxS[:, offset:], 1, tp, -1)
   seg_k_BxS = _pad(seg_k_BxS, 1, sp, -1)
+  spos_q_BxT = _pad(spos_k_BxS[:, offset:], 1, tp)
+  spos_k_BxS = _pad(spos_k_BxS, 1, sp)
 
   nq = tp // bq
   q_first_Q = offset + jnp.arange(nq) * bq
@@ -124,7 +131,8 @@ def attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout: SegmentLayout, prefix_kv: Op
   bounds_BxQx4 = jnp.stack(jnp.broadcast_arrays(*bounds, jnp.zeros((b, nq), jnp.int32)), -1).astype(jnp.int32)
 
   group = nh // kh
-  kernel = functools.partial(_flash_kernel, block_kv=bk, offset=offset, scale=h ** -0.5)
+  kernel = functools.partial(_flash_kernel, block_kv=bk, offset=offset, scale=h ** -0.5, window=window,
+                             softcap=softcap)
   kv_spec = pl.BlockSpec((None, sp, None, hp), lambda i, n, j: (i, 0, n // group, 0))
   q_spec = pl.BlockSpec((None, bq, None, hp), lambda i, n, j: (i, j, n, 0))
   out = pl.pallas_call(
@@ -133,11 +141,13 @@ def attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout: SegmentLayout, prefix_kv: Op
       in_specs=[pl.BlockSpec((None, None, 4), lambda i, n, j: (i, j, 0)),
                 pl.BlockSpec((None, bq), lambda i, n, j: (i, j)),
                 pl.BlockSpec((None, sp), lambda i, n, j: (i, 0)),
+                pl.BlockSpec((None, bq), lambda i, n, j: (i, j)),
+                pl.BlockSpec((None, sp), lambda i, n, j: (i, 0)),
                 q_spec, kv_spec, kv_spec],
       out_specs=q_spec,
       out_shape=jax.ShapeDtypeStruct((b, tp, nh, hp), q.dtype),
       compiler_params=plgpu.CompilerParams(num_warps=4 if hp <= 64 else 8, num_stages=2),
       interpret=options.interpret,
       name="packed_flash_forward",
-  )(bounds_BxQx4, seg_q_BxT, seg_k_BxS, q, k, v)
+  )(bounds_BxQx4, seg_q_BxT, seg_k_BxS, spos_q_BxT, spos_k_BxS, q, k, v)
   return out[:, :t, :, :h]

@@ -8,6 +8,14 @@ diagonal holds and both ids are 1), so no row is fully masked and padded outputs
 prefix K/V are concatenated in front of the row and the mask is rectangular, queries offset
 by P (no dummy prefix queries). Forward only: no backward block sizes are configured.
 Tested on CPU with `interpret=True`; splash needs block_kv to be a multiple of 128 there too.
+
+Sliding window W. A splash mask is a static function of indices, but a token's serial position
+depends on how many prefix tokens are real (slot token j sits at prefix_valid + j). So for a
+windowed layer each row's prefix is rotated to end at index P (its padding moves to the front):
+then serial position = index - (P - prefix_valid) - L * slot for every token, and the window
+term pos[t] - pos[k] < W becomes the static s(t) - s(k) < W with s(x) = x in the prefix and
+P + (x - P) mod L in a slot. Outputs of prefix queries are rotated back. Soft-capping is
+splash's own `attn_logits_soft_cap`.
 """
 
 from typing import Optional
@@ -19,7 +27,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as splash_mask_info
 
-from layers.kernels.base import KernelOptions, PrefixKV, SegmentLayout
+from layers.kernels.base import KernelOptions, PrefixKV, SegmentLayout, with_prefix
 
 _LANES = 128  # splash computes kv tiles in multiples of 128 lanes, interpret mode included
 _PAD_ID = 1   # segment id of every padding token; real tokens are 0
@@ -33,12 +41,13 @@ def _div(x, d: int):
 class MultiItemMask(splash_mask._ComputableMask):
   """Key k visible from query t iff k <= t and (k < P or (k - P) // L == (t - P) // L).
 
-  `offset` is the absolute position of query 0 (P when the prefix comes from a cache).
+  `offset` is the absolute position of query 0 (P when the prefix comes from a cache). With a
+  `window` W also s(t) - s(k) < W (see the module docstring: rows with a right-aligned prefix).
   """
 
   def __init__(self, shape: tuple[int, int], prefix_len: int, slot_len: int, offset: int = 0,
-               shard_count: int = 1):
-    self.prefix_len, self.slot_len, self.offset = prefix_len, max(slot_len, 1), offset
+               shard_count: int = 1, window: Optional[int] = None):
+    self.prefix_len, self.slot_len, self.offset, self.window = prefix_len, max(slot_len, 1), offset, window
 
     def multi_item_mask_function(q_ids, kv_ids):
       t = q_ids + self.offset if self.offset else q_ids
@@ -47,12 +56,17 @@ class MultiItemMask(splash_mask._ComputableMask):
       # truncating divide (plain divsi in Mosaic, no sign fix-up) equals floor division.
       shift = -p % l
       same_slot = _div(kv_ids + shift, l) == _div(t + shift, l)
-      return (kv_ids <= t) & ((kv_ids < p) | same_slot)
+      vis = (kv_ids <= t) & ((kv_ids < p) | same_slot)
+      if self.window is None:
+        return vis
+      # s(x): x in the prefix, P + (x - P) mod L in a slot (the remainder as x - L * (x // L)).
+      spos = lambda x: x - (x >= p) * (l * _div(x + shift, l) - shift - p)
+      return vis & (spos(t) - spos(kv_ids) < self.window)
 
     super().__init__(shape=shape, mask_function=multi_item_mask_function, shard_count=shard_count)
 
   def _key(self):
-    return (self.shape, self.prefix_len, self.slot_len, self.offset)
+    return (self.shape, self.prefix_len, self.slot_len, self.offset, self.window)
 
   def __eq__(self, other: object):
     if not isinstance(other, type(self)):
@@ -77,7 +91,8 @@ def _geometry(q_len: int, offset: int, options: KernelOptions):
   return block_q, block_kv, q_pad, kv_pad
 
 
-def make_kernel(mask: MultiItemMask, num_heads: int, block_q: int, block_kv: int, interpret: bool):
+def make_kernel(mask: MultiItemMask, num_heads: int, block_q: int, block_kv: int, interpret: bool,
+                softcap: Optional[float] = None):
   """The splash kernel for one row (heads share one mask; GQA served by MHA with fewer kv heads).
 
   Under a mesh the kernel runs inside the shard_map that layers/sharding.py puts around every
@@ -86,7 +101,7 @@ def make_kernel(mask: MultiItemMask, num_heads: int, block_q: int, block_kv: int
   multi = splash_mask.MultiHeadMask([mask] * num_heads)
   block_sizes = splash_kernel.BlockSizes(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv)
   return splash_kernel.make_splash_mha(multi, block_sizes=block_sizes, head_shards=1, q_seq_shards=1,
-                                       interpret=interpret)
+                                       interpret=interpret, attn_logits_soft_cap=softcap)
 
 
 def _pad_axis1(x, length: int, value=0):
@@ -95,22 +110,30 @@ def _pad_axis1(x, length: int, value=0):
   return jnp.pad(x, pad, constant_values=value)
 
 
+def _rotate_prefix(x_BxSx_, shift_B, prefix_len: int):
+  """Rotates each row's first `prefix_len` entries right by shift_B (the rest unchanged)."""
+  src_BxP = (jnp.arange(prefix_len)[None, :] - shift_B[:, None]) % prefix_len
+  idx = src_BxP.reshape(src_BxP.shape + (1,) * (x_BxSx_.ndim - 2))
+  head = jnp.take_along_axis(x_BxSx_[:, :prefix_len], idx, axis=1)
+  return jnp.concatenate([head, x_BxSx_[:, prefix_len:]], axis=1)
+
+
 def attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout: SegmentLayout, prefix_kv: Optional[PrefixKV] = None,
-           *, options: KernelOptions) -> jax.Array:
+           *, options: KernelOptions, window: Optional[int] = None, softcap: Optional[float] = None) -> jax.Array:
   b, t, nh, h = q_BxTxNxH.shape
   dtype = q_BxTxNxH.dtype
-  k, v = k_BxTxKxH.astype(dtype), v_BxTxKxH.astype(dtype)
+  p = layout.prefix_len
   seg_q_BxT = layout.segment_ids(include_prefix=prefix_kv is None)
-  if prefix_kv is None:
-    offset, seg_kv_BxS = 0, seg_q_BxT
-  else:
-    offset, seg_kv_BxS = layout.prefix_len, layout.segment_ids(include_prefix=True)
-    pk = jnp.broadcast_to(prefix_kv.k, (b,) + prefix_kv.k.shape[1:]).astype(dtype)
-    pv = jnp.broadcast_to(prefix_kv.v, (b,) + prefix_kv.v.shape[1:]).astype(dtype)
-    k, v = jnp.concatenate([pk, k], axis=1), jnp.concatenate([pv, v], axis=1)
+  k, v, offset = with_prefix(k_BxTxKxH, v_BxTxKxH, prefix_kv, dtype)
+  seg_kv_BxS = layout.segment_ids(include_prefix=True)
+  if window is not None and p:  # right-align each prefix so the window is a static mask (module docstring)
+    shift_B = p - jnp.minimum(layout.prefix_valid_B, p)
+    k, v, seg_kv_BxS = (_rotate_prefix(x, shift_B, p) for x in (k, v, seg_kv_BxS))
+    if prefix_kv is None:
+      q_BxTxNxH, seg_q_BxT = _rotate_prefix(q_BxTxNxH, shift_B, p), seg_kv_BxS
   block_q, block_kv, q_pad, kv_pad = _geometry(t, offset, options)
-  mask = MultiItemMask((q_pad, kv_pad), layout.prefix_len, layout.slot_len, offset)
-  kernel = make_kernel(mask, nh, block_q, block_kv, options.interpret)
+  mask = MultiItemMask((q_pad, kv_pad), p, layout.slot_len, offset, window=window)
+  kernel = make_kernel(mask, nh, block_q, block_kv, options.interpret, softcap)
 
   q = (q_BxTxNxH.astype(jnp.float32) * (h ** -0.5)).astype(dtype)
   q_BxNxTxH = _pad_axis1(q, q_pad).transpose(0, 2, 1, 3)
@@ -123,7 +146,10 @@ def attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout: SegmentLayout, prefix_kv: Op
     return kernel(q_NxTxH, k_KxSxH, v_KxSxH, splash_kernel.SegmentIds(q=ids_q_T, kv=ids_kv_S))
 
   out_BxNxTxH = jax.vmap(one_row)(q_BxNxTxH, k_BxKxSxH, v_BxKxSxH, ids_q_BxT, ids_kv_BxS)
-  return out_BxNxTxH.transpose(0, 2, 1, 3)[:, :t].astype(dtype)
+  out_BxTxNxH = out_BxNxTxH.transpose(0, 2, 1, 3)[:, :t].astype(dtype)
+  if window is not None and p and prefix_kv is None:
+    out_BxTxNxH = _rotate_prefix(out_BxTxNxH, -shift_B, p)
+  return out_BxTxNxH
 
 
 def block_skip_stats(prefix_len: int, slot_len: int, num_slots: int, block_q: int, block_kv: int) -> dict:

@@ -1,14 +1,21 @@
-"""Hugging Face (Llama / Qwen3) safetensors -> maxscore Orbax checkpoint, without torch.
+"""Hugging Face safetensors -> maxscore Orbax checkpoint, without torch.
 
-Reads `config.json` (old top-level `rope_theta`/`rope_scaling` keys and the newer
-`rope_parameters`), single or sharded safetensors, maps each tensor onto the Decoder's
-param tree (layers stacked on a leading axis for `nn.scan`) and copies the tokenizer.
+Families: Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3 (text). Reads `config.json`
+(old top-level `rope_theta`/`rope_scaling` keys, the newer `rope_parameters`, and Gemma 3's
+per-layer-type `rope_parameters`), single or sharded safetensors, maps each tensor onto the
+Decoder's param tree (layers stacked on a leading axis for `nn.scan`) and copies the tokenizer.
+
+Conversion is exact: before anything is read or written, every tensor's shape and dtype is
+checked against the config, and every tensor in the files must be consumed by the mapping or be
+in `UNUSED_TENSORS`; anything else is an error naming the tensors (e.g. weights of a layer
+beyond `num_hidden_layers`, which would otherwise be dropped silently).
 """
 
 import json
 import logging
 import os
 import pathlib
+import re
 from typing import Any, Callable, Iterator, Optional
 
 import ml_dtypes
@@ -19,12 +26,87 @@ from layers.config import ModelConfig
 from maxscore.checkpoints.storage import save_checkpoint
 from maxscore.checkpoints.tokenizer import find_tokenizer_file
 
-FAMILIES = {"llama": "llama", "qwen3": "qwen3"}
+# config.json model_type -> ModelConfig.family
+FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
+            "gemma2": "gemma2", "gemma3_text": "gemma3"}
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
+SOURCE_DTYPES = ("F32", "BF16", "F16")  # safetensors dtypes of floating-point weights
+GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
+
+# Tensors known to be unused, as regular expressions over HF names (each with why):
+UNUSED_TENSORS = {
+    # Rotary inverse frequencies some older checkpoints saved as buffers; recomputed from the config.
+    r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq": "RoPE buffer, recomputed from rope_theta",
+}
+# With tied embeddings transformers ignores a saved lm_head (it is the embedding matrix).
+TIED_UNUSED = {r"lm_head\.weight": "tie_word_embeddings=true: the lm_head is the embedding matrix"}
 
 
 class ConversionError(ValueError):
   """The Hugging Face directory cannot be converted; the message names the file or key."""
+
+
+def _pattern(is_local: list[bool]) -> str:
+  """The shortest G/L string that, cycled, gives the per-layer local flags."""
+  letters = "".join("L" if x else "G" for x in is_local) or "G"
+  for p in range(1, len(letters) + 1):
+    if all(letters[i] == letters[i % p] for i in range(len(letters))):
+      return letters[:p]
+  return letters
+
+
+def _layer_is_local(hf: dict[str, Any], model_type: str, layers: int) -> list[bool]:
+  """Per layer: sliding-window attention? From `layer_types`, else each family's default rule."""
+  types = hf.get("layer_types")
+  if types is not None:
+    unknown = sorted(set(types) - {"sliding_attention", "full_attention"})
+    if unknown or len(types) != layers:
+      raise ConversionError(f"config.json layer_types={types!r}: need {layers} entries of sliding_attention / "
+                            "full_attention")
+    return [t == "sliding_attention" for t in types]
+  if hf.get("sliding_window") is None:
+    return [False] * layers
+  if model_type == "gemma2":
+    return [(i + 1) % 2 == 1 for i in range(layers)]
+  if model_type == "gemma3_text":
+    period = int(hf.get("sliding_window_pattern", 6))
+    return [(i + 1) % period != 0 for i in range(layers)]
+  if model_type == "mistral":
+    return [True] * layers
+  if model_type in ("qwen2", "qwen3") and hf.get("use_sliding_window"):
+    return [i >= int(hf.get("max_window_layers", layers)) for i in range(layers)]
+  return [False] * layers
+
+
+def _rope(hf: dict[str, Any], model_type: str) -> tuple[dict, Optional[float]]:
+  """(global RoPE parameters with rope_theta and rope_type, the local layers' base or None)."""
+  params = dict(hf.get("rope_parameters") or {})
+  local_theta = None
+  if "full_attention" in params or "sliding_attention" in params:  # per layer type (Gemma 3)
+    local = params.get("sliding_attention") or {}
+    if local.get("rope_type", "default") != "default":
+      raise ConversionError(f"config.json rope_parameters.sliding_attention.rope_type={local['rope_type']!r} "
+                            "is not supported; supported: default")
+    local_theta = local.get("rope_theta")
+    params = dict(params.get("full_attention") or {})
+  elif model_type == "gemma3_text":
+    local_theta = hf.get("rope_local_base_freq", 10000.0)
+  scaling = hf.get("rope_scaling") or {}
+  params.update({k: v for k, v in scaling.items() if k not in params})
+  params.setdefault("rope_theta", hf.get("rope_theta", 10000.0))
+  params["rope_type"] = params.get("rope_type", params.get("type", "default"))
+  return params, (None if local_theta is None else float(local_theta))
+
+
+def _check_activation(hf: dict[str, Any], family: str) -> None:
+  if family.startswith("gemma"):
+    act = hf.get("hidden_activation") or hf.get("hidden_act")
+    # Gemma's own code uses the tanh GELU even where an old config says "gelu".
+    if act not in GELU_TANH + ("gelu",):
+      raise ConversionError(f"config.json hidden_activation={act!r} is not supported for {family}; "
+                            f"supported: {list(GELU_TANH)}")
+  elif hf.get("hidden_act", "silu") != "silu":
+    raise ConversionError(f"config.json hidden_act={hf['hidden_act']!r} is not supported; supported: silu")
 
 
 def model_config_from_hf(hf: dict[str, Any]) -> ModelConfig:
@@ -32,36 +114,49 @@ def model_config_from_hf(hf: dict[str, Any]) -> ModelConfig:
   model_type = hf.get("model_type")
   if model_type not in FAMILIES:
     raise ConversionError(f"config.json model_type={model_type!r} is not supported; supported: {sorted(FAMILIES)}")
+  family = FAMILIES[model_type]
   if hf.get("mlp_bias"):
-    raise ConversionError("config.json mlp_bias=true is not supported (no Llama-3/Qwen3 checkpoint uses it)")
-  if hf.get("use_sliding_window"):
-    raise ConversionError("config.json use_sliding_window=true is not supported")
-  rope = dict(hf.get("rope_parameters") or {})
-  scaling = hf.get("rope_scaling") or {}
-  rope.update({k: v for k, v in scaling.items() if k not in rope})
-  theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-  rope_type = rope.get("rope_type", rope.get("type", "default"))
-  if rope_type not in ("default", "llama3"):
-    raise ConversionError(f"config.json rope_type={rope_type!r} is not supported; supported: default, llama3")
-  heads = hf["num_attention_heads"]
+    raise ConversionError("config.json mlp_bias=true is not supported (no supported family's checkpoint uses it)")
+  if hf.get("use_bidirectional_attention"):
+    raise ConversionError("config.json use_bidirectional_attention=true is not supported (a decoder scores causally)")
+  if family == "qwen2" and hf.get("attention_bias") is False:
+    raise ConversionError("config.json attention_bias=false is not supported for qwen2 (q/k/v biases expected)")
+  _check_activation(hf, family)
+  rope, local_theta = _rope(hf, model_type)
+  if rope["rope_type"] not in ("default", "llama3", "linear"):
+    raise ConversionError(f"config.json rope_type={rope['rope_type']!r} is not supported; supported: default, "
+                          "linear, llama3")
+  heads, layers = hf["num_attention_heads"], hf["num_hidden_layers"]
+  pattern = _pattern(_layer_is_local(hf, model_type, layers))
   kw = dict(
-      family=FAMILIES[model_type], vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
-      num_layers=hf["num_hidden_layers"], num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
+      family=family, vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+      num_layers=layers, num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
       head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, mlp_dim=hf["intermediate_size"],
-      rope_theta=float(theta), rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-      tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-      attention_bias=bool(hf.get("attention_bias", False)),
-      max_position_embeddings=int(hf.get("max_position_embeddings", 4096)))
-  if rope_type == "llama3":
+      rope_theta=float(rope["rope_theta"]), rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+      tie_word_embeddings=bool(hf.get("tie_word_embeddings", family.startswith("gemma"))),
+      attention_bias=bool(hf.get("attention_bias", False)) and family != "qwen2",
+      max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
+      layer_pattern=pattern, sliding_window=hf.get("sliding_window") if "L" in pattern else None,
+      rope_local_theta=local_theta)
+  if family in ("gemma2", "gemma3"):
+    kw.update(query_pre_attn_scalar=hf.get("query_pre_attn_scalar"),
+              attn_logit_softcap=hf.get("attn_logit_softcapping"),
+              final_logit_softcap=hf.get("final_logit_softcapping"))
+  if rope["rope_type"] == "llama3":
     kw.update(rope_scaling_type="llama3", rope_scaling_factor=float(rope["factor"]),
               rope_low_freq_factor=float(rope["low_freq_factor"]),
               rope_high_freq_factor=float(rope["high_freq_factor"]),
               rope_original_max_position=int(rope["original_max_position_embeddings"]))
-  return ModelConfig(**kw).validate()
+  elif rope["rope_type"] == "linear":
+    kw.update(rope_scaling_type="linear", rope_scaling_factor=float(rope["factor"]))
+  try:
+    return ModelConfig(**kw).validate()
+  except ValueError as e:
+    raise ConversionError(f"config.json: {e}") from None
 
 
 class _TensorReader:
-  """Lazy access to tensors across one or many safetensors files, as numpy arrays."""
+  """Lazy access to tensors across one or many safetensors files: names, shapes, dtypes, numpy arrays."""
 
   def __init__(self, hf_dir: pathlib.Path):
     index = hf_dir / "model.safetensors.index.json"
@@ -76,10 +171,13 @@ class _TensorReader:
       raise ConversionError(f"{hf_dir} has neither model.safetensors nor model.safetensors.index.json")
     self._handles: dict[pathlib.Path, Any] = {}
 
+  def names(self) -> set[str]:
+    return set(self._files)
+
   def __contains__(self, name: str) -> bool:
     return name in self._files
 
-  def get(self, name: str, dtype) -> np.ndarray:
+  def _handle(self, name: str):
     if name not in self._files:
       raise ConversionError(f"tensor {name!r} is missing from the safetensors files")
     f = self._files[name]
@@ -87,26 +185,81 @@ class _TensorReader:
       if not f.is_file():
         raise ConversionError(f"safetensors shard {f} named in the index does not exist")
       self._handles[f] = safe_open(f, framework="flax")
-    return np.asarray(self._handles[f].get_tensor(name)).astype(dtype)
+    return self._handles[f]
+
+  def shape_dtype(self, name: str) -> tuple[tuple[int, ...], str]:
+    """(shape, safetensors dtype string) from the file header, without reading the data."""
+    sl = self._handle(name).get_slice(name)
+    return tuple(sl.get_shape()), sl.get_dtype()
+
+  def get(self, name: str, dtype) -> np.ndarray:
+    return np.asarray(self._handle(name).get_tensor(name)).astype(dtype)
 
 
-def _layer_specs(cfg: ModelConfig) -> Iterator[tuple[tuple[str, ...], str, Callable[[np.ndarray], np.ndarray]]]:
-  """(our param path, HF tensor name template, transform) for each per-layer tensor."""
-  d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-  yield ("input_norm", "scale"), "input_layernorm.weight", lambda w: w
-  yield ("post_attn_norm", "scale"), "post_attention_layernorm.weight", lambda w: w
+Spec = tuple[tuple[str, ...], str, tuple[int, ...], Callable[[np.ndarray], np.ndarray]]
+
+
+def _layer_specs(cfg: ModelConfig) -> Iterator[Spec]:
+  """(our param path, HF tensor name template, HF shape, transform) for each per-layer tensor."""
+  d, n, k, h, f = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.mlp_dim
+  same = lambda w: w
+  yield ("input_norm", "scale"), "input_layernorm.weight", (d,), same
+  if cfg.sandwich_norm:  # Gemma 2/3: HF's post_attention_layernorm normalizes the attention output
+    yield ("attn_out_norm", "scale"), "post_attention_layernorm.weight", (d,), same
+    yield ("post_attn_norm", "scale"), "pre_feedforward_layernorm.weight", (d,), same
+    yield ("mlp_out_norm", "scale"), "post_feedforward_layernorm.weight", (d,), same
+  else:
+    yield ("post_attn_norm", "scale"), "post_attention_layernorm.weight", (d,), same
   for name, heads in (("q", n), ("k", k), ("v", k)):
-    yield ("attn", name), f"self_attn.{name}_proj.weight", lambda w, heads=heads: w.T.reshape(d, heads, h)
-    if cfg.attention_bias:
-      yield ("attn", f"{name}_bias"), f"self_attn.{name}_proj.bias", lambda w, heads=heads: w.reshape(heads, h)
-  yield ("attn", "o"), "self_attn.o_proj.weight", lambda w: w.T.reshape(n, h, d)
+    yield ("attn", name), f"self_attn.{name}_proj.weight", (heads * h, d), lambda w, heads=heads: w.T.reshape(
+        d, heads, h)
+    if cfg.qkv_bias:
+      yield ("attn", f"{name}_bias"), f"self_attn.{name}_proj.bias", (heads * h,), lambda w, heads=heads: w.reshape(
+          heads, h)
+  yield ("attn", "o"), "self_attn.o_proj.weight", (d, n * h), lambda w: w.T.reshape(n, h, d)
   if cfg.attention_bias:
-    yield ("attn", "o_bias"), "self_attn.o_proj.bias", lambda w: w
+    yield ("attn", "o_bias"), "self_attn.o_proj.bias", (d,), same
   if cfg.qk_norm:
-    yield ("attn", "q_norm", "scale"), "self_attn.q_norm.weight", lambda w: w
-    yield ("attn", "k_norm", "scale"), "self_attn.k_norm.weight", lambda w: w
-  for name in ("gate", "up", "down"):
-    yield ("mlp", name), f"mlp.{name}_proj.weight", lambda w: w.T
+    yield ("attn", "q_norm", "scale"), "self_attn.q_norm.weight", (h,), same
+    yield ("attn", "k_norm", "scale"), "self_attn.k_norm.weight", (h,), same
+  for name, shape in (("gate", (f, d)), ("up", (f, d)), ("down", (d, f))):
+    yield ("mlp", name), f"mlp.{name}_proj.weight", shape, lambda w: w.T
+
+
+def _global_specs(cfg: ModelConfig) -> Iterator[Spec]:
+  yield ("embed", "embedding"), "model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size), lambda w: w
+  yield ("final_norm", "scale"), "model.norm.weight", (cfg.hidden_size,), lambda w: w
+  if not cfg.tie_word_embeddings:
+    yield ("lm_head",), "lm_head.weight", (cfg.vocab_size, cfg.hidden_size), lambda w: w.T
+
+
+def _shorten(names: list[str], limit: int = 8) -> str:
+  more = f" and {len(names) - limit} more" if len(names) > limit else ""
+  return ", ".join(names[:limit]) + more
+
+
+def check_tensors(reader: _TensorReader, cfg: ModelConfig) -> None:
+  """Every expected tensor present with the config's shape and a float dtype; no tensor left unused."""
+  expected = {name: shape for _, name, shape, _ in _global_specs(cfg)}
+  for _, template, shape, _ in _layer_specs(cfg):
+    expected.update({f"model.layers.{i}.{template}": shape for i in range(cfg.num_layers)})
+  missing = sorted(n for n in expected if n not in reader)
+  if missing:
+    raise ConversionError(f"tensors missing from the safetensors files (config.json expects them): "
+                          f"{_shorten(missing)}")
+  bad = []
+  for name, shape in expected.items():
+    got, dtype = reader.shape_dtype(name)
+    if got != shape or dtype not in SOURCE_DTYPES:
+      bad.append(f"{name} is {dtype}{list(got)}, config.json implies {list(shape)} in one of {list(SOURCE_DTYPES)}")
+  if bad:
+    raise ConversionError("tensors do not match config.json: " + "; ".join(bad[:8]) +
+                          (f" and {len(bad) - 8} more" if len(bad) > 8 else ""))
+  allowed = dict(UNUSED_TENSORS, **(TIED_UNUSED if cfg.tie_word_embeddings else {}))
+  unused = sorted(n for n in reader.names() - set(expected) if not any(re.fullmatch(p, n) for p in allowed))
+  if unused:
+    raise ConversionError(f"tensors in the safetensors files that config.json does not use (a conversion would "
+                          f"drop them): {_shorten(unused)}")
 
 
 def _set(tree: dict, path: tuple[str, ...], value) -> None:
@@ -116,21 +269,20 @@ def _set(tree: dict, path: tuple[str, ...], value) -> None:
 
 
 def convert_params(reader: _TensorReader, cfg: ModelConfig, dtype) -> dict:
-  """The Decoder param tree (numpy) from HF tensors; layers stacked on axis 0."""
+  """The Decoder param tree (numpy) from HF tensors; layers stacked on axis 0. Checks come first."""
+  check_tensors(reader, cfg)
   params: dict = {}
-  _set(params, ("embed", "embedding"), reader.get("model.embed_tokens.weight", dtype))
-  _set(params, ("final_norm", "scale"), reader.get("model.norm.weight", dtype))
-  for path, template, fn in _layer_specs(cfg):
+  for path, name, _, fn in _global_specs(cfg):
+    _set(params, path, fn(reader.get(name, dtype)))
+  for path, template, _, fn in _layer_specs(cfg):
     stacked = np.stack([fn(reader.get(f"model.layers.{i}.{template}", dtype)) for i in range(cfg.num_layers)])
     _set(params, ("layers",) + path, stacked)
-  if not cfg.tie_word_embeddings:
-    _set(params, ("lm_head",), reader.get("lm_head.weight", dtype).T)
   return params
 
 
 def convert_hf_checkpoint(hf_dir: os.PathLike, output_dir: os.PathLike, dtype: str = "float32",
                           overwrite: bool = False) -> pathlib.Path:
-  """Converts a Hugging Face Llama/Qwen3 directory into a self-describing maxscore checkpoint."""
+  """Converts a Hugging Face directory of a supported family into a self-describing maxscore checkpoint."""
   hf_dir = pathlib.Path(hf_dir)
   if dtype not in DTYPES:
     raise ConversionError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")

@@ -331,6 +331,13 @@ class HeadScorer:
   def __getattr__(self, name: str) -> Any:
     return getattr(self.scorer, name)
 
+  def label_logits(self, *args, **kwargs):
+    """Refused: a head gives label log-probs, not raw lm_head logits (score mode raw_logit)."""
+    raise ScoreInputError("score_mode=raw_logit ranks by the backbone's raw label logits, which a trained score "
+                          "head does not produce; score without the head (--nouse_head) or use p_first/log_odds")
+
+  label_logits_requests = label_logits
+
   @property
   def head_fingerprint(self) -> dict[str, Any]:
     """What the head contributes to a score (for eval's resume check): its config and a params digest."""

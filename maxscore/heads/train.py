@@ -167,6 +167,8 @@ def evaluate_split(cfg_head: heads.HeadConfig, params, hidden, logprobs, example
                    prompt: PromptConfig) -> dict[str, float]:
   """Metrics of the ranking eval would compute from the head's scores (score_mode of `prompt`)."""
   apply_softmax, rank_fn = SCORE_MODES[prompt.score_mode]
+  if apply_softmax is None:
+    raise ValueError("score_mode=raw_logit needs raw lm_head logits; a score head gives log-probs (use p_first)")
   new_lp = np.asarray(heads.jit_apply(cfg_head)(params, hidden, logprobs))
   run = {}
   for i, (qid, docids) in enumerate(zip(examples.qids, examples.docids)):

@@ -60,8 +60,10 @@ def _log_odds(scores_NxK: np.ndarray) -> np.ndarray:
 
 # name -> (apply_softmax, ranking score from the [N, K] scores). log_odds reads full-vocabulary
 # probabilities: log p0 - log p1 is the same with or without the label softmax, and exp of the
-# raw log-probs underflows later than the softmax's smaller label does.
-SCORE_MODES = {"p_first": (True, _p_first), "log_odds": (False, _log_odds)}
+# raw log-probs underflows later than the softmax's smaller label does. raw_logit (apply_softmax
+# None) ranks by the first label's raw lm_head logit (Scorer.label_logits), as FlagEmbedding's LLM
+# rerankers do; it can order items differently from p_first (the vocabulary log-sum-exp varies).
+SCORE_MODES = {"p_first": (True, _p_first), "log_odds": (False, _log_odds), "raw_logit": (None, _p_first)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +72,7 @@ class PromptConfig:
   template: str = "plain"                  # a name in maxscore.rerank.prompts.TEMPLATES
   instruction: str = prompts.DEFAULT_INSTRUCTION
   labels: tuple[str, ...] = ()             # label words or ids; () = the template's default labels
-  score_mode: Literal["p_first", "log_odds"] = "p_first"
+  score_mode: Literal["p_first", "log_odds", "raw_logit"] = "p_first"
   max_query_tokens: int = 512              # the query text is cut to this many tokens; 0 = no limit
   max_item_tokens: int = 512               # each document is cut to this many tokens; 0 = no limit
   metrics: tuple[str, ...] = DEFAULT_METRICS
@@ -207,8 +209,11 @@ def _score_query(scorer: Scorer, builder: prompts.PromptBuilder, q: data.RerankQ
   items = [builder.item(text) for _, text in q.candidates]
   apply_softmax, rank_fn = SCORE_MODES[cfg.score_mode]
   scorer.prefix_cache.clear()
-  result = scorer.score(query_ids, [ids for ids, _ in items], label_token_ids=label_ids,
-                        apply_softmax=apply_softmax)
+  if apply_softmax is None:
+    result = scorer.label_logits(query_ids, [ids for ids, _ in items], label_token_ids=label_ids)
+  else:
+    result = scorer.score(query_ids, [ids for ids, _ in items], label_token_ids=label_ids,
+                          apply_softmax=apply_softmax)
   ranking = np.asarray(rank_fn(result.scores), np.float32)
   if np.isnan(ranking).any():
     raise FloatingPointError(f"query {q.qid!r}: the model produced NaN scores")
@@ -424,8 +429,11 @@ def _parse_request(scorer: Scorer, line: str, number: int):
     raise ScoreInputError(f"line {number}: {e}") from None
 
 
-def _score_lines(scorer: Scorer, lines: Sequence[tuple[int, str]]) -> list[dict]:
-  """Responses (or {"error"}) for a batch of lines, in order; one forward group for the valid ones."""
+def _score_lines(scorer: Scorer, lines: Sequence[tuple[int, str]], raw_logits: bool = False) -> list[dict]:
+  """Responses (or {"error"}) for a batch of lines, in order; one forward group for the valid ones.
+
+  With `raw_logits` the scores are the labels' raw lm_head logits (apply_softmax is then moot)."""
+  score_requests = scorer.label_logits_requests if raw_logits else scorer.score_requests
   out: list[Optional[dict]] = [None] * len(lines)
   reqs = {}
   for i, (number, line) in enumerate(lines):
@@ -434,12 +442,12 @@ def _score_lines(scorer: Scorer, lines: Sequence[tuple[int, str]]) -> list[dict]
     except ScoreInputError as e:
       out[i] = {"error": str(e)}
   try:
-    results = dict(zip(reqs, scorer.score_requests(list(reqs.values())))) if reqs else {}
+    results = dict(zip(reqs, score_requests(list(reqs.values())))) if reqs else {}
   except ScoreInputError:  # a limit hit inside an algorithm (e.g. a bucket): find the request one by one
     results = {}
     for i, req in reqs.items():
       try:
-        results[i] = scorer.score_requests([req])[0]
+        results[i] = score_requests([req])[0]
       except ScoreInputError as e:
         out[i] = {"error": f"line {lines[i][0]}: {e}"}
   for i, res in results.items():
@@ -447,7 +455,8 @@ def _score_lines(scorer: Scorer, lines: Sequence[tuple[int, str]]) -> list[dict]
   return out
 
 
-def score_jsonl(scorer: Scorer, input_path: str, output_path: str, batch_size: int = 16) -> dict[str, int]:
+def score_jsonl(scorer: Scorer, input_path: str, output_path: str, batch_size: int = 16,
+                raw_logits: bool = False) -> dict[str, int]:
   """Scores a JSONL file of /v1/score requests into a JSONL of responses (one line per input line,
   blank lines included as errors); returns {"ok", "errors"} counts. "-" is stdin / stdout."""
   src = sys.stdin if input_path == "-" else open(input_path, encoding="utf-8")
@@ -456,7 +465,7 @@ def score_jsonl(scorer: Scorer, input_path: str, output_path: str, batch_size: i
   try:
     batch: list[tuple[int, str]] = []
     def flush():
-      for resp in _score_lines(scorer, batch):
+      for resp in _score_lines(scorer, batch, raw_logits):
         dst.write(json.dumps(resp) + "\n")
         counts["errors" if "error" in resp else "ok"] += 1
       dst.flush()

@@ -8,12 +8,20 @@ and its assistant suffix separately). The split between sides sits before the sp
 precedes the document, so byte-level BPE tokenizers produce the same " word" token as they
 would for the joined text.
 
+Templates for the LLM rerankers people use: Qwen3-Reranker, bge-reranker-v2-gemma (FlagEmbedding:
+`A: {query}` / `B: {passage}` / its instruction, ranked by the raw logit of "Yes"), mxbai-rerank-v2
+(a Qwen2 chat prompt ranked by "1" against "0") and `chat`: the tokenizer's own chat template
+(tokenizer_config.json `chat_template` or chat_template.jinja) around a yes/no question, the
+document last in the user turn so everything before it is the shared prefix.
+
 Truncation is token-level on the fields: a query or document longer than its limit is cut
 to its first `max_*_tokens` tokens (decoded back to text) before it is put in the template.
 """
 
 import dataclasses
 import functools
+import json
+import pathlib
 from typing import Optional, Sequence
 
 from maxscore.errors import ScoreInputError
@@ -24,16 +32,34 @@ DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that
 
 @dataclasses.dataclass(frozen=True)
 class Template:
-  """Query-side segments (may use {query} and {instruction}) and item-side segments ({doc})."""
+  """Query-side segments (may use {query} and {instruction}) and item-side segments ({doc}).
+
+  `bos`: the query side starts with the tokenizer's BOS token. `chat`: the segments come from the
+  tokenizer's chat template (`chat_segments`) when a PromptBuilder is made.
+  """
   query_segments: tuple[str, ...]
   item_segments: tuple[str, ...]
   default_labels: tuple[str, ...]
+  bos: bool = False
+  chat: bool = False
 
 
 _QWEN3_SYSTEM = ('<|im_start|>system\nJudge whether the Document meets the requirements based on the Query '
                  'and the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n'
                  '<|im_start|>user\n')
 _QWEN3_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+BGE_GEMMA_PROMPT = ("Given a query A and a passage B, determine whether the passage contains an answer to the query "
+                    "by providing a prediction of either 'Yes' or 'No'.")
+_MXBAI_SYSTEM = ("<|endoftext|><|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+                 "assistant.\n<|im_end|>\n<|im_start|>user\n")
+_MXBAI_TASK = ("You are a search relevance expert who evaluates how well documents match search queries. For each "
+               "query-document pair, carefully analyze the semantic relationship between them, then provide your "
+               "binary relevance judgment (0 for not relevant, 1 for relevant).\nRelevance:<|im_end|>\n"
+               "<|im_start|>assistant\n")
+CHAT_USER_MESSAGE = ('Judge whether the Document meets the requirements based on the Query and the Instruct provided. '
+                     'Note that the answer can only be "yes" or "no".\n<Instruct>: {instruction}\n<Query>: {query}\n'
+                     '<Document>: {doc}')
 
 TEMPLATES: dict[str, Template] = {
     # Qwen3-Reranker's chat template; it reads p("yes") vs p("no") after the empty think block.
@@ -46,7 +72,66 @@ TEMPLATES: dict[str, Template] = {
         query_segments=("Query: {query}\nDocument:",),
         item_segments=(" {doc}\nRelevant:",),
         default_labels=("Yes", "No")),
+    # bge-reranker-v2-gemma (FlagEmbedding LLM reranker): [bos] A: query, then per passage "\n", "B: passage",
+    # "\n" and the fixed prompt, each tokenized on its own; it ranks by the raw logit of "Yes".
+    "bge_gemma": Template(
+        query_segments=("A: {query}",),
+        item_segments=("\n", "B: {doc}", "\n", BGE_GEMMA_PROMPT),
+        default_labels=("Yes", "No"), bos=True),
+    # mxbai-rerank-v2 (Qwen2): a chat prompt, "query: ... \n" then "document: ... \n" and the task,
+    # tokenized as one text (split before the newline, where byte-level BPE splits anyway); it ranks
+    # by the logit of "1" minus that of "0" (log_odds with labels 1,0). No instruction line (its default).
+    "mxbai_v2": Template(
+        query_segments=(_MXBAI_SYSTEM + "query: {query} ",),
+        item_segments=("\ndocument: {doc} \n" + _MXBAI_TASK,),
+        default_labels=("1", "0")),
+    # The tokenizer's own chat template around CHAT_USER_MESSAGE, with the generation prompt.
+    "chat": Template(query_segments=(), item_segments=(), default_labels=("yes", "no"), chat=True),
 }
+
+
+def _chat_template_source(tokenizer: Tokenizer) -> str:
+  """The Jinja chat template shipped beside the tokenizer file, or a ScoreInputError saying where it looked."""
+  directory = pathlib.Path(tokenizer.path).parent
+  jinja = directory / "chat_template.jinja"
+  if jinja.is_file():
+    return jinja.read_text(encoding="utf-8")
+  config = directory / "tokenizer_config.json"
+  source = json.loads(config.read_text(encoding="utf-8")).get("chat_template") if config.is_file() else None
+  if isinstance(source, list):  # named templates: take "default"
+    source = next((t.get("template") for t in source if t.get("name") == "default"), None)
+  if not isinstance(source, str):
+    raise ScoreInputError(f"template='chat' needs the tokenizer's chat template; {directory} has no "
+                          "chat_template.jinja and no chat_template in tokenizer_config.json")
+  return source
+
+
+def chat_segments(tokenizer: Tokenizer, template: Template) -> Template:
+  """`template` with segments rendered from the tokenizer's chat template (one user turn + generation prompt).
+
+  Rendered once with markers for the query and the document, then split before the document: the
+  query side ends with "<Document>:", the item side starts with " {doc}" (as the plain template).
+  """
+  import jinja2.ext  # pylint: disable=import-outside-toplevel
+  import jinja2.sandbox  # pylint: disable=import-outside-toplevel
+  q_mark, d_mark = "\x00QUERY\x00", "\x00DOC\x00"
+  content = CHAT_USER_MESSAGE.replace("{query}", q_mark).replace(" {doc}", d_mark)
+  env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                     extensions=[jinja2.ext.loopcontrols])
+
+  def raise_exception(message):
+    raise ScoreInputError(f"template='chat': the tokenizer's chat template refused the prompt: {message}")
+  env.globals["raise_exception"] = raise_exception
+  special = {name: tokenizer.decode([i]) if i is not None else "" for name, i in
+             (("bos_token", tokenizer.bos_id), ("eos_token", tokenizer.eos_id))}
+  text = env.from_string(_chat_template_source(tokenizer)).render(
+      messages=[{"role": "user", "content": content}], add_generation_prompt=True, **special)
+  if text.count(d_mark) != 1 or text.count(q_mark) != 1:
+    raise ScoreInputError("template='chat': the tokenizer's chat template does not render the user message once")
+  escape = lambda x: x.replace("{", "{{").replace("}", "}}")
+  head, tail = text.split(d_mark)
+  head = escape(head).replace(escape(q_mark), "{query}").replace("{{instruction}}", "{instruction}")
+  return dataclasses.replace(template, query_segments=(head,), item_segments=(" {doc}" + escape(tail),), chat=False)
 
 
 def get_template(name: str) -> Template:
@@ -77,8 +162,10 @@ class PromptBuilder:
                max_query_tokens: int = 0, max_item_tokens: int = 0, cache_size: int = 1 << 16):
     if tokenizer is None:
       raise ScoreInputError("prompt templates need a tokenizer; the checkpoint has none and tokenizer_path is unset")
+    if template.bos and tokenizer.bos_id is None:
+      raise ScoreInputError(f"the template starts with a BOS token but the tokenizer {tokenizer.path} has none")
     self.tokenizer = tokenizer
-    self.template = template
+    self.template = chat_segments(tokenizer, template) if template.chat else template
     self.instruction = instruction
     self.max_query_tokens = max_query_tokens
     self.max_item_tokens = max_item_tokens
@@ -102,7 +189,8 @@ class PromptBuilder:
   def query(self, query: str) -> tuple[tuple[int, ...], bool]:
     """(query-side token ids, whether the query was truncated)."""
     query, truncated = self._truncate(query, self.max_query_tokens)
-    return self._encode(self.template.query_segments, query=query, instruction=self.instruction), truncated
+    bos = (self.tokenizer.bos_id,) if self.template.bos else ()
+    return bos + self._encode(self.template.query_segments, query=query, instruction=self.instruction), truncated
 
   def _item(self, doc: str) -> tuple[tuple[int, ...], bool]:
     """(item-side token ids, whether the document was truncated)."""

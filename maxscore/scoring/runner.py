@@ -54,6 +54,13 @@ def label_logprobs(decoder: Decoder, params, hidden_BxNxD, label_ids_K):
   return label_logits - jax.nn.logsumexp(logits_BxNxV, axis=-1, keepdims=True)
 
 
+def label_logits(decoder: Decoder, params, hidden_BxNxD, label_ids_K):
+  """The raw lm_head logits (after any final soft-cap) at the label ids: [..., K]. What FlagEmbedding-style
+  rerankers rank by; no log-sum-exp, so a ranking by it can differ from one by a probability."""
+  logits_BxNxV = decoder.apply({"params": params}, hidden_BxNxD, method=Decoder.logits)
+  return jnp.take(logits_BxNxV, label_ids_K, axis=-1)
+
+
 def packed_hidden(decoder: Decoder, params, tokens_BxT, positions_BxT, layout: SegmentLayout, score_index_BxN):
   """Final hidden states [B, N, D] at the score indices of one packed (or serial: N=1, P=T) forward.
 
@@ -67,8 +74,9 @@ def _hidden(decoder: Decoder, params, hidden_BxNxD, label_ids_K):
   return hidden_BxNxD.astype(jnp.float32)
 
 
-# What an entry point returns at the score rows: label log-probs [.., K] or final hidden states [.., D].
-OUTPUTS = {"logprobs": label_logprobs, "hidden": _hidden}
+# What an entry point returns at the score rows: label log-probs or raw label logits [.., K], or final
+# hidden states [.., D].
+OUTPUTS = {"logprobs": label_logprobs, "logits": label_logits, "hidden": _hidden}
 
 
 class ModelRunner:

@@ -215,6 +215,23 @@ class Scorer:
       self.prefix_cache = saved_cache
     return {"executables": self.runner.num_executables - before, "seconds": time.perf_counter() - start}
 
+  def label_logits(self, query: Any, items: Any, label_token_ids: Optional[Sequence[int]] = None,
+                   item_first: bool = False, algorithm: Optional[str] = None,
+                   separator_token_id: Any = "config") -> ScoreResult:
+    """Like `score`, but the scores [N, K] are the raw lm_head logits of the labels (score mode raw_logit).
+
+    FlagEmbedding-style LLM rerankers rank by the logit of "Yes". A ranking by raw logit can differ
+    from one by probability: the vocabulary log-sum-exp that turns a logit into a log-probability
+    differs per item.
+    """
+    req = self.make_request(query, items, label_token_ids, False, item_first, separator_token_id)
+    return self.label_logits_requests([req], algorithm)[0]
+
+  def label_logits_requests(self, reqs: Sequence[TokenRequest], algorithm: Optional[str] = None) -> list[ScoreResult]:
+    """label_logits for many validated requests (shared forwards where shapes allow)."""
+    return [ScoreResult(np.asarray(lg, np.float32), name, self._usage(r, name))
+            for r, (lg, name) in zip(reqs, self._run(reqs, algorithm, "logits"))]
+
   def hidden_states(self, query: Any, items: Any, algorithm: Optional[str] = None,
                     separator_token_id: Any = "config") -> np.ndarray:
     """Final-norm hidden states [N, D] (float32) at each item's score position: what score heads read."""

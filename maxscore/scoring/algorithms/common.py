@@ -20,7 +20,7 @@ class AlgorithmContext:
   scoring: ScoringConfig
   prefix_cache: PrefixCache
   max_tokens_per_forward: int = 1 << 16
-  output: str = "logprobs"  # "logprobs": label log-probs [N, K]; "hidden": final hidden states [N, D]
+  output: str = "logprobs"  # "logprobs" / "logits": label log-probs / raw logits [N, K]; "hidden": [N, D]
 
 
 def by_labels(requests: Sequence[TokenRequest]) -> Iterator[tuple[np.ndarray, list[int]]]:
@@ -33,7 +33,7 @@ def by_labels(requests: Sequence[TokenRequest]) -> Iterator[tuple[np.ndarray, li
 
 
 def empty_results(ctx: AlgorithmContext, requests: Sequence[TokenRequest]) -> list[np.ndarray]:
-  width = (lambda r: len(r.label_ids)) if ctx.output == "logprobs" else (lambda r: ctx.runner.model.hidden_size)
+  width = (lambda r: ctx.runner.model.hidden_size) if ctx.output == "hidden" else (lambda r: len(r.label_ids))
   return [np.zeros((len(r.items), width(r)), np.float32) for r in requests]
 
 

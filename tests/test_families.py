@@ -1,0 +1,140 @@
+"""Gemma, Gemma 2, Gemma 3, Qwen2 and Mistral: converted from transformers and scored exactly as it computes.
+
+Tiny random models (maxscore/testing/hf_models.py) with sliding windows of 5-6 tokens, so queries
+are longer than the window, items are longer than it, and one geometry has prefix == item == W.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import FAMILY_VARIANTS
+from maxscore import Scorer
+from maxscore.testing.hf_models import hf_logits
+
+FAMILIES = sorted(FAMILY_VARIANTS)
+ALGORITHMS = ("serial", "packed", "prefill_extend")
+LABELS = [5, 17, 300]
+SEP = 3
+
+
+def _hf_label_logits(model, query, items):
+  rows = [hf_logits(model, query + [SEP] + item)[-1].astype(np.float64) for item in items]
+  return np.stack([r[LABELS] for r in rows]), np.stack([np.log(np.exp(r - r.max()).sum()) + r.max() for r in rows])
+
+
+@pytest.fixture(scope="module")
+def family(hf_checkpoints, request):
+  model, _, ckpt = hf_checkpoints(request.param)
+  return model, Scorer.from_checkpoint(ckpt, attention="shared_prefix", separator_token_id=SEP)
+
+
+@pytest.mark.parametrize("family", FAMILIES, indirect=True)
+def test_logits_match_transformers(family):
+  model, scorer = family
+  rng = np.random.default_rng(1)
+  for t in (1, 40):  # 40 tokens: well past every window
+    tokens = rng.integers(0, 520, t)
+    np.testing.assert_allclose(scorer.logits(tokens), hf_logits(model, tokens), atol=1e-4, rtol=0)
+
+
+def _geometry(scorer, name):
+  rng = np.random.default_rng(7)
+  w = scorer.config.model.window
+  if name == "window_shorter":  # the window is shorter than the prefix and than most items
+    return rng.integers(0, 520, 11).tolist(), [rng.integers(0, 520, n).tolist() for n in (9, 0, 3, 14, 1)]
+  return rng.integers(0, 520, w - 1).tolist(), [rng.integers(0, 520, w).tolist() for _ in range(3)]  # Q + s == I == W
+
+
+FAST = {("gemma2", "window_shorter"), ("mistral", "window_equal")}  # the rest is in the slow tier
+
+
+@pytest.mark.parametrize("family,geometry", [
+    pytest.param(f, g, marks=() if (f, g) in FAST else pytest.mark.slow)
+    for f in FAMILIES for g in ("window_shorter", "window_equal")], indirect=["family"])
+def test_every_algorithm_matches_transformers(family, geometry):
+  model, scorer = family
+  if geometry == "window_equal" and scorer.config.model.window is None:
+    pytest.skip("no sliding window in this family's test model")
+  query, items = _geometry(scorer, geometry)
+  logits, lse = _hf_label_logits(model, query, items)
+  for algorithm in ALGORITHMS:
+    probs = scorer.score(query, items, LABELS, apply_softmax=False, algorithm=algorithm).scores
+    np.testing.assert_allclose(probs, np.exp(logits - lse[:, None]), atol=1e-5, rtol=0, err_msg=algorithm)
+    if algorithm == "packed":
+      raw = scorer.label_logits(query, items, LABELS, algorithm=algorithm).scores
+      np.testing.assert_allclose(raw, logits, atol=1e-4, rtol=0, err_msg=algorithm)
+  assert np.ptp(lse) > 1e-3  # raw logits and probabilities differ by a per-item log-sum-exp
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES, indirect=True)
+@pytest.mark.parametrize("kernel,extra", [
+    ("reference", {}),
+    ("splash", dict(kernel_interpret=True, splash_block_q=16, splash_block_kv=128)),
+    ("pallas_gpu", dict(kernel_interpret=True, gpu_block_q=8, gpu_block_kv=8)),
+])
+def test_every_kernel_matches_transformers(hf_checkpoints, family, kernel, extra):
+  model, base = family
+  scorer = Scorer.from_checkpoint(base.config.runtime.checkpoint_dir, attention=kernel, separator_token_id=SEP,
+                                  **extra)
+  query, items = _geometry(scorer, "window_shorter")
+  logits, lse = _hf_label_logits(model, query, items)
+  for algorithm in ALGORITHMS:
+    probs = scorer.score(query, items, LABELS, apply_softmax=False, algorithm=algorithm).scores
+    np.testing.assert_allclose(probs, np.exp(logits - lse[:, None]), atol=1e-5, rtol=0, err_msg=algorithm)
+
+
+@pytest.mark.slow
+def test_fast_kernels_honour_mixed_windows_on_gemma2(hf_checkpoints):
+  """splash and pallas_gpu (interpret) with Gemma 2's local/global layers and soft-caps: packed == serial."""
+  _, _, ckpt = hf_checkpoints("gemma2")
+  query, items = np.arange(11).tolist(), [list(range(20, 20 + n)) for n in (9, 0, 3)]
+  want = None
+  for kernel, extra in (("shared_prefix", {}),
+                        ("splash", dict(kernel_interpret=True, splash_block_q=16, splash_block_kv=128)),
+                        ("pallas_gpu", dict(kernel_interpret=True, gpu_block_q=8, gpu_block_kv=8))):
+    scorer = Scorer.from_checkpoint(ckpt, attention=kernel, separator_token_id=SEP, **extra)
+    got = scorer.score(query, items, LABELS, algorithm="packed").scores
+    want = scorer.score(query, items, LABELS, algorithm="serial").scores if want is None else want
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=kernel)
+
+
+def test_converted_config_keeps_the_family_options(hf_checkpoints):
+  _, hf_dir, ckpt = hf_checkpoints("gemma3")
+  cfg = Scorer.from_checkpoint(ckpt).config.model
+  hf = json.loads((hf_dir / "config.json").read_text())
+  assert cfg.family == "gemma3" and cfg.layer_pattern == "LLG" and cfg.sliding_window == hf["sliding_window"]
+  assert cfg.rope_local_theta == 10000.0 and cfg.rope_theta == 1e6 and cfg.rope_scaling_type == "linear"
+
+
+def test_eval_rerank_bge_template_raw_logit_end_to_end(tmp_path, hf_tokenizer_path):
+  """scripts/eval_rerank.py --template=bge_gemma --score_mode=raw_logit on a converted Gemma 2 model."""
+  import importlib.util
+  import pathlib
+  from maxscore.checkpoints.convert import convert_hf_checkpoint
+  from maxscore.rerank import prompts
+  from maxscore.testing.hf_models import make_hf_model, save_hf_model
+  hf = save_hf_model(make_hf_model("gemma2", vocab_size=520), tmp_path / "hf", tokenizer_file=hf_tokenizer_path)
+  ckpt = convert_hf_checkpoint(hf, tmp_path / "ckpt")
+  docs = ["sorting a list in place", "the garbage collector", "binary search trees", "list comprehension"]
+  records = [{"qid": f"q{i}", "query": q, "candidates": [{"docid": f"d{j}", "text": t} for j, t in enumerate(docs)],
+              "qrels": {"d0": 1}} for i, q in enumerate(["how to sort a list", "memory management"])]
+  data_path = tmp_path / "set.jsonl"
+  data_path.write_text("".join(json.dumps(r) + "\n" for r in records))
+  spec = importlib.util.spec_from_file_location("_eval_rerank", pathlib.Path(__file__).parent.parent / "scripts" /
+                                                "eval_rerank.py")
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  out = tmp_path / "out"
+  script.run(["eval_rerank.py", f"--jsonl={data_path}", "--split=all", f"--checkpoint_dir={ckpt}",
+              "--template=bge_gemma", "--score_mode=raw_logit", f"--output_dir={out}", "--noprogress",
+              "attention=shared_prefix"])
+  results = [json.loads(l) for l in (out / "results.jsonl").read_text().splitlines()[1:]]
+  assert [r["qid"] for r in results] == ["q0", "q1"]
+  scorer = Scorer.from_checkpoint(ckpt, attention="shared_prefix")
+  builder = prompts.PromptBuilder(scorer.tokenizer, prompts.TEMPLATES["bge_gemma"])
+  yes = scorer.tokenizer.label_id("Yes")
+  want = scorer.label_logits(builder.query(records[0]["query"])[0], [builder.item(t)[0] for t in docs], [yes])
+  np.testing.assert_allclose(results[0]["scores"], want.scores[:, 0], atol=1e-5, rtol=0)
