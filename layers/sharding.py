@@ -147,6 +147,15 @@ def put(x: Any, sharding: NamedSharding) -> jax.Array:
   return jax.make_array_from_callback(value.shape, sharding, lambda idx: value[idx])
 
 
+def abstract_put(x: Any, sharding: NamedSharding) -> jax.ShapeDtypeStruct:
+  """`put` for programs that are only compiled: the value's shape and dtype, laid out on `sharding`.
+
+  Works for devices that cannot hold data (a TPU topology described on a CPU host).
+  """
+  dtype = x.dtype if hasattr(x, "dtype") else np.result_type(x)
+  return jax.ShapeDtypeStruct(np.shape(x), dtype, sharding=sharding)
+
+
 def place_params(params: Any, model: ModelConfig, mesh: Optional[Mesh]) -> Any:
   """Moves unboxed params onto their NamedShardings (a no-op without a mesh)."""
   if is_trivial(mesh):
@@ -159,7 +168,7 @@ def kv_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(None, None, None, "tensor", None))
 
 
-def place_kv(state: Any, mesh: Optional[Mesh]) -> Any:
+def place_kv(state: Any, mesh: Optional[Mesh], put_fn: Callable = put) -> Any:
   """A prefix state (a struct with `k` and `v` [layers, B, P, K, H]) with its K/V on kv_sharding(mesh).
 
   Real prefill outputs already are; warmup's placeholders are not, and an executable compiled
@@ -168,7 +177,7 @@ def place_kv(state: Any, mesh: Optional[Mesh]) -> Any:
   if is_trivial(mesh):
     return state
   kv = kv_sharding(mesh)
-  return state.replace(k=put(state.k, kv), v=put(state.v, kv))
+  return state.replace(k=put_fn(state.k, kv), v=put_fn(state.v, kv))
 
 
 def _on(x: Any, mesh: Mesh) -> bool:
@@ -176,19 +185,21 @@ def _on(x: Any, mesh: Mesh) -> bool:
   return isinstance(x, jax.Array) and x.sharding.device_set == set(mesh.devices.flat)
 
 
-def place_inputs(args: Sequence[Any], mesh: Optional[Mesh], batch_argnums: Sequence[int] = ()) -> tuple[list, int]:
+def place_inputs(args: Sequence[Any], mesh: Optional[Mesh], batch_argnums: Sequence[int] = (),
+                 put_fn: Callable = put) -> tuple[list, int]:
   """Puts a jitted function's array arguments on `mesh`; returns them and the batch size.
 
   Leaves of `batch_argnums` arguments are split on their leading (batch) dimension over the
   batch axes that divide it; other leaves are replicated. Arrays already laid out over the
-  mesh (a prefill's K/V) are left alone. A no-op without a mesh.
+  mesh (a prefill's K/V) are left alone. A no-op without a mesh. `put_fn`: `put`, or
+  `abstract_put` to describe the arguments for a compile-only program instead of placing them.
   """
   firsts = [jax.tree_util.tree_leaves(args[i]) for i in batch_argnums]
   batch = next((np.shape(leaves[0])[0] for leaves in firsts if leaves), 1)
   if is_trivial(mesh):
     return list(args), batch
   shard, rep = NamedSharding(mesh, P(batch_axes(batch, mesh))), replicated(mesh)
-  placed = [jax.tree_util.tree_map(lambda x, t=(shard if i in batch_argnums else rep): x if _on(x, mesh) else put(x, t),
+  placed = [jax.tree_util.tree_map(lambda x, t=(shard if i in batch_argnums else rep): x if _on(x, mesh) else put_fn(x, t),
                                    a) for i, a in enumerate(args)]
   return placed, batch
 

@@ -21,6 +21,29 @@ def serial_attention_pairs(prefix_len: int, item_lens: Sequence[int]) -> int:
   return sum((prefix_len + l) * (prefix_len + l + 1) // 2 for l in item_lens)
 
 
+def _rates(model_cfg: ModelConfig) -> tuple[int, int, int]:
+  """FLOPs per token of dense work, per attention (query, key) pair, per lm_head row."""
+  dense_per_token = 2 * model_cfg.non_embedding_params()
+  attn_per_pair = 4 * model_cfg.num_heads * model_cfg.head_dim * model_cfg.num_layers
+  return dense_per_token, attn_per_pair, 2 * model_cfg.hidden_size * model_cfg.vocab_size
+
+
+def program_flops(model_cfg: ModelConfig, batch: int, prefix_len: int, slot_len: int, num_slots: int,
+                  prefix_cached: bool = False, lm_head_rows: int | None = None) -> int:
+  """Model FLOPs of one compiled forward at its padded shape: `batch` rows of [prefix P][N slots of L].
+
+  `prefix_cached`: the prefix's K/V are read, not computed (extend). `lm_head_rows` per row
+  defaults to N (one score row per slot; a prefill has none).
+  """
+  dense_per_token, attn_per_pair, lm_head_per_row = _rates(model_cfg)
+  p_computed = 0 if prefix_cached else prefix_len
+  pairs = (0 if prefix_cached else attention_pairs(prefix_len, [])) + num_slots * (
+      slot_len * prefix_len + slot_len * (slot_len + 1) // 2)
+  rows = num_slots if lm_head_rows is None else lm_head_rows
+  return batch * (dense_per_token * (p_computed + num_slots * slot_len) + attn_per_pair * pairs
+                  + lm_head_per_row * rows)
+
+
 def model_flops(model_cfg: ModelConfig, query_len: int, item_lens: Sequence[int], algorithm: str = "packed",
                 separator: bool = True) -> dict[str, Any]:
   """Model FLOPs of one request (DESIGN.md cost model), split into dense, attention and lm_head.
@@ -31,9 +54,8 @@ def model_flops(model_cfg: ModelConfig, query_len: int, item_lens: Sequence[int]
   """
   p = query_len + (1 if separator else 0)
   n = len(item_lens)
-  dense_per_token = 2 * model_cfg.non_embedding_params()
-  attn_per_pair = 4 * model_cfg.num_heads * model_cfg.head_dim * model_cfg.num_layers
-  lm_head = 2 * model_cfg.hidden_size * model_cfg.vocab_size * n
+  dense_per_token, attn_per_pair, lm_head_per_row = _rates(model_cfg)
+  lm_head = lm_head_per_row * n
 
   def parts(tokens: int, pairs: int) -> dict[str, int]:
     dense, attention = dense_per_token * tokens, attn_per_pair * pairs

@@ -4,8 +4,15 @@ Every entry point ends in the scoring primitive of DESIGN.md section 1: gather t
 hidden states at the score indices only, apply the lm_head to those rows only, float32
 log_softmax over the full vocabulary, pick the label ids. Shapes come from buckets, so the
 set of compiled executables is bounded; `compiled_shapes` records which were built.
+
+Params may also be abstract (`jax.ShapeDtypeStruct`s, e.g. checkpoints.storage.abstract_params)
+with a mesh over devices that cannot hold data (a TPU topology described on a CPU host): such a
+runner only lowers and compiles (`compile_only`), and `programs` keeps each executable with
+its geometry so compile reports can read its memory and cost (DESIGN.md section 10).
 """
 
+import collections
+import dataclasses
 import threading
 from typing import Any, Optional
 
@@ -39,6 +46,31 @@ class PrefixState:
   @property
   def nbytes(self) -> int:
     return int(self.k.nbytes + self.v.nbytes + self.last_hidden_D.nbytes)
+
+
+@dataclasses.dataclass
+class Program:
+  """One ahead-of-time executable: its entry point, padded geometry, and how often it was called."""
+  entry: str          # packed_logprobs, packed_hidden, prefill, extend_logprobs, extend_hidden, logits
+  kernel: str
+  batch: int          # rows B
+  prefix_len: int     # P (prefill, packed: computed; extend: read from the PrefixState)
+  slot_len: int       # L
+  num_slots: int      # N
+  compiled: Any
+  out_shape: Any      # ShapeDtypeStructs of its outputs (compile-only calls return zeros of these)
+  calls: int = 0      # calls made with this exact input layout (reset by the caller between workloads)
+
+
+def is_abstract(params: Any) -> bool:
+  """True when every param is a ShapeDtypeStruct (nothing to run, only to compile)."""
+  leaves = jax.tree_util.tree_leaves(params)
+  return bool(leaves) and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
+
+
+def _spec(x: Any) -> tuple[tuple[int, ...], str]:
+  """(shape, dtype name) of an array, host value or ShapeDtypeStruct: what an executable is keyed by."""
+  return tuple(np.shape(x)), np.dtype(x.dtype if hasattr(x, "dtype") else np.result_type(x)).name
 
 
 def kernel_options(cfg: KernelConfig) -> KernelOptions:
@@ -89,14 +121,25 @@ class ModelRunner:
     self.dtype = DTYPES[runtime.dtype]
     self.precision = runtime.matmul_precision
     self.options = kernel_options(kernel)
-    self.default_kernel = resolve_auto() if kernel.attention == "auto" else kernel.attention
-    self.params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, DTYPES[runtime.weight_dtype]), params)
-    self.params = sharding.place_params(self.params, model, mesh)
+    # auto resolves for the devices the programs are built for (a described TPU topology: splash).
+    platform = None if mesh is None else mesh.devices.flat[0].platform
+    self.default_kernel = resolve_auto(platform) if kernel.attention == "auto" else kernel.attention
+    self.abstract = is_abstract(params)
+    wdtype = DTYPES[runtime.weight_dtype]
+    if self.abstract:
+      if mesh is None:
+        raise ValueError("abstract params (ShapeDtypeStructs) need a mesh: they are compiled for its devices")
+      self.params = jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, wdtype, sharding=s),
+                                           params, sharding.model_param_shardings(model, mesh))
+    else:
+      self.params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, wdtype), params)
+      self.params = sharding.place_params(self.params, model, mesh)
+    self._put = sharding.abstract_put if self.abstract else sharding.put
     self.compiled_shapes: set[tuple] = set()
     self.compile_only = False  # warmup: lower+compile each call's shapes, run nothing, return zeros
     self._lock = threading.Lock()
     self._jits: dict[tuple, Any] = {}
-    self._aot: dict[tuple, Any] = {}
+    self.programs: dict[tuple, Program] = collections.OrderedDict()  # ahead-of-time executables
 
   def decoder(self, kernel: str, return_kv: bool = False) -> Decoder:
     attend = sharding.shard_kernel(get_kernel(kernel, self.options), self.mesh)  # shard_map on a mesh
@@ -119,30 +162,42 @@ class ModelRunner:
   def _record(self, *key) -> None:
     self.compiled_shapes.add(key)
 
-  def _call(self, name: str, kernel: str, build, *args):
-    """Calls the jitted entry point, or its ahead-of-time executable for these exact input shapes."""
+  def _call(self, name: str, kernel: str, build, geometry: tuple[int, int, int, int], *args):
+    """Calls the jitted entry point, or its ahead-of-time executable for these exact input shapes.
+
+    `geometry`: (B, P, L, N) of the call, kept with the executable when it is built ahead of time.
+    """
     fn = self._jit(name, kernel, build)
     batch_args = (0, 1, 2, 3) if name.startswith("packed") else ()  # tokens, positions, layout, score index
     if name.startswith("extend"):
-      args = (sharding.place_kv(args[0], self.mesh),) + args[1:]
-    args, batch = sharding.place_inputs(args, self.mesh, batch_args)
+      args = (sharding.place_kv(args[0], self.mesh, self._put),) + args[1:]
+    args, batch = sharding.place_inputs(args, self.mesh, batch_args, self._put)
+    if self.abstract:  # a one-device mesh places nothing above: describe the rest on its device
+      rep = sharding.replicated(self.mesh)
+      args = jax.tree_util.tree_map(lambda x: x if isinstance(x, jax.ShapeDtypeStruct) else
+                                    sharding.abstract_put(x, rep), args)
     with sharding.activate(self.mesh, sharding.rules_for_batch(batch, self.mesh)):
-      return self._call_placed(name, kernel, fn, args)
+      return self._call_placed(name, kernel, fn, args, geometry)
 
-  def _call_placed(self, name: str, kernel: str, fn, args):
+  def _call_placed(self, name: str, kernel: str, fn, args, geometry):
     leaves, treedef = jax.tree_util.tree_flatten(args)
-    key = (name, kernel, treedef, tuple((np.shape(x), np.result_type(x).name) for x in leaves))
-    if key in self._aot:
-      return self._aot[key](self.params, *args)
-    if self.compile_only:
-      self._aot[key] = fn.lower(self.params, *args).compile()
-      return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), jax.eval_shape(fn, self.params, *args))
+    key = (name, kernel, treedef, tuple(_spec(x) for x in leaves))
+    if self.compile_only:  # build (once) and count the call; nothing runs
+      if key not in self.programs:
+        self.programs[key] = Program(name, kernel, *geometry, fn.lower(self.params, *args).compile(),
+                                     jax.eval_shape(fn, self.params, *args))
+      self.programs[key].calls += 1
+      return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), self.programs[key].out_shape)
+    if self.abstract:
+      raise RuntimeError("this ModelRunner holds abstract params: it can compile programs, not run them")
+    if key in self.programs:
+      return self.programs[key].compiled(self.params, *args)
     return fn(self.params, *args)
 
   @property
   def num_executables(self) -> int:
     """Executables built so far: ahead-of-time ones plus those in each jit's cache."""
-    return len(self._aot) + sum(f._cache_size() for f in self._jits.values())
+    return len(self.programs) + sum(f._cache_size() for f in self._jits.values())
 
   # --- entry points ------------------------------------------------------------------
   def packed_logprobs(self, kernel: str, tokens_BxT, positions_BxT, layout: SegmentLayout, score_index_BxN,
@@ -156,8 +211,9 @@ class ModelRunner:
       return fn
     self._record("packed", kernel, output, tokens_BxT.shape, layout.prefix_len, layout.slot_len, layout.num_slots,
                  len(label_ids_K))
-    return self._call(f"packed_{output}", kernel, build, tokens_BxT, positions_BxT, layout, score_index_BxN,
-                      label_ids_K)
+    geometry = (tokens_BxT.shape[0], layout.prefix_len, layout.slot_len, layout.num_slots)
+    return self._call(f"packed_{output}", kernel, build, geometry, tokens_BxT, positions_BxT, layout,
+                      score_index_BxN, label_ids_K)
 
   def prefill(self, kernel: str, tokens_1xP, valid: int) -> PrefixState:
     """Runs the prefix once; returns its per-layer K/V and the hidden state of its last real token."""
@@ -171,7 +227,7 @@ class ModelRunner:
     p = tokens_1xP.shape[1]
     self._record("prefill", kernel, p)
     layout = SegmentLayout.causal(jnp.asarray([valid], jnp.int32), p)
-    k, v, last = self._call("prefill", kernel, build, tokens_1xP, layout, np.int32(valid - 1))
+    k, v, last = self._call("prefill", kernel, build, (1, p, 0, 0), tokens_1xP, layout, np.int32(valid - 1))
     return PrefixState(k, v, last, jnp.asarray(valid, jnp.int32))
 
   def extend_logprobs(self, kernel: str, state: PrefixState, tokens_1xT, positions_1xT, slot_valid_1xN,
@@ -189,8 +245,8 @@ class ModelRunner:
     n = slot_valid_1xN.shape[1]
     layout = SegmentLayout(state.valid.reshape(1), slot_valid_1xN, state.prefix_len, slot_len, n)
     self._record("extend", kernel, output, state.prefix_len, slot_len, n, len(label_ids_K))
-    return self._call(f"extend_{output}", kernel, build, state, tokens_1xT, positions_1xT, layout, score_index_1xN,
-                      label_ids_K)
+    return self._call(f"extend_{output}", kernel, build, (1, state.prefix_len, slot_len, n), state, tokens_1xT,
+                      positions_1xT, layout, score_index_1xN, label_ids_K)
 
   def logits(self, token_ids: np.ndarray, kernel: Optional[str] = None) -> np.ndarray:
     """Next-token logits [T, V] (float32) for one causal sequence."""
@@ -205,4 +261,4 @@ class ModelRunner:
     tokens = jnp.asarray(token_ids, jnp.int32)[None]
     layout = SegmentLayout.causal(jnp.asarray([tokens.shape[1]], jnp.int32), tokens.shape[1])
     self._record("logits", kernel, tokens.shape)
-    return np.asarray(self._call("logits", kernel, build, tokens, layout))
+    return np.asarray(self._call("logits", kernel, build, (1, tokens.shape[1], 0, 0), tokens, layout))

@@ -1,0 +1,302 @@
+"""Compiles what `Scorer.warmup` builds for a TPU topology described on this host; reports fit and roofline.
+
+    report = compile_report.run(CompileOptions(topology="v6e:1x1", model="qwen3-0.6b",
+                                               geometries=((2000, 500, 20),), overrides=("dtype=bfloat16",)))
+    print(compile_report.summary(report))
+
+DESIGN.md section 10. The Scorer holds abstract params (ShapeDtypeStructs with their logical-axis
+shardings) on the data-group mesh process 0 of a job on that topology would use, and its
+warmup lowers and compiles with the real TPU compiler (Mosaic for splash): same buckets, same
+selector choice, same shardings as a run. Per program: per-chip memory from the compiler
+against the chip's HBM; model FLOPs from the cost model (XLA's cost analysis counts a scanned
+layer stack once and Pallas calls as zero); bytes each chip reads and writes (arguments and
+outputs: its weight shard, K/V, inputs, results); roofline time max(FLOPs / peak, bytes /
+bandwidth). These are compile-time bounds, not measurements.
+"""
+
+import dataclasses
+import math
+import os
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+from jax.sharding import Mesh
+
+from layers import sharding
+from layers.config import ModelConfig
+from maxscore.bench import chips
+from maxscore.checkpoints import storage
+from maxscore.config import Config, MeshConfig, load_config, parse_override
+from maxscore.distributed import mesh as mesh_lib
+from maxscore.scoring import cost_model
+from maxscore.scoring.requests import make_request
+from maxscore.scoring.runner import Program
+from maxscore.scoring.scorer import Scorer
+
+MOSAIC_CALL = "tpu_custom_call"  # the custom call a Pallas TPU kernel compiles to
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileOptions:
+  """What to compile: topology, model (configs/models/<model>.yml), workloads; `overrides` are key=value."""
+  topology: str = "v6e:1x1"
+  num_slices: int = 1
+  model: str = "qwen3-0.6b"
+  num_layers: Optional[int] = None      # None: the model's own depth
+  geometries: tuple[tuple[int, ...], ...] = ((2000, 500, 20),)  # (query_len incl. separator, items, item_len[, batch])
+  algorithms: tuple[str, ...] = ("auto",)
+  num_labels: int = 2
+  search: bool = False                  # also search the largest workload that fits (packed, prefill_extend)
+  overrides: tuple[str, ...] = ()
+
+
+def parse_geometry(text: str) -> tuple[int, ...]:
+  """"2000x500x20" or "2000x500x20x4" (query_len x num_items x item_len [x batch]) -> ints."""
+  parts = text.lower().split("x")
+  if len(parts) not in (3, 4) or not all(p.strip().isdigit() for p in parts):
+    raise ValueError(f"geometry {text!r} must be QUERY_LENxNUM_ITEMSxITEM_LEN[xBATCH] (e.g. 2000x500x20)")
+  geometry = tuple(int(p) for p in parts)
+  if geometry[0] < 1 or geometry[2] < 1 or any(g < 1 for g in geometry[3:]):
+    raise ValueError(f"geometry {text!r}: query_len, item_len and batch must be >= 1")
+  return geometry
+
+
+# --- the target: devices, mesh, scorer --------------------------------------------------
+def describe_topology(topology: str, num_slices: int = 1) -> list:
+  """The devices of `num_slices` slices of `topology` (e.g. v6e:2x2), described on this host by libtpu."""
+  _, dims = chips.parse_topology(topology)
+  if num_slices < 1:
+    raise chips.TopologyError(f"num_slices={num_slices} must be >= 1")
+  # Only compiling: another process on this host (a test run) may hold libtpu's TPU lock.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  bounds = tuple(min(d, 2) for d in dims) + (1,) * (3 - len(dims))  # up to 2x2x1 chips per host
+  try:
+    desc = topologies.get_topology_desc(topology_name=topology, platform="tpu", chip_config_name="default",
+                                        chips_per_host_bounds=bounds, num_slices=num_slices)
+  except Exception as e:  # pylint: disable=broad-except  (libtpu missing, or a shape it does not know)
+    raise chips.TopologyError(f"topology={topology!r} num_slices={num_slices}: libtpu could not describe it "
+                              f"({one_line(e)}); it needs `pip install 'jax[tpu]=={jax.__version__}'`") from None
+  return list(desc.devices)
+
+
+def target_mesh(mesh_cfg: MeshConfig, devices: Sequence[Any]) -> Mesh:
+  """The mesh process 0 of a job on `devices` scores with: its data group (DESIGN.md section 8)."""
+  return mesh_lib.data_group(mesh_lib.create_mesh(mesh_cfg, devices), process_index=0).mesh
+
+
+def abstract_scorer(config: Config, mesh: Mesh) -> Scorer:
+  """A Scorer whose params are ShapeDtypeStructs on `mesh`: it compiles (warmup) and runs nothing."""
+  return Scorer(config, storage.abstract_params(config.model), mesh=mesh)
+
+
+def one_line(error: BaseException, limit: int = 400) -> str:
+  text = " ".join(f"{type(error).__name__}: {error}".split())
+  return text if len(text) <= limit else text[:limit] + " ..."
+
+
+# --- one program, one workload ----------------------------------------------------------
+def _lm_head_rows(program: Program) -> Optional[int]:
+  if program.entry == "logits":
+    return program.prefix_len
+  if program.entry == "prefill" or program.entry.endswith("hidden"):
+    return 0
+  return None  # one row per slot
+
+
+def compute_shards(mesh: Mesh, batch: int) -> int:
+  """Chips that split one program's work: tensor, times the batch axes that divide its rows."""
+  batch_axes = sharding.batch_axes(batch, mesh) or ()
+  return mesh.shape["tensor"] * math.prod(mesh.shape[a] for a in batch_axes)
+
+
+def program_row(program: Program, model: ModelConfig, chip: chips.Chip, mesh: Mesh,
+                devices_per_chip: int = 1) -> dict[str, Any]:
+  """Per-device memory, fit, FLOPs, bytes and roofline time of one compiled program."""
+  ma = program.compiled.memory_analysis()
+  memory = dict(arguments=ma.argument_size_in_bytes, outputs=ma.output_size_in_bytes,
+                aliased=ma.alias_size_in_bytes, temporaries=ma.temp_size_in_bytes,
+                code=ma.generated_code_size_in_bytes)
+  total = memory["arguments"] + memory["outputs"] - memory["aliased"] + memory["temporaries"] + memory["code"]
+  capacity = chip.hbm_bytes // devices_per_chip
+  flops = cost_model.program_flops(model, program.batch, program.prefix_len, program.slot_len, program.num_slots,
+                                   prefix_cached=program.entry.startswith("extend"),
+                                   lm_head_rows=_lm_head_rows(program))
+  flops_device = flops / compute_shards(mesh, program.batch)
+  bytes_device = memory["arguments"] + memory["outputs"]
+  t_compute = flops_device / (chip.peak_bf16_flops / devices_per_chip)
+  t_memory = bytes_device / (chip.hbm_bytes_per_s / devices_per_chip)
+  return dict(entry=program.entry, kernel=program.kernel, batch=program.batch, prefix_len=program.prefix_len,
+              slot_len=program.slot_len, num_slots=program.num_slots, calls=program.calls,
+              memory=memory, hbm_bytes=total, hbm_capacity=capacity, fits=total <= capacity,
+              headroom_bytes=capacity - total, flops=flops, flops_per_device=flops_device,
+              bytes_per_device=bytes_device, roofline_s=max(t_compute, t_memory),
+              bound="compute" if t_compute >= t_memory else "memory",
+              mosaic=MOSAIC_CALL in program.compiled.as_text())
+
+
+def _dummy_request(scorer: Scorer, geometry: Sequence[int], num_labels: int):
+  """The request Scorer.warmup builds for `geometry` (to ask the selector which algorithm it gets)."""
+  q_len, n, l = geometry[:3]
+  return make_request([1] * q_len, [[1] * l] * n, list(range(num_labels)), False, False, None,
+                      scorer.config.model.vocab_size)
+
+
+def compile_workload(scorer: Scorer, geometry: Sequence[int], chip: chips.Chip, algorithm: str = "auto",
+                     num_labels: int = 2, devices_per_chip: int = 1) -> dict[str, Any]:
+  """Compiles (warmup) one geometry with `algorithm`; the programs it calls, each with its report row.
+
+  A compile failure (e.g. the program does not fit in HBM) is reported, not raised.
+  """
+  geometry = tuple(geometry) + (1,) * (4 - len(geometry))
+  runner, model = scorer.runner, scorer.config.model
+  for program in runner.programs.values():
+    program.calls = 0
+  algo = None if algorithm == "auto" else algorithm
+  out: dict[str, Any] = dict(geometry=list(geometry), requested=algorithm, error=None)
+  try:
+    choice = scorer.choose(_dummy_request(scorer, geometry, num_labels), algo)
+    out.update(algorithm=choice.algorithm, reason=choice.reason)
+    scorer.warmup([geometry], algorithm=algo, num_labels=num_labels)
+  except Exception as e:  # pylint: disable=broad-except  (the compiler's error is the report)
+    out["error"] = one_line(e)
+  rows = [program_row(p, model, chip, runner.mesh, devices_per_chip) for p in runner.programs.values() if p.calls]
+  q_len, n, l, b = geometry
+  useful = cost_model.model_flops(model, q_len, [l] * n, separator=False)["total"] * b
+  time_s = sum(r["calls"] * r["roofline_s"] for r in rows)
+  out.update(programs=rows, fits=out["error"] is None and all(r["fits"] for r in rows),
+             peak_hbm_bytes=max((r["hbm_bytes"] for r in rows), default=0),
+             mosaic=bool(rows) and all(r["mosaic"] for r in rows if r["kernel"] == "splash"),
+             useful_flops=useful, program_flops=sum(r["calls"] * r["flops"] for r in rows),
+             roofline_s=time_s, items_per_s=(n * b / time_s) if time_s and out["error"] is None else None)
+  return out
+
+
+# --- the largest workload that fits -----------------------------------------------------
+def largest_fitting(probe: Callable[[int], bool], start: int, limit: int, rel_tol: float = 0.05) -> int:
+  """The largest x in [1, limit] with probe(x) true, for a probe monotone in x (fits up to a size).
+
+  Doubles from `start` until a failure or `limit`, then bisects to `rel_tol`; 0 if nothing fits.
+  """
+  lo, x = 0, max(1, min(start, limit))
+  while probe(x):
+    lo = x
+    if x == limit:
+      return lo
+    x = min(2 * x, limit)
+  hi = x  # the smallest size known not to fit
+  while hi - lo > max(1, int(rel_tol * lo)):
+    mid = (lo + hi) // 2
+    lo, hi = (mid, hi) if probe(mid) else (lo, mid)
+  return lo
+
+
+def search_largest(scorer: Scorer, geometry: Sequence[int], chip: chips.Chip, algorithm: str, dimension: str,
+                   limit: int, num_labels: int = 2, devices_per_chip: int = 1) -> dict[str, Any]:
+  """Grows `dimension` ("num_items" or "query_len") of `geometry` until `algorithm`'s programs stop fitting."""
+  index = {"query_len": 0, "num_items": 1}[dimension]
+  failures: dict[int, str] = {}
+
+  def probe(x: int) -> bool:
+    g = list(geometry)
+    g[index] = x
+    result = compile_workload(scorer, g, chip, algorithm, num_labels, devices_per_chip)
+    if not result["fits"]:
+      failures[x] = result["error"] or f"needs {result['peak_hbm_bytes'] / 1e9:.2f} GB per device"
+    return result["fits"]
+
+  best = largest_fitting(probe, geometry[index], limit)
+  first_failure = min((x for x in failures if x > best), default=None)
+  return dict(algorithm=algorithm, dimension=dimension, base_geometry=list(geometry), largest=best, limit=limit,
+              at_limit=best == limit, first_failure=first_failure,
+              failure=failures.get(first_failure) if first_failure else None)
+
+
+# --- the report ----------------------------------------------------------------------------
+def build_config(options: CompileOptions) -> Config:
+  over = dict(parse_override(a) for a in options.overrides)
+  over["model_name"] = options.model
+  if options.num_layers:
+    over["num_layers"] = options.num_layers
+  return load_config(over)
+
+
+def run(options: CompileOptions) -> dict[str, Any]:
+  """Compiles every (geometry, algorithm) of `options` for its topology; the report as a JSON-able dict."""
+  config = build_config(options)
+  chip, dims = chips.parse_topology(options.topology)
+  devices = describe_topology(options.topology, options.num_slices)
+  devices_per_chip = max(1, len(devices) // (math.prod(dims) * options.num_slices))
+  mesh = target_mesh(config.mesh, devices)
+  scorer = abstract_scorer(config, mesh)
+  common = dict(num_labels=options.num_labels, devices_per_chip=devices_per_chip)
+  workloads = [compile_workload(scorer, g, chip, a, **common) for g in options.geometries for a in options.algorithms]
+  searches = []
+  if options.search:
+    g = tuple(options.geometries[0])
+    max_tokens = config.scoring.max_request_tokens
+    for algorithm in ("packed", "prefill_extend"):
+      searches.append(search_largest(scorer, g, chip, algorithm, "num_items", max(1, (max_tokens - g[0]) // g[2]),
+                                     **common))
+      searches.append(search_largest(scorer, g, chip, algorithm, "query_len", config.buckets.prefix_buckets[-1],
+                                     **common))
+  m = config.model
+  return dict(topology=options.topology, num_slices=options.num_slices, chip=dataclasses.asdict(chip),
+              devices=len(devices), devices_per_chip=devices_per_chip, mesh=dict(mesh.shape),
+              model=options.model, num_layers=m.num_layers, params=m.num_params(),
+              dtype=config.runtime.dtype, weight_dtype=config.runtime.weight_dtype,
+              attention=scorer.runner.default_kernel, overrides=list(options.overrides),
+              workloads=workloads, searches=searches,
+              note="compile-time bounds from the TPU compiler and the cost model, not measurements")
+
+
+# --- the human table ---------------------------------------------------------------------
+def _gb(x: float) -> str:
+  return f"{x / 1e9:.2f}"
+
+
+def _workload_lines(w: dict[str, Any]) -> list[str]:
+  g = "x".join(str(x) for x in w["geometry"])
+  lines = [f"workload {g} (query_len x items x item_len x batch), requested {w['requested']}: "
+           f"algorithm={w.get('algorithm', '?')} ({w.get('reason', '')})"]
+  if w["programs"]:
+    lines.append(f"  {'program':<16}{'B':>3}{'P':>7}{'L':>6}{'N':>6}{'calls':>7}  {'HBM GB/dev':>10}"
+                 f"{'of':>7}{'fits':>6}{'mosaic':>7}{'GFLOP/dev':>11}{'GB r+w/dev':>11}{'roofline ms':>12}")
+  for r in w["programs"]:
+    lines.append(f"  {r['entry']:<16}{r['batch']:>3}{r['prefix_len']:>7}{r['slot_len']:>6}{r['num_slots']:>6}"
+                 f"{r['calls']:>7}  {_gb(r['hbm_bytes']):>10}{_gb(r['hbm_capacity']):>7}"
+                 f"{'yes' if r['fits'] else 'NO':>6}{'yes' if r['mosaic'] else 'no':>7}"
+                 f"{r['flops_per_device'] / 1e9:>11.1f}{_gb(r['bytes_per_device']):>11}"
+                 f"{r['roofline_s'] * 1e3:>9.3f} {r['bound'][:3]}")
+  if w["error"]:
+    lines.append(f"  compile error: {w['error']}")
+  verdict = "FITS" if w["fits"] else "DOES NOT FIT / DID NOT COMPILE"
+  tail = f"  => {verdict}: peak {_gb(w['peak_hbm_bytes'])} GB per device"
+  if w["items_per_s"]:
+    tail += (f"; roofline {w['roofline_s'] * 1e3:.2f} ms per batch = {w['items_per_s']:,.0f} items/s bound "
+             f"(useful {w['useful_flops'] / 1e12:.2f} TFLOP, compiled {w['program_flops'] / 1e12:.2f} TFLOP)")
+  lines.append(tail)
+  return lines
+
+
+def summary(report: dict[str, Any]) -> str:
+  """The report as a table: one block per workload, then the largest-fit searches."""
+  c = report["chip"]
+  mesh = " ".join(f"{k}={v}" for k, v in report["mesh"].items())
+  lines = [f"TPU {report['topology']} x{report['num_slices']} slice(s): {report['devices']} devices "
+           f"({c['name']}: {c['hbm_bytes'] / 1e9:.0f} GB HBM, {c['peak_bf16_flops'] / 1e12:.0f} TFLOP/s bf16, "
+           f"{c['hbm_bytes_per_s'] / 1e9:.0f} GB/s per chip; {c['source']})",
+           f"scoring mesh (process 0's data group): {mesh}; model {report['model']} {report['num_layers']} layers "
+           f"({report['params'] / 1e6:.0f}M params), dtype={report['dtype']} weight_dtype={report['weight_dtype']}, "
+           f"attention={report['attention']}",
+           f"{report['note']}.", ""]
+  for w in report["workloads"]:
+    lines += _workload_lines(w) + [""]
+  for s in report["searches"]:
+    g = "x".join(str(x) for x in s["base_geometry"])
+    text = (f"largest {s['dimension']} that fits with {s['algorithm']} (from {g}): {s['largest']:,}"
+            + (f" (the search limit {s['limit']:,})" if s["at_limit"] else ""))
+    if s["first_failure"]:
+      text += f"; {s['first_failure']:,} does not: {s['failure']}"
+    lines.append(text)
+  return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,175 @@
+"""Compile reports: the fit search, the cost model per program, and real TPU compiles from this CPU host.
+
+Tests marked `tpu_aot` compile with libtpu (the test extra installs it) for described TPU
+topologies; nothing runs on a TPU. Each asserts compiled + fits + the Mosaic custom call.
+"""
+
+import importlib.util
+import math
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+from layers import sharding
+from layers.config import ModelConfig
+from maxscore.bench import chips, compile_report
+from maxscore.scoring import cost_model
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("_script_compile_check", REPO / "scripts" / "compile_check.py")
+compile_check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(compile_check)
+
+V6E = chips.CHIPS["v6e"]
+SMALL = dict(dtype="bfloat16", weight_dtype="bfloat16")
+# tiny-qwen3 widened so TPU tile padding of its small arrays is negligible next to the weights.
+WIDE = dict(SMALL, vocab_size=8192, hidden_size=256, head_dim=128, mlp_dim=1024)
+
+
+# --- pure pieces ----------------------------------------------------------------------
+@pytest.mark.parametrize("threshold,start,limit", [(37, 4, 1000), (1000, 4, 1000), (3, 8, 100), (0, 5, 50),
+                                                   (1, 1, 1), (600, 500, 100000)])
+def test_largest_fitting_finds_the_threshold(threshold, start, limit):
+  probed = []
+
+  def probe(x):
+    probed.append(x)
+    return x <= threshold
+  got = compile_report.largest_fitting(probe, start, limit, rel_tol=0.0)
+  assert got == min(threshold, limit)
+  assert len(probed) <= 2 * math.log2(limit) + 3  # doubling then bisection, not a scan
+
+
+def test_largest_fitting_tolerance_bounds_the_probes():
+  got = compile_report.largest_fitting(lambda x: x <= 70000, 500, 10**6, rel_tol=0.05)
+  assert 0.95 * 70000 <= got <= 70000
+
+
+def test_program_flops_agree_with_the_request_cost_model():
+  cfg = ModelConfig(vocab_size=50, hidden_size=8, num_layers=3, num_heads=2, num_kv_heads=1, head_dim=4, mlp_dim=16)
+  p, l, n = 11, 3, 5
+  whole = cost_model.model_flops(cfg, p, [l] * n, separator=False)["total"]
+  assert cost_model.program_flops(cfg, 1, p, l, n) == whole
+  # prefill once + extend against the cache = the same work as one packed row; batch rows add linearly.
+  prefill = cost_model.program_flops(cfg, 1, p, 0, 0)
+  extend = cost_model.program_flops(cfg, 1, p, l, n, prefix_cached=True)
+  assert prefill + extend == whole
+  assert cost_model.program_flops(cfg, 4, p, l, n) == 4 * whole
+
+
+def test_chip_table_and_topology_names():
+  for chip in chips.CHIPS.values():
+    assert chip.source.startswith("https://cloud.google.com/tpu/docs/")
+    assert chip.hbm_bytes > 8e9 and chip.peak_bf16_flops > 1e14 and chip.hbm_bytes_per_s > 5e11
+  assert chips.parse_topology("v5p:2x2x1") == (chips.CHIPS["v5p"], (2, 2, 1))
+  for bad in ("v7:2x2", "v6e-4", "v6e:0x2", "v6e:2"):
+    with pytest.raises(chips.TopologyError, match="topology"):
+      chips.parse_topology(bad)
+  assert compile_report.parse_geometry("2000x500x20x4") == (2000, 500, 20, 4)
+  with pytest.raises(ValueError, match="QUERY_LEN"):
+    compile_report.parse_geometry("2000x500")
+
+
+# --- real TPU compiles ------------------------------------------------------------------
+def _scorer(topology, num_slices=1, **overrides):
+  options = compile_report.CompileOptions(topology=topology, num_slices=num_slices, model=overrides.pop("model"),
+                                          num_layers=overrides.pop("num_layers", None),
+                                          overrides=tuple(f"{k}={v}" for k, v in overrides.items()))
+  config = compile_report.build_config(options)
+  devices = compile_report.describe_topology(topology, num_slices)
+  mesh = compile_report.target_mesh(config.mesh, devices)
+  return compile_report.abstract_scorer(config, mesh)
+
+
+def _assert_ok(workload, algorithm, entries):
+  assert workload["error"] is None, workload["error"]
+  assert workload["algorithm"] == algorithm
+  assert sorted({r["entry"] for r in workload["programs"]}) == sorted(entries)
+  assert workload["fits"] and workload["mosaic"], workload["programs"]
+  for r in workload["programs"]:
+    assert r["kernel"] == "splash" and 0 < r["hbm_bytes"] < r["hbm_capacity"] and r["roofline_s"] > 0
+  assert workload["items_per_s"] > 0
+
+
+@pytest.mark.tpu_aot
+def test_script_v6e_1x1_tiny_packed_and_prefill_extend(tmp_path, capsys):
+  """The script end to end: auto picks splash and packed; forced prefill_extend compiles prefill + extend."""
+  out = tmp_path / "r.json"
+  report = compile_check.run(["compile_check", "--topology=v6e:1x1", "--model=tiny-qwen3",
+                              "--geometries=200x40x8", "--algorithms=auto,prefill_extend",
+                              f"--output_json={out}", "dtype=bfloat16", "weight_dtype=bfloat16"])
+  assert out.is_file() and report["attention"] == "splash" and report["mesh"] == dict(data=1, fsdp=1, tensor=1)
+  packed, extend = report["workloads"]
+  _assert_ok(packed, "packed", ["packed_logprobs"])
+  _assert_ok(extend, "prefill_extend", ["prefill", "extend_logprobs"])
+  assert "FITS" in capsys.readouterr().out
+
+
+@pytest.mark.tpu_aot
+@pytest.mark.slow
+def test_qwen3_dims_two_layers_v6e_1x1():
+  """Qwen3-0.6B's real widths (151936 vocab) at 2 layers: both splash programs compile and fit on one v6e."""
+  scorer = _scorer("v6e:1x1", model="qwen3-0.6b", num_layers=2, **SMALL)
+  packed = compile_report.compile_workload(scorer, (500, 64, 16), V6E)
+  _assert_ok(packed, "packed", ["packed_logprobs"])
+  extend = compile_report.compile_workload(scorer, (500, 64, 16), V6E, "prefill_extend")
+  _assert_ok(extend, "prefill_extend", ["prefill", "extend_logprobs"])
+  weights = scorer.config.model.num_params() * 2  # bf16
+  assert all(r["memory"]["arguments"] >= weights for r in packed["programs"] + extend["programs"])
+
+
+def _param_bytes_per_device(scorer) -> int:
+  return sum(math.prod(x.sharding.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
+             for x in jax.tree_util.tree_leaves(scorer.runner.params))
+
+
+@pytest.mark.tpu_aot
+@pytest.mark.slow
+def test_four_chip_data_by_tensor_mesh_shards_weights():
+  """v6e:2x2 as data=2 x tensor=2: compiled, fits, Mosaic inside shard_map; per-chip weights shrink with tensor."""
+  scorer = _scorer("v6e:2x2", model="tiny-qwen3", ici_tensor_parallelism=2, **WIDE)
+  assert dict(scorer.runner.mesh.shape) == dict(data=2, fsdp=1, tensor=2)
+  _assert_ok(compile_report.compile_workload(scorer, (200, 40, 8, 2), V6E), "packed", ["packed_logprobs"])
+  extend = compile_report.compile_workload(scorer, (200, 40, 8), V6E, "prefill_extend")
+  _assert_ok(extend, "prefill_extend", ["prefill", "extend_logprobs"])
+  packed_rows = [p for p in scorer.runner.programs.values() if p.entry == "packed_logprobs"]
+  assert compile_report.compute_shards(scorer.runner.mesh, packed_rows[0].batch) == 4  # batch 2 over data
+
+  data_only = _scorer("v6e:2x2", model="tiny-qwen3", **WIDE)  # data=4, tensor=1
+  assert dict(data_only.runner.mesh.shape) == dict(data=4, fsdp=1, tensor=1)
+  prefill_t1 = compile_report.compile_workload(data_only, (200, 40, 8), V6E, "prefill_extend")["programs"]
+  by_entry = lambda rows: {r["entry"]: r for r in rows}  # noqa: E731
+  t1, t2 = by_entry(prefill_t1)["prefill"], by_entry(extend["programs"])["prefill"]
+  w1, w2 = _param_bytes_per_device(data_only), _param_bytes_per_device(scorer)
+  assert w2 < 0.6 * w1  # everything but the norms is split over tensor=2
+  # The compiler's per-chip arguments shrink by the weights tensor splits (up to TPU tile padding).
+  shrink = t1["memory"]["arguments"] - t2["memory"]["arguments"]
+  assert abs(shrink - (w1 - w2)) < 0.05 * (w1 - w2), (shrink, w1 - w2)
+  # The checked layout is what layers/sharding.py says.
+  spec = sharding.model_param_shardings(scorer.config.model, scorer.runner.mesh)
+  assert jax.tree_util.tree_leaves(spec)[0].mesh.shape == scorer.runner.mesh.shape
+
+
+@pytest.mark.tpu_aot
+def test_two_slices_dcn_data_parallel_compiles_process_zeros_group():
+  """A pod-shaped job: 2 slices of v6e:2x2 with dcn_data_parallelism=2; process 0 scores on its slice's group."""
+  scorer = _scorer("v6e:2x2", num_slices=2, model="tiny-qwen3", dcn_data_parallelism=2, ici_tensor_parallelism=2,
+                   **SMALL)
+  mesh = scorer.runner.mesh
+  assert mesh.size == 4 and {d.slice_index for d in mesh.devices.flat} == {0}
+  assert dict(mesh.shape) == dict(data=2, fsdp=1, tensor=2)
+  _assert_ok(compile_report.compile_workload(scorer, (200, 40, 8, 2), V6E), "packed", ["packed_logprobs"])
+  _assert_ok(compile_report.compile_workload(scorer, (200, 40, 8), V6E, "prefill_extend"), "prefill_extend",
+             ["prefill", "extend_logprobs"])
+
+
+@pytest.mark.tpu_aot
+def test_unknown_topology_and_failed_compile_are_reported():
+  with pytest.raises(chips.TopologyError, match="v6e:3x3"):
+    compile_report.describe_topology("v6e:3x3")
+  scorer = _scorer("v6e:1x1", model="tiny-qwen3", **SMALL)
+  too_long = scorer.config.buckets.prefix_buckets[-1] + 1
+  result = compile_report.compile_workload(scorer, (too_long, 2, 4), V6E)
+  assert not result["fits"] and "query" in result["error"] and result["items_per_s"] is None

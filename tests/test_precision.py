@@ -1,0 +1,51 @@
+"""bfloat16 against float32 on CPU: the deltas measured on the embedded eval and a random Qwen3-shaped model,
+held with margin so a bf16 regression fails CI (measured figures: BENCHMARKS.md, "bf16 against float32")."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from maxscore.bench import precision
+from maxscore.config import load_config
+from maxscore.rerank import data
+from maxscore.rerank import eval as rerank_eval
+from maxscore.scoring.scorer import Scorer
+
+BF16 = ["dtype=bfloat16", "weight_dtype=bfloat16"]
+
+
+def test_kendall_tau_by_hand():
+  assert precision.kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
+  assert precision.kendall_tau([1, 2, 3, 4], [4, 3, 2, 1]) == -1.0
+  # one swapped pair out of 6
+  assert precision.kendall_tau([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
+  assert precision.kendall_tau([5.0], [1.0]) == 1.0
+
+
+@pytest.mark.slow
+def test_bf16_on_the_embedded_eval_stays_within_measured_bounds():
+  """Measured: max |d log-prob| 0.0054, max |d score| 0.0019, tau min 0.978, d nDCG@10 +0.0063 (20 queries)."""
+  ref = rerank_eval.build_scorer(None, [], use_head=False)
+  bf16 = rerank_eval.build_scorer(None, BF16, use_head=False)
+  assert {x.dtype for x in jax.tree_util.tree_leaves(bf16.runner.params)} == {jnp.dtype(jnp.bfloat16)}
+  r = precision.compare_on_rerank_set(ref, bf16, data.load_jsonl(data.DEFAULT_JSONL), rerank_eval.EvalConfig())
+  assert r["queries"] == 20 and r["items"] == 480
+  assert 0 < r["max_abs_logprob"] < 0.02, r
+  assert r["max_abs_score"] < 0.01, r
+  assert r["kendall_tau_min"] > 0.93 and r["kendall_tau_mean"] > 0.97, r
+  assert abs(r["metric_deltas"]["ndcg_cut_10"]) < 0.03, r
+
+
+@pytest.mark.slow
+def test_bf16_on_a_random_qwen3_shaped_model_stays_within_measured_bounds():
+  """Qwen3-0.6B widths (151936 vocab) at 2 layers, random weights shared by both scorers.
+
+  Measured: max |d log-prob| 0.022, max |d score| 0.0039, tau 0.983 (64-token query, 16 items x 8).
+  """
+  cfg = load_config(dict(model_name="qwen3-0.6b", num_layers=2))
+  ref = Scorer.from_config(cfg, mesh=None)
+  bf16 = Scorer(cfg.replace(dtype="bfloat16", weight_dtype="bfloat16"), ref.runner.params, mesh=None)
+  r = precision.compare_on_random_tokens(ref, bf16, 64, 16, 8, [9454, 2753])
+  assert 0 < r["max_abs_logprob"] < 0.08, r
+  assert r["max_abs_score"] < 0.02, r
+  assert r["kendall_tau"] > 0.9, r
