@@ -21,12 +21,13 @@ def expected_errors() -> tuple[type[BaseException], ...]:
   from layers.sharding import ShardingError
   from maxscore.checkpoints.convert import ConversionError
   from maxscore.checkpoints.storage import CheckpointError
+  from maxscore.checkpoints.tokenizer import TokenizerError
   from maxscore.config import ConfigError
   from maxscore.distributed.mesh import MeshError
   from maxscore.errors import ResumeError, ScoreInputError, UnsafeOutputError
   from maxscore.heads.train import TrainError
   return (ScoreInputError, UnsafeOutputError, ResumeError, ConfigError, CheckpointError, ConversionError,
-          MeshError, ShardingError, TrainError, OSError)
+          MeshError, ShardingError, TrainError, TokenizerError, OSError)
 
 
 @contextlib.contextmanager

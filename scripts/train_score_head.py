@@ -20,9 +20,6 @@ from maxscore import cli
 
 from maxscore.heads import train as train_lib
 from maxscore.rerank import data, eval as eval_lib, prompts
-from maxscore.checkpoints.storage import CheckpointError
-from maxscore.config import ConfigError
-from maxscore.errors import ScoreInputError
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -45,7 +42,8 @@ def define_flags(fv: flags.FlagValues) -> None:
                       flag_values=fv)
   flags.DEFINE_string("feature_cache", None, "npz file for the frozen features (reused when it matches)",
                       flag_values=fv)
-  flags.DEFINE_bool("overwrite", False, "discard the workdir instead of resuming", flag_values=fv)
+  flags.DEFINE_bool("overwrite", False, "discard the workdir (and replace --export_dir) instead of resuming; "
+                    "only directories maxscore wrote are removed", flag_values=fv)
   # Head, loss, optimizer, loop.
   flags.DEFINE_enum("head", t.head, ["lm_labels", "linear", "mlp"], "head kind", flag_values=fv)
   flags.DEFINE_enum("delta", t.delta, ["full", "low_rank", "none"], "lm_labels: hidden-state term of the label-logit "
@@ -97,7 +95,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
                                score_mode=fv.score_mode, max_query_tokens=fv.max_query_tokens,
                                max_item_tokens=fv.max_item_tokens, metrics=tuple(fv.metrics))
   jsonl = fv.jsonl if (fv.jsonl or fv.data_dir or fv.run_file) else str(data.DEFAULT_JSONL)
-  try:
+  with cli.one_line_errors():
     cfg.validate()
     prompt.validate()
     train_set = data.load_rerank_set(jsonl, fv.data_dir, fv.run_file, fv.train_split, fv.rerank_top_k)
@@ -110,8 +108,6 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     summary = train_lib.train(cfg, prompt, fv.checkpoint_dir, train_set, dev_set, fv.workdir,
                               overrides=overrides, feature_cache=fv.feature_cache, export_dir=fv.export_dir,
                               overwrite=fv.overwrite, progress=fv.progress, step_delay_s=fv.step_delay_s)
-  except (ScoreInputError, ConfigError, CheckpointError, train_lib.TrainError, FileNotFoundError) as e:
-    cli.fail(e)
   print(json.dumps(summary, indent=2))
 
 

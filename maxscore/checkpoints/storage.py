@@ -88,20 +88,26 @@ def save_checkpoint(directory: os.PathLike, params: Any, model: ModelConfig,
   inputs = tuple(inputs) + tuple(pathlib.Path(f).parent for f in tokenizer_files)
   with safety.replace_dir(directory, "checkpoint", overwrite, inputs, "checkpoint directory",
                           **marker_info) as tmp:
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(tmp / "params", params)
-    checkpointer.wait_until_finished()
-    tokenizer = None
-    for i, f in enumerate(tokenizer_files):
-      (tmp / "tokenizer").mkdir(exist_ok=True)
-      shutil.copy2(f, tmp / "tokenizer" / pathlib.Path(f).name)
-      if i == 0:
-        tokenizer = f"tokenizer/{pathlib.Path(f).name}"
-    meta = {"format_version": FORMAT_VERSION, "model": model_config_to_dict(model), "tokenizer": tokenizer,
-            "params_sha256": identity.dir_digest(tmp / "params"),
-            "params_files": identity.dir_manifest(tmp / "params")}
-    (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    write_checkpoint_files(tmp, params, model, tokenizer_files)
   return safety.resolve(directory)
+
+
+def write_checkpoint_files(directory: pathlib.Path, params: Any, model: ModelConfig,
+                           tokenizer_files: tuple[os.PathLike, ...] = ()) -> None:
+  """params/, tokenizer/ and maxscore.json (with the params digest) into an empty `directory`."""
+  checkpointer = ocp.StandardCheckpointer()
+  checkpointer.save(directory / "params", nn.unbox(params))
+  checkpointer.wait_until_finished()
+  tokenizer = None
+  for i, f in enumerate(tokenizer_files):
+    (directory / "tokenizer").mkdir(exist_ok=True)
+    shutil.copy2(f, directory / "tokenizer" / pathlib.Path(f).name)
+    if i == 0:
+      tokenizer = f"tokenizer/{pathlib.Path(f).name}"
+  meta = {"format_version": FORMAT_VERSION, "model": model_config_to_dict(model), "tokenizer": tokenizer,
+          "params_sha256": identity.dir_digest(directory / "params"),
+          "params_files": identity.dir_manifest(directory / "params")}
+  (directory / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def params_digest(directory: os.PathLike) -> str:

@@ -29,7 +29,6 @@ layout (DESIGN.md section 2) with each scanned layer rematerialized in the backw
 """
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -47,6 +46,8 @@ import tensorboardX
 from absl import logging
 
 from layers.decoder import Decoder
+from maxscore import errors
+from maxscore.files import identity, safety
 from maxscore.heads import features, score_heads as heads
 from maxscore.rerank import data, metrics, prompts
 from maxscore.heads.features import (Examples, load_or_extract, make_examples, packed_features, packed_geometry,
@@ -181,7 +182,7 @@ class MetricsLog:
           continue  # a torn last line
         if rec.get("step", 0) <= resume_step:
           kept.append(rec)
-    self.path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+    safety.atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
     self.logged = {(r["kind"], r["step"]) for r in kept}
     self.records = kept
     # metrics.jsonl is the record; the event files mirror it. A killed run's last events may never
@@ -228,13 +229,13 @@ def evaluate_split(cfg_head: heads.HeadConfig, params, hidden, logprobs, example
 
 
 def _run_fingerprint(cfg: TrainConfig, prompt: EvalConfig, scorer: Scorer, examples: dict[str, Examples]) -> dict:
-  rt = scorer.config.runtime
+  """What the trained head depends on (maxscore/files/identity.py): a resumed run must match it."""
   return {"format_version": FORMAT_VERSION, "train": dataclasses.asdict(cfg),
-          "prompt": json.loads(json.dumps(dataclasses.asdict(prompt))), "checkpoint": rt.checkpoint_dir,
-          "model": dataclasses.asdict(scorer.config.model), "data": {k: v.digest() for k, v in sorted(examples.items())}}
+          "prompt": json.loads(json.dumps(dataclasses.asdict(prompt))), "scorer": identity.scorer_identity(scorer),
+          "data": {k: v.digest() for k, v in sorted(examples.items())}}
 
 
-class ResumeError(TrainError):
+class ResumeError(TrainError, errors.ResumeError):
   """The workdir holds a run with another config or data."""
 
 
@@ -248,9 +249,15 @@ def train(cfg: TrainConfig, prompt: EvalConfig, checkpoint_dir: Optional[str], t
   prompt.validate()
   wall_start = time.perf_counter()
   workdir = pathlib.Path(workdir).resolve()
-  if overwrite and workdir.exists():
-    shutil.rmtree(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
+  inputs = [checkpoint_dir if checkpoint_dir else data.DEFAULT_CHECKPOINT, feature_cache,
+            *data.input_paths(train_set), *(data.input_paths(dev_set) if dev_set is not None else ())]
+  inputs = [i for i in inputs if i is not None and str(i).lower() != "none"]
+  safety.refuse_overlap([workdir], inputs, "--workdir")
+  if export_dir:
+    safety.refuse_overlap([export_dir], inputs, "--export_dir")
+  if overwrite:
+    safety.remove_owned(workdir, "--workdir")
+  safety.prepare_output_dir(workdir, "head_training", inputs, "--workdir")
 
   scorer = build_scorer(checkpoint_dir, overrides, use_head=False)
   label_ids = prompts.resolve_labels(scorer.tokenizer, prompt.labels or prompts.TEMPLATES[prompt.template].default_labels)
@@ -290,10 +297,10 @@ def train(cfg: TrainConfig, prompt: EvalConfig, checkpoint_dir: Optional[str], t
   resume_step = manager.latest_step()
   if resume_step is not None:
     stored = manager.restore(resume_step, args=ocp.args.Composite(run=ocp.args.JsonRestore()))["run"]
-    if stored != json.loads(json.dumps(fingerprint)):
-      diff = sorted(k for k in set(stored) | set(fingerprint) if stored.get(k) != json.loads(json.dumps(fingerprint)).get(k))
-      raise ResumeError(f"{workdir} holds a run with another {', '.join(diff)}; use another --workdir or pass "
-                        f"--overwrite")
+    try:
+      identity.check_same(stored, fingerprint, workdir, "pass --overwrite to start over, or use a new --workdir")
+    except errors.ResumeError as e:
+      raise ResumeError(str(e)) from None
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=device), state)
     state = manager.restore(resume_step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
@@ -426,10 +433,12 @@ def train(cfg: TrainConfig, prompt: EvalConfig, checkpoint_dir: Optional[str], t
     same = pathlib.Path(export_dir).resolve() == pathlib.Path(summary["checkpoint_dir"]).resolve()
     info["base_checkpoint"] = "." if same else summary["checkpoint_dir"]
     backbone = jax.device_get(final["backbone"]) if cfg.train_backbone else None
+    # A resumed run may replace the export this workdir wrote before; anything else needs --overwrite.
+    again = (safety.owner(export_dir) or {}).get("workdir") == str(workdir)
     summary["export_dir"] = str(heads.export_checkpoint(scorer.config.runtime.checkpoint_dir, export_dir, head_cfg,
                                                         jax.device_get(final["head"]), info, backbone,
-                                                        overwrite=True))
-  (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+                                                        overwrite=overwrite or again, workdir=str(workdir)))
+  safety.atomic_write_text(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
   return summary
 
 
@@ -438,8 +447,7 @@ def _metric_values(rec: dict) -> dict[str, float]:
 
 
 def _params_digest(tree) -> str:
-  leaves = jax.tree_util.tree_leaves(jax.device_get(tree))
-  return hashlib.sha256(b"".join(np.asarray(x).tobytes() for x in leaves)).hexdigest()[:16]
+  return identity.tree_digest(tree)
 
 
 def _throughput(feats, feature_seconds, cached, examples, step_seconds, step_items, first_step_seconds,

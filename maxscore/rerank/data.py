@@ -397,6 +397,11 @@ def load_rerank_set(jsonl: Optional[os.PathLike] = None, data_dir: Optional[os.P
   return load_beir(data_dir, run_file, split, top_k, skip_bad)
 
 
+def input_paths(rset: RerankSet) -> list[str]:
+  """The files and directories a rerank set was read from (outputs may not overwrite them)."""
+  return [rset.source[k] for k in ("path", "data_dir", "run_file") if rset.source.get(k)]
+
+
 def format_score(score: float) -> str:
   """The shortest text that reads back as the same float32 (ranking and ties survive a re-read)."""
   return str(np.float32(score))
