@@ -16,7 +16,7 @@ setup(
     ],
     extras_require={
         # torch is pinned to the CPU build available on these machines; unpinned, pip pulls a CUDA build.
-        "test": ["pytest>=8", "torch==2.13.0", "transformers>=4.51", "pytrec-eval-terrier>=0.5"],
+        "test": ["pytest>=8", "hypothesis>=6.100", "torch==2.13.0", "transformers>=4.51", "pytrec-eval-terrier>=0.5"],
         "convert": ["torch==2.13.0", "transformers>=4.51"],
     },
 )

@@ -32,12 +32,13 @@ def dir_manifest(directory: os.PathLike) -> dict[str, int]:
 
 
 def files_digest(paths: Iterable[os.PathLike], root: Optional[os.PathLike] = None) -> str:
-  """sha256 (hex, 16 chars) over the names (relative to `root`, else base names) and bytes of `paths`."""
+  """sha256 (hex, 16 chars) over the bytes of `paths` in order, and their names relative to `root` when
+  given (without `root` a file's content is its identity, wherever it lies)."""
   h = hashlib.sha256()
   for p in paths:
     p = pathlib.Path(p)
-    name = p.relative_to(root).as_posix() if root else p.name
-    h.update(name.encode() + b"\0")
+    if root is not None:
+      h.update(p.relative_to(root).as_posix().encode() + b"\0")
     with open(p, "rb") as f:
       while chunk := f.read(_CHUNK):
         h.update(chunk)

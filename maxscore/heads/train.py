@@ -249,15 +249,8 @@ def train(cfg: TrainConfig, prompt: EvalConfig, checkpoint_dir: Optional[str], t
   prompt.validate()
   wall_start = time.perf_counter()
   workdir = pathlib.Path(workdir).resolve()
-  inputs = [checkpoint_dir if checkpoint_dir else data.DEFAULT_CHECKPOINT, feature_cache,
-            *data.input_paths(train_set), *(data.input_paths(dev_set) if dev_set is not None else ())]
-  inputs = [i for i in inputs if i is not None and str(i).lower() != "none"]
-  safety.refuse_overlap([workdir], inputs, "--workdir")
-  if export_dir:
-    safety.refuse_overlap([export_dir], inputs, "--export_dir")
-  if overwrite:
-    safety.remove_owned(workdir, "--workdir")
-  safety.prepare_output_dir(workdir, "head_training", inputs, "--workdir")
+  _prepare_outputs(workdir, export_dir, overwrite, checkpoint_dir, feature_cache,
+                   [*data.input_paths(train_set), *(data.input_paths(dev_set) if dev_set is not None else ())])
 
   scorer = build_scorer(checkpoint_dir, overrides, use_head=False)
   label_ids = prompts.resolve_labels(scorer.tokenizer, prompt.labels or prompts.TEMPLATES[prompt.template].default_labels)
@@ -433,13 +426,44 @@ def train(cfg: TrainConfig, prompt: EvalConfig, checkpoint_dir: Optional[str], t
     same = pathlib.Path(export_dir).resolve() == pathlib.Path(summary["checkpoint_dir"]).resolve()
     info["base_checkpoint"] = "." if same else summary["checkpoint_dir"]
     backbone = jax.device_get(final["backbone"]) if cfg.train_backbone else None
-    # A resumed run may replace the export this workdir wrote before; anything else needs --overwrite.
-    again = (safety.owner(export_dir) or {}).get("workdir") == str(workdir)
+    again = _exported_by(pathlib.Path(export_dir), workdir)
     summary["export_dir"] = str(heads.export_checkpoint(scorer.config.runtime.checkpoint_dir, export_dir, head_cfg,
                                                         jax.device_get(final["head"]), info, backbone,
                                                         overwrite=overwrite or again, workdir=str(workdir)))
   safety.atomic_write_text(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
   return summary
+
+
+def _prepare_outputs(workdir: pathlib.Path, export_dir: Optional[os.PathLike], overwrite: bool,
+                     checkpoint_dir: Optional[str], feature_cache: Optional[os.PathLike], data_paths) -> None:
+  """Refuses, before any work, outputs that are inputs or foreign directories; then (re)creates the
+  workdir (--overwrite removes it only when maxscore wrote it)."""
+  base = None if str(checkpoint_dir).lower() == "none" else (checkpoint_dir or data.DEFAULT_CHECKPOINT)
+  inputs = [i for i in (base, feature_cache, *data_paths) if i is not None]
+  safety.refuse_overlap([workdir], inputs, "--workdir")
+  if export_dir and (base is None or safety.resolve(export_dir) != safety.resolve(base)):  # else: head/ into base
+    safety.refuse_overlap([export_dir], inputs, "--export_dir")
+    _check_export_dir(pathlib.Path(export_dir), workdir, overwrite)
+  if overwrite:
+    safety.remove_owned(workdir, "--workdir")
+  safety.prepare_output_dir(workdir, "head_training", inputs, "--workdir")
+
+
+def _exported_by(export_dir: pathlib.Path, workdir: pathlib.Path) -> bool:
+  """Whether `export_dir` is the export an earlier (or killed) run of this workdir wrote."""
+  return (safety.owner(export_dir) or {}).get("workdir") == str(workdir)
+
+
+def _check_export_dir(export_dir: pathlib.Path, workdir: pathlib.Path, overwrite: bool) -> None:
+  """Before any work: an existing export directory is replaced only when maxscore wrote it, and only
+  with --overwrite or when this workdir's earlier run wrote it (a resumed run exports again)."""
+  if not export_dir.exists():
+    return
+  if not export_dir.is_dir() or not safety.is_owned(export_dir):
+    raise errors.UnsafeOutputError(f"--export_dir {export_dir} exists and was not written by maxscore (no "
+                                   f"{safety.MARKER} marker); it is left untouched: choose a new path")
+  if not (overwrite or _exported_by(export_dir, workdir)):
+    raise errors.UnsafeOutputError(f"--export_dir {export_dir} already exists; pass --overwrite to replace it")
 
 
 def _metric_values(rec: dict) -> dict[str, float]:
