@@ -170,7 +170,7 @@ def restore_checkpoint(directory: os.PathLike, shardings: Any = None, dtype: Any
   try:
     stored = checkpointer.metadata(params_dir).item_metadata.tree
   except Exception as e:  # orbax raises several types for unreadable metadata
-    raise CheckpointError(f"cannot read Orbax metadata in {params_dir}: {type(e).__name__}: {e}") from None
+    raise CheckpointError(f"cannot read Orbax metadata in {params_dir}: {type(e).__name__}: {str(e)[:300]}") from None
   check_params(stored, model, where=f"parameters in {params_dir}")
   if shardings is None:
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
@@ -180,5 +180,5 @@ def restore_checkpoint(directory: os.PathLike, shardings: Any = None, dtype: Any
   try:
     params = checkpointer.restore(params_dir, target)
   except Exception as e:
-    raise CheckpointError(f"cannot restore {params_dir}: {type(e).__name__}: {e}") from None
+    raise CheckpointError(f"cannot restore {params_dir}: {type(e).__name__}: {str(e)[:300]} (truncated or corrupt files?)") from None
   return Checkpoint(params, model, tokenizer, directory, digest)

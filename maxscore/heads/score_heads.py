@@ -283,7 +283,7 @@ def load_head(checkpoint_dir: os.PathLike) -> tuple[HeadConfig, dict, dict]:
     stored = checkpointer.metadata(d / "params").item_metadata.tree
     shapes = {k: tuple(v.shape) for k, v in stored.items()}
   except Exception as e:  # orbax raises several types for unreadable metadata
-    raise checkpointing.CheckpointError(f"cannot read Orbax metadata in {d / 'params'}: {e}") from None
+    raise checkpointing.CheckpointError(f"cannot read Orbax metadata in {d / 'params'}: {str(e)[:300]}") from None
   if shapes != {k: tuple(v.shape) for k, v in want.items()}:
     raise checkpointing.CheckpointError(f"{d / 'params'} holds {shapes}, the head config needs "
                                         f"{ {k: tuple(v.shape) for k, v in want.items()} }")
@@ -292,7 +292,7 @@ def load_head(checkpoint_dir: os.PathLike) -> tuple[HeadConfig, dict, dict]:
   try:
     params = checkpointer.restore(d / "params", target)
   except Exception as e:  # orbax raises several types for unreadable or truncated data
-    raise checkpointing.CheckpointError(f"cannot restore {d / 'params'}: {type(e).__name__}: {e}") from None
+    raise checkpointing.CheckpointError(f"cannot restore {d / 'params'}: {type(e).__name__}: {str(e)[:300]}") from None
   return cfg, dict(params), dict(meta.get("info", {}))
 
 
