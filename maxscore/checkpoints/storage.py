@@ -180,5 +180,6 @@ def restore_checkpoint(directory: os.PathLike, shardings: Any = None, dtype: Any
   try:
     params = checkpointer.restore(params_dir, target)
   except Exception as e:
-    raise CheckpointError(f"cannot restore {params_dir}: {type(e).__name__}: {str(e)[:300]} (truncated or corrupt files?)") from None
+    raise CheckpointError(f"cannot restore {params_dir} (truncated or corrupt files?): {type(e).__name__}: "
+                          f"{str(e)[:300]}") from None
   return Checkpoint(params, model, tokenizer, directory, digest)
