@@ -118,6 +118,8 @@ def params_digest(directory: os.PathLike) -> str:
   params_dir = directory / "params"
   if "params_sha256" not in meta or "params_files" not in meta:
     return identity.dir_digest(params_dir)
+  if not isinstance(meta["params_files"], dict):
+    raise CheckpointError(f"{directory / METADATA_FILE} is corrupt: params_files must be an object")
   try:
     found = identity.dir_manifest(params_dir)
   except OSError as e:

@@ -50,6 +50,8 @@ def atomic_output(path: os.PathLike, mode: str = "w", fsync: bool = False) -> It
   path = pathlib.Path(path)
   if path.is_dir():
     raise IsADirectoryError(f"{path} is a directory; expected a file path")
+  if not path.parent.is_dir():
+    raise FileNotFoundError(f"cannot write {path}: its directory {path.parent} does not exist")
   fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
   done = False
   try:
@@ -143,6 +145,9 @@ def replace_dir(directory: os.PathLike, kind: str, overwrite: bool = False,
   if target.exists():
     if not target.is_dir() or not is_owned(target):
       raise _not_owned(target, what)
+    if not is_owned(target, kind):
+      raise UnsafeOutputError(f"{what} {target} holds a maxscore {owner(target).get('kind')} output, not a "
+                              f"{kind}; choose another path")
     if not overwrite:
       raise UnsafeOutputError(f"{what} {target} already exists; pass --overwrite (overwrite=True) to replace it")
   target.parent.mkdir(parents=True, exist_ok=True)

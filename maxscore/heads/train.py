@@ -443,6 +443,9 @@ def _prepare_outputs(workdir: pathlib.Path, export_dir: Optional[os.PathLike], o
   safety.refuse_overlap([workdir], inputs, "--workdir")
   if export_dir and (base is None or safety.resolve(export_dir) != safety.resolve(base)):  # else: head/ into base
     safety.refuse_overlap([export_dir], inputs, "--export_dir")
+    if workdir == safety.resolve(export_dir) or workdir in safety.resolve(export_dir).parents:
+      raise errors.UnsafeOutputError(f"--export_dir {export_dir} would replace the --workdir {workdir}; "
+                                     f"choose an export path inside or beside it")
     _check_export_dir(pathlib.Path(export_dir), workdir, overwrite)
   if overwrite:
     safety.remove_owned(workdir, "--workdir")
@@ -459,7 +462,7 @@ def _check_export_dir(export_dir: pathlib.Path, workdir: pathlib.Path, overwrite
   with --overwrite or when this workdir's earlier run wrote it (a resumed run exports again)."""
   if not export_dir.exists():
     return
-  if not export_dir.is_dir() or not safety.is_owned(export_dir):
+  if not export_dir.is_dir() or not safety.is_owned(export_dir, "checkpoint"):
     raise errors.UnsafeOutputError(f"--export_dir {export_dir} exists and was not written by maxscore (no "
                                    f"{safety.MARKER} marker); it is left untouched: choose a new path")
   if not (overwrite or _exported_by(export_dir, workdir)):

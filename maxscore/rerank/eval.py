@@ -147,7 +147,7 @@ def _load_results(path: pathlib.Path, header: Mapping[str, Any]) -> dict[str, di
   lines = raw.split(b"\n")
   try:
     stored = json.loads(lines[0]).get("header")
-  except (json.JSONDecodeError, AttributeError):
+  except (ValueError, AttributeError, RecursionError):  # not JSON, not UTF-8, not an object
     stored = None
   identity.check_same(stored, header, path, RESTART)
   done, good_bytes = {}, len(lines[0]) + 1
@@ -158,7 +158,9 @@ def _load_results(path: pathlib.Path, header: Mapping[str, Any]) -> dict[str, di
       continue
     try:
       rec = None if last else json.loads(line)
-    except json.JSONDecodeError:
+      if rec is not None and not (isinstance(rec, dict) and {"qid", "digest", "docids", "scores"} <= set(rec)):
+        raise ValueError("not a result record")
+    except (ValueError, RecursionError):
       raise ResumeError(f"{path}:{i}: corrupt line in the middle of the results; {RESTART}") from None
     if rec is not None:
       done[rec["qid"]] = rec
