@@ -7,6 +7,7 @@ help from the YAML, type from the dataclass) and `entry_from_flags` reads them b
 same strict loader as configs/base.yml, so a flag and a YAML key are one setting.
 """
 
+import contextlib
 import logging
 import logging.handlers
 import os
@@ -14,7 +15,7 @@ import pathlib
 import sys
 import types
 import typing
-from typing import Any, Callable, Literal, Mapping, NoReturn, Optional, Sequence
+from typing import Any, Callable, Iterator, Literal, Mapping, NoReturn, Optional, Sequence
 
 import yaml
 from absl import app, flags
@@ -27,6 +28,32 @@ def fail(error: BaseException, code: int = 2) -> NoReturn:
   """Prints `error` as one line on stderr and exits with `code` (DESIGN.md section 9)."""
   print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
   sys.exit(code)
+
+
+def expected_errors() -> tuple[type[BaseException], ...]:
+  """The documented input, file and format errors: each is a one-line message for the user, not a bug.
+
+  Every maxscore error names the file or field; OSError names its path (missing file, a directory
+  where a file is expected, permission denied). Anything else is a bug and keeps its traceback."""
+  from layers.sharding import ShardingError
+  from maxscore.checkpoints.convert import ConversionError
+  from maxscore.checkpoints.storage import CheckpointError
+  from maxscore.checkpoints.tokenizer import TokenizerError
+  from maxscore.config import ConfigError
+  from maxscore.distributed.mesh import MeshError
+  from maxscore.errors import ResumeError, ScoreInputError, UnsafeOutputError
+  from maxscore.heads.train import TrainError
+  return (ScoreInputError, UnsafeOutputError, ResumeError, ConfigError, CheckpointError, ConversionError,
+          MeshError, ShardingError, TrainError, TokenizerError, OSError)
+
+
+@contextlib.contextmanager
+def one_line_errors(code: int = 2) -> Iterator[None]:
+  """Turns the expected errors raised inside the block into one line on stderr and exit `code`."""
+  try:
+    yield
+  except expected_errors() as e:
+    fail(e, code)
 
 
 def run_with_fresh_flags(define_flags: Callable[[flags.FlagValues], None],

@@ -3,3 +3,11 @@
 
 class ScoreInputError(ValueError):
   """Bad scoring input; the message names the field, the value and the limit."""
+
+
+class UnsafeOutputError(ValueError):
+  """An output would overwrite or delete something maxscore did not write (an input, a foreign directory)."""
+
+
+class ResumeError(ValueError):
+  """An output directory holds the results of a different run; the message says what changed."""

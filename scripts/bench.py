@@ -16,8 +16,7 @@ from absl import flags
 
 from maxscore import cli
 from maxscore import bench as benchmark
-from maxscore.config import ConfigError
-from maxscore.errors import ScoreInputError
+from maxscore.files import safety
 
 ENTRY = "bench"
 SECTIONS = {"bench": benchmark.BenchOptions}
@@ -36,14 +35,12 @@ def options_from_flags(fv: flags.FlagValues, overrides) -> benchmark.BenchOption
 
 def bench(argv, fv: flags.FlagValues) -> dict:
   """Runs the benchmark the flags describe, prints its table, writes --output_json; returns the report."""
-  try:
+  with cli.one_line_errors():
     report = benchmark.run_benchmark(options_from_flags(fv, argv[1:]))
-  except (ScoreInputError, ConfigError) as e:
-    cli.fail(e)
   print(benchmark.summary(report))
   if fv.output_json:
-    with open(fv.output_json, "w") as f:
-      json.dump(benchmark.to_json(report), f, indent=1)
+    with cli.one_line_errors():
+      safety.atomic_write_text(fv.output_json, json.dumps(benchmark.to_json(report), indent=1))
   return report
 
 

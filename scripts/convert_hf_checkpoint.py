@@ -2,7 +2,9 @@
 
   python scripts/convert_hf_checkpoint.py --hf_dir=Qwen3-0.6B --output_dir=ckpt/qwen3-0.6b [--dtype=bfloat16]
 
-Every flag is a key of configs/convert.yml.
+Every flag is a key of configs/convert.yml. --output_dir may not be the Hugging Face directory
+(nor inside it). --overwrite replaces only a directory that maxscore wrote (it carries a
+.maxscore-owned marker); anything else is refused.
 """
 
 import dataclasses
@@ -11,8 +13,7 @@ from typing import Literal, Optional
 from absl import flags, logging
 
 from maxscore import cli
-from maxscore.checkpoints.convert import ConversionError, convert_hf_checkpoint
-from maxscore.checkpoints.storage import CheckpointError
+from maxscore.checkpoints.convert import convert_hf_checkpoint
 from maxscore.config import ConfigError
 
 
@@ -35,20 +36,18 @@ def define_flags(fv: flags.FlagValues) -> None:
 
 def main(argv, fv: flags.FlagValues = flags.FLAGS):
   del argv
-  try:
+  with cli.one_line_errors():
     opts = cli.entry_from_flags(fv, ENTRY, SECTIONS)["convert"]
     missing = [f"--{k}" for k in ("hf_dir", "output_dir") if not getattr(opts, k)]
     if missing:
       raise ConfigError(f"{' and '.join(missing)} required")
     out = convert_hf_checkpoint(opts.hf_dir, opts.output_dir, opts.dtype, overwrite=opts.overwrite)
-  except (ConversionError, CheckpointError, ConfigError) as e:
-    cli.fail(e)
   logging.info("wrote %s", out)
   print(out)
 
 
 def run(argv):
-  """Parses `argv` into fresh flags and calls main (tests)."""
+  """Parses `argv` into fresh flags and calls main (tests: no global flag state)."""
   return cli.run_with_fresh_flags(define_flags, main, argv)
 
 

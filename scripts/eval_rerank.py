@@ -16,10 +16,6 @@ from absl import flags
 from maxscore import cli
 from maxscore.distributed import mesh as mesh_lib
 from maxscore.rerank import data, eval as eval_lib, first_stage, metrics, plots, prompts
-from layers.sharding import ShardingError
-from maxscore.checkpoints.storage import CheckpointError
-from maxscore.config import ConfigError
-from maxscore.errors import ScoreInputError
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -83,15 +79,12 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
                             max_item_tokens=fv.max_item_tokens, metrics=tuple(fv.metrics),
                             run_tag=fv.run_tag, max_queries=fv.max_queries)
   jsonl = fv.jsonl if (fv.jsonl or fv.data_dir or fv.run_file) else str(data.DEFAULT_JSONL)
-  try:
+  with cli.one_line_errors():
     cfg.validate()
     dataset = data.load_rerank_set(jsonl, fv.data_dir, fv.run_file, fv.split, fv.rerank_top_k, fv.skip_bad)
     scorer = eval_lib.build_scorer(fv.checkpoint_dir, overrides, use_head=fv.use_head)
     report = eval_lib.run_eval(scorer, dataset, cfg, fv.output_dir, overwrite=fv.overwrite,
                                progress=fv.progress, fsync=fv.fsync, gather_every=fv.gather_every)
-  except (ScoreInputError, ConfigError, CheckpointError, eval_lib.ResumeError, FileNotFoundError,
-          mesh_lib.MeshError, ShardingError) as e:
-    cli.fail(e)
   if report is not None:  # process 0 writes and reports; the others only score
     print(eval_lib.format_report(report))
     if fv.plot and report.per_query:

@@ -18,9 +18,7 @@ from absl import flags
 from maxscore import cli
 
 from maxscore.heads import study as head_study, train as train_lib
-from maxscore.checkpoints.storage import CheckpointError
-from maxscore.config import ConfigError
-from maxscore.errors import ScoreInputError
+from maxscore.files import safety
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -41,15 +39,17 @@ def define_flags(fv: flags.FlagValues) -> None:
 
 def main(argv, fv: flags.FlagValues = flags.FLAGS):
   try:
-    report = head_study.study(fv.checkpoint_dir, fv.jsonl, fv.specs, [int(s) for s in fv.seeds], fv.workdir,
-                              overrides=list(argv[1:]), max_queries=fv.max_queries, num_epochs=fv.num_epochs,
-                              learning_rates=[float(x) for x in fv.learning_rates] or [None],
+    seeds, rates = [int(s) for s in fv.seeds], [float(x) for x in fv.learning_rates] or [None]
+  except ValueError as e:
+    cli.fail(ValueError(f"--seeds and --learning_rates must be numbers: {e}"))
+  with cli.one_line_errors():
+    report = head_study.study(fv.checkpoint_dir, fv.jsonl, fv.specs, seeds, fv.workdir, overrides=list(argv[1:]),
+                              max_queries=fv.max_queries, num_epochs=fv.num_epochs, learning_rates=rates,
                               losses=fv.losses or [None])
-  except (ScoreInputError, ConfigError, CheckpointError, train_lib.TrainError, FileNotFoundError, ValueError) as e:
-    cli.fail(e)
   path = pathlib.Path(fv.output_json or pathlib.Path(fv.workdir) / "report.json")
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(report, indent=2) + "\n")
+  with cli.one_line_errors():
+    path.parent.mkdir(parents=True, exist_ok=True)
+    safety.atomic_write_text(path, json.dumps(report, indent=2) + "\n")
   print(head_study.markdown(report))
   print(f"\nreport: {path}")
 

@@ -4,7 +4,8 @@
 
 A request is {"query", "items", "label_token_ids"?, "apply_softmax"?, "item_first"?} (text or
 token ids); a response is {"scores", "model", "usage", "object": "scoring"}. A request that
-cannot be scored gets {"error": "line N: ..."} on its line and the run goes on.
+cannot be scored gets {"error": "line N: ..."} on its line and the run goes on. --output may not
+be the input; it is written under a temporary name and renamed into place when the run ends.
 With --score_mode=raw_logit the scores are the labels' raw lm_head logits (what FlagEmbedding-style
 rerankers rank by) instead of probabilities.
 """
@@ -15,9 +16,7 @@ from absl import flags
 
 from maxscore import cli
 from maxscore.rerank import eval as eval_lib
-from maxscore.checkpoints.storage import CheckpointError
-from maxscore.config import ConfigError
-from maxscore.errors import ScoreInputError
+from maxscore.files import safety
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -38,11 +37,10 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
   if not fv.input:
     print("error: --input is required (a JSONL file of /v1/score requests, or - for stdin)", file=sys.stderr)
     sys.exit(2)
-  try:
+  with cli.one_line_errors():
+    safety.refuse_overlap([fv.output], [fv.input], "--output")  # before minutes of loading a model
     scorer = eval_lib.build_scorer(fv.checkpoint_dir, list(argv[1:]) + list(fv.override))
     counts = eval_lib.score_jsonl(scorer, fv.input, fv.output, fv.batch_size, fv.score_mode == "raw_logit")
-  except (ScoreInputError, ConfigError, CheckpointError, FileNotFoundError) as e:
-    cli.fail(e)
   print(f"scored {counts['ok']} requests, {counts['errors']} errors", file=sys.stderr)
   if counts["errors"]:
     print(f"{counts['errors']} of {counts['ok'] + counts['errors']} requests failed; see their error lines",

@@ -17,9 +17,6 @@ import json
 from absl import flags
 
 from maxscore import cli
-from maxscore.checkpoints.storage import CheckpointError
-from maxscore.config import ConfigError
-from maxscore.errors import ScoreInputError
 from maxscore.heads import train as train_lib
 from maxscore.rerank import data
 from maxscore.rerank.eval import PromptConfig
@@ -36,7 +33,7 @@ def define_flags(fv: flags.FlagValues) -> None:
 
 def main(argv, fv: flags.FlagValues = flags.FLAGS):
   overrides = list(argv[1:]) + list(fv.override)
-  try:
+  with cli.one_line_errors():
     s = cli.entry_from_flags(fv, ENTRY, SECTIONS)
     run = s["run"]
     jsonl = run.jsonl if (run.jsonl or run.data_dir or run.run_file) else str(data.DEFAULT_JSONL)
@@ -50,8 +47,6 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     summary = train_lib.train(s["train"], s["prompt"], run.checkpoint_dir, train_set, dev_set, run.workdir,
                               overrides=overrides, feature_cache=run.feature_cache, export_dir=run.export_dir,
                               overwrite=run.overwrite, progress=run.progress, step_delay_s=run.step_delay_s)
-  except (ScoreInputError, ConfigError, CheckpointError, train_lib.TrainError, FileNotFoundError) as e:
-    cli.fail(e)
   print(json.dumps(summary, indent=2))
 
 

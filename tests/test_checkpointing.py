@@ -13,6 +13,7 @@ from layers.decoder import Decoder, init_params
 from layers.kernels import get_kernel
 from maxscore.checkpoints.storage import CheckpointError, restore_checkpoint, save_checkpoint
 from maxscore.config import load_config
+from maxscore.errors import UnsafeOutputError
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def test_restore_into_given_shardings(tmp_path, model_and_params):
 def test_existing_directory_is_not_overwritten_silently(tmp_path, model_and_params):
   cfg, params = model_and_params
   save_checkpoint(tmp_path / "ckpt", params, cfg)
-  with pytest.raises(CheckpointError, match="already exists"):
+  with pytest.raises(UnsafeOutputError, match="already exists"):
     save_checkpoint(tmp_path / "ckpt", params, cfg)
   save_checkpoint(tmp_path / "ckpt", params, cfg, overwrite=True)
 

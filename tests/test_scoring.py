@@ -207,14 +207,14 @@ def test_multi_item_sequence_parser(qwen):
 
 
 @pytest.mark.parametrize("kwargs,field", [
-    (dict(query=[], items=[[1]]), "query is empty"),
+    (dict(query=[1], items=[[1]], label_token_ids=5), "label_token_ids=5 must be a non-empty list"),
     (dict(query="", items=[[1]]), "text but this scorer has no tokenizer"),
     (dict(query=[1, 600], items=[[1]]), r"query\[1\]=600 is outside the vocabulary \[0, 520\)"),
     (dict(query=[1], items=[[1, -2]]), r"items\[0\]\[1\]=-2 is outside the vocabulary"),
     (dict(query=[1], items=[[1]], label_token_ids=[]), "label_token_ids is empty"),
     (dict(query=[1], items=[[1]], label_token_ids=[520]), r"label_token_ids\[0\]=520 is outside"),
     (dict(query=[1], items=[1, 2]), "flat list of ints"),
-    (dict(query=[1], items=7), "items must be a text"),
+    (dict(query=[1], items=7), "items=7 must be a text"),
     (dict(query=[1], items=[[1.5]]), r"items\[0\]\[0\]=1.5 must be an integer"),
     (dict(query=[1], items=[[1], "a"]), "mixes text and token ids"),
     (dict(query=[1], items=[[1]], algorithm="fast"), "algorithm='fast' is not one of"),

@@ -162,7 +162,7 @@ def test_feature_cache_and_determinism(frozen_run, tmp_path):
   assert again["params_sha256"] == summary["params_sha256"]
   assert again["dev_metrics_final"] == summary["dev_metrics_final"]
   # Another workdir config in the same workdir is refused, not mixed.
-  with pytest.raises(train_lib.ResumeError, match="another train"):
+  with pytest.raises(train_lib.ResumeError, match=r"changed: train.seed"):
     train_lib.train(train_lib.TrainConfig(**{**SMALL, "seed": 1}), PROMPT, None, _split("train", 6),
                     _split("dev", 3), tmp_path / "work", feature_cache=root / "features.npz", progress=False)
 

@@ -20,11 +20,13 @@ from typing import Any, Callable, Iterator, Optional
 
 import ml_dtypes
 import numpy as np
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from layers.config import ModelConfig
 from maxscore.checkpoints.storage import save_checkpoint
 from maxscore.checkpoints.tokenizer import find_tokenizer_file
+from maxscore.errors import UnsafeOutputError
+from maxscore.files import safety
 
 # config.json model_type -> ModelConfig.family
 FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
@@ -280,21 +282,51 @@ def convert_params(reader: _TensorReader, cfg: ModelConfig, dtype) -> dict:
   return params
 
 
+def _read_hf_config(config_path: pathlib.Path) -> ModelConfig:
+  """ModelConfig from config.json; a missing, unreadable or malformed file is a ConversionError naming it."""
+  if not config_path.is_file():
+    raise ConversionError(f"{config_path} does not exist or is not a file")
+  try:
+    hf = json.loads(config_path.read_text(encoding="utf-8"))
+  except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+    raise ConversionError(f"{config_path} is not valid JSON: {e}") from None
+  if not isinstance(hf, dict):
+    raise ConversionError(f"{config_path} must hold a JSON object, got {type(hf).__name__}")
+  try:
+    return model_config_from_hf(hf)
+  except KeyError as e:
+    raise ConversionError(f"{config_path} lacks the key {e}") from None
+  except (TypeError, ValueError) as e:
+    if isinstance(e, ConversionError):
+      raise
+    raise ConversionError(f"{config_path}: {' '.join(str(e).split())}") from None
+
+
 def convert_hf_checkpoint(hf_dir: os.PathLike, output_dir: os.PathLike, dtype: str = "float32",
                           overwrite: bool = False) -> pathlib.Path:
-  """Converts a Hugging Face directory of a supported family into a self-describing maxscore checkpoint."""
+  """Converts a Hugging Face directory of a supported family into a self-describing maxscore checkpoint.
+
+  `output_dir` may not be (or lie inside) `hf_dir`; an existing one is replaced only with `overwrite`
+  and only when maxscore wrote it (maxscore/files/safety.py)."""
   hf_dir = pathlib.Path(hf_dir)
   if dtype not in DTYPES:
     raise ConversionError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")
-  config_path = hf_dir / "config.json"
-  if not config_path.is_file():
-    raise ConversionError(f"{config_path} does not exist")
-  cfg = model_config_from_hf(json.loads(config_path.read_text()))
+  if not hf_dir.is_dir():
+    raise ConversionError(f"--hf_dir {hf_dir} does not exist or is not a directory")
+  safety.refuse_overlap([output_dir], [hf_dir], "output_dir")
+  if pathlib.Path(output_dir).exists() and not overwrite:  # before minutes of reading tensors
+    raise UnsafeOutputError(f"output_dir {output_dir} already exists; pass --overwrite to replace it")
+  cfg = _read_hf_config(hf_dir / "config.json")
   logging.info("converting %s (%s, %d layers, %.1fM params) to %s", hf_dir, cfg.family, cfg.num_layers,
                cfg.num_params() / 1e6, output_dir)
-  params = convert_params(_TensorReader(hf_dir), cfg, DTYPES[dtype])
+  try:
+    params = convert_params(_TensorReader(hf_dir), cfg, DTYPES[dtype])
+  except (SafetensorError, OSError, ValueError) as e:
+    if isinstance(e, ConversionError):
+      raise
+    raise ConversionError(f"{hf_dir}: cannot read the safetensors weights: {' '.join(str(e).split())}") from None
   tokenizer: Optional[pathlib.Path] = find_tokenizer_file(hf_dir)
   files = (tokenizer,) if tokenizer else ()
   if tokenizer and (hf_dir / "tokenizer_config.json").is_file():
     files += (hf_dir / "tokenizer_config.json",)
-  return save_checkpoint(output_dir, params, cfg, tokenizer_files=files, overwrite=overwrite)
+  return save_checkpoint(output_dir, params, cfg, tokenizer_files=files, overwrite=overwrite, inputs=(hf_dir,))

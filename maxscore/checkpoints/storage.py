@@ -1,8 +1,13 @@
 """Self-describing Orbax checkpoints: params + the model config (+ the tokenizer) in one directory.
 
     <dir>/params/          Orbax StandardCheckpointer tree (the Decoder's unboxed params)
-    <dir>/maxscore.json    {"format_version", "model": ModelConfig fields, "tokenizer": relative path | null}
+    <dir>/maxscore.json    {"format_version", "model": ModelConfig fields, "tokenizer": relative path | null,
+                            "params_sha256": digest of params/, "params_files": {path: size}}
     <dir>/tokenizer/       copy of the tokenizer file(s), when the source had one
+    <dir>/.maxscore-owned  the marker that lets --overwrite replace the directory (maxscore/files)
+
+A checkpoint is written into a temporary directory and renamed into place, so a killed
+conversion leaves no half-written checkpoint and never the old one half-deleted.
 
 Restore checks every parameter's shape against the model config before reading data, and
 reads each array straight into its target sharding when shardings are given.
@@ -24,6 +29,7 @@ from layers.config import ModelConfig
 from layers.decoder import Decoder, init_params
 from layers.kernels import get_kernel
 from maxscore.config import model_config_from_dict, model_config_to_dict
+from maxscore.files import identity, safety
 
 FORMAT_VERSION = 1
 METADATA_FILE = "maxscore.json"
@@ -40,6 +46,7 @@ class Checkpoint:
   model: ModelConfig
   tokenizer_path: Optional[pathlib.Path]
   directory: pathlib.Path
+  digest: str = ""  # params_sha256: the parameter files' content digest (maxscore/files/identity.py)
 
 
 def abstract_params(model: ModelConfig, dtype: Any = jnp.float32) -> Any:
@@ -70,18 +77,26 @@ def check_params(params: Any, model: ModelConfig, where: str = "params") -> None
 
 
 def save_checkpoint(directory: os.PathLike, params: Any, model: ModelConfig,
-                    tokenizer_files: tuple[os.PathLike, ...] = (), overwrite: bool = False) -> pathlib.Path:
-  """Writes params, the model config and optional tokenizer files; returns the directory."""
-  directory = pathlib.Path(directory).resolve()
+                    tokenizer_files: tuple[os.PathLike, ...] = (), overwrite: bool = False,
+                    inputs: tuple[Optional[os.PathLike], ...] = (), **marker_info: Any) -> pathlib.Path:
+  """Writes params, the model config and optional tokenizer files; returns the directory.
+
+  An existing `directory` is replaced only with `overwrite` and only when maxscore wrote it (its
+  marker); `directory` may not be or lie inside any of `inputs` (nor the tokenizer files' folders)."""
   params = nn.unbox(params)
   check_params(params, model)
-  if directory.exists():
-    if not overwrite:
-      raise CheckpointError(f"checkpoint directory {directory} already exists (pass overwrite=True)")
-    shutil.rmtree(directory)
-  directory.mkdir(parents=True)
+  inputs = tuple(inputs) + tuple(pathlib.Path(f).parent for f in tokenizer_files)
+  with safety.replace_dir(directory, "checkpoint", overwrite, inputs, "checkpoint directory",
+                          **marker_info) as tmp:
+    write_checkpoint_files(tmp, params, model, tokenizer_files)
+  return safety.resolve(directory)
+
+
+def write_checkpoint_files(directory: pathlib.Path, params: Any, model: ModelConfig,
+                           tokenizer_files: tuple[os.PathLike, ...] = ()) -> None:
+  """params/, tokenizer/ and maxscore.json (with the params digest) into an empty `directory`."""
   checkpointer = ocp.StandardCheckpointer()
-  checkpointer.save(directory / "params", params)
+  checkpointer.save(directory / "params", nn.unbox(params))
   checkpointer.wait_until_finished()
   tokenizer = None
   for i, f in enumerate(tokenizer_files):
@@ -89,24 +104,60 @@ def save_checkpoint(directory: os.PathLike, params: Any, model: ModelConfig,
     shutil.copy2(f, directory / "tokenizer" / pathlib.Path(f).name)
     if i == 0:
       tokenizer = f"tokenizer/{pathlib.Path(f).name}"
-  meta = {"format_version": FORMAT_VERSION, "model": model_config_to_dict(model), "tokenizer": tokenizer}
+  meta = {"format_version": FORMAT_VERSION, "model": model_config_to_dict(model), "tokenizer": tokenizer,
+          "params_sha256": identity.dir_digest(directory / "params"),
+          "params_files": identity.dir_manifest(directory / "params")}
   (directory / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-  return directory
+
+
+def params_digest(directory: os.PathLike) -> str:
+  """The stored params_sha256 of a checkpoint, after checking each parameter file's size against the
+  stored manifest (cheap); checkpoints written before digests existed are hashed now."""
+  directory = pathlib.Path(directory)
+  meta = _read_meta(directory)
+  params_dir = directory / "params"
+  if "params_sha256" not in meta or "params_files" not in meta:
+    return identity.dir_digest(params_dir)
+  if not isinstance(meta["params_files"], dict):
+    raise CheckpointError(f"{directory / METADATA_FILE} is corrupt: params_files must be an object")
+  try:
+    found = identity.dir_manifest(params_dir)
+  except OSError as e:
+    raise CheckpointError(f"cannot list {params_dir}: {e}") from None
+  if found != meta["params_files"]:
+    diff = sorted(k for k in set(found) | set(meta["params_files"]) if found.get(k) != meta["params_files"].get(k))
+    raise CheckpointError(f"{params_dir} is not what was written with {directory / METADATA_FILE} (files "
+                          f"changed, added or missing: {', '.join(diff[:4])}); convert or export the "
+                          f"checkpoint again")
+  return str(meta["params_sha256"])
 
 
 def read_metadata(directory: os.PathLike) -> tuple[ModelConfig, Optional[pathlib.Path]]:
   """The model config and tokenizer path stored in a checkpoint directory."""
   directory = pathlib.Path(directory)
+  meta = _read_meta(directory)
   meta_path = directory / METADATA_FILE
+  try:
+    model = model_config_from_dict(meta["model"], where=str(meta_path))
+    tokenizer = directory / meta["tokenizer"] if meta.get("tokenizer") else None
+  except (KeyError, TypeError, ValueError) as e:
+    raise CheckpointError(f"{meta_path} is corrupt: {' '.join(str(e).split())}") from None
+  return model, tokenizer
+
+
+def _read_meta(directory: pathlib.Path) -> dict:
+  meta_path = directory / METADATA_FILE
+  if not directory.is_dir():
+    raise CheckpointError(f"checkpoint directory {directory} does not exist or is not a directory")
   if not meta_path.is_file():
     raise CheckpointError(f"{directory} is not a maxscore checkpoint: {METADATA_FILE} is missing")
   try:
-    meta = json.loads(meta_path.read_text())
-    model = model_config_from_dict(meta["model"], where=str(meta_path))
-  except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+  except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
     raise CheckpointError(f"{meta_path} is corrupt: {e}") from None
-  tokenizer = directory / meta["tokenizer"] if meta.get("tokenizer") else None
-  return model, tokenizer
+  if not isinstance(meta, dict):
+    raise CheckpointError(f"{meta_path} is corrupt: expected a JSON object")
+  return meta
 
 
 def restore_checkpoint(directory: os.PathLike, shardings: Any = None, dtype: Any = None) -> Checkpoint:
@@ -115,12 +166,13 @@ def restore_checkpoint(directory: os.PathLike, shardings: Any = None, dtype: Any
   if not directory.is_dir():
     raise CheckpointError(f"checkpoint directory {directory} does not exist")
   model, tokenizer = read_metadata(directory)
+  digest = params_digest(directory)
   params_dir = directory / "params"
   checkpointer = ocp.StandardCheckpointer()
   try:
     stored = checkpointer.metadata(params_dir).item_metadata.tree
   except Exception as e:  # orbax raises several types for unreadable metadata
-    raise CheckpointError(f"cannot read Orbax metadata in {params_dir}: {type(e).__name__}: {e}") from None
+    raise CheckpointError(f"cannot read Orbax metadata in {params_dir}: {type(e).__name__}: {str(e)[:300]}") from None
   check_params(stored, model, where=f"parameters in {params_dir}")
   if shardings is None:
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
@@ -130,5 +182,6 @@ def restore_checkpoint(directory: os.PathLike, shardings: Any = None, dtype: Any
   try:
     params = checkpointer.restore(params_dir, target)
   except Exception as e:
-    raise CheckpointError(f"cannot restore {params_dir}: {type(e).__name__}: {e}") from None
-  return Checkpoint(params, model, tokenizer, directory)
+    raise CheckpointError(f"cannot restore {params_dir} (truncated or corrupt files?): {type(e).__name__}: "
+                          f"{str(e)[:300]}") from None
+  return Checkpoint(params, model, tokenizer, directory, digest)

@@ -212,7 +212,17 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     )
   backend = _BACKENDS.get(path.suffix)
   if backend is None:
-    raise ValueError(
+    raise TokenizerError(
       f"tokenizer file {str(path)!r} has suffix {path.suffix!r}; expected one of {sorted(_BACKENDS)}"
     )
-  return backend(path)
+  try:
+    return backend(path)
+  except Exception as e:  # the sentencepiece and tokenizers libraries raise their own types for corrupt files
+    if isinstance(e, (OSError, TokenizerError)):
+      raise
+    raise TokenizerError(f"tokenizer file {str(path)!r} is corrupt or unreadable: "
+                         f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+
+
+class TokenizerError(ValueError):
+  """A tokenizer file that cannot be read (wrong suffix, corrupt content); the message names it."""

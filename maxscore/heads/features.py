@@ -27,6 +27,8 @@ from absl import logging
 
 from layers.decoder import Decoder
 from layers.kernels import SegmentLayout
+from maxscore.errors import UnsafeOutputError
+from maxscore.files import identity, safety
 from maxscore.rerank import prompts
 from maxscore.rerank.data import RerankSet
 from maxscore.rerank.eval import PromptConfig
@@ -111,10 +113,8 @@ def extract_features(scorer: Scorer, examples: Examples, algorithm: Optional[str
 
 
 def _features_fingerprint(scorer: Scorer, examples: dict[str, Examples], algorithm: Optional[str]) -> str:
-  rt = scorer.config.runtime
-  key = {"version": FORMAT_VERSION, "checkpoint": rt.checkpoint_dir, "init_seed": rt.init_seed,
-         "model": dataclasses.asdict(scorer.config.model), "dtype": [rt.dtype, rt.weight_dtype, rt.matmul_precision],
-         "algorithm": algorithm, "splits": {k: v.digest() for k, v in sorted(examples.items())}}
+  key = {"version": FORMAT_VERSION, "scorer": identity.scorer_identity(scorer), "algorithm": algorithm,
+         "splits": {k: v.digest() for k, v in sorted(examples.items())}}
   return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -124,19 +124,23 @@ def load_or_extract(scorer: Scorer, examples: dict[str, Examples], cache: Option
   and data, else computed (and written there when `cache` is set). No pickle: plain arrays only."""
   fingerprint = _features_fingerprint(scorer, examples, algorithm)
   path = pathlib.Path(cache) if cache else None
-  if path is not None and path.is_file():
-    with np.load(path, allow_pickle=False) as f:
-      if str(f["fingerprint"]) == fingerprint:
-        logging.info("features: read %s", path)
-        return {s: Features(f[f"{s}_hidden"], f[f"{s}_logprobs"], 0.0, True) for s in examples}
+  if path is not None and path.exists():
+    try:
+      with np.load(path, allow_pickle=False) as f:
+        stored = str(f["fingerprint"])
+        if stored == fingerprint:
+          logging.info("features: read %s", path)
+          return {s: Features(f[f"{s}_hidden"], f[f"{s}_logprobs"], 0.0, True) for s in examples}
+    except (OSError, ValueError, KeyError) as e:  # not an npz maxscore wrote: never replace it
+      raise UnsafeOutputError(f"--feature_cache {path} is not a maxscore feature cache ({type(e).__name__}); "
+                              f"left untouched: choose another path") from None
     logging.warning("features: %s was written for another model, prompt or data; recomputing", path)
   out = {s: extract_features(scorer, ex, algorithm, progress) for s, ex in examples.items()}
   if path is not None:
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays = {f"{s}_{name}": getattr(f, name) for s, f in out.items() for name in ("hidden", "logprobs")}
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, fingerprint=np.asarray(fingerprint), **arrays)
-    os.replace(tmp, path)
+    with safety.atomic_output(path, "wb") as f:
+      np.savez(f, fingerprint=np.asarray(fingerprint), **arrays)
   return out
 
 

@@ -7,6 +7,8 @@ from typing import Any, Optional
 
 import tensorboardX
 
+from maxscore.files import safety
+
 
 class MetricsLog:
   """metrics.jsonl and TensorBoard scalars (`<kind>/<name>` at each step); resumable."""
@@ -22,7 +24,7 @@ class MetricsLog:
           continue  # a torn last line
         if rec.get("step", 0) <= resume_step:
           kept.append(rec)
-    self.path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+    safety.atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
     self.logged = {(r["kind"], r["step"]) for r in kept}
     self.records = kept
     # metrics.jsonl is the record; the event files mirror it. A killed run's last events may never

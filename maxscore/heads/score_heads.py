@@ -39,7 +39,6 @@ it was trained for; requests for other labels get the backbone's scores, as with
 
 import dataclasses
 import functools
-import hashlib
 import json
 import os
 import pathlib
@@ -53,7 +52,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from maxscore.checkpoints import storage as checkpointing
-from maxscore.errors import ScoreInputError
+from maxscore.errors import ScoreInputError, UnsafeOutputError
+from maxscore.files import identity, safety
 from maxscore.scoring.requests import TokenRequest
 from maxscore.scoring.scorer import ScoreResult, Scorer, finalize_scores
 
@@ -241,16 +241,29 @@ def has_head(checkpoint_dir: os.PathLike) -> bool:
 
 def save_head(checkpoint_dir: os.PathLike, cfg: HeadConfig, params: Mapping,
               info: Optional[Mapping[str, Any]] = None) -> pathlib.Path:
-  """Writes (replaces) `<checkpoint_dir>/head/`: head.json and the Orbax params."""
+  """Writes (replaces) `<checkpoint_dir>/head/`: head.json and the Orbax params, built beside it and
+  renamed into place. An existing head/ without head.json is not maxscore's and is refused."""
   out = pathlib.Path(checkpoint_dir).resolve() / HEAD_DIR
-  if out.exists():
-    shutil.rmtree(out)
-  out.mkdir(parents=True)
-  checkpointer = ocp.StandardCheckpointer()
-  checkpointer.save(out / "params", jax.tree_util.tree_map(np.asarray, dict(params)))
-  checkpointer.wait_until_finished()
-  meta = {"format_version": FORMAT_VERSION, "config": cfg.to_dict(), "info": dict(info or {})}
-  (out / HEAD_JSON).write_text(json.dumps(meta, indent=2) + "\n")
+  if out.exists() and not (out / HEAD_JSON).is_file():
+    raise UnsafeOutputError(f"{out} exists but holds no {HEAD_JSON}: it is not a maxscore score head; "
+                            f"left untouched")
+  tmp = pathlib.Path(tempfile.mkdtemp(prefix=".head.", suffix=".tmp", dir=out.parent))
+  try:
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(tmp / "params", jax.tree_util.tree_map(np.asarray, dict(params)))
+    checkpointer.wait_until_finished()
+    meta = {"format_version": FORMAT_VERSION, "config": cfg.to_dict(), "info": dict(info or {})}
+    (tmp / HEAD_JSON).write_text(json.dumps(meta, indent=2) + "\n")
+    if out.exists():
+      old = out.parent / f".head.old-{os.getpid()}"
+      os.rename(out, old)
+      os.rename(tmp, out)
+      shutil.rmtree(old)
+    else:
+      os.rename(tmp, out)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
   return out
 
 
@@ -262,7 +275,7 @@ def load_head(checkpoint_dir: os.PathLike) -> tuple[HeadConfig, dict, dict]:
     cfg = HeadConfig.from_dict(meta["config"])
   except FileNotFoundError:
     raise checkpointing.CheckpointError(f"{d} has no {HEAD_JSON}") from None
-  except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+  except (OSError, KeyError, TypeError, ValueError, RecursionError) as e:
     raise checkpointing.CheckpointError(f"{d / HEAD_JSON} is corrupt: {e}") from None
   want = jax.eval_shape(lambda: init_head(cfg, jax.random.PRNGKey(0)))
   checkpointer = ocp.StandardCheckpointer()
@@ -270,39 +283,43 @@ def load_head(checkpoint_dir: os.PathLike) -> tuple[HeadConfig, dict, dict]:
     stored = checkpointer.metadata(d / "params").item_metadata.tree
     shapes = {k: tuple(v.shape) for k, v in stored.items()}
   except Exception as e:  # orbax raises several types for unreadable metadata
-    raise checkpointing.CheckpointError(f"cannot read Orbax metadata in {d / 'params'}: {e}") from None
+    raise checkpointing.CheckpointError(f"cannot read Orbax metadata in {d / 'params'}: {str(e)[:300]}") from None
   if shapes != {k: tuple(v.shape) for k, v in want.items()}:
     raise checkpointing.CheckpointError(f"{d / 'params'} holds {shapes}, the head config needs "
                                         f"{ {k: tuple(v.shape) for k, v in want.items()} }")
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # each process loads its own copy
   target = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=device) for k, v in want.items()}
-  params = checkpointer.restore(d / "params", target)
+  try:
+    params = checkpointer.restore(d / "params", target)
+  except Exception as e:  # orbax raises several types for unreadable or truncated data
+    raise checkpointing.CheckpointError(f"cannot restore {d / 'params'}: {type(e).__name__}: {str(e)[:300]}") from None
   return cfg, dict(params), dict(meta.get("info", {}))
 
 
 def export_checkpoint(base_dir: os.PathLike, out_dir: os.PathLike, cfg: HeadConfig, params: Mapping,
                       info: Optional[Mapping[str, Any]] = None, backbone_params: Any = None,
-                      overwrite: bool = False) -> pathlib.Path:
+                      overwrite: bool = False, **marker_info: Any) -> pathlib.Path:
   """A scorer checkpoint with the head: a copy of `base_dir` (or `base_dir` itself when out_dir is
-  it) plus head/. With `backbone_params` (train_backbone), those replace the copied params."""
+  it) plus head/. With `backbone_params` (train_backbone), those replace the copied params.
+
+  The checkpoint is built beside `out_dir` and renamed into place; an existing `out_dir` is replaced
+  only with `overwrite` and only when maxscore wrote it (maxscore/files/safety.py)."""
   base, out = pathlib.Path(base_dir).resolve(), pathlib.Path(out_dir).resolve()
   model, tok_path = checkpointing.read_metadata(base)
-  if out != base:
-    if out.exists():
-      if not overwrite:
-        raise checkpointing.CheckpointError(f"export directory {out} already exists (pass overwrite)")
-      shutil.rmtree(out)
-    shutil.copytree(base, out, ignore=shutil.ignore_patterns(HEAD_DIR))
-  if backbone_params is not None:  # save_checkpoint rewrites the directory: keep the tokenizer aside
-    with tempfile.TemporaryDirectory() as tmp:
-      tok_dir = out / "tokenizer"
-      tok_files = ()
-      if tok_dir.is_dir():
-        shutil.copytree(tok_dir, pathlib.Path(tmp) / "tokenizer")
-        main = tok_path.name if tok_path else None  # the file maxscore.json names comes first
-        tok_files = tuple(sorted((pathlib.Path(tmp) / "tokenizer").iterdir(), key=lambda p: (p.name != main, p.name)))
-      checkpointing.save_checkpoint(out, backbone_params, model, tokenizer_files=tok_files, overwrite=True)
-  save_head(out, cfg, params, info)
+  if out == base and backbone_params is None:
+    save_head(out, cfg, params, info)
+    return out
+  inputs = () if out == base else (base,)
+  with safety.replace_dir(out, "checkpoint", overwrite or out == base, inputs, "export directory",
+                          **marker_info) as tmp:
+    if backbone_params is None:
+      shutil.copytree(base, tmp, ignore=shutil.ignore_patterns(HEAD_DIR, safety.MARKER), dirs_exist_ok=True)
+    else:
+      tok_dir = base / "tokenizer"
+      main = tok_path.name if tok_path else None  # the file maxscore.json names comes first
+      tok_files = tuple(sorted(tok_dir.iterdir(), key=lambda p: (p.name != main, p.name))) if tok_dir.is_dir() else ()
+      checkpointing.write_checkpoint_files(tmp, backbone_params, model, tok_files)
+    save_head(tmp, cfg, params, info)
   return out
 
 
@@ -340,10 +357,8 @@ class HeadScorer:
 
   @property
   def head_fingerprint(self) -> dict[str, Any]:
-    """What the head contributes to a score (for eval's resume check): its config and a params digest."""
-    leaves = [np.asarray(self.head_params[k]) for k in sorted(self.head_params)]
-    digest = hashlib.sha256(b"".join(x.tobytes() for x in leaves)).hexdigest()
-    return {"config": self.head_config.to_dict(), "params_sha256": digest[:16]}
+    """What the head contributes to a score (for resume identity): its config and a params digest."""
+    return {"config": self.head_config.to_dict(), "params_sha256": identity.tree_digest(self.head_params)}
 
   def score(self, query: Any, items: Any, label_token_ids: Optional[Sequence[int]] = None,
             apply_softmax: Optional[bool] = None, item_first: bool = False, algorithm: Optional[str] = None,

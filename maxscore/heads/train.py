@@ -29,12 +29,10 @@ layout (DESIGN.md section 2) with each scanned layer rematerialized in the backw
 """
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
 import pathlib
-import shutil
 import time
 from typing import Any, Literal, Optional, Sequence
 
@@ -46,6 +44,8 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from layers.decoder import Decoder
+from maxscore import errors
+from maxscore.files import identity, safety
 from maxscore.heads import features
 from maxscore.heads import score_heads as heads
 from maxscore.heads.features import (
@@ -179,13 +179,13 @@ def evaluate_split(cfg_head: heads.HeadConfig, params, hidden, logprobs, example
 
 
 def _run_fingerprint(cfg: TrainConfig, prompt: PromptConfig, scorer: Scorer, examples: dict[str, Examples]) -> dict:
-  rt = scorer.config.runtime
+  """What the trained head depends on (maxscore/files/identity.py): a resumed run must match it."""
   return {"format_version": FORMAT_VERSION, "train": dataclasses.asdict(cfg),
-          "prompt": json.loads(json.dumps(dataclasses.asdict(prompt))), "checkpoint": rt.checkpoint_dir,
-          "model": dataclasses.asdict(scorer.config.model), "data": {k: v.digest() for k, v in sorted(examples.items())}}
+          "prompt": json.loads(json.dumps(dataclasses.asdict(prompt))), "scorer": identity.scorer_identity(scorer),
+          "data": {k: v.digest() for k, v in sorted(examples.items())}}
 
 
-class ResumeError(TrainError):
+class ResumeError(TrainError, errors.ResumeError):
   """The workdir holds a run with another config or data."""
 
 
@@ -260,11 +260,10 @@ def restore_state(manager: ocp.CheckpointManager, state: dict, fingerprint: dict
   if resume_step is None:
     return state, None
   stored = manager.restore(resume_step, args=ocp.args.Composite(run=ocp.args.JsonRestore()))["run"]
-  expected = json.loads(json.dumps(fingerprint))
-  if stored != expected:
-    diff = sorted(k for k in set(stored) | set(expected) if stored.get(k) != expected.get(k))
-    raise ResumeError(f"{workdir} holds a run with another {', '.join(diff)}; use another --workdir or pass "
-                      f"--overwrite")
+  try:
+    identity.check_same(stored, fingerprint, workdir, "pass --overwrite to start over, or use a new --workdir")
+  except errors.ResumeError as e:
+    raise ResumeError(str(e)) from None
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=device), state)
   state = manager.restore(resume_step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
@@ -401,9 +400,8 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   prompt.validate()
   wall_start = time.perf_counter()
   workdir = pathlib.Path(workdir).resolve()
-  if overwrite and workdir.exists():
-    shutil.rmtree(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
+  _prepare_outputs(workdir, export_dir, overwrite, checkpoint_dir, feature_cache,
+                   [*data.input_paths(train_set), *(data.input_paths(dev_set) if dev_set is not None else ())])
 
   prep = prepare(cfg, prompt, checkpoint_dir, train_set, dev_set, overrides, feature_cache, progress)
   steps_per_epoch = math.ceil(prep.num_train / cfg.batch_size)
@@ -431,8 +429,8 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   summary = _summary(cfg, prompt, prep, workdir, log, step, steps_per_epoch, resume_step, state["params"], timing,
                      time.perf_counter() - wall_start)
   if export_dir:
-    summary["export_dir"] = export(cfg, prep, summary, state["params"], export_dir)
-  (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    summary["export_dir"] = export(cfg, prep, summary, state["params"], export_dir, workdir, overwrite)
+  safety.atomic_write_text(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
   return summary
 
 
@@ -463,8 +461,10 @@ def _summary(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, workdir: pa
   }
 
 
-def export(cfg: TrainConfig, prep: Prepared, summary: dict[str, Any], final, export_dir: os.PathLike) -> str:
-  """The base checkpoint with the trained head (and backbone, when it trained) in `export_dir`."""
+def export(cfg: TrainConfig, prep: Prepared, summary: dict[str, Any], final, export_dir: os.PathLike,
+           workdir: pathlib.Path, overwrite: bool) -> str:
+  """The base checkpoint with the trained head (and backbone, when it trained) in `export_dir`; an
+  existing export is replaced with `overwrite`, or when this workdir's earlier run wrote it."""
   info = {k: summary[k] for k in ("train_config", "prompt", "label_ids", "train_queries", "steps",
                                   "dev_metrics_initial", "dev_metrics_final")}
   # "." when the head was written into its own base checkpoint (paths of this machine mean
@@ -472,8 +472,45 @@ def export(cfg: TrainConfig, prep: Prepared, summary: dict[str, Any], final, exp
   same = pathlib.Path(export_dir).resolve() == pathlib.Path(summary["checkpoint_dir"]).resolve()
   info["base_checkpoint"] = "." if same else summary["checkpoint_dir"]
   backbone = jax.device_get(final["backbone"]) if cfg.train_backbone else None
+  again = _exported_by(pathlib.Path(export_dir), workdir)
   return str(heads.export_checkpoint(prep.scorer.config.runtime.checkpoint_dir, export_dir, prep.head_cfg,
-                                     jax.device_get(final["head"]), info, backbone, overwrite=True))
+                                     jax.device_get(final["head"]), info, backbone, overwrite=overwrite or again,
+                                     workdir=str(workdir)))
+
+
+def _prepare_outputs(workdir: pathlib.Path, export_dir: Optional[os.PathLike], overwrite: bool,
+                     checkpoint_dir: Optional[str], feature_cache: Optional[os.PathLike], data_paths) -> None:
+  """Refuses, before any work, outputs that are inputs or foreign directories; then (re)creates the
+  workdir (--overwrite removes it only when maxscore wrote it)."""
+  base = None if str(checkpoint_dir).lower() == "none" else (checkpoint_dir or data.DEFAULT_CHECKPOINT)
+  inputs = [i for i in (base, feature_cache, *data_paths) if i is not None]
+  safety.refuse_overlap([workdir], inputs, "--workdir")
+  if export_dir and (base is None or safety.resolve(export_dir) != safety.resolve(base)):  # else: head/ into base
+    safety.refuse_overlap([export_dir], inputs, "--export_dir")
+    if workdir == safety.resolve(export_dir) or workdir in safety.resolve(export_dir).parents:
+      raise errors.UnsafeOutputError(f"--export_dir {export_dir} would replace the --workdir {workdir}; "
+                                     f"choose an export path inside or beside it")
+    _check_export_dir(pathlib.Path(export_dir), workdir, overwrite)
+  if overwrite:
+    safety.remove_owned(workdir, "--workdir")
+  safety.prepare_output_dir(workdir, "head_training", inputs, "--workdir")
+
+
+def _exported_by(export_dir: pathlib.Path, workdir: pathlib.Path) -> bool:
+  """Whether `export_dir` is the export an earlier (or killed) run of this workdir wrote."""
+  return (safety.owner(export_dir) or {}).get("workdir") == str(workdir)
+
+
+def _check_export_dir(export_dir: pathlib.Path, workdir: pathlib.Path, overwrite: bool) -> None:
+  """Before any work: an existing export directory is replaced only when maxscore wrote it, and only
+  with --overwrite or when this workdir's earlier run wrote it (a resumed run exports again)."""
+  if not export_dir.exists():
+    return
+  if not export_dir.is_dir() or not safety.is_owned(export_dir, "checkpoint"):
+    raise errors.UnsafeOutputError(f"--export_dir {export_dir} exists and was not written by maxscore (no "
+                                   f"{safety.MARKER} marker); it is left untouched: choose a new path")
+  if not (overwrite or _exported_by(export_dir, workdir)):
+    raise errors.UnsafeOutputError(f"--export_dir {export_dir} already exists; pass --overwrite to replace it")
 
 
 def _metric_values(rec: dict) -> dict[str, float]:
@@ -481,8 +518,7 @@ def _metric_values(rec: dict) -> dict[str, float]:
 
 
 def _params_digest(tree) -> str:
-  leaves = jax.tree_util.tree_leaves(jax.device_get(tree))
-  return hashlib.sha256(b"".join(np.asarray(x).tobytes() for x in leaves)).hexdigest()[:16]
+  return identity.tree_digest(tree)
 
 
 def _throughput(feats, feature_seconds, cached, examples, step_seconds, step_items, first_step_seconds,

@@ -80,18 +80,23 @@ class _Problems:
 
 
 def _lines(path: pathlib.Path) -> Iterator[tuple[int, str]]:
-  """(1-based line number, line without newline) of the non-blank lines of a text file."""
-  if not path.is_file():
+  """(1-based line number, line without newline) of the non-blank lines of a UTF-8 text file."""
+  if not path.exists():
     raise DataError(f"{path}: file does not exist")
-  with open(path, encoding="utf-8") as f:
-    for number, line in enumerate(f, 1):
-      line = line.rstrip("\r\n")
+  if not path.is_file():
+    raise DataError(f"{path}: is a directory, not a file")
+  with open(path, "rb") as f:
+    for number, raw in enumerate(f, 1):
+      try:
+        line = raw.decode("utf-8").rstrip("\r\n")
+      except UnicodeDecodeError as e:
+        raise DataError(f"{path}:{number}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})") from None
       if line.strip():
         yield number, line
 
 
 def _json_records(path: pathlib.Path, problems: _Problems) -> Iterator[tuple[str, dict]]:
-  """("file:line", object) for each line that parses as a JSON object."""
+  """("file:line", object) for each line that parses as a JSON object of valid Unicode text."""
   for number, line in _lines(path):
     where = f"{path}:{number}"
     try:
@@ -99,10 +104,24 @@ def _json_records(path: pathlib.Path, problems: _Problems) -> Iterator[tuple[str
     except json.JSONDecodeError as e:
       problems("bad_json_lines", where, f"invalid JSON ({e.msg} at column {e.colno})")
       continue
+    except RecursionError:
+      problems("bad_json_lines", where, "JSON nested too deeply")
+      continue
     if not isinstance(record, dict):
       problems("bad_json_lines", where, f"expected a JSON object, got {type(record).__name__}")
       continue
+    if "\\u" in line and not _valid_unicode(record):
+      problems("bad_json_lines", where, "text holds a lone UTF-16 surrogate escape (e.g. \\ud800), not valid Unicode")
+      continue
     yield where, record
+
+
+def _valid_unicode(record: dict) -> bool:
+  try:
+    json.dumps(record, ensure_ascii=False).encode("utf-8")
+  except UnicodeEncodeError:
+    return False
+  return True
 
 
 def _id(value: Any) -> Optional[str]:
@@ -378,6 +397,11 @@ def load_rerank_set(jsonl: Optional[os.PathLike] = None, data_dir: Optional[os.P
   if not data_dir or not run_file:
     raise DataError("a BEIR dataset needs both --data_dir and --run_file (the first-stage run to rerank)")
   return load_beir(data_dir, run_file, split, top_k, skip_bad)
+
+
+def input_paths(rset: RerankSet) -> list[str]:
+  """The files and directories a rerank set was read from (outputs may not overwrite them)."""
+  return [rset.source[k] for k in ("path", "data_dir", "run_file") if rset.source.get(k)]
 
 
 def format_score(score: float) -> str:

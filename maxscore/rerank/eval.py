@@ -37,7 +37,9 @@ from maxscore.rerank import data, first_stage, metrics, prompts
 from maxscore.distributed import mesh as mesh_lib
 from maxscore.config import load_config, parse_override, to_flat_dict
 from maxscore.rerank.data import RerankSet
+from maxscore import errors
 from maxscore.errors import ScoreInputError
+from maxscore.files import identity, safety
 from maxscore.scoring.scorer import Scorer
 
 DEFAULT_METRICS = ("ndcg@10", "mrr@10", "map", "recall@10", "p@10")
@@ -45,8 +47,8 @@ RESULTS_FILE = "results.jsonl"
 FORMAT_VERSION = 1
 
 
-class ResumeError(ValueError):
-  """output_dir holds results of a different eval (other model, template or labels)."""
+ResumeError = errors.ResumeError  # output_dir holds results of a different eval
+RESTART = "pass --overwrite to start over, or use a new --output_dir"
 
 
 def _p_first(scores_NxK: np.ndarray) -> np.ndarray:
@@ -137,21 +139,16 @@ def build_scorer(checkpoint_dir: Optional[str] = None, overrides: Sequence[str] 
 
 # --- resume state ------------------------------------------------------------------------------
 def _fingerprint(scorer: Scorer, cfg: EvalConfig, label_ids: Sequence[int]) -> dict[str, Any]:
-  """What the scores depend on; a restarted run must match it to reuse results."""
-  rt, sc = scorer.config.runtime, scorer.config.scoring
+  """What the scores depend on (maxscore/files/identity.py); a restarted run must match it to reuse
+  results. The data is checked per query (RerankQuery.digest in every record)."""
   return {
       "format_version": FORMAT_VERSION,
-      "model": dataclasses.asdict(scorer.config.model),
-      "checkpoint_dir": rt.checkpoint_dir,
-      "init_seed": None if rt.checkpoint_dir else rt.init_seed,
-      "dtype": [rt.dtype, rt.weight_dtype, rt.matmul_precision],
-      "separator_token_id": sc.separator_token_id,
+      "scorer": identity.scorer_identity(scorer),
       "template": cfg.template,
       "instruction": cfg.instruction,
       "label_ids": list(label_ids),
       "score_mode": cfg.score_mode,
       "max_tokens": [cfg.max_query_tokens, cfg.max_item_tokens],
-      **({"head": scorer.head_fingerprint} if scorer.head_fingerprint else {}),
   }
 
 
@@ -166,11 +163,9 @@ def _load_results(path: pathlib.Path, header: Mapping[str, Any]) -> dict[str, di
   lines = raw.split(b"\n")
   try:
     stored = json.loads(lines[0]).get("header")
-  except (json.JSONDecodeError, AttributeError):
+  except (ValueError, AttributeError, RecursionError):  # not JSON, not UTF-8, not an object
     stored = None
-  if stored != json.loads(header_line)["header"]:
-    raise ResumeError(f"{path} holds results of a different eval ({_header_diff(stored, header)} differ); "
-                      f"use another --output_dir or pass --overwrite")
+  identity.check_same(stored, header, path, RESTART)
   done, good_bytes = {}, len(lines[0]) + 1
   for i, line in enumerate(lines[1:], 2):
     last = i == len(lines)  # the text after the final newline: empty unless a write was cut short
@@ -179,9 +174,10 @@ def _load_results(path: pathlib.Path, header: Mapping[str, Any]) -> dict[str, di
       continue
     try:
       rec = None if last else json.loads(line)
-    except json.JSONDecodeError:
-      raise ResumeError(f"{path}:{i}: corrupt line in the middle of the results; "
-                        f"delete it or pass --overwrite") from None
+      if rec is not None and not (isinstance(rec, dict) and {"qid", "digest", "docids", "scores"} <= set(rec)):
+        raise ValueError("not a result record")
+    except (ValueError, RecursionError):
+      raise ResumeError(f"{path}:{i}: corrupt line in the middle of the results; {RESTART}") from None
     if rec is not None:
       done[rec["qid"]] = rec
       good_bytes += len(line) + 1
@@ -190,14 +186,6 @@ def _load_results(path: pathlib.Path, header: Mapping[str, Any]) -> dict[str, di
     with open(path, "r+b") as f:
       f.truncate(good_bytes)
   return done
-
-
-def _header_diff(old: Any, new: Mapping[str, Any]) -> str:
-  if not isinstance(old, dict):
-    return "no header"
-  new = json.loads(json.dumps(new))
-  keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-  return ", ".join(keys) or "?"
 
 
 # --- the eval loop -------------------------------------------------------------------------------
@@ -232,17 +220,18 @@ def _score_query(scorer: Scorer, builder: prompts.PromptBuilder, q: data.RerankQ
   }
 
 
-def _resume_state(scorer, cfg, label_ids, queries, out: pathlib.Path, overwrite: bool) -> dict[str, dict]:
+def _resume_state(scorer, cfg, label_ids, queries, out: pathlib.Path, overwrite: bool,
+                  inputs: Sequence[Any]) -> dict[str, dict]:
   """Process 0's finished records from results.jsonl (after --overwrite and the digest check)."""
-  out.mkdir(parents=True, exist_ok=True)
+  safety.prepare_output_dir(out, "eval", inputs, "--output_dir")
   results_path = out / RESULTS_FILE
   if overwrite and results_path.exists():
     results_path.unlink()
   done = _load_results(results_path, _fingerprint(scorer, cfg, label_ids))
   for q in queries:
     if q.qid in done and done[q.qid]["digest"] != q.digest():
-      raise ResumeError(f"{results_path} has query {q.qid!r} scored on other text or candidates; "
-                        f"use another --output_dir or pass --overwrite")
+      raise ResumeError(f"{results_path} has query {q.qid!r} scored on other text or candidates "
+                        f"(changed: data); {RESTART}")
   return done
 
 
@@ -269,12 +258,16 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
   done, error = {}, None
   if lead:
     try:
-      done = _resume_state(scorer, cfg, label_ids, queries, out, overwrite)
-    except ResumeError as e:
-      error = str(e)
-  error = mesh_lib.broadcast_from_process0(error)
-  if error:
-    raise ResumeError(error)
+      inputs = [*data.input_paths(dataset), scorer.config.runtime.checkpoint_dir,
+                getattr(scorer.tokenizer, "path", None)]
+      done = _resume_state(scorer, cfg, label_ids, queries, out, overwrite, inputs)
+    except (ResumeError, errors.UnsafeOutputError, OSError) as e:
+      error = e
+  message = mesh_lib.broadcast_from_process0(None if error is None else str(error))
+  if error is not None:
+    raise error
+  if message is not None:  # the other processes stop with process 0's error
+    raise ResumeError(message)
   done_ids = set(mesh_lib.broadcast_from_process0(sorted(done) if lead else None))
   todo = [q for q in queries if q.qid not in done_ids and q.candidates]
   resumed = sum(q.qid in done_ids for q in queries)
@@ -314,9 +307,7 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
 
 
 def _write_json(path: pathlib.Path, obj: Any) -> None:
-  tmp = path.with_suffix(path.suffix + ".tmp")
-  tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
-  os.replace(tmp, path)
+  safety.atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
 
 
 def _finalize(dataset: RerankSet, queries, done, cfg: EvalConfig, out: pathlib.Path) -> EvalReport:
@@ -328,15 +319,11 @@ def _finalize(dataset: RerankSet, queries, done, cfg: EvalConfig, out: pathlib.P
       continue
     run[q.qid] = dict(zip(rec["docids"], rec["scores"]))
     lines.extend(data.trec_lines(q.qid, rec["docids"], rec["scores"], cfg.run_tag))
-  tmp = out / "run.trec.tmp"
-  tmp.write_text("".join(l + "\n" for l in lines), encoding="utf-8")
-  os.replace(tmp, out / "run.trec")
+  safety.atomic_write_text(out / "run.trec", "".join(l + "\n" for l in lines))
   per_query = metrics.evaluate(dataset.qrels, run, cfg.metrics)
   ordered = {q.qid: per_query[q.qid] for q in queries if q.qid in per_query}
-  tmp = out / "metrics_per_query.jsonl.tmp"
-  tmp.write_text("".join(json.dumps({"qid": qid, **values}) + "\n" for qid, values in ordered.items()),
-                 encoding="utf-8")
-  os.replace(tmp, out / "metrics_per_query.jsonl")
+  safety.atomic_write_text(out / "metrics_per_query.jsonl",
+                           "".join(json.dumps({"qid": qid, **values}) + "\n" for qid, values in ordered.items()))
   names = [metrics.canonical_name(m) for m in cfg.metrics]
   means = metrics.aggregate(ordered) if ordered else {}
   means = {n: means[n] for n in dict.fromkeys(names) if n in means}
@@ -417,20 +404,26 @@ def format_report(report: EvalReport) -> str:
 
 
 # --- request files (scripts/score.py) ------------------------------------------------------------
-def _parse_request(scorer: Scorer, line: str, number: int):
-  """A validated TokenRequest from one JSONL line; ScoreInputError naming the line otherwise."""
+def _parse_request(scorer: Scorer, line: Any, number: int):
+  """A validated TokenRequest from one JSONL line (bytes or text); ScoreInputError naming the line otherwise."""
   try:
-    r = json.loads(line)
+    text = line.decode("utf-8") if isinstance(line, bytes) else line
+    r = json.loads(text)
+  except UnicodeDecodeError as e:
+    raise ScoreInputError(f"line {number}: not UTF-8 text (byte {line[e.start]:#04x} at column {e.start + 1})") from None
   except json.JSONDecodeError as e:
     raise ScoreInputError(f"line {number}: invalid JSON ({e.msg} at column {e.colno})") from None
+  except RecursionError:
+    raise ScoreInputError(f"line {number}: JSON nested too deeply") from None
   try:
     return scorer.validate(r)
   except ScoreInputError as e:
     raise ScoreInputError(f"line {number}: {e}") from None
 
 
-def _score_lines(scorer: Scorer, lines: Sequence[tuple[int, str]], raw_logits: bool = False) -> list[dict]:
+def _score_lines(scorer: Scorer, lines: Sequence[tuple[int, Any]], raw_logits: bool = False) -> list[dict]:
   """Responses (or {"error"}) for a batch of lines, in order; one forward group for the valid ones.
+  A line's answer never depends on the others: a bad line gets its own error and the rest are scored.
 
   With `raw_logits` the scores are the labels' raw lm_head logits (apply_softmax is then moot)."""
   score_requests = scorer.label_logits_requests if raw_logits else scorer.score_requests
@@ -458,12 +451,17 @@ def _score_lines(scorer: Scorer, lines: Sequence[tuple[int, str]], raw_logits: b
 def score_jsonl(scorer: Scorer, input_path: str, output_path: str, batch_size: int = 16,
                 raw_logits: bool = False) -> dict[str, int]:
   """Scores a JSONL file of /v1/score requests into a JSONL of responses (one line per input line,
-  blank lines included as errors); returns {"ok", "errors"} counts. "-" is stdin / stdout."""
-  src = sys.stdin if input_path == "-" else open(input_path, encoding="utf-8")
-  dst = sys.stdout if output_path == "-" else open(output_path, "w", encoding="utf-8")
+  blank lines included as errors); returns {"ok", "errors"} counts. "-" is stdin / stdout.
+
+  The output may not be the input (links resolved); it is written under a temporary name and renamed
+  into place at the end, so a killed run leaves any previous output file as it was."""
+  safety.refuse_overlap([output_path], [input_path], "--output")
   counts = {"ok": 0, "errors": 0}
-  try:
-    batch: list[tuple[int, str]] = []
+  with contextlib.ExitStack() as stack:
+    src = sys.stdin.buffer if input_path == "-" else stack.enter_context(open(input_path, "rb"))
+    dst = sys.stdout if output_path == "-" else stack.enter_context(safety.atomic_output(output_path))
+    batch: list[tuple[int, bytes]] = []
+
     def flush():
       for resp in _score_lines(scorer, batch, raw_logits):
         dst.write(json.dumps(resp) + "\n")
@@ -475,9 +473,4 @@ def score_jsonl(scorer: Scorer, input_path: str, output_path: str, batch_size: i
       if len(batch) >= max(batch_size, 1):
         flush()
     flush()
-  finally:
-    if src is not sys.stdin:
-      src.close()
-    if dst is not sys.stdout:
-      dst.close()
   return counts

@@ -6,7 +6,7 @@ naming the field, the offending value and the limit (DESIGN.md section 9).
 
 import dataclasses
 import numbers
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -40,61 +40,118 @@ class TokenRequest:
 
 
 def _is_int(x: Any) -> bool:
-  return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+  return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
 
 
-def _check_ids(field: str, ids: Sequence[Any], vocab_size: int) -> tuple[int, ...]:
-  """Vectorized check of a token-id list; the error names the first bad position."""
-  arr = np.asarray(ids) if len(ids) else np.zeros((0,), np.int64)
-  if arr.ndim != 1 or arr.dtype.kind not in "iu":
+def _is_bool(x: Any) -> bool:
+  return isinstance(x, (bool, np.bool_))
+
+
+def short(value: Any, limit: int = 40) -> str:
+  """repr of `value`, cut to `limit` characters (error messages name the value, not a megabyte of it)."""
+  text = repr(value)
+  return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _is_array(value: Any) -> bool:
+  return isinstance(value, np.ndarray) or (hasattr(value, "__array__") and hasattr(value, "dtype"))
+
+
+def _check_ids(field: str, ids: Any, vocab_size: int) -> tuple[int, ...]:
+  """A token-id list as a tuple: ints (not bools, floats or strings) in [0, vocab_size)."""
+  if _is_array(ids):
+    arr = np.asarray(ids)
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+      raise ScoreInputError(f"{field} must be a 1-D integer array of token ids, got dtype {arr.dtype} "
+                            f"shape {arr.shape}")
+  else:
     for j, t in enumerate(ids):
-      if not _is_int(t):
-        raise ScoreInputError(f"{field}[{j}]={t!r} must be an integer token id")
+      if type(t) is not int and not _is_int(t):
+        raise ScoreInputError(f"{field}[{j}]={short(t)} must be an integer token id, not {type(t).__name__}")
+    try:
+      arr = np.asarray(ids, np.int64) if len(ids) else np.zeros((0,), np.int64)
+    except OverflowError:
+      j = next(j for j, t in enumerate(ids) if not -2**63 <= t < 2**63)
+      raise ScoreInputError(f"{field}[{j}]={short(ids[j])} is outside the vocabulary [0, {vocab_size})") from None
   bad = np.flatnonzero((arr < 0) | (arr >= vocab_size))
   if bad.size:
     j = int(bad[0])
-    raise ScoreInputError(f"{field}[{j}]={ids[j]} is outside the vocabulary [0, {vocab_size})")
+    raise ScoreInputError(f"{field}[{j}]={int(arr[j])} is outside the vocabulary [0, {vocab_size})")
   return tuple(arr.tolist())
 
 
 def _encode(field: str, value: Any, tokenizer, vocab_size: int) -> tuple[int, ...]:
+  """Text (tokenized) or a list of token ids; anything else is a ScoreInputError naming `field`."""
   if isinstance(value, str):
     if tokenizer is None:
       raise ScoreInputError(f"{field} is text but this scorer has no tokenizer; pass token ids or set "
                             f"tokenizer_path")
+    try:
+      value.encode("utf-8")
+    except UnicodeEncodeError as e:
+      raise ScoreInputError(f"{field} holds a lone surrogate {short(value[e.start])} at character {e.start}; "
+                            f"text must be valid Unicode") from None
     return _check_ids(field, tokenizer.encode(value), vocab_size)
-  if isinstance(value, (list, tuple)) or (hasattr(value, "tolist") and getattr(value, "ndim", 0) == 1):
-    return _check_ids(field, list(value.tolist() if hasattr(value, "tolist") else value), vocab_size)
-  raise ScoreInputError(f"{field} must be text or a list of token ids, got {type(value).__name__}")
+  if isinstance(value, (list, tuple)) or (_is_array(value) and np.ndim(value) == 1):
+    return _check_ids(field, value, vocab_size)
+  raise ScoreInputError(f"{field}={short(value)} must be text or a list of token ids, not {type(value).__name__}")
+
+
+def _items(value: Any) -> list:
+  """`items` as a list of texts or of token-id lists, not mixed."""
+  if isinstance(value, str):
+    return [value]
+  if _is_array(value) and not isinstance(value, (list, tuple)):
+    if np.ndim(value) != 2:
+      raise ScoreInputError(f"items as an array must be 2-D [items, tokens], got shape {np.shape(value)}")
+    return list(np.asarray(value))
+  if not isinstance(value, (list, tuple)):
+    raise ScoreInputError(f"items={short(value)} must be a text, a list of texts or a list of token-id lists, "
+                          f"not {type(value).__name__}")
+  if value and all(_is_int(x) for x in value):
+    raise ScoreInputError("items is a flat list of ints; pass a list of token-id lists (one per item)")
+  if len({isinstance(x, str) for x in value}) > 1:
+    raise ScoreInputError("items mixes text and token ids; use one kind for all items")
+  return list(value)
+
+
+def _flag(field: str, value: Any) -> bool:
+  if not _is_bool(value):
+    raise ScoreInputError(f"{field}={short(value)} must be a boolean (JSON true or false), not {type(value).__name__}")
+  return bool(value)
+
+
+def _labels(value: Any, vocab_size: int) -> tuple[int, ...]:
+  if value is None or (isinstance(value, (list, tuple)) and len(value) == 0) or (_is_array(value) and np.size(value) == 0):
+    raise ScoreInputError("label_token_ids is empty; pass at least one label token id (or set it in the config)")
+  if not isinstance(value, (list, tuple)) and not (_is_array(value) and np.ndim(value) == 1):
+    raise ScoreInputError(f"label_token_ids={short(value)} must be a non-empty list of integer token ids, "
+                          f"not {type(value).__name__}")
+  return _check_ids("label_token_ids", value, vocab_size)
 
 
 def make_request(query: Any, items: Any, label_token_ids: Optional[Sequence[int]], apply_softmax: bool,
                  item_first: bool, separator: Optional[int], vocab_size: int, tokenizer=None,
                  max_tokens: int = 1 << 62, max_prefix_tokens: int = 1 << 62,
                  max_item_tokens: int = 1 << 62) -> TokenRequest:
-  """Validates one /v1/score-shaped request and converts it to token ids."""
+  """Validates one /v1/score-shaped request and converts it to token ids.
+
+  An empty query is valid (seq_i = [s] + I_i, DESIGN.md section 1); only a sequence with no token at
+  all is refused. Every violation is a ScoreInputError naming the field, the value and what is allowed."""
   q = _encode("query", query, tokenizer, vocab_size)
-  if not q:
-    raise ScoreInputError("query is empty; a score needs at least one query token")
-  if isinstance(items, str):
-    items = [items]
-  elif hasattr(items, "tolist") and not isinstance(items, (list, tuple)):
-    items = items.tolist()
-  if not isinstance(items, (list, tuple)):
-    raise ScoreInputError(f"items must be a text, a list of texts or a list of token-id lists, "
-                          f"got {type(items).__name__}")
-  if items and all(_is_int(x) for x in items):
-    raise ScoreInputError("items is a flat list of ints; pass a list of token-id lists (one per item)")
-  kinds = {isinstance(x, str) for x in items}
-  if len(kinds) > 1:
-    raise ScoreInputError("items mixes text and token ids; use one kind for all items")
-  toks = tuple(_encode(f"items[{i}]", x, tokenizer, vocab_size) for i, x in enumerate(items))
-  if label_token_ids is None or len(label_token_ids) == 0:
-    raise ScoreInputError("label_token_ids is empty; pass at least one label token id (or set it in the config)")
-  labels = _check_ids("label_token_ids", list(label_token_ids), vocab_size)
+  toks = tuple(_encode(f"items[{i}]", x, tokenizer, vocab_size) for i, x in enumerate(_items(items)))
+  labels = _labels(label_token_ids, vocab_size)
   if separator is not None:
+    if not _is_int(separator):
+      raise ScoreInputError(f"separator_token_id={short(separator)} must be an integer token id or null")
     separator = _check_ids("separator_token_id", [separator], vocab_size)[0]
-  req = TokenRequest(q, toks, labels, bool(apply_softmax), bool(item_first), separator)
+  req = TokenRequest(q, toks, labels, _flag("apply_softmax", apply_softmax), _flag("item_first", item_first),
+                     separator)
+  if not req.prefix:
+    for i, item in enumerate(toks):
+      if not item:
+        raise ScoreInputError(f"items[{i}] is empty and so is the query, with no separator: a scored sequence "
+                              f"needs at least one token")
   if len(req.prefix) > max_prefix_tokens:
     raise ScoreInputError(f"query is {len(req.prefix)} tokens with the separator, above the largest prefix "
                           f"bucket {max_prefix_tokens}; raise prefix_buckets or truncate the query")
@@ -106,6 +163,27 @@ def make_request(query: Any, items: Any, label_token_ids: Optional[Sequence[int]
     raise ScoreInputError(f"request has {req.num_tokens} tokens (query + separator + items), above "
                           f"max_request_tokens={max_tokens}")
   return req
+
+
+def validate_request(request: Any, fields: frozenset) -> dict[str, Any]:
+  """The arguments of a /v1/score-shaped dict for make_request: unknown fields refused, and a
+  present apply_softmax / item_first must be a JSON boolean (absent = the default)."""
+  if not isinstance(request, Mapping):
+    raise ScoreInputError(f"a request must be a JSON object, got {type(request).__name__}")
+  unknown = set(request) - fields
+  if unknown:
+    raise ScoreInputError(f"unknown fields {sorted(map(str, unknown))[:8]}; allowed: {sorted(fields)}")
+  for name in ("query", "items"):
+    if name not in request:
+      raise ScoreInputError(f"{name} is missing; a request is {{query, items, label_token_ids?, apply_softmax?, "
+                            f"item_first?}}")
+  for name in ("apply_softmax", "item_first"):
+    if name in request:
+      _flag(name, request[name])
+  if "model" in request and not isinstance(request["model"], str):
+    raise ScoreInputError(f"model={short(request['model'])} must be a string")
+  return {"query": request["query"], "items": request["items"], "label_token_ids": request.get("label_token_ids"),
+          "apply_softmax": request.get("apply_softmax"), "item_first": request.get("item_first", False)}
 
 
 def parse_multi_item_sequence(tokens: Sequence[int], delimiter: int) -> tuple[list[int], list[list[int]]]:

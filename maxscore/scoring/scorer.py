@@ -24,9 +24,10 @@ from maxscore.distributed import mesh as mesh_lib
 from maxscore.scoring.algorithms import ALGORITHMS, AlgorithmContext
 from maxscore.config import Config, from_flat_dict, load_config, to_flat_dict
 from maxscore.errors import ScoreInputError
+from maxscore.files import identity
 from maxscore.scoring.runner import ModelRunner
 from maxscore.scoring.prefix_cache import PrefixCache
-from maxscore.scoring.requests import TokenRequest, make_request
+from maxscore.scoring.requests import TokenRequest, make_request, validate_request
 from maxscore.checkpoints.tokenizer import Tokenizer, load_tokenizer
 
 REQUEST_FIELDS = frozenset({"query", "items", "label_token_ids", "apply_softmax", "item_first", "model"})
@@ -62,10 +63,12 @@ class Scorer:
   head_fingerprint: Optional[dict[str, Any]] = None
 
   def __init__(self, config: Config, params: Any, tokenizer: Optional[Tokenizer] = None,
-               model_name: str = "maxscore", mesh: Any = "auto"):
+               model_name: str = "maxscore", mesh: Any = "auto", params_digest: Optional[str] = None):
     """`mesh`: "auto" = this process's data-group mesh from config.mesh when there are several devices
-    (maxscore/distributed/mesh.py), None = one device, or a jax.sharding.Mesh with axes (data, fsdp, tensor)."""
+    (maxscore/distributed/mesh.py), None = one device, or a jax.sharding.Mesh with axes (data, fsdp, tensor).
+    `params_digest`: the checkpoint's stored content digest; None = hashed from `params` when asked."""
     self.config = config
+    self._params_digest = params_digest
     self.tokenizer = tokenizer
     self.model_name = model_name
     if config.runtime.compilation_cache_dir:
@@ -76,6 +79,13 @@ class Scorer:
     self.runner = ModelRunner(config.model, config.runtime, config.kernel, params, mesh=self.mesh)
     self.prefix_cache = PrefixCache(config.scoring.prefix_cache_bytes)
     self._warned_item_first = False
+
+  @property
+  def params_digest(self) -> str:
+    """Content digest of the parameters (resume identity, maxscore/files/identity.py)."""
+    if self._params_digest is None:
+      self._params_digest = identity.tree_digest(self.runner.params)
+    return self._params_digest
 
   # --- construction ------------------------------------------------------------------
   @classmethod
@@ -109,12 +119,15 @@ class Scorer:
     ckpt = checkpointing.restore_checkpoint(checkpoint_dir, shardings=targets)
     tok_path = config.runtime.tokenizer_path or ckpt.tokenizer_path
     tokenizer = load_tokenizer(tok_path) if tok_path else None
-    return cls(config, ckpt.params, tokenizer, model_name=pathlib.Path(checkpoint_dir).name, mesh=mesh)
+    return cls(config, ckpt.params, tokenizer, model_name=pathlib.Path(checkpoint_dir).name, mesh=mesh,
+               params_digest=ckpt.digest)
 
   # --- raw model ---------------------------------------------------------------------
   def logits(self, token_ids: Sequence[int]) -> np.ndarray:
     """Next-token logits [T, V] (float32) for one sequence; used by parity checks."""
-    ids = make_request(list(token_ids), [], [0], False, False, None, self.config.model.vocab_size).query
+    ids = make_request(token_ids, [], [0], False, False, None, self.config.model.vocab_size).query
+    if not ids:
+      raise ScoreInputError("token_ids is empty; logits need at least one token")
     return self.runner.logits(np.asarray(ids, np.int32))
 
   # --- scoring -----------------------------------------------------------------------
@@ -138,13 +151,7 @@ class Scorer:
 
   def validate(self, request: Mapping[str, Any]) -> TokenRequest:
     """A /v1/score-shaped dict ({query, items, label_token_ids, apply_softmax, item_first}) as a TokenRequest."""
-    if not isinstance(request, Mapping):
-      raise ScoreInputError(f"a request must be a JSON object, got {type(request).__name__}")
-    unknown = set(request) - REQUEST_FIELDS
-    if unknown:
-      raise ScoreInputError(f"unknown fields {sorted(unknown)}; allowed: {sorted(REQUEST_FIELDS)}")
-    return self.make_request(request.get("query"), request.get("items"), request.get("label_token_ids"),
-                             request.get("apply_softmax"), request.get("item_first", False))
+    return self.make_request(**validate_request(request, REQUEST_FIELDS))
 
   def score_batch(self, requests: Sequence[Mapping[str, Any]], algorithm: Optional[str] = None) -> list[ScoreResult]:
     """Scores many /v1/score-shaped dicts; requests with equal shapes share forwards."""

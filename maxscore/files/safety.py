@@ -1,0 +1,168 @@
+"""Writing outputs without ever losing a user's file.
+
+- `atomic_output` / `atomic_write_text`: write under a temporary name in the same directory and
+  rename into place, so a killed process leaves the old file (or none), never a truncated one.
+- `refuse_overlap`: an output equal to or inside an input (symlinks resolved) is refused before
+  anything is opened for writing.
+- `mark_owned` / `remove_owned` / `replace_dir` / `prepare_output_dir`: directories maxscore
+  creates carry a marker file; only a directory with the marker is ever removed or replaced.
+"""
+
+import contextlib
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+import uuid
+from typing import IO, Iterable, Iterator, Optional
+
+from maxscore.errors import UnsafeOutputError
+
+MARKER = ".maxscore-owned"
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+def resolve(path: os.PathLike) -> pathlib.Path:
+  """The absolute path with every symlink resolved (also for paths that do not exist yet)."""
+  return pathlib.Path(os.path.expanduser(os.fspath(path))).resolve()
+
+
+def refuse_overlap(outputs: Iterable[Optional[os.PathLike]], inputs: Iterable[Optional[os.PathLike]],
+                   what: str = "output") -> None:
+  """Raises UnsafeOutputError when an output is an input, or lies inside an input directory."""
+  ins = [(i, resolve(i)) for i in inputs if i not in (None, "", "-")]
+  for o in outputs:
+    if o in (None, "", "-"):
+      continue
+    ro = resolve(o)
+    for i, ri in ins:
+      if ro == ri or ri in ro.parents:
+        where = "is" if ro == ri else "is inside"
+        raise UnsafeOutputError(f"{what} {o} {where} the input {i} (after resolving links); "
+                                f"choose an output path outside the inputs")
+
+
+@contextlib.contextmanager
+def atomic_output(path: os.PathLike, mode: str = "w", fsync: bool = False) -> Iterator[IO]:
+  """A file object for `path` that replaces it only when the block finishes without error."""
+  path = pathlib.Path(path)
+  if path.is_dir():
+    raise IsADirectoryError(f"{path} is a directory; expected a file path")
+  if not path.parent.is_dir():
+    raise FileNotFoundError(f"cannot write {path}: its directory {path.parent} does not exist")
+  fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+  done = False
+  try:
+    os.fchmod(fd, 0o666 & ~_UMASK)
+    with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+      yield f
+      f.flush()
+      if fsync:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    done = True
+  finally:
+    if not done:
+      with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+
+
+def atomic_write_text(path: os.PathLike, text: str) -> None:
+  with atomic_output(path) as f:
+    f.write(text)
+
+
+# --- directories maxscore owns ---------------------------------------------------------------------
+def mark_owned(directory: os.PathLike, kind: str, **info) -> None:
+  """Writes the marker that lets a later --overwrite remove or replace `directory`."""
+  atomic_write_text(pathlib.Path(directory) / MARKER,
+                    json.dumps({"written_by": "maxscore", "kind": kind, **info}, sort_keys=True) + "\n")
+
+
+def owner(directory: os.PathLike) -> Optional[dict]:
+  """The marker's contents, or None when `directory` has no readable marker."""
+  try:
+    meta = json.loads((pathlib.Path(directory) / MARKER).read_text(encoding="utf-8"))
+  except (OSError, ValueError):
+    return None
+  return meta if isinstance(meta, dict) and meta.get("written_by") == "maxscore" else None
+
+
+def is_owned(directory: os.PathLike, kind: Optional[str] = None) -> bool:
+  meta = owner(directory)
+  return meta is not None and (kind is None or meta.get("kind") == kind)
+
+
+def _not_owned(directory: pathlib.Path, what: str) -> UnsafeOutputError:
+  return UnsafeOutputError(f"{what} {directory} exists and was not written by maxscore (it has no {MARKER} "
+                           f"marker); it is left untouched: choose a new path, or remove it yourself")
+
+
+def remove_owned(directory: os.PathLike, what: str = "directory") -> None:
+  """Deletes `directory` only when it carries maxscore's marker; refuses anything else."""
+  directory = resolve(directory)
+  if not directory.exists():
+    return
+  if not directory.is_dir() or not is_owned(directory):
+    raise _not_owned(directory, what)
+  shutil.rmtree(directory)
+
+
+def prepare_output_dir(directory: os.PathLike, kind: str, inputs: Iterable[Optional[os.PathLike]] = (),
+                       what: str = "output directory") -> pathlib.Path:
+  """A run's output directory: created (and marked) when new or empty, reused when it carries the
+  marker of the same kind; refused when it is an input, a file, or holds files of someone else."""
+  directory = pathlib.Path(directory)
+  refuse_overlap([directory], inputs, what)
+  if directory.exists() and not directory.is_dir():
+    raise NotADirectoryError(f"{what} {directory} is a file, not a directory")
+  meta = owner(directory) if directory.is_dir() else None
+  if meta is None and directory.is_dir() and any(directory.iterdir()):
+    raise _not_owned(directory, what)
+  if meta is not None and meta.get("kind") != kind:
+    raise UnsafeOutputError(f"{what} {directory} holds a maxscore {meta.get('kind')} output, not a {kind}; "
+                            f"choose another path")
+  directory.mkdir(parents=True, exist_ok=True)
+  if meta is None:
+    mark_owned(directory, kind)
+  return directory
+
+
+@contextlib.contextmanager
+def replace_dir(directory: os.PathLike, kind: str, overwrite: bool = False,
+                inputs: Iterable[Optional[os.PathLike]] = (), what: str = "output directory",
+                **info) -> Iterator[pathlib.Path]:
+  """Yields an empty temporary directory beside `directory`; when the block succeeds it is marked
+  and renamed into place (replacing an old maxscore directory only with `overwrite`)."""
+  target = resolve(directory)
+  inputs = [i for i in inputs if i not in (None, "", "-")]
+  refuse_overlap([target], inputs, what)
+  for i in inputs:  # replacing target would delete an input that lies inside it
+    if target in resolve(i).parents:
+      raise UnsafeOutputError(f"{what} {directory} contains the input {i}; choose another path")
+  if target.exists():
+    if not target.is_dir() or not is_owned(target):
+      raise _not_owned(target, what)
+    if not is_owned(target, kind):
+      raise UnsafeOutputError(f"{what} {target} holds a maxscore {owner(target).get('kind')} output, not a "
+                              f"{kind}; choose another path")
+    if not overwrite:
+      raise UnsafeOutputError(f"{what} {target} already exists; pass --overwrite (overwrite=True) to replace it")
+  target.parent.mkdir(parents=True, exist_ok=True)
+  tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+  try:
+    yield tmp
+    mark_owned(tmp, kind, **info)
+    os.chmod(tmp, 0o777 & ~_UMASK)
+    if target.exists():
+      old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+      os.rename(target, old)
+      os.rename(tmp, target)
+      shutil.rmtree(old)
+    else:
+      os.rename(tmp, target)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise

@@ -1,0 +1,153 @@
+"""Strict request types (DESIGN.md sections 1 and 9): every bad value is a ScoreInputError naming the
+field; every good request is scored; one bad line of a request file never costs the other lines."""
+
+import json
+
+import hypothesis
+import numpy as np
+import pytest
+from hypothesis import strategies as st
+
+from maxscore import ScoreInputError
+from maxscore.rerank import eval as eval_lib
+
+ALGORITHMS = ("serial", "packed", "prefill_extend")
+GOOD = {"query": [1, 2], "items": [[3], [4, 5]], "label_token_ids": [6, 7]}
+
+
+@pytest.fixture(scope="module")
+def scorer():
+  """The embedded default model (it has a tokenizer, vocabulary 2048), without its head."""
+  return eval_lib.build_scorer(use_head=False)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("label_token_ids", 5, "label_token_ids=5 must be a non-empty list"),
+    ("label_token_ids", "5", "label_token_ids='5' must be a non-empty list"),
+    ("label_token_ids", [True, 1], r"label_token_ids\[0\]=True must be an integer token id, not bool"),
+    ("label_token_ids", [1.0], r"label_token_ids\[0\]=1.0 must be an integer"),
+    ("label_token_ids", [2 ** 70], r"label_token_ids\[0\]=\d+ is outside the vocabulary"),
+    ("apply_softmax", "false", "apply_softmax='false' must be a boolean"),
+    ("apply_softmax", 0, "apply_softmax=0 must be a boolean"),
+    ("apply_softmax", None, "apply_softmax=None must be a boolean"),
+    ("item_first", "true", "item_first='true' must be a boolean"),
+    ("query", None, "query=None must be text or a list of token ids"),
+    ("query", {"a": 1}, "query=.* must be text or a list of token ids, not dict"),
+    ("query", [[1]], r"query\[0\]=\[1\] must be an integer"),
+    ("query", [1, False], r"query\[1\]=False must be an integer token id, not bool"),
+    ("items", None, "items=None must be a text, a list of texts"),
+    ("items", [["a"]], r"items\[0\]\[0\]='a' must be an integer"),
+    ("items", [[1], "a"], "mixes text and token ids"),
+    ("items", [[-1]], r"items\[0\]\[0\]=-1 is outside the vocabulary \[0, 2048\)"),
+    ("model", 3, "model=3 must be a string"),
+])
+def test_v1_score_bad_field_types_are_score_input_errors(scorer, field, value, message):
+  with pytest.raises(ScoreInputError, match=message):
+    scorer.validate({**GOOD, field: value})
+
+
+def test_v1_score_missing_and_unknown_fields(scorer):
+  with pytest.raises(ScoreInputError, match="items is missing"):
+    scorer.validate({"query": [1]})
+  with pytest.raises(ScoreInputError, match=r"unknown fields \['x'\]"):
+    scorer.validate({**GOOD, "x": 1})
+  with pytest.raises(ScoreInputError, match="must be a JSON object, got list"):
+    scorer.validate([1, 2])
+
+
+def test_python_api_refuses_bools_as_token_ids(scorer):
+  for kwargs in (dict(query=[True]), dict(items=[[1, np.bool_(True)]]), dict(label_token_ids=[np.bool_(False)]),
+                 dict(items=np.array([[True]])), dict(query=np.array([1.5]))):
+    with pytest.raises(ScoreInputError):
+      scorer.score(**{**GOOD, **kwargs})
+
+
+def test_python_api_bad_types_are_score_input_errors_not_type_errors(scorer):
+  for kwargs in (dict(items=7), dict(items={"a": 1}), dict(query=3.5), dict(label_token_ids=7),
+                 dict(apply_softmax="no"), dict(item_first=1), dict(query=[object()])):
+    with pytest.raises(ScoreInputError):
+      scorer.score(**{**GOOD, **kwargs})
+  with pytest.raises(ScoreInputError, match=r"requests\[1\]: label_token_ids=5"):
+    scorer.score_batch([GOOD, {**GOOD, "label_token_ids": 5}])
+  # numpy integers and arrays are token ids
+  got = scorer.score(np.array([1, 2]), [np.array([3], np.int32), [np.int64(4), 5]], np.array([6, 7])).scores
+  np.testing.assert_array_equal(got, scorer.score(**GOOD).scores)
+
+
+def test_lone_surrogate_in_query_text_is_a_score_input_error(scorer):
+  with pytest.raises(ScoreInputError, match="query holds a lone surrogate"):
+    scorer.score("bad \ud800 text", ["doc"], [6, 7])
+
+
+@pytest.mark.parametrize("separator", [3, None])
+def test_empty_query_is_valid_and_every_algorithm_agrees(scorer, separator):
+  items = [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
+  scores = {a: scorer.score([], items, [5, 17], algorithm=a, separator_token_id=separator).scores
+            for a in ALGORITHMS}
+  for a in ALGORITHMS[1:]:
+    np.testing.assert_allclose(scores[a], scores["serial"], atol=1e-5, rtol=0, err_msg=a)
+  # seq_i = [s] + I_i (or I_i): the same sequence split elsewhere scores the same
+  sep = [] if separator is None else [separator]
+  for i, item in enumerate(items):
+    whole = sep + item
+    alone = scorer.score(whole[:1], [whole[1:]], [5, 17], algorithm="serial", separator_token_id=None).scores[0]
+    np.testing.assert_allclose(scores["serial"][i], alone, atol=1e-6)
+  if separator is None:
+    with pytest.raises(ScoreInputError, match=r"items\[1\] is empty and so is the query"):
+      scorer.score([], [[1], []], [5], separator_token_id=None)
+  else:
+    assert scorer.score([], [[]], [5], separator_token_id=separator).scores.shape == (1, 1)
+  assert scorer.score([], [], [5], separator_token_id=separator).scores.shape == (0, 1)
+
+
+def test_score_jsonl_bad_lines_get_their_own_error_and_good_lines_are_answered_as_if_alone(scorer, tmp_path):
+  good = [json.dumps(GOOD), json.dumps({"query": "text", "items": ["a", "bb"], "label_token_ids": [6],
+                                        "apply_softmax": True})]
+  bad = [b'{"query": [1], "items": [[1]], "label_token_ids": 5}', b'{"query": [1], "items": [[1]], '
+         b'"label_token_ids": [1], "apply_softmax": "false"}', b"\xff\xfe not utf-8", b"[" * 100000,
+         b'{"query": "\\ud800", "items": ["x"], "label_token_ids": [1]}']
+  lines = [bad[0], good[0].encode(), bad[1], bad[2], good[1].encode(), bad[3], bad[4]]
+  src = tmp_path / "mixed.jsonl"
+  src.write_bytes(b"\n".join(lines) + b"\n")
+  counts = eval_lib.score_jsonl(scorer, str(src), str(tmp_path / "out.jsonl"), batch_size=8)
+  out = (tmp_path / "out.jsonl").read_text().splitlines()
+  assert counts == {"ok": 2, "errors": 5} and len(out) == len(lines)
+  errors = {i: json.loads(out[i])["error"] for i in (0, 2, 3, 5, 6)}
+  assert errors[0].startswith("line 1: label_token_ids=5 must be a non-empty list")
+  assert errors[2].startswith("line 3: apply_softmax='false' must be a boolean")
+  assert errors[3].startswith("line 4: not UTF-8 text")
+  assert errors[5].startswith("line 6: ")
+  assert errors[6].startswith("line 7: query holds a lone surrogate")
+  for line, i in ((good[0], 1), (good[1], 4)):
+    (tmp_path / "one.jsonl").write_text(line + "\n")
+    eval_lib.score_jsonl(scorer, str(tmp_path / "one.jsonl"), str(tmp_path / "one_out.jsonl"))
+    assert out[i] == (tmp_path / "one_out.jsonl").read_text().strip()
+
+
+# --- properties --------------------------------------------------------------------------------------
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 3000) | st.floats(allow_nan=False, width=32)
+                    | st.text(max_size=6), lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=3), c,
+                                                                                                max_size=2),
+                    max_leaves=8)
+IDS = st.lists(st.integers(0, 40), max_size=5)
+LABELS = st.lists(st.integers(0, 40), min_size=1, max_size=3)
+REQUIRED = {  # mostly plausible values, so that many requests are valid and get scored
+    "query": st.one_of(IDS, st.text(max_size=8), JSON),
+    "items": st.one_of(st.lists(IDS, max_size=3), st.lists(st.text(max_size=8), max_size=3), JSON),
+    "label_token_ids": st.one_of(LABELS, LABELS, JSON),
+}
+OPTIONAL = {"apply_softmax": st.one_of(st.booleans(), JSON), "item_first": st.one_of(st.booleans(), JSON)}
+
+
+@hypothesis.settings(max_examples=30, deadline=None, suppress_health_check=list(hypothesis.HealthCheck))
+@hypothesis.given(st.fixed_dictionaries(REQUIRED, optional=OPTIONAL),
+                  st.one_of(st.just({}), st.dictionaries(st.text(max_size=4), JSON, max_size=1)))
+def test_any_json_in_any_field_gives_a_response_or_a_score_input_error(scorer, request_fields, extra):
+  request = {**request_fields, **extra}
+  try:
+    req = scorer.validate(json.loads(json.dumps(request)))
+  except ScoreInputError:
+    return
+  response = scorer.score_requests([req], algorithm="serial")[0].to_response("m")
+  scores = np.asarray(response["scores"], np.float32).reshape(len(req.items), len(req.label_ids))
+  assert np.all(np.isfinite(scores)) and np.all((scores >= 0) & (scores <= 1))
