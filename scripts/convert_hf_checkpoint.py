@@ -4,7 +4,7 @@
 """
 
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from maxscore import cli
 from maxscore.checkpoints.convert import ConversionError, convert_hf_checkpoint
@@ -27,4 +27,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_script(main)  # quiet console: library INFO with -v only (no log file inside the output)
