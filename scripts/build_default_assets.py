@@ -26,11 +26,12 @@ import tempfile
 
 import jax
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 
 from layers.config import ModelConfig
 from layers.decoder import Decoder, init_params
 from layers.kernels import get_kernel
+from maxscore import cli
 from maxscore.checkpoints import storage as checkpointing
 from maxscore.rerank import data
 from maxscore.testing.tokenizers import sample_texts, train_sentencepiece
@@ -189,4 +190,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_script(main)  # quiet console: library INFO with -v only (no log file inside the output)
