@@ -22,6 +22,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 from maxscore import config as config_lib
+from maxscore.files import safety
 
 
 def fail(error: BaseException, code: int = 2) -> NoReturn:
@@ -43,8 +44,9 @@ def expected_errors() -> tuple[type[BaseException], ...]:
   from maxscore.distributed.mesh import MeshError
   from maxscore.errors import ResumeError, ScoreInputError, UnsafeOutputError
   from maxscore.heads.train import TrainError
+  from maxscore.rerank.compare import CompareError
   return (ScoreInputError, UnsafeOutputError, ResumeError, ConfigError, CheckpointError, ConversionError,
-          MeshError, ShardingError, TrainError, TokenizerError, OSError)
+          MeshError, ShardingError, TrainError, TokenizerError, CompareError, OSError)
 
 
 @contextlib.contextmanager
@@ -132,6 +134,7 @@ def console_logging(log_file: Optional[os.PathLike] = None, verbose: bool = Fals
     return None
   path = pathlib.Path(log_file)
   path.parent.mkdir(parents=True, exist_ok=True)
+  safety.note_own_file(path)  # the output directory it sits in may still be claimed by the run
   # Watched: a script that clears its output directory (train --overwrite) gets the file back on the next line.
   handler = logging.handlers.WatchedFileHandler(path, encoding="utf-8", delay=True)
   handler.setFormatter(absl_logging.PythonFormatter())

@@ -8,7 +8,8 @@ Runs are eval output directories (their run.trec) or TREC run files, optionally 
 --qrels is a TREC or BEIR qrels file or a JSONL rerank set; by default the data the first eval
 directory was evaluated on. Prints Markdown; a run covering other queries than the rest is refused
 (one line, exit 2) unless --intersect. --plot_dir (default: beside --output_json) gets each run's sorted
-per-query differences to the baseline as a PNG.
+per-query differences to the baseline as a PNG. Every flag is a key of configs/compare.yml; no
+output may be an input.
 """
 
 import json
@@ -17,63 +18,62 @@ import pathlib
 from absl import flags
 
 from maxscore import cli
-from maxscore.rerank import compare, data, plots
+from maxscore.files import safety
+from maxscore.rerank import compare, plots
+
+
+ENTRY = "compare"
+SECTIONS = {"compare": compare.CompareOptions}
 
 
 def define_flags(fv: flags.FlagValues) -> None:
-  flags.DEFINE_string("qrels", None, "qrels (TREC/BEIR file or JSONL rerank set); default: the first eval "
-                      "directory's data", flag_values=fv)
-  flags.DEFINE_list("metrics", list(compare.DEFAULT_METRICS), "trec_eval names or aliases (ndcg@10, mrr@10, map, "
-                    "...); the first one is plotted", flag_values=fv)
-  flags.DEFINE_string("baseline", None, "name of the run the others are compared with; default: the first run",
-                      flag_values=fv)
-  flags.DEFINE_bool("intersect", False, "compare on the queries every run covers instead of refusing runs "
-                    "whose query sets differ", flag_values=fv)
-  flags.DEFINE_enum("test", "randomization", list(compare.TESTS), "which test's Holm-adjusted p marks a "
-                    "difference significant (both are reported)", flag_values=fv)
-  flags.DEFINE_float("alpha", 0.05, "significance level", flag_values=fv)
-  flags.DEFINE_integer("num_samples", 10_000, "random sign vectors of the randomization test when the queries "
-                       "are too many to enumerate all", flag_values=fv)
-  flags.DEFINE_integer("seed", 0, "seed of the randomization test's samples", flag_values=fv)
-  flags.DEFINE_string("output_json", None, "write the comparison as JSON here", flag_values=fv)
-  flags.DEFINE_string("output_latex", None, "write the means table as a LaTeX tabular here", flag_values=fv)
-  flags.DEFINE_string("plot_dir", None, "write delta_<run>.png (per-query differences to the baseline on the "
-                      "first metric) here; default: beside --output_json, if given", flag_values=fv)
+  """Every key of configs/compare.yml as a flag."""
+  cli.define_entry_flags(fv, ENTRY, SECTIONS)
 
 
 def main(argv, fv: flags.FlagValues = flags.FLAGS):
-  try:
+  with cli.one_line_errors():
+    opts = cli.entry_from_flags(fv, ENTRY, SECTIONS)["compare"]
     named = compare.name_runs(argv[1:])
+    inputs = [p for _, p in named] + [opts.qrels]
+    plot_dir = opts.plot_dir or (str(pathlib.Path(opts.output_json).parent) if opts.output_json else None)
+    safety.refuse_overlap([opts.output_json, opts.output_latex], inputs, "--output_json/--output_latex")
     runs = {name: compare.load_run(path) for name, path in named}
-    qrels, qrels_source = compare.load_qrels(fv.qrels, [p for _, p in named])
-    result = compare.compare(runs, qrels, fv.metrics, fv.baseline, fv.intersect, fv.test, fv.alpha,
-                             fv.num_samples, fv.seed)
-  except (compare.CompareError, data.DataError) as e:
-    cli.fail(e)
+    qrels, qrels_source = compare.load_qrels(opts.qrels, [p for _, p in named])
+    result = compare.compare(runs, qrels, opts.metrics, opts.baseline, opts.intersect, opts.test, opts.alpha,
+                             opts.num_samples, opts.seed)
   print(compare.markdown(result))
   written = []
-  if fv.output_json:
-    path = pathlib.Path(fv.output_json)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    report = {**result.to_json(), "qrels": qrels_source, "inputs": {name: str(p) for name, p in named}}
-    path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    written.append(path)
-  if fv.output_latex:
-    path = pathlib.Path(fv.output_latex)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(compare.latex(result), encoding="utf-8")
-    written.append(path)
-  plot_dir = fv.plot_dir or (pathlib.Path(fv.output_json).parent if fv.output_json else None)
-  if plot_dir:
-    metric = result.metrics[0]
-    for name in result.means:
-      if name != result.baseline:
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-        written.append(plots.per_query_delta(compare.per_query_deltas(result, name, metric),
-                                             pathlib.Path(plot_dir) / f"delta_{safe}.png", run=name,
-                                             baseline=result.baseline, metric=metric))
+  with cli.one_line_errors():
+    if opts.output_json:
+      report = {**result.to_json(), "qrels": qrels_source, "inputs": {name: str(p) for name, p in named}}
+      written.append(_write(opts.output_json, json.dumps(report, indent=2) + "\n"))
+    if opts.output_latex:
+      written.append(_write(opts.output_latex, compare.latex(result)))
+    if plot_dir:
+      written += _plot_deltas(result, pathlib.Path(plot_dir), inputs)
   if written:
     print("\nwrote " + ", ".join(str(p) for p in written))
+
+
+def _write(path: str, text: str) -> pathlib.Path:
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  safety.atomic_write_text(path, text)
+  return path
+
+
+def _plot_deltas(result: compare.Comparison, plot_dir: pathlib.Path, inputs) -> list[pathlib.Path]:
+  """delta_<run>.png per run against the baseline, on the first metric (never over an input file)."""
+  metric, out = result.metrics[0], []
+  for name in result.means:
+    if name != result.baseline:
+      safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+      path = plot_dir / f"delta_{safe}.png"
+      safety.refuse_overlap([path], inputs, "--plot_dir")
+      out.append(plots.per_query_delta(compare.per_query_deltas(result, name, metric), path, run=name,
+                                       baseline=result.baseline, metric=metric))
+  return out
 
 
 def run(argv):

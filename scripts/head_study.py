@@ -7,7 +7,8 @@
 
 Prints a markdown table (mean and range over seeds) and the paired t and randomization tests of the first
 seed's exported head against the backbone without a head; writes the whole report as JSON.
-Trailing `key=value` arguments override configs/base.yml keys. Input errors exit 2.
+Every flag is a key of configs/study.yml; trailing `key=value` arguments override configs/base.yml
+keys. Input errors exit 2.
 """
 
 import json
@@ -16,38 +17,25 @@ import pathlib
 from absl import flags
 
 from maxscore import cli
-
-from maxscore.heads import study as head_study, train as train_lib
 from maxscore.files import safety
+from maxscore.heads import study as head_study
+
+ENTRY = "study"
+SECTIONS = {"study": head_study.StudyOptions}
 
 
 def define_flags(fv: flags.FlagValues) -> None:
-  flags.DEFINE_string("checkpoint_dir", None, "backbone checkpoint; default: the embedded default", flag_values=fv)
-  flags.DEFINE_string("jsonl", None, "rerank set (JSONL with train/dev/test splits); default: the embedded one",
-                      flag_values=fv)
-  flags.DEFINE_list("specs", ["lm_labels", "lm_labels_low_rank", "linear"], f"head settings, from {sorted(head_study.SPECS)}",
-                    flag_values=fv)
-  flags.DEFINE_list("seeds", ["0", "1", "2", "3", "4"], "training seeds (the first one is exported)", flag_values=fv)
-  flags.DEFINE_list("learning_rates", [], "peak learning rates to sweep; default: the trainer's", flag_values=fv)
-  flags.DEFINE_list("losses", [], f"losses to sweep, from {sorted(train_lib.LOSSES)}; default: the trainer's",
-                    flag_values=fv)
-  flags.DEFINE_integer("max_queries", 0, "use only the first N queries of each split; 0 = all", flag_values=fv)
-  flags.DEFINE_integer("num_epochs", train_lib.TrainConfig.num_epochs, "epochs per run", flag_values=fv)
-  flags.DEFINE_string("workdir", "out/head_study", "training runs, features, evals", flag_values=fv)
-  flags.DEFINE_string("output_json", None, "report path; default: <workdir>/report.json", flag_values=fv)
+  """Every key of configs/study.yml as a flag."""
+  cli.define_entry_flags(fv, ENTRY, SECTIONS)
 
 
 def main(argv, fv: flags.FlagValues = flags.FLAGS):
-  try:
-    seeds, rates = [int(s) for s in fv.seeds], [float(x) for x in fv.learning_rates] or [None]
-  except ValueError as e:
-    cli.fail(ValueError(f"--seeds and --learning_rates must be numbers: {e}"))
   with cli.one_line_errors():
-    report = head_study.study(fv.checkpoint_dir, fv.jsonl, fv.specs, seeds, fv.workdir, overrides=list(argv[1:]),
-                              max_queries=fv.max_queries, num_epochs=fv.num_epochs, learning_rates=rates,
-                              losses=fv.losses or [None])
-  path = pathlib.Path(fv.output_json or pathlib.Path(fv.workdir) / "report.json")
-  with cli.one_line_errors():
+    o = cli.entry_from_flags(fv, ENTRY, SECTIONS)["study"]
+    report = head_study.study(o.checkpoint_dir, o.jsonl, o.specs, o.seeds, o.workdir, overrides=list(argv[1:]),
+                              max_queries=o.max_queries, num_epochs=o.num_epochs,
+                              learning_rates=list(o.learning_rates) or [None], losses=list(o.losses) or [None])
+    path = pathlib.Path(o.output_json or pathlib.Path(o.workdir) / "report.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     safety.atomic_write_text(path, json.dumps(report, indent=2) + "\n")
   print(head_study.markdown(report))

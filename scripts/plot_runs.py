@@ -7,7 +7,7 @@
 depth: each `label=dir,dir,...` is one line over eval output directories run at different --rerank_top_k
 (the first label's directories also draw the first stage). training: train loss and the dev metric
 over the steps of a train_score_head.py run. The per-query wins-and-losses plot is compare_runs.py's
---plot_dir.
+--plot_dir. Every flag is a key of configs/plot.yml.
 """
 
 import pathlib
@@ -15,14 +15,19 @@ import pathlib
 from absl import flags
 
 from maxscore import cli
+from maxscore.files import safety
 from maxscore.rerank import compare, metrics, plots
 
 KINDS = ("depth", "training")
 
 
+ENTRY = "plot"
+SECTIONS = {"plot": plots.PlotOptions}
+
+
 def define_flags(fv: flags.FlagValues) -> None:
-  flags.DEFINE_string("metric", "ndcg@10", "trec_eval name or alias of the metric to plot", flag_values=fv)
-  flags.DEFINE_string("output", None, "PNG to write (default: <kind>.png in the current directory)", flag_values=fv)
+  """Every key of configs/plot.yml as a flag."""
+  cli.define_entry_flags(fv, ENTRY, SECTIONS)
 
 
 def main(argv, fv: flags.FlagValues = flags.FLAGS):
@@ -31,23 +36,24 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     cli.fail(ValueError(f"usage: plot_runs.py {{{'|'.join(KINDS)}}} ARGS... (got {args[:1] or 'nothing'}); "
                         "depth takes label=dir,dir,... groups, training one metrics.jsonl"))
   kind, rest = args[0], args[1:]
-  output = pathlib.Path(fv.output or f"{kind}.png")
-  try:
-    metric = metrics.canonical_name(fv.metric)
+  with cli.one_line_errors():
+    opts = cli.entry_from_flags(fv, ENTRY, SECTIONS)["plot"]
+    output = pathlib.Path(opts.output or f"{kind}.png")
+    metric = metrics.canonical_name(opts.metric)
     if kind == "depth":
       groups = {}
       for a in rest:
         label, sep, dirs = a.partition("=")
         if not sep or not label or not dirs:
-          raise ValueError(f"depth group {a!r} must be label=dir,dir,...")
+          raise compare.CompareError(f"depth group {a!r} must be label=dir,dir,...")
         groups[label] = [pathlib.Path(d) for d in dirs.split(",") if d]
+      safety.refuse_overlap([output], [d for ds in groups.values() for d in ds], "--output")
       path = plots.metric_vs_depth(compare.depth_series(groups, metric), output, metric=metric)
     else:
       if len(rest) != 1 or not pathlib.Path(rest[0]).is_file():
-        raise ValueError(f"training takes one metrics.jsonl file, got {rest}")
+        raise compare.CompareError(f"training takes one metrics.jsonl file, got {rest}")
+      safety.refuse_overlap([output], rest, "--output")
       path = plots.training_curves(plots.read_metrics_jsonl(rest[0]), output, dev_metric=metric)
-  except (ValueError, compare.CompareError) as e:
-    cli.fail(e)
   print(f"wrote {path}")
 
 

@@ -7,40 +7,54 @@ token ids); a response is {"scores", "model", "usage", "object": "scoring"}. A r
 cannot be scored gets {"error": "line N: ..."} on its line and the run goes on. --output may not
 be the input; it is written under a temporary name and renamed into place when the run ends.
 With --score_mode=raw_logit the scores are the labels' raw lm_head logits (what FlagEmbedding-style
-rerankers rank by) instead of probabilities.
+rerankers rank by) instead of probabilities. Every flag is a key of configs/score.yml.
 """
 
+import dataclasses
 import sys
+from typing import Literal, Optional
 
 from absl import flags
 
 from maxscore import cli
+from maxscore.config import ConfigError
 from maxscore.rerank import eval as eval_lib
 from maxscore.files import safety
 
 
+@dataclasses.dataclass(frozen=True)
+class ScoreOptions:
+  """What scripts/score.py reads and writes (configs/score.yml documents each key)."""
+  input: Optional[str] = None
+  output: str = "-"
+  checkpoint_dir: Optional[str] = None
+  batch_size: int = 16
+  score_mode: Literal["probability", "raw_logit"] = "probability"
+
+  def validate(self) -> "ScoreOptions":
+    if self.batch_size < 1:
+      raise ValueError(f"batch_size={self.batch_size} must be >= 1")
+    return self
+
+
+ENTRY = "score"
+SECTIONS = {"score": ScoreOptions}
+
+
 def define_flags(fv: flags.FlagValues) -> None:
-  """The script's flags, on `fv` (the global FLAGS when run as a script, a fresh one in tests)."""
-  flags.DEFINE_string("input", None, "JSONL of /v1/score requests ('-': stdin)", flag_values=fv)
-  flags.DEFINE_string("output", "-", "JSONL of responses, one per input line ('-': stdout)", flag_values=fv)
-  flags.DEFINE_string("checkpoint_dir", None, "maxscore checkpoint; default: the embedded default model; "
-                      "'none': random init from the config", flag_values=fv)
-  flags.DEFINE_integer("batch_size", 16, "requests scored together in one score_requests call",
-                       flag_values=fv)
-  flags.DEFINE_enum("score_mode", "probability", ["probability", "raw_logit"],
-                    "probability: per request apply_softmax (sglang /v1/score); raw_logit: raw label logits",
-                    flag_values=fv)
+  """Every key of configs/score.yml as a flag, plus repeatable --override for configs/base.yml."""
+  cli.define_entry_flags(fv, ENTRY, SECTIONS)
   flags.DEFINE_multi_string("override", [], "key=value config override (repeatable)", flag_values=fv)
 
 
 def main(argv, fv: flags.FlagValues = flags.FLAGS):
-  if not fv.input:
-    print("error: --input is required (a JSONL file of /v1/score requests, or - for stdin)", file=sys.stderr)
-    sys.exit(2)
   with cli.one_line_errors():
-    safety.refuse_overlap([fv.output], [fv.input], "--output")  # before minutes of loading a model
-    scorer = eval_lib.build_scorer(fv.checkpoint_dir, list(argv[1:]) + list(fv.override))
-    counts = eval_lib.score_jsonl(scorer, fv.input, fv.output, fv.batch_size, fv.score_mode == "raw_logit")
+    opts = cli.entry_from_flags(fv, ENTRY, SECTIONS)["score"]
+    if not opts.input:
+      raise ConfigError("--input is required (a JSONL file of /v1/score requests, or - for stdin)")
+    safety.refuse_overlap([opts.output], [opts.input], "--output")  # before minutes of loading a model
+    scorer = eval_lib.build_scorer(opts.checkpoint_dir, list(argv[1:]) + list(fv.override))
+    counts = eval_lib.score_jsonl(scorer, opts.input, opts.output, opts.batch_size, opts.score_mode == "raw_logit")
   print(f"scored {counts['ok']} requests, {counts['errors']} errors", file=sys.stderr)
   if counts["errors"]:
     print(f"{counts['errors']} of {counts['ok'] + counts['errors']} requests failed; see their error lines",

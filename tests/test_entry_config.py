@@ -24,7 +24,8 @@ def _script(name: str):
   return module
 
 
-ENTRY_SCRIPTS = ["bench", "convert_hf_checkpoint", "train_score_head"]
+ENTRY_SCRIPTS = ["bench", "compare_runs", "convert_hf_checkpoint", "eval_rerank", "head_study", "plot_runs", "score",
+                 "train_score_head"]
 
 
 @pytest.mark.parametrize("name", ENTRY_SCRIPTS)

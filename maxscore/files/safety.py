@@ -95,6 +95,20 @@ def is_owned(directory: os.PathLike, kind: Optional[str] = None) -> bool:
   return meta is not None and (kind is None or meta.get("kind") == kind)
 
 
+# Files this process itself opened for writing before their directory was claimed (a script's log
+# file in its output directory): they are not "someone else's files".
+_OWN_FILES: set[pathlib.Path] = set()
+
+
+def note_own_file(path: os.PathLike) -> None:
+  """Records that this process writes `path` (e.g. its log), so claiming its directory is allowed."""
+  _OWN_FILES.add(resolve(path))
+
+
+def _foreign_entries(directory: pathlib.Path) -> list[pathlib.Path]:
+  return [p for p in directory.iterdir() if resolve(p) not in _OWN_FILES]
+
+
 def _not_owned(directory: pathlib.Path, what: str) -> UnsafeOutputError:
   return UnsafeOutputError(f"{what} {directory} exists and was not written by maxscore (it has no {MARKER} "
                            f"marker); it is left untouched: choose a new path, or remove it yourself")
@@ -105,7 +119,7 @@ def remove_owned(directory: os.PathLike, what: str = "directory") -> None:
   directory = resolve(directory)
   if not directory.exists():
     return
-  if not directory.is_dir() or not is_owned(directory):
+  if not directory.is_dir() or not (is_owned(directory) or not _foreign_entries(directory)):
     raise _not_owned(directory, what)
   shutil.rmtree(directory)
 
@@ -119,7 +133,7 @@ def prepare_output_dir(directory: os.PathLike, kind: str, inputs: Iterable[Optio
   if directory.exists() and not directory.is_dir():
     raise NotADirectoryError(f"{what} {directory} is a file, not a directory")
   meta = owner(directory) if directory.is_dir() else None
-  if meta is None and directory.is_dir() and any(directory.iterdir()):
+  if meta is None and directory.is_dir() and _foreign_entries(directory):
     raise _not_owned(directory, what)
   if meta is not None and meta.get("kind") != kind:
     raise UnsafeOutputError(f"{what} {directory} holds a maxscore {meta.get('kind')} output, not a {kind}; "

@@ -37,6 +37,26 @@ SPECS: dict[str, dict[str, Any]] = {
 SPLITS = ("dev", "test")
 
 
+@dataclasses.dataclass(frozen=True)
+class StudyOptions:
+  """scripts/head_study.py's settings (configs/study.yml documents each key)."""
+  checkpoint_dir: Optional[str] = None
+  jsonl: Optional[str] = None
+  specs: tuple[str, ...] = ("lm_labels", "lm_labels_low_rank", "linear")
+  seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+  learning_rates: tuple[float, ...] = ()
+  losses: tuple[str, ...] = ()
+  max_queries: int = 0
+  num_epochs: int = 20
+  workdir: str = "out/head_study"
+  output_json: Optional[str] = None
+
+  def validate(self) -> "StudyOptions":  # specs, seeds and losses are checked by study() and TrainConfig
+    if self.max_queries < 0 or self.num_epochs < 1:
+      raise train_lib.TrainError(f"max_queries={self.max_queries} must be >= 0 and num_epochs={self.num_epochs} >= 1")
+    return self
+
+
 def bm25_run(dataset: data.RerankSet, k1: float = 1.2, b: float = 0.75) -> dict[str, dict[str, float]]:
   """BM25 scores of each query's candidates over lowercase [a-z] words; idf and the average length
   come from the candidates of `dataset` (a reference ranking, not a model)."""

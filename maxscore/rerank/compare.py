@@ -27,6 +27,31 @@ class CompareError(ValueError):
   """Runs that cannot be compared as given (unknown baseline, different query sets, unreadable input)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class CompareOptions:
+  """scripts/compare_runs.py's settings (configs/compare.yml documents each key)."""
+  qrels: Optional[str] = None
+  metrics: tuple[str, ...] = DEFAULT_METRICS
+  baseline: Optional[str] = None
+  intersect: bool = False
+  test: Literal["randomization", "t"] = "randomization"
+  alpha: float = 0.05
+  num_samples: int = 10_000
+  seed: int = 0
+  output_json: Optional[str] = None
+  output_latex: Optional[str] = None
+  plot_dir: Optional[str] = None
+
+  def validate(self) -> "CompareOptions":
+    if not 0 < self.alpha < 1:
+      raise CompareError(f"alpha={self.alpha} must be in (0, 1)")
+    if self.num_samples < 1:
+      raise CompareError(f"num_samples={self.num_samples} must be >= 1")
+    if not self.metrics:
+      raise CompareError("metrics must name at least one metric")
+    return self
+
+
 # --- inputs --------------------------------------------------------------------------------------
 def name_runs(args: Sequence[str]) -> list[tuple[str, pathlib.Path]]:
   """(name, path) of each `path` or `name=path` argument; a default name is the eval directory's or the

@@ -114,6 +114,32 @@ class EvalConfig(PromptConfig):
 
 
 @dataclasses.dataclass(frozen=True)
+class EvalRun:
+  """What scripts/eval_rerank.py reads and writes (configs/eval.yml documents each key)."""
+  checkpoint_dir: Optional[str] = None     # None = the embedded default model; "none" = random init
+  jsonl: Optional[str] = None
+  data_dir: Optional[str] = None
+  run_file: Optional[str] = None
+  split: str = "test"
+  rerank_top_k: int = 100                  # 0 = all
+  skip_bad: bool = False
+  output_dir: str = "out/eval"
+  overwrite: bool = False
+  use_head: bool = True
+  progress: bool = True
+  plot: bool = True
+  fsync: bool = False
+  gather_every: int = 1
+
+  def validate(self) -> "EvalRun":
+    if self.rerank_top_k < 0:
+      raise data.DataError(f"rerank_top_k={self.rerank_top_k} must be >= 0")
+    if self.gather_every < 1:
+      raise data.DataError(f"gather_every={self.gather_every} must be >= 1")
+    return self
+
+
+@dataclasses.dataclass(frozen=True)
 class EvalReport:
   """Aggregate metrics, per-query metrics and the run summary (also written to output_dir)."""
   metrics: dict[str, float]

@@ -7,25 +7,41 @@
 Each writes `path` at `size` inches x `dpi` (so the PNG is size * dpi pixels) and returns the path.
 """
 
+import dataclasses
 import json
 import os
 import pathlib
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
 from matplotlib import pyplot as plt, ticker  # noqa: E402  (after the backend is chosen)
 
+from maxscore.files import safety  # noqa: E402
+from maxscore.rerank import metrics  # noqa: E402
+
 SIZE = (8.0, 4.5)
 DPI = 100
+
+
+@dataclasses.dataclass(frozen=True)
+class PlotOptions:
+  """scripts/plot_runs.py's settings (configs/plot.yml documents each key)."""
+  metric: str = "ndcg@10"
+  output: Optional[str] = None
+
+  def validate(self) -> "PlotOptions":
+    metrics.canonical_name(self.metric)  # ValueError naming the valid forms
+    return self
 
 
 def _save(fig, path: os.PathLike, dpi: int) -> pathlib.Path:
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   fig.tight_layout()
-  fig.savefig(path, dpi=dpi, format="png")
+  with safety.atomic_output(path, "wb") as f:  # a killed run leaves the old picture or none
+    fig.savefig(f, dpi=dpi, format="png")
   plt.close(fig)
   return path
 
