@@ -43,7 +43,7 @@ def expected_errors() -> tuple[type[BaseException], ...]:
   from maxscore.config import ConfigError
   from maxscore.distributed.mesh import MeshError
   from maxscore.errors import ResumeError, ScoreInputError, UnsafeOutputError
-  from maxscore.heads.train import TrainError
+  from maxscore.heads.train_config import TrainError
   from maxscore.rerank.compare import CompareError
   return (ScoreInputError, UnsafeOutputError, ResumeError, ConfigError, CheckpointError, ConversionError,
           MeshError, ShardingError, TrainError, TokenizerError, CompareError, OSError)

@@ -34,7 +34,7 @@ import math
 import os
 import pathlib
 import time
-from typing import Any, Literal, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -56,7 +56,8 @@ from maxscore.heads.features import (
   packed_geometry,
   plan_packed,
 )
-from maxscore.heads.losses import LOSSES, MASK_LOGIT, batch_loss
+from maxscore.heads.losses import MASK_LOGIT, batch_loss
+from maxscore.heads.train_config import TrainConfig, TrainError, TrainRun  # noqa: F401  (re-exported)
 from maxscore.heads.metrics_log import MetricsLog
 from maxscore.rerank import data, metrics, prompts
 from maxscore.rerank.data import RerankSet
@@ -66,65 +67,6 @@ from maxscore.scoring.scorer import Scorer, finalize_scores
 FORMAT_VERSION = 1
 
 
-class TrainError(ValueError):
-  """A training setting is invalid, or the workdir holds another run."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-  """Head, loss, optimizer and loop settings (prompts and metrics come from a PromptConfig)."""
-  head: Literal["lm_labels", "linear", "mlp"] = "lm_labels"
-  delta: Literal["full", "low_rank", "none"] = "full"  # lm_labels: h @ W, h @ A @ B, or no hidden term
-  rank: int = 8                    # lm_labels with delta=low_rank: rank of h @ A @ B
-  use_bias: bool = True            # lm_labels: a trainable bias on the label logits
-  num_outputs: int = 0             # linear/mlp: 1 = one relevance logit, 0 = one logit per label
-  mlp_hidden: int = 256            # mlp: hidden width
-  loss: Literal["listwise", "pairwise", "pointwise"] = "listwise"
-  learning_rate: float = 1e-3      # peak of the warmup + cosine schedule
-  end_learning_rate: float = 0.0   # value the cosine decays to at the last step
-  warmup_steps: int = 10
-  weight_decay: float = 1e-4       # AdamW decoupled weight decay
-  clip_norm: float = 1.0           # clip_by_global_norm before AdamW
-  batch_size: int = 8              # queries per step
-  num_epochs: int = 20
-  num_steps: int = 0               # total steps; 0 = num_epochs over the train queries
-  seed: int = 0                    # head init and data order
-  log_every: int = 1               # train-loss lines every N steps
-  eval_every: int = 20             # dev eval every N steps (and at step 0 and the end); 0 = start and end only
-  save_every: int = 20             # checkpoint every N steps (and at the end)
-  keep_checkpoints: int = 3        # checkpoints kept (the latest ones)
-  train_backbone: bool = False     # fine-tune the decoder too (with remat); no feature cache then
-  algorithm: Optional[str] = None  # scorer algorithm for the frozen features; None = the scorer's choice
-
-  def validate(self) -> "TrainConfig":
-    if self.loss not in LOSSES:
-      raise TrainError(f"loss={self.loss!r} is not one of {sorted(LOSSES)}")
-    if self.head not in heads.HEADS:
-      raise TrainError(f"head={self.head!r} is not one of {sorted(heads.HEADS)}")
-    for name in ("batch_size", "num_epochs", "keep_checkpoints", "log_every"):
-      if getattr(self, name) < 1:
-        raise TrainError(f"{name}={getattr(self, name)} must be >= 1")
-    for name in ("num_steps", "warmup_steps", "eval_every", "save_every", "rank"):
-      if getattr(self, name) < 0:
-        raise TrainError(f"{name}={getattr(self, name)} must be >= 0")
-    if self.learning_rate <= 0:
-      raise TrainError(f"learning_rate={self.learning_rate} must be > 0")
-    return self
-
-  def head_config(self, label_ids: Sequence[int], hidden_size: int) -> heads.HeadConfig:
-    try:
-      return self._head_config(label_ids, hidden_size)
-    except ValueError as e:
-      raise TrainError(str(e)) from None
-
-  def _head_config(self, label_ids: Sequence[int], hidden_size: int) -> heads.HeadConfig:
-    return heads.HeadConfig(kind=self.head, label_token_ids=tuple(label_ids), hidden_size=hidden_size,
-                            delta=self.delta if self.head == "lm_labels" else "full", rank=self.rank,
-                            use_bias=self.use_bias if self.head == "lm_labels" else True,
-                            num_outputs=self.num_outputs if self.head != "lm_labels" else 0,
-                            mlp_hidden=self.mlp_hidden).validate()
-
-
 def make_optimizer(cfg: TrainConfig, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """clip_by_global_norm, then AdamW on linear warmup + cosine decay to end_learning_rate."""
   warmup = min(cfg.warmup_steps, max(total_steps - 1, 0))
@@ -132,34 +74,6 @@ def make_optimizer(cfg: TrainConfig, total_steps: int) -> tuple[optax.GradientTr
                                                 cfg.end_learning_rate)
   return optax.chain(optax.clip_by_global_norm(cfg.clip_norm),
                      optax.adamw(schedule, weight_decay=cfg.weight_decay)), schedule
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainRun:
-  """Where a head-training run reads its data and writes its state (configs/train.yml documents each)."""
-  checkpoint_dir: Optional[str] = None     # backbone checkpoint; None = the embedded default
-  jsonl: Optional[str] = None              # rerank set in the JSONL form; None (and no data_dir) = the embedded one
-  data_dir: Optional[str] = None           # BEIR dataset directory
-  run_file: Optional[str] = None           # first-stage TREC run (with data_dir)
-  train_split: str = "train"
-  dev_split: str = "dev"                   # "" = no dev split
-  rerank_top_k: int = 100                  # candidates per query (by first-stage rank); 0 = all
-  max_train_queries: int = 0               # 0 = all
-  max_dev_queries: int = 0                 # 0 = all
-  workdir: str = "out/train_head"
-  export_dir: Optional[str] = None
-  feature_cache: Optional[str] = None
-  overwrite: bool = False
-  progress: bool = True
-  step_delay_s: float = 0.0                # tests: sleep after every step so a supervisor can kill mid-run
-
-  def validate(self) -> "TrainRun":
-    for name in ("rerank_top_k", "max_train_queries", "max_dev_queries"):
-      if getattr(self, name) < 0:
-        raise TrainError(f"{name}={getattr(self, name)} must be >= 0")
-    if self.step_delay_s < 0:
-      raise TrainError(f"step_delay_s={self.step_delay_s} must be >= 0")
-    return self
 
 
 # --- the loop ------------------------------------------------------------------------------------
