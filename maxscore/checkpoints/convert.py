@@ -102,9 +102,9 @@ def _rope(hf: dict[str, Any], model_type: str) -> tuple[dict, Optional[float]]:
 
 def _check_activation(hf: dict[str, Any], family: str) -> None:
   if family.startswith("gemma"):
-    act = hf.get("hidden_activation") or hf.get("hidden_act")
-    # Gemma's own code uses the tanh GELU even where an old config says "gelu".
-    if act not in GELU_TANH + ("gelu",):
+    # Gemma 2/3 read hidden_activation; Gemma reads hidden_act, where the legacy "gelu" means the tanh GELU.
+    act = hf.get("hidden_act") if family == "gemma" else hf.get("hidden_activation")
+    if act not in GELU_TANH + (("gelu",) if family == "gemma" else ()):
       raise ConversionError(f"config.json hidden_activation={act!r} is not supported for {family}; "
                             f"supported: {list(GELU_TANH)}")
   elif hf.get("hidden_act", "silu") != "silu":
