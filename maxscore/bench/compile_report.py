@@ -64,7 +64,7 @@ def parse_geometry(text: str) -> tuple[int, ...]:
 # --- the target: devices, mesh, scorer --------------------------------------------------
 def describe_topology(topology: str, num_slices: int = 1) -> list:
   """The devices of `num_slices` slices of `topology` (e.g. v6e:2x2), described on this host by libtpu."""
-  _, dims = chips.parse_topology(topology)
+  chip, dims = chips.parse_topology(topology)
   if num_slices < 1:
     raise chips.TopologyError(f"num_slices={num_slices} must be >= 1")
   # Only compiling: another process on this host (a test run) may hold libtpu's TPU lock.
@@ -72,7 +72,7 @@ def describe_topology(topology: str, num_slices: int = 1) -> list:
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   bounds = tuple(min(d, 2) for d in dims) + (1,) * (3 - len(dims))  # up to 2x2x1 chips per host
   try:
-    desc = topologies.get_topology_desc(topology_name=topology, platform="tpu", chip_config_name="default",
+    desc = topologies.get_topology_desc(topology_name=topology, platform="tpu", chip_config_name=chip.chip_config,
                                         chips_per_host_bounds=bounds, num_slices=num_slices)
   except Exception as e:  # pylint: disable=broad-except  (libtpu missing, or a shape it does not know)
     raise chips.TopologyError(f"topology={topology!r} num_slices={num_slices}: libtpu could not describe it "
