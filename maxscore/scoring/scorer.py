@@ -64,7 +64,9 @@ class Scorer:
   def __init__(self, config: Config, params: Any, tokenizer: Optional[Tokenizer] = None,
                model_name: str = "maxscore", mesh: Any = "auto"):
     """`mesh`: "auto" = this process's data-group mesh from config.mesh when there are several devices
-    (maxscore/mesh.py), None = one device, or a jax.sharding.Mesh with axes (data, fsdp, tensor)."""
+    (maxscore/mesh.py), None = one device, or a jax.sharding.Mesh with axes (data, fsdp, tensor).
+    `params` may be abstract (ShapeDtypeStructs, with a mesh): such a Scorer only compiles, through warmup
+    (maxscore/bench/compile_report.py compiles for TPU topologies this way)."""
     self.config = config
     self.tokenizer = tokenizer
     self.model_name = model_name
