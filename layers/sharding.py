@@ -199,8 +199,9 @@ def place_inputs(args: Sequence[Any], mesh: Optional[Mesh], batch_argnums: Seque
   if is_trivial(mesh):
     return list(args), batch
   shard, rep = NamedSharding(mesh, P(batch_axes(batch, mesh))), replicated(mesh)
-  placed = [jax.tree_util.tree_map(lambda x, t=(shard if i in batch_argnums else rep): x if _on(x, mesh) else put_fn(x, t),
-                                   a) for i, a in enumerate(args)]
+  placed = [jax.tree_util.tree_map(
+      lambda x, t=(shard if i in batch_argnums else rep): x if _on(x, mesh) else put_fn(x, t), a)
+      for i, a in enumerate(args)]
   return placed, batch
 
 

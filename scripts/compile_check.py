@@ -4,7 +4,7 @@
       dtype=bfloat16 weight_dtype=bfloat16
   python scripts/compile_check.py --topology=v6e:2x2 --geometries=2000x500x20x4 ici_tensor_parallelism=2
   python scripts/compile_check.py --topology=v6e:2x2 --num_slices=2 dcn_data_parallelism=2
-  python scripts/compile_check.py --topology=v6e:1x1 --search dtype=bfloat16 weight_dtype=bfloat16
+  python scripts/compile_check.py --topology=v6e:1x1 --search=num_items,query_len dtype=bfloat16 weight_dtype=bfloat16
 
 Needs libtpu (`pip install "jax[tpu]==<your jax version>"`); run with JAX_PLATFORMS=cpu. Trailing
 `key=value` arguments override configs/base.yml keys (mesh, dtypes, attention, buckets). What is
@@ -40,8 +40,10 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_list("algorithms", list(_D.algorithms), "auto (the selector's choice), packed, prefill_extend, "
                     "serial", flag_values=fv)
   flags.DEFINE_integer("num_labels", _D.num_labels, "label tokens per item", flag_values=fv)
-  flags.DEFINE_bool("search", _D.search, "also search the largest item count and query length that fit, for "
-                    "packed and prefill_extend, from the first geometry", flag_values=fv)
+  flags.DEFINE_list("search", list(_D.search), "grow these dimensions of the first geometry (num_items, "
+                    "query_len) until the programs stop fitting or reach the config's limits", flag_values=fv)
+  flags.DEFINE_list("search_algorithms", list(_D.search_algorithms), "algorithms the search compiles",
+                    flag_values=fv)
   flags.DEFINE_string("output_json", None, "write the full report here", flag_values=fv)
 
 
@@ -49,7 +51,8 @@ def options_from_flags(fv: flags.FlagValues, overrides) -> compile_report.Compil
   return compile_report.CompileOptions(
       topology=fv.topology, num_slices=fv.num_slices, model=fv.model, num_layers=fv.num_layers or None,
       geometries=tuple(compile_report.parse_geometry(g) for g in fv.geometries),
-      algorithms=tuple(fv.algorithms), num_labels=fv.num_labels, search=fv.search, overrides=tuple(overrides))
+      algorithms=tuple(fv.algorithms), num_labels=fv.num_labels, search=tuple(fv.search),
+      search_algorithms=tuple(fv.search_algorithms), overrides=tuple(overrides))
 
 
 def check(argv, fv: flags.FlagValues) -> dict:

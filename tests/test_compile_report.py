@@ -94,16 +94,22 @@ def _assert_ok(workload, algorithm, entries):
 
 
 @pytest.mark.tpu_aot
+@pytest.mark.slow
 def test_script_v6e_1x1_tiny_packed_and_prefill_extend(tmp_path, capsys):
-  """The script end to end: auto picks splash and packed; forced prefill_extend compiles prefill + extend."""
+  """The script end to end: auto picks splash and packed; forced prefill_extend compiles prefill + extend;
+  the query-length search grows to the largest prefix bucket."""
   out = tmp_path / "r.json"
   report = compile_check.run(["compile_check", "--topology=v6e:1x1", "--model=tiny-qwen3",
                               "--geometries=200x40x8", "--algorithms=auto,prefill_extend",
-                              f"--output_json={out}", "dtype=bfloat16", "weight_dtype=bfloat16"])
+                              "--search=query_len", "--search_algorithms=packed", f"--output_json={out}",
+                              "dtype=bfloat16", "weight_dtype=bfloat16", "prefix_buckets=[256,512,1024]"])
   assert out.is_file() and report["attention"] == "splash" and report["mesh"] == dict(data=1, fsdp=1, tensor=1)
   packed, extend = report["workloads"]
   _assert_ok(packed, "packed", ["packed_logprobs"])
   _assert_ok(extend, "prefill_extend", ["prefill", "extend_logprobs"])
+  (search,) = report["searches"]
+  assert search["algorithm"] == "packed" and search["dimension"] == "query_len"
+  assert search["largest"] == search["limit"] == 1024 and search["at_limit"]
   assert "FITS" in capsys.readouterr().out
 
 

@@ -1,7 +1,7 @@
 """Per-chip TPU figures a roofline needs: HBM capacity, peak bf16 FLOP/s, HBM bandwidth.
 
-Figures are per chip as Google Cloud publishes them; a compile report divides them by the
-devices JAX exposes per chip (v4 without megacore shows its two TensorCores as two devices).
+Figures are per chip as Google Cloud publishes them. v4 is described in megacore mode (one
+JAX device per chip, its two TensorCores together), which is what jax's TPU meshes require.
 """
 
 import dataclasses
@@ -17,6 +17,7 @@ class Chip:
   peak_bf16_flops: float     # dense bf16 matmul peak, FLOP/s
   hbm_bytes_per_s: float     # HBM bandwidth, bytes/s
   source: str                # where the figures come from
+  chip_config: str = "default"  # libtpu's chip_config_name when describing a topology
 
 
 GB = 10**9
@@ -24,7 +25,8 @@ GiB = 1 << 30
 
 CHIPS = {
     # https://cloud.google.com/tpu/docs/v4 (system architecture: 32 GiB HBM2, 1200 GBps, 275 TFLOPs bf16)
-    "v4": Chip("v4", "TPU v4", 32 * GiB, 275e12, 1200 * GB, "https://cloud.google.com/tpu/docs/v4"),
+    "v4": Chip("v4", "TPU v4", 32 * GiB, 275e12, 1200 * GB, "https://cloud.google.com/tpu/docs/v4",
+                "megacore"),
     # https://cloud.google.com/tpu/docs/v5e (16 GB HBM2, 819 GBps, 197 TFLOPs bf16)
     "v5e": Chip("v5e", "TPU v5 lite", 16 * GB, 197e12, 819 * GB, "https://cloud.google.com/tpu/docs/v5e"),
     # https://cloud.google.com/tpu/docs/v5p (95 GB HBM2e, 2765 GBps, 459 TFLOPs bf16)

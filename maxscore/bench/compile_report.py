@@ -20,6 +20,7 @@ import os
 from typing import Any, Callable, Optional, Sequence
 
 import jax
+from absl import logging
 from jax.sharding import Mesh
 
 from layers import sharding
@@ -46,7 +47,8 @@ class CompileOptions:
   geometries: tuple[tuple[int, ...], ...] = ((2000, 500, 20),)  # (query_len incl. separator, items, item_len[, batch])
   algorithms: tuple[str, ...] = ("auto",)
   num_labels: int = 2
-  search: bool = False                  # also search the largest workload that fits (packed, prefill_extend)
+  search: tuple[str, ...] = ()          # dimensions to grow until nothing fits: num_items, query_len
+  search_algorithms: tuple[str, ...] = ("packed", "prefill_extend")
   overrides: tuple[str, ...] = ()
 
 
@@ -64,7 +66,7 @@ def parse_geometry(text: str) -> tuple[int, ...]:
 # --- the target: devices, mesh, scorer --------------------------------------------------
 def describe_topology(topology: str, num_slices: int = 1) -> list:
   """The devices of `num_slices` slices of `topology` (e.g. v6e:2x2), described on this host by libtpu."""
-  _, dims = chips.parse_topology(topology)
+  chip, dims = chips.parse_topology(topology)
   if num_slices < 1:
     raise chips.TopologyError(f"num_slices={num_slices} must be >= 1")
   # Only compiling: another process on this host (a test run) may hold libtpu's TPU lock.
@@ -72,7 +74,7 @@ def describe_topology(topology: str, num_slices: int = 1) -> list:
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   bounds = tuple(min(d, 2) for d in dims) + (1,) * (3 - len(dims))  # up to 2x2x1 chips per host
   try:
-    desc = topologies.get_topology_desc(topology_name=topology, platform="tpu", chip_config_name="default",
+    desc = topologies.get_topology_desc(topology_name=topology, platform="tpu", chip_config_name=chip.chip_config,
                                         chips_per_host_bounds=bounds, num_slices=num_slices)
   except Exception as e:  # pylint: disable=broad-except  (libtpu missing, or a shape it does not know)
     raise chips.TopologyError(f"topology={topology!r} num_slices={num_slices}: libtpu could not describe it "
@@ -203,6 +205,8 @@ def search_largest(scorer: Scorer, geometry: Sequence[int], chip: chips.Chip, al
     result = compile_workload(scorer, g, chip, algorithm, num_labels, devices_per_chip)
     if not result["fits"]:
       failures[x] = result["error"] or f"needs {result['peak_hbm_bytes'] / 1e9:.2f} GB per device"
+    logging.info("search %s %s=%d: %s (peak %.2f GB per device)", algorithm, dimension, x,
+                 "fits" if result["fits"] else failures[x], result["peak_hbm_bytes"] / 1e9)
     return result["fits"]
 
   best = largest_fitting(probe, geometry[index], limit)
@@ -231,15 +235,14 @@ def run(options: CompileOptions) -> dict[str, Any]:
   scorer = abstract_scorer(config, mesh)
   common = dict(num_labels=options.num_labels, devices_per_chip=devices_per_chip)
   workloads = [compile_workload(scorer, g, chip, a, **common) for g in options.geometries for a in options.algorithms]
-  searches = []
-  if options.search:
-    g = tuple(options.geometries[0])
-    max_tokens = config.scoring.max_request_tokens
-    for algorithm in ("packed", "prefill_extend"):
-      searches.append(search_largest(scorer, g, chip, algorithm, "num_items", max(1, (max_tokens - g[0]) // g[2]),
-                                     **common))
-      searches.append(search_largest(scorer, g, chip, algorithm, "query_len", config.buckets.prefix_buckets[-1],
-                                     **common))
+  g = tuple(options.geometries[0])
+  limits = dict(num_items=max(1, (config.scoring.max_request_tokens - g[0]) // g[2]),  # the request token cap
+                query_len=config.buckets.prefix_buckets[-1])                           # the largest prefix bucket
+  unknown = set(options.search) - set(limits)
+  if unknown:
+    raise ValueError(f"search={sorted(unknown)}: the searchable dimensions are {sorted(limits)}")
+  searches = [search_largest(scorer, g, chip, a, d, limits[d], **common)
+              for a in options.search_algorithms for d in options.search]
   m = config.model
   return dict(topology=options.topology, num_slices=options.num_slices, chip=dataclasses.asdict(chip),
               devices=len(devices), devices_per_chip=devices_per_chip, mesh=dict(mesh.shape),

@@ -66,7 +66,9 @@ class Scorer:
                model_name: str = "maxscore", mesh: Any = "auto", params_digest: Optional[str] = None):
     """`mesh`: "auto" = this process's data-group mesh from config.mesh when there are several devices
     (maxscore/distributed/mesh.py), None = one device, or a jax.sharding.Mesh with axes (data, fsdp, tensor).
-    `params_digest`: the checkpoint's stored content digest; None = hashed from `params` when asked."""
+    `params_digest`: the checkpoint's stored content digest; None = hashed from `params` when asked.
+    `params` may be abstract (ShapeDtypeStructs, with a mesh): such a Scorer only compiles, through warmup
+    (maxscore/bench/compile_report.py compiles for TPU topologies this way)."""
     self.config = config
     self._params_digest = params_digest
     self.tokenizer = tokenizer
