@@ -46,6 +46,22 @@ def test_v1_score_bad_field_types_are_score_input_errors(scorer, field, value, m
     scorer.validate({**GOOD, field: value})
 
 
+def test_bare_int_label_token_ids_is_one_error_line_not_a_lost_batch(scorer, tmp_path):
+  src = tmp_path / "req.jsonl"
+  src.write_text(json.dumps(GOOD) + "\n" + json.dumps({**GOOD, "label_token_ids": 5}) + "\n" + json.dumps(GOOD) + "\n")
+  counts = eval_lib.score_jsonl(scorer, str(src), str(tmp_path / "out.jsonl"), batch_size=16)
+  out = [json.loads(l) for l in (tmp_path / "out.jsonl").read_text().splitlines()]
+  assert counts == {"ok": 2, "errors": 1} and out[0] == out[2] and "scores" in out[0]
+  assert out[1] == {"error": "line 2: label_token_ids=5 must be a non-empty list of integer token ids, not int"}
+
+
+def test_apply_softmax_string_false_is_refused_not_taken_as_true(scorer):
+  with pytest.raises(ScoreInputError, match="apply_softmax='false' must be a boolean"):
+    scorer.score_batch([{**GOOD, "apply_softmax": "false"}])
+  with pytest.raises(ScoreInputError, match="apply_softmax='false' must be a boolean"):
+    scorer.score(**GOOD, apply_softmax="false")
+
+
 def test_v1_score_missing_and_unknown_fields(scorer):
   with pytest.raises(ScoreInputError, match="items is missing"):
     scorer.validate({"query": [1]})
