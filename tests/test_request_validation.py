@@ -85,6 +85,9 @@ def test_python_api_bad_types_are_score_input_errors_not_type_errors(scorer):
       scorer.score(**{**GOOD, **kwargs})
   with pytest.raises(ScoreInputError, match=r"requests\[1\]: label_token_ids=5"):
     scorer.score_batch([GOOD, {**GOOD, "label_token_ids": 5}])
+  for batch in (None, GOOD, "x"):
+    with pytest.raises(ScoreInputError, match="requests must be a list"):
+      scorer.score_batch(batch)
   # numpy integers and arrays are token ids
   got = scorer.score(np.array([1, 2]), [np.array([3], np.int32), [np.int64(4), 5]], np.array([6, 7])).scores
   np.testing.assert_array_equal(got, scorer.score(**GOOD).scores)
