@@ -1,9 +1,9 @@
 """maxscore: fast LLM reranker scoring in JAX (see DESIGN.md for the contract)."""
 
 from maxscore.config import Config, ConfigError, load_config
-from maxscore.errors import ScoreInputError
+from maxscore.errors import ResumeError, ScoreInputError, UnsafeOutputError
 from maxscore.scoring.requests import parse_multi_item_sequence
 from maxscore.scoring.scorer import Scorer, ScoreResult
 
-__all__ = ["Config", "ConfigError", "ScoreInputError", "ScoreResult", "Scorer", "load_config",
-           "parse_multi_item_sequence"]
+__all__ = ["Config", "ConfigError", "ResumeError", "ScoreInputError", "ScoreResult", "Scorer", "UnsafeOutputError",
+           "load_config", "parse_multi_item_sequence"]

@@ -88,6 +88,14 @@ def test_corrupt_tokenizer_file_is_one_line(tmp_path, capsys, saved_checkpoint):
   _eval(capsys, tmp_path, "tokenizer.model' is corrupt or unreadable", f"--checkpoint_dir={ckpt}")
 
 
+def test_corrupt_hf_tokenizer_json_is_one_line(tmp_path, capsys, saved_checkpoint):
+  ckpt = tmp_path / "ckpt"
+  shutil.copytree(saved_checkpoint, ckpt)
+  (tmp_path / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": [1, 2')
+  _eval(capsys, tmp_path, "tokenizer.json' is corrupt or unreadable", f"--checkpoint_dir={ckpt}",
+        f"tokenizer_path={tmp_path / 'tokenizer.json'}")
+
+
 def test_truncated_orbax_checkpoint_is_one_line(tmp_path, capsys, saved_checkpoint):
   ckpt = tmp_path / "ckpt"
   shutil.copytree(saved_checkpoint, ckpt)

@@ -7,6 +7,10 @@ import json
 import os
 import pathlib
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import jax
 import numpy as np
@@ -103,6 +107,23 @@ def test_score_killed_mid_run_leaves_the_previous_output_intact(tmp_path, scorer
     eval_lib.score_jsonl(scorer, str(src), str(dst), batch_size=1)
   assert calls and dst.read_text() == "previous responses\n"
   assert sorted(p.name for p in tmp_path.iterdir()) == ["req.jsonl", "resp.jsonl"]  # no temporary left
+
+
+def test_score_kill_9_leaves_the_previous_output_intact(tmp_path):
+  src, dst = tmp_path / "req.jsonl", tmp_path / "resp.jsonl"
+  src.write_text('{"query": [1], "items": [[2]], "label_token_ids": [3]}\n' * 2000)
+  dst.write_text("previous responses\n")
+  proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / "score.py"), f"--input={src}", f"--output={dst}",
+                           "--batch_size=1"], env=dict(os.environ, PYTHONPATH=str(REPO)),
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  deadline = time.time() + 120
+  while not list(tmp_path.glob(".resp.jsonl.*.tmp")) and time.time() < deadline and proc.poll() is None:
+    time.sleep(0.05)
+  time.sleep(0.5)  # some responses written to the temporary file
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert proc.returncode == -signal.SIGKILL  # killed while scoring, not finished
+  assert dst.read_text() == "previous responses\n"
 
 
 # --- conversion and export ---------------------------------------------------------------------------
@@ -203,6 +224,23 @@ def test_eval_resume_refused_after_weights_replaced_in_place(tmp_path, two_check
     eval_lib.build_scorer(str(ckpt))
 
 
+def test_eval_resume_refused_after_reconverting_with_other_weights(tmp_path, hf_checkpoints, sp_tokenizer_path):
+  _, hf_dir, _ = hf_checkpoints("qwen3_kv2_tied")
+  ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+  cfg = dataclasses.replace(CFG, labels=("5", "17"))
+  over = [f"tokenizer_path={sp_tokenizer_path}"]
+  dataset = _tiny_set(tmp_path / "d.jsonl")
+  convert_hf_checkpoint(hf_dir, ckpt)
+  eval_lib.run_eval(eval_lib.build_scorer(str(ckpt), over), dataset, dataclasses.replace(cfg, max_queries=1), out,
+                    progress=False)
+  convert_hf_checkpoint(hf_dir, ckpt, overwrite=True)  # the same weights again: resumes
+  report = eval_lib.run_eval(eval_lib.build_scorer(str(ckpt), over), dataset, cfg, out, progress=False)
+  assert report.summary["queries_resumed"] == 1
+  convert_hf_checkpoint(hf_dir, ckpt, dtype="bfloat16", overwrite=True)
+  with pytest.raises(ResumeError, match=r"changed: scorer.params_sha256"):
+    eval_lib.run_eval(eval_lib.build_scorer(str(ckpt), over), dataset, cfg, out, progress=False)
+
+
 def test_eval_resume_refused_after_tokenizer_changed(tmp_path, two_checkpoints, sp_tokenizer_path, scorer):
   a, _ = two_checkpoints
   out = tmp_path / "out"
@@ -217,6 +255,12 @@ def test_eval_resume_refused_after_tokenizer_changed(tmp_path, two_checkpoints, 
   with pytest.raises(ResumeError, match=r"changed: scorer.tokenizer_sha256"):
     eval_lib.run_eval(eval_lib.build_scorer(str(a), [f"tokenizer_path={sp_tokenizer_path}"]), dataset, CFG,
                       out, progress=False)
+  ckpt = tmp_path / "model"  # the tokenizer file replaced in place, at the same path
+  shutil.copytree(a, ckpt)
+  eval_lib.run_eval(eval_lib.build_scorer(str(ckpt)), dataset, CFG, tmp_path / "out2", progress=False)
+  shutil.copy2(sp_tokenizer_path, ckpt / "tokenizer" / "tokenizer.model")
+  with pytest.raises(ResumeError, match=r"changed: scorer.tokenizer_sha256"):
+    eval_lib.run_eval(eval_lib.build_scorer(str(ckpt)), dataset, CFG, tmp_path / "out2", progress=False)
 
 
 # --- the machinery itself ----------------------------------------------------------------------------

@@ -72,7 +72,7 @@ def test_conversion_script_bf16_and_errors(hf_checkpoints, tmp_path):
   # A missing directory is one clear line and exit code 2.
   bad = subprocess.run(cmd[:2] + [f"--hf_dir={tmp_path / 'nope'}", f"--output_dir={tmp_path / 'x'}"],
                        capture_output=True, text=True, cwd=pathlib_root())
-  assert bad.returncode == 2 and "config.json does not exist" in bad.stderr
+  assert bad.returncode == 2 and f"{tmp_path / 'nope'} does not exist" in bad.stderr
 
 
 def test_unsupported_configs_are_named(tmp_path):
@@ -82,9 +82,10 @@ def test_unsupported_configs_are_named(tmp_path):
               intermediate_size=8)
   with pytest.raises(ConversionError, match="rope_type='yarn'"):
     model_config_from_hf(dict(base, rope_scaling={"rope_type": "yarn", "factor": 2.0}))
-  (tmp_path / "config.json").write_text(json.dumps(base))
+  (tmp_path / "hf").mkdir()
+  (tmp_path / "hf" / "config.json").write_text(json.dumps(base))
   with pytest.raises(ConversionError, match="model.safetensors"):
-    convert_hf_checkpoint(tmp_path, tmp_path / "out")
+    convert_hf_checkpoint(tmp_path / "hf", tmp_path / "out")
 
 
 def pathlib_root():

@@ -46,6 +46,22 @@ def test_v1_score_bad_field_types_are_score_input_errors(scorer, field, value, m
     scorer.validate({**GOOD, field: value})
 
 
+def test_bare_int_label_token_ids_is_one_error_line_not_a_lost_batch(scorer, tmp_path):
+  src = tmp_path / "req.jsonl"
+  src.write_text(json.dumps(GOOD) + "\n" + json.dumps({**GOOD, "label_token_ids": 5}) + "\n" + json.dumps(GOOD) + "\n")
+  counts = eval_lib.score_jsonl(scorer, str(src), str(tmp_path / "out.jsonl"), batch_size=16)
+  out = [json.loads(l) for l in (tmp_path / "out.jsonl").read_text().splitlines()]
+  assert counts == {"ok": 2, "errors": 1} and out[0] == out[2] and "scores" in out[0]
+  assert out[1] == {"error": "line 2: label_token_ids=5 must be a non-empty list of integer token ids, not int"}
+
+
+def test_apply_softmax_string_false_is_refused_not_taken_as_true(scorer):
+  with pytest.raises(ScoreInputError, match="apply_softmax='false' must be a boolean"):
+    scorer.score_batch([{**GOOD, "apply_softmax": "false"}])
+  with pytest.raises(ScoreInputError, match="apply_softmax='false' must be a boolean"):
+    scorer.score(**GOOD, apply_softmax="false")
+
+
 def test_v1_score_missing_and_unknown_fields(scorer):
   with pytest.raises(ScoreInputError, match="items is missing"):
     scorer.validate({"query": [1]})
@@ -69,6 +85,9 @@ def test_python_api_bad_types_are_score_input_errors_not_type_errors(scorer):
       scorer.score(**{**GOOD, **kwargs})
   with pytest.raises(ScoreInputError, match=r"requests\[1\]: label_token_ids=5"):
     scorer.score_batch([GOOD, {**GOOD, "label_token_ids": 5}])
+  for batch in (None, GOOD, "x"):
+    with pytest.raises(ScoreInputError, match="requests must be a list"):
+      scorer.score_batch(batch)
   # numpy integers and arrays are token ids
   got = scorer.score(np.array([1, 2]), [np.array([3], np.int32), [np.int64(4), 5]], np.array([6, 7])).scores
   np.testing.assert_array_equal(got, scorer.score(**GOOD).scores)

@@ -2,7 +2,7 @@
 
     <dir>/params/          Orbax StandardCheckpointer tree (the Decoder's unboxed params)
     <dir>/maxscore.json    {"format_version", "model": ModelConfig fields, "tokenizer": relative path | null,
-                            "params_sha256": digest of params/, "params_files": {path: size}}
+                            "params_sha256": digest of the parameter arrays, "params_files": {path: size}}
     <dir>/tokenizer/       copy of the tokenizer file(s), when the source had one
     <dir>/.maxscore-owned  the marker that lets --overwrite replace the directory (maxscore/files)
 
@@ -46,7 +46,7 @@ class Checkpoint:
   model: ModelConfig
   tokenizer_path: Optional[pathlib.Path]
   directory: pathlib.Path
-  digest: str = ""  # params_sha256: the parameter files' content digest (maxscore/files/identity.py)
+  digest: str = ""  # params_sha256: digest of the parameter arrays (maxscore/files/identity.py)
 
 
 def abstract_params(model: ModelConfig, dtype: Any = jnp.float32) -> Any:
@@ -94,9 +94,14 @@ def save_checkpoint(directory: os.PathLike, params: Any, model: ModelConfig,
 
 def write_checkpoint_files(directory: pathlib.Path, params: Any, model: ModelConfig,
                            tokenizer_files: tuple[os.PathLike, ...] = ()) -> None:
-  """params/, tokenizer/ and maxscore.json (with the params digest) into an empty `directory`."""
+  """params/, tokenizer/ and maxscore.json (with the params digest) into an empty `directory`.
+
+  The digest is of the arrays (names, dtypes, shapes, bytes), so converting the same weights again
+  gives the same digest; the file manifest lets a load notice files replaced behind its back."""
+  params = nn.unbox(params)
+  digest = identity.tree_digest(params)
   checkpointer = ocp.StandardCheckpointer()
-  checkpointer.save(directory / "params", nn.unbox(params))
+  checkpointer.save(directory / "params", params)
   checkpointer.wait_until_finished()
   tokenizer = None
   for i, f in enumerate(tokenizer_files):
@@ -105,7 +110,7 @@ def write_checkpoint_files(directory: pathlib.Path, params: Any, model: ModelCon
     if i == 0:
       tokenizer = f"tokenizer/{pathlib.Path(f).name}"
   meta = {"format_version": FORMAT_VERSION, "model": model_config_to_dict(model), "tokenizer": tokenizer,
-          "params_sha256": identity.dir_digest(directory / "params"),
+          "params_sha256": digest,
           "params_files": identity.dir_manifest(directory / "params")}
   (directory / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 

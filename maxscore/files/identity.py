@@ -71,16 +71,28 @@ def tokenizer_digest(tokenizer: Any) -> Optional[str]:
   return files_digest(files)
 
 
+# Config fields that cannot change a score: request defaults a run passes explicitly, cache and
+# request-size limits, and where compilations are cached.
+_NOT_SCORES = frozenset({"label_token_ids", "apply_softmax", "prefix_cache_bytes", "max_request_tokens"})
+
+
+def _section(section: Any) -> dict[str, Any]:
+  return {k: v for k, v in dataclasses.asdict(section).items() if k not in _NOT_SCORES}
+
+
 def scorer_identity(scorer: Any) -> dict[str, Any]:
-  """Everything about a scorer that changes a score: model, parameter and tokenizer content,
-  dtypes, separator, and the score head (when it has one)."""
-  rt, sc = scorer.config.runtime, scorer.config.scoring
+  """Everything about a scorer that changes a score: model, parameter and tokenizer content, dtypes,
+  the scoring, kernel and bucket config (algorithms and padding agree to 1e-5, not bit for bit),
+  and the score head (when it has one). The mesh is left out: data-parallel runs are bit-identical."""
+  rt, cfg = scorer.config.runtime, scorer.config
   return {
-      "model": dataclasses.asdict(scorer.config.model),
+      "model": dataclasses.asdict(cfg.model),
       "params_sha256": scorer.params_digest,
       "tokenizer_sha256": tokenizer_digest(scorer.tokenizer),
       "dtype": [rt.dtype, rt.weight_dtype, rt.matmul_precision],
-      "separator_token_id": sc.separator_token_id,
+      "scoring": _section(cfg.scoring),
+      "kernel": _section(cfg.kernel),
+      "buckets": _section(cfg.buckets),
       "head": scorer.head_fingerprint,
   }
 

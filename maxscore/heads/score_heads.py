@@ -52,9 +52,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from maxscore.checkpoints import storage as checkpointing
-from maxscore.errors import ScoreInputError, UnsafeOutputError
+from maxscore.errors import UnsafeOutputError
 from maxscore.files import identity, safety
-from maxscore.scoring.requests import TokenRequest
+from maxscore.scoring.requests import TokenRequest, validate_batch
 from maxscore.scoring.scorer import ScoreResult, Scorer, finalize_scores
 
 FORMAT_VERSION = 1
@@ -369,13 +369,7 @@ class HeadScorer:
     return self.score_requests([req], algorithm=algorithm)[0]
 
   def score_batch(self, requests: Sequence[Mapping[str, Any]], algorithm: Optional[str] = None) -> list[ScoreResult]:
-    reqs = []
-    for i, r in enumerate(requests):
-      try:
-        reqs.append(self.scorer.validate(r))
-      except ScoreInputError as e:
-        raise ScoreInputError(f"requests[{i}]: {e}") from None
-    return self.score_requests(reqs, algorithm=algorithm)
+    return self.score_requests(validate_batch(requests, self.scorer.validate), algorithm=algorithm)
 
   def score_requests(self, reqs: Sequence[TokenRequest], algorithm: Optional[str] = None) -> list[ScoreResult]:
     cfg = self.head_config

@@ -44,6 +44,7 @@ from maxscore.scoring.scorer import Scorer
 
 DEFAULT_METRICS = ("ndcg@10", "mrr@10", "map", "recall@10", "p@10")
 RESULTS_FILE = "results.jsonl"
+OUTPUT_FILES = (RESULTS_FILE, "run.trec", "metrics_per_query.jsonl", "metrics.json", "summary.json")
 FORMAT_VERSION = 1
 
 
@@ -249,6 +250,7 @@ def _score_query(scorer: Scorer, builder: prompts.PromptBuilder, q: data.RerankQ
 def _resume_state(scorer, cfg, label_ids, queries, out: pathlib.Path, overwrite: bool,
                   inputs: Sequence[Any]) -> dict[str, dict]:
   """Process 0's finished records from results.jsonl (after --overwrite and the digest check)."""
+  safety.refuse_overlap([out / name for name in OUTPUT_FILES], inputs, "an output file in --output_dir")
   safety.prepare_output_dir(out, "eval", inputs, "--output_dir")
   results_path = out / RESULTS_FILE
   if overwrite and results_path.exists():

@@ -186,6 +186,19 @@ def validate_request(request: Any, fields: frozenset) -> dict[str, Any]:
           "apply_softmax": request.get("apply_softmax"), "item_first": request.get("item_first", False)}
 
 
+def validate_batch(requests: Any, validate) -> list[TokenRequest]:
+  """`validate` applied to each request of a list; errors name the request's index."""
+  if isinstance(requests, (str, bytes, Mapping)) or not isinstance(requests, Sequence):
+    raise ScoreInputError(f"requests must be a list of request objects, not {type(requests).__name__}")
+  out = []
+  for i, r in enumerate(requests):
+    try:
+      out.append(validate(r))
+    except ScoreInputError as e:
+      raise ScoreInputError(f"requests[{i}]: {e}") from None
+  return out
+
+
 def parse_multi_item_sequence(tokens: Sequence[int], delimiter: int) -> tuple[list[int], list[list[int]]]:
   """Splits sglang's `Q d I1 d I2 ... d In d` into (query, items); the trailing d is optional.
 

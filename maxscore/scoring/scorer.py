@@ -27,7 +27,7 @@ from maxscore.errors import ScoreInputError
 from maxscore.files import identity
 from maxscore.scoring.runner import ModelRunner
 from maxscore.scoring.prefix_cache import PrefixCache
-from maxscore.scoring.requests import TokenRequest, make_request, validate_request
+from maxscore.scoring.requests import TokenRequest, make_request, validate_batch, validate_request
 from maxscore.checkpoints.tokenizer import Tokenizer, load_tokenizer
 
 REQUEST_FIELDS = frozenset({"query", "items", "label_token_ids", "apply_softmax", "item_first", "model"})
@@ -157,13 +157,7 @@ class Scorer:
 
   def score_batch(self, requests: Sequence[Mapping[str, Any]], algorithm: Optional[str] = None) -> list[ScoreResult]:
     """Scores many /v1/score-shaped dicts; requests with equal shapes share forwards."""
-    reqs = []
-    for i, r in enumerate(requests):
-      try:
-        reqs.append(self.validate(r))
-      except ScoreInputError as e:
-        raise ScoreInputError(f"requests[{i}]: {e}") from None
-    return self.score_requests(reqs, algorithm=algorithm)
+    return self.score_requests(validate_batch(requests, self.validate), algorithm=algorithm)
 
   def choose(self, req: TokenRequest, algorithm: Optional[str] = None) -> selector.Choice:
     """The algorithm for `req`: the call's, else the config's, else the selector's."""
