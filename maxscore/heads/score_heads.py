@@ -52,7 +52,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from maxscore.checkpoints import storage as checkpointing
-from maxscore.errors import UnsafeOutputError
+from maxscore.errors import ScoreInputError, UnsafeOutputError
 from maxscore.files import identity, safety
 from maxscore.scoring.requests import TokenRequest, validate_batch
 from maxscore.scoring.scorer import ScoreResult, Scorer, finalize_scores
