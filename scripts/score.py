@@ -19,6 +19,7 @@ from absl import flags
 from maxscore import cli
 from maxscore.config import ConfigError
 from maxscore.rerank import eval as eval_lib
+from maxscore.scoring import jsonl as score_file
 from maxscore.files import safety
 
 
@@ -54,7 +55,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
       raise ConfigError("--input is required (a JSONL file of /v1/score requests, or - for stdin)")
     safety.refuse_overlap([opts.output], [opts.input], "--output")  # before minutes of loading a model
     scorer = eval_lib.build_scorer(opts.checkpoint_dir, list(argv[1:]) + list(fv.override))
-    counts = eval_lib.score_jsonl(scorer, opts.input, opts.output, opts.batch_size, opts.score_mode == "raw_logit")
+    counts = score_file.score_jsonl(scorer, opts.input, opts.output, opts.batch_size, opts.score_mode == "raw_logit")
   print(f"scored {counts['ok']} requests, {counts['errors']} errors", file=sys.stderr)
   if counts["errors"]:
     print(f"{counts['errors']} of {counts['ok'] + counts['errors']} requests failed; see their error lines",

@@ -22,6 +22,7 @@ from maxscore.errors import ResumeError, UnsafeOutputError
 from maxscore.files import identity, safety
 from maxscore.heads import score_heads as heads, train as train_lib
 from maxscore.rerank import data, eval as eval_lib
+from maxscore.scoring import jsonl as score_file
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CFG = eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=8)
@@ -89,7 +90,7 @@ def test_score_output_symlinked_to_the_input_is_refused(tmp_path, scorer):
   link = tmp_path / "out.jsonl"
   link.symlink_to(src)
   with pytest.raises(UnsafeOutputError, match="is the input"):
-    eval_lib.score_jsonl(scorer, str(src), str(link))
+    score_file.score_jsonl(scorer, str(src), str(link))
   assert src.read_text().startswith('{"query"')
 
 
@@ -104,7 +105,7 @@ def test_score_killed_mid_run_leaves_the_previous_output_intact(tmp_path, scorer
     raise KeyboardInterrupt  # stands in for kill -9: nothing after this line of the run happens
   monkeypatch.setattr(scorer, "score_requests", dies)
   with pytest.raises(KeyboardInterrupt):
-    eval_lib.score_jsonl(scorer, str(src), str(dst), batch_size=1)
+    score_file.score_jsonl(scorer, str(src), str(dst), batch_size=1)
   assert calls and dst.read_text() == "previous responses\n"
   assert sorted(p.name for p in tmp_path.iterdir()) == ["req.jsonl", "resp.jsonl"]  # no temporary left
 

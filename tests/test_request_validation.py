@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from maxscore import ScoreInputError
 from maxscore.rerank import eval as eval_lib
+from maxscore.scoring import jsonl as score_file
 
 ALGORITHMS = ("serial", "packed", "prefill_extend")
 GOOD = {"query": [1, 2], "items": [[3], [4, 5]], "label_token_ids": [6, 7]}
@@ -49,7 +50,7 @@ def test_v1_score_bad_field_types_are_score_input_errors(scorer, field, value, m
 def test_bare_int_label_token_ids_is_one_error_line_not_a_lost_batch(scorer, tmp_path):
   src = tmp_path / "req.jsonl"
   src.write_text(json.dumps(GOOD) + "\n" + json.dumps({**GOOD, "label_token_ids": 5}) + "\n" + json.dumps(GOOD) + "\n")
-  counts = eval_lib.score_jsonl(scorer, str(src), str(tmp_path / "out.jsonl"), batch_size=16)
+  counts = score_file.score_jsonl(scorer, str(src), str(tmp_path / "out.jsonl"), batch_size=16)
   out = [json.loads(l) for l in (tmp_path / "out.jsonl").read_text().splitlines()]
   assert counts == {"ok": 2, "errors": 1} and out[0] == out[2] and "scores" in out[0]
   assert out[1] == {"error": "line 2: label_token_ids=5 must be a non-empty list of integer token ids, not int"}
@@ -128,7 +129,7 @@ def test_score_jsonl_bad_lines_get_their_own_error_and_good_lines_are_answered_a
   lines = [bad[0], good[0].encode(), bad[1], bad[2], good[1].encode(), bad[3], bad[4]]
   src = tmp_path / "mixed.jsonl"
   src.write_bytes(b"\n".join(lines) + b"\n")
-  counts = eval_lib.score_jsonl(scorer, str(src), str(tmp_path / "out.jsonl"), batch_size=8)
+  counts = score_file.score_jsonl(scorer, str(src), str(tmp_path / "out.jsonl"), batch_size=8)
   out = (tmp_path / "out.jsonl").read_text().splitlines()
   assert counts == {"ok": 2, "errors": 5} and len(out) == len(lines)
   errors = {i: json.loads(out[i])["error"] for i in (0, 2, 3, 5, 6)}
@@ -139,7 +140,7 @@ def test_score_jsonl_bad_lines_get_their_own_error_and_good_lines_are_answered_a
   assert errors[6].startswith("line 7: query holds a lone surrogate")
   for line, i in ((good[0], 1), (good[1], 4)):
     (tmp_path / "one.jsonl").write_text(line + "\n")
-    eval_lib.score_jsonl(scorer, str(tmp_path / "one.jsonl"), str(tmp_path / "one_out.jsonl"))
+    score_file.score_jsonl(scorer, str(tmp_path / "one.jsonl"), str(tmp_path / "one_out.jsonl"))
     assert out[i] == (tmp_path / "one_out.jsonl").read_text().strip()
 
 

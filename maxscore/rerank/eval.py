@@ -23,7 +23,6 @@ import dataclasses
 import json
 import os
 import pathlib
-import sys
 import time
 from typing import Any, Literal, Mapping, Optional, Sequence
 
@@ -38,7 +37,6 @@ from maxscore.distributed import mesh as mesh_lib
 from maxscore.config import load_config, parse_override, to_flat_dict
 from maxscore.rerank.data import RerankSet
 from maxscore import errors
-from maxscore.errors import ScoreInputError
 from maxscore.files import identity, safety
 from maxscore.scoring.scorer import Scorer
 
@@ -429,76 +427,3 @@ def format_report(report: EvalReport) -> str:
   if s["skipped"]:
     lines.append("  skipped input: " + ", ".join(f"{k} {v}" for k, v in s["skipped"].items()))
   return "\n".join(lines)
-
-
-# --- request files (scripts/score.py) ------------------------------------------------------------
-def _parse_request(scorer: Scorer, line: Any, number: int):
-  """A validated TokenRequest from one JSONL line (bytes or text); ScoreInputError naming the line otherwise."""
-  try:
-    text = line.decode("utf-8") if isinstance(line, bytes) else line
-    r = json.loads(text)
-  except UnicodeDecodeError as e:
-    raise ScoreInputError(f"line {number}: not UTF-8 text (byte {line[e.start]:#04x} at column {e.start + 1})") from None
-  except json.JSONDecodeError as e:
-    raise ScoreInputError(f"line {number}: invalid JSON ({e.msg} at column {e.colno})") from None
-  except RecursionError:
-    raise ScoreInputError(f"line {number}: JSON nested too deeply") from None
-  try:
-    return scorer.validate(r)
-  except ScoreInputError as e:
-    raise ScoreInputError(f"line {number}: {e}") from None
-
-
-def _score_lines(scorer: Scorer, lines: Sequence[tuple[int, Any]], raw_logits: bool = False) -> list[dict]:
-  """Responses (or {"error"}) for a batch of lines, in order; one forward group for the valid ones.
-  A line's answer never depends on the others: a bad line gets its own error and the rest are scored.
-
-  With `raw_logits` the scores are the labels' raw lm_head logits (apply_softmax is then moot)."""
-  score_requests = scorer.label_logits_requests if raw_logits else scorer.score_requests
-  out: list[Optional[dict]] = [None] * len(lines)
-  reqs = {}
-  for i, (number, line) in enumerate(lines):
-    try:
-      reqs[i] = _parse_request(scorer, line, number)
-    except ScoreInputError as e:
-      out[i] = {"error": str(e)}
-  try:
-    results = dict(zip(reqs, score_requests(list(reqs.values())))) if reqs else {}
-  except ScoreInputError:  # a limit hit inside an algorithm (e.g. a bucket): find the request one by one
-    results = {}
-    for i, req in reqs.items():
-      try:
-        results[i] = score_requests([req])[0]
-      except ScoreInputError as e:
-        out[i] = {"error": f"line {lines[i][0]}: {e}"}
-  for i, res in results.items():
-    out[i] = res.to_response(scorer.model_name)
-  return out
-
-
-def score_jsonl(scorer: Scorer, input_path: str, output_path: str, batch_size: int = 16,
-                raw_logits: bool = False) -> dict[str, int]:
-  """Scores a JSONL file of /v1/score requests into a JSONL of responses (one line per input line,
-  blank lines included as errors); returns {"ok", "errors"} counts. "-" is stdin / stdout.
-
-  The output may not be the input (links resolved); it is written under a temporary name and renamed
-  into place at the end, so a killed run leaves any previous output file as it was."""
-  safety.refuse_overlap([output_path], [input_path], "--output")
-  counts = {"ok": 0, "errors": 0}
-  with contextlib.ExitStack() as stack:
-    src = sys.stdin.buffer if input_path == "-" else stack.enter_context(open(input_path, "rb"))
-    dst = sys.stdout if output_path == "-" else stack.enter_context(safety.atomic_output(output_path))
-    batch: list[tuple[int, bytes]] = []
-
-    def flush():
-      for resp in _score_lines(scorer, batch, raw_logits):
-        dst.write(json.dumps(resp) + "\n")
-        counts["errors" if "error" in resp else "ok"] += 1
-      dst.flush()
-      batch.clear()
-    for number, line in enumerate(src, 1):
-      batch.append((number, line))
-      if len(batch) >= max(batch_size, 1):
-        flush()
-    flush()
-  return counts
