@@ -155,3 +155,27 @@ def test_layer_pattern_from_configs_without_layer_types(hf, pattern, window):
               head_dim=4, hidden_activation="gelu_pytorch_tanh")
   cfg = model_config_from_hf(dict(base, **hf))
   assert (cfg.layer_pattern, cfg.window) == (pattern, window)
+
+
+def test_score_script_raw_logit_mode(tmp_path, hf_checkpoints):
+  """scripts/score.py --score_mode=raw_logit answers with the labels' raw logits; through a score head (the
+  embedded default has one) it is an error line, as a head gives log-probs."""
+  import importlib.util
+  import pathlib
+  from maxscore.rerank import eval as eval_lib
+  spec = importlib.util.spec_from_file_location("_score", pathlib.Path(__file__).parent.parent / "scripts" / "score.py")
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  request = {"query": [10, 11, 12], "items": [[13, 14], [], [7]], "label_token_ids": [4, 5], "apply_softmax": True}
+  src, dst = tmp_path / "req.jsonl", tmp_path / "resp.jsonl"
+  src.write_text(json.dumps(request) + "\n")
+  script.run(["score.py", f"--input={src}", f"--output={dst}", "--score_mode=raw_logit"])  # default: has a head
+  assert "score_mode=raw_logit" in json.loads(dst.read_text())["error"]
+  _, _, ckpt = hf_checkpoints("gemma")
+  script.run(["score.py", f"--input={src}", f"--output={dst}", "--score_mode=raw_logit", f"--checkpoint_dir={ckpt}"])
+  got = json.loads(dst.read_text())["scores"]
+  scorer = eval_lib.build_scorer(str(ckpt))
+  want = scorer.label_logits(request["query"], request["items"], request["label_token_ids"]).scores
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+  probs = scorer.score(request["query"], request["items"], request["label_token_ids"], apply_softmax=False).scores
+  assert np.abs(np.asarray(got) - np.log(probs)).min() > 1e-3  # logits, not log-probabilities
