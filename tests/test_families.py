@@ -48,15 +48,15 @@ def _geometry(scorer, name):
 
 
 FAST = {("gemma2", "window_shorter"), ("mistral", "window_equal")}  # the rest is in the slow tier
+WINDOWED = ("gemma2", "gemma3", "mistral")
 
 
 @pytest.mark.parametrize("family,geometry", [
     pytest.param(f, g, marks=() if (f, g) in FAST else pytest.mark.slow)
-    for f in FAMILIES for g in ("window_shorter", "window_equal")], indirect=["family"])
+    for f in FAMILIES for g in ("window_shorter", "window_equal") if g == "window_shorter" or f in WINDOWED],
+    indirect=["family"])
 def test_every_algorithm_matches_transformers(family, geometry):
   model, scorer = family
-  if geometry == "window_equal" and scorer.config.model.window is None:
-    pytest.skip("no sliding window in this family's test model")
   query, items = _geometry(scorer, geometry)
   logits, lse = _hf_label_logits(model, query, items)
   for algorithm in ALGORITHMS:
@@ -75,7 +75,7 @@ def test_every_algorithm_matches_transformers(family, geometry):
     ("splash", dict(kernel_interpret=True, splash_block_q=16, splash_block_kv=128)),
     ("pallas_gpu", dict(kernel_interpret=True, gpu_block_q=8, gpu_block_kv=8)),
 ])
-def test_every_kernel_matches_transformers(hf_checkpoints, family, kernel, extra):
+def test_every_kernel_matches_transformers(family, kernel, extra):
   model, base = family
   scorer = Scorer.from_checkpoint(base.config.runtime.checkpoint_dir, attention=kernel, separator_token_id=SEP,
                                   **extra)
@@ -138,3 +138,44 @@ def test_eval_rerank_bge_template_raw_logit_end_to_end(tmp_path, hf_tokenizer_pa
   yes = scorer.tokenizer.label_id("Yes")
   want = scorer.label_logits(builder.query(records[0]["query"])[0], [builder.item(t)[0] for t in docs], [yes])
   np.testing.assert_allclose(results[0]["scores"], want.scores[:, 0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("hf,pattern,window", [
+    (dict(model_type="gemma2", sliding_window=4096), "LG", 4096),
+    (dict(model_type="gemma3_text", sliding_window=512, num_hidden_layers=26, rope_theta=1e6), "LLLLLG", 512),
+    (dict(model_type="qwen2", use_sliding_window=True, sliding_window=64, max_window_layers=1, num_hidden_layers=3),
+     "GLL", 64),
+    (dict(model_type="mistral", sliding_window=None), "G", None),
+    (dict(model_type="mistral", sliding_window=4096), "L", 4096),
+])
+def test_layer_pattern_from_configs_without_layer_types(hf, pattern, window):
+  """Older config.json files carry no layer_types: each family's own rule gives the pattern."""
+  from maxscore.checkpoints.convert import model_config_from_hf
+  base = dict(vocab_size=8, hidden_size=8, num_hidden_layers=4, num_attention_heads=2, intermediate_size=8,
+              head_dim=4, hidden_activation="gelu_pytorch_tanh")
+  cfg = model_config_from_hf(dict(base, **hf))
+  assert (cfg.layer_pattern, cfg.window) == (pattern, window)
+
+
+def test_score_script_raw_logit_mode(tmp_path, hf_checkpoints):
+  """scripts/score.py --score_mode=raw_logit answers with the labels' raw logits; through a score head (the
+  embedded default has one) it is an error line, as a head gives log-probs."""
+  import importlib.util
+  import pathlib
+  from maxscore.rerank import eval as eval_lib
+  spec = importlib.util.spec_from_file_location("_score", pathlib.Path(__file__).parent.parent / "scripts" / "score.py")
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  request = {"query": [10, 11, 12], "items": [[13, 14], [], [7]], "label_token_ids": [4, 5], "apply_softmax": True}
+  src, dst = tmp_path / "req.jsonl", tmp_path / "resp.jsonl"
+  src.write_text(json.dumps(request) + "\n")
+  script.run(["score.py", f"--input={src}", f"--output={dst}", "--score_mode=raw_logit"])  # default: has a head
+  assert "score_mode=raw_logit" in json.loads(dst.read_text())["error"]
+  _, _, ckpt = hf_checkpoints("gemma")
+  script.run(["score.py", f"--input={src}", f"--output={dst}", "--score_mode=raw_logit", f"--checkpoint_dir={ckpt}"])
+  got = json.loads(dst.read_text())["scores"]
+  scorer = eval_lib.build_scorer(str(ckpt))
+  want = scorer.label_logits(request["query"], request["items"], request["label_token_ids"]).scores
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+  probs = scorer.score(request["query"], request["items"], request["label_token_ids"], apply_softmax=False).scores
+  assert np.abs(np.asarray(got) - np.log(probs)).min() > 1e-3  # logits, not log-probabilities

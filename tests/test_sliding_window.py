@@ -86,3 +86,28 @@ def test_splash_window_mask_is_static_on_right_aligned_prefix():
   mask = np.asarray(splash.MultiItemMask((P + N * L, P + N * L), P, L, window=4)[:, :])
   full = SegmentLayout(jnp.asarray([P], jnp.int32), jnp.full((1, N), L, jnp.int32), P, L, N)
   np.testing.assert_array_equal(mask, _serial_visibility(full, 4)[0])
+
+
+@pytest.mark.parametrize("p,lens,window", [(7, [3, 0, 5, 5], 4), (16, [4] * 6, 2), (5, [9, 1], 5), (3, [2], 100)])
+def test_cost_model_counts_the_windowed_mask(p, lens, window):
+  """Windowed attention pairs (packed and serial) are exactly what the windowed mask allows."""
+  from maxscore.scoring import cost_model
+  layout = SegmentLayout(jnp.asarray([p]), jnp.asarray([lens]), p, max(lens), len(lens))
+  seg, pos = layout.segment_ids(), layout.serial_positions()
+  mask = np.asarray(reference.visibility(seg, seg, 0, pos, pos, window))[0] & (np.asarray(seg)[0] >= 0)[:, None]
+  assert mask.sum() == cost_model.attention_pairs(p, lens, window)
+  serial = sum(int(np.sum((np.arange(n)[:, None] >= np.arange(n)) & (np.arange(n)[:, None] - np.arange(n) < window)))
+               for n in (p + l for l in lens))
+  assert serial == cost_model.serial_attention_pairs(p, lens, window)
+
+
+def test_model_flops_sum_local_and_global_layers():
+  from layers.config import ModelConfig
+  from maxscore.scoring import cost_model
+  kw = dict(vocab_size=10, hidden_size=4, num_layers=3, num_heads=2, num_kv_heads=1, head_dim=2, mlp_dim=8)
+  glob = cost_model.model_flops(ModelConfig(**kw), 9, [6, 2])
+  mixed = cost_model.model_flops(ModelConfig(layer_pattern="LLG", sliding_window=3, **kw), 9, [6, 2])
+  per_pair = 4 * 2 * 2
+  assert glob["attention"] == 3 * per_pair * cost_model.attention_pairs(10, [6, 2])
+  assert mixed["attention"] == per_pair * (cost_model.attention_pairs(10, [6, 2]) +
+                                           2 * cost_model.attention_pairs(10, [6, 2], 3))

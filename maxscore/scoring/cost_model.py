@@ -1,31 +1,51 @@
 """The cost model (DESIGN.md section 3): model FLOPs of a scoring request, by algorithm.
 
 All algorithms but serial do the same dense work (`2 * non_embedding_params * tokens`); they
-differ in attention pairs. XLA's own cost analysis counts a scanned layer stack once and Pallas
+differ in attention pairs. A sliding-window layer counts only the pairs within its window W
+(serial positions), so a model's attention work is a per-layer sum. XLA's own cost analysis counts a scanned layer stack once and Pallas
 calls as zero, so benchmarks and compile reports take FLOPs from here.
 """
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from layers.config import ModelConfig
 
 
-def attention_pairs(prefix_len: int, item_lens: Sequence[int]) -> int:
-  """Useful (query, key) pairs: prefix causal, each item token vs the prefix and its own causal block."""
+def _causal_pairs(n: int, window: Optional[int] = None) -> int:
+  """Pairs of a causal block of n tokens, each seeing at most `window` keys (itself included)."""
+  if window is None or window >= n:
+    return n * (n + 1) // 2
+  return window * (window + 1) // 2 + (n - window) * window
+
+
+def attention_pairs(prefix_len: int, item_lens: Sequence[int], window: Optional[int] = None) -> int:
+  """Useful (query, key) pairs: prefix causal, each item token vs the prefix and its own causal block.
+
+  With a window W, item token j (serial position P + j) sees the last max(0, W - 1 - j) prefix keys.
+  """
   p = prefix_len
-  return p * (p + 1) // 2 + sum(l * p + l * (l + 1) // 2 for l in item_lens)
+  if window is None:
+    return p * (p + 1) // 2 + sum(l * p + l * (l + 1) // 2 for l in item_lens)
+  prefix_keys = lambda l: sum(min(p, max(0, window - 1 - j)) for j in range(l))
+  return _causal_pairs(p, window) + sum(prefix_keys(l) + _causal_pairs(l, window) for l in item_lens)
 
 
-def serial_attention_pairs(prefix_len: int, item_lens: Sequence[int]) -> int:
+def serial_attention_pairs(prefix_len: int, item_lens: Sequence[int], window: Optional[int] = None) -> int:
   """Causal pairs of the N full sequences Q + s + I_i."""
-  return sum((prefix_len + l) * (prefix_len + l + 1) // 2 for l in item_lens)
+  return sum(_causal_pairs(prefix_len + l, window) for l in item_lens)
 
 
 def _rates(model_cfg: ModelConfig) -> tuple[int, int, int]:
-  """FLOPs per token of dense work, per attention (query, key) pair, per lm_head row."""
+  """FLOPs per token of dense work (all layers), per attention (query, key) pair in one layer, per lm_head row."""
   dense_per_token = 2 * model_cfg.non_embedding_params()
-  attn_per_pair = 4 * model_cfg.num_heads * model_cfg.head_dim * model_cfg.num_layers
+  attn_per_pair = 4 * model_cfg.num_heads * model_cfg.head_dim
   return dense_per_token, attn_per_pair, 2 * model_cfg.hidden_size * model_cfg.vocab_size
+
+
+def _layer_windows(model_cfg: ModelConfig) -> tuple[tuple[int, Optional[int]], ...]:
+  """(number of layers, their window) for the global layers and the sliding-window (local) layers."""
+  local = sum(model_cfg.layer_is_local) if model_cfg.window is not None else 0
+  return (model_cfg.num_layers - local, None), (local, model_cfg.window)
 
 
 def program_flops(model_cfg: ModelConfig, batch: int, prefix_len: int, slot_len: int, num_slots: int,
@@ -37,8 +57,9 @@ def program_flops(model_cfg: ModelConfig, batch: int, prefix_len: int, slot_len:
   """
   dense_per_token, attn_per_pair, lm_head_per_row = _rates(model_cfg)
   p_computed = 0 if prefix_cached else prefix_len
-  pairs = (0 if prefix_cached else attention_pairs(prefix_len, [])) + num_slots * (
-      slot_len * prefix_len + slot_len * (slot_len + 1) // 2)
+  pairs = sum(count * (attention_pairs(prefix_len, [slot_len] * num_slots, w)
+                       - (_causal_pairs(prefix_len, w) if prefix_cached else 0))
+              for count, w in _layer_windows(model_cfg) if count)
   rows = num_slots if lm_head_rows is None else lm_head_rows
   return batch * (dense_per_token * (p_computed + num_slots * slot_len) + attn_per_pair * pairs
                   + lm_head_per_row * rows)
@@ -55,14 +76,15 @@ def model_flops(model_cfg: ModelConfig, query_len: int, item_lens: Sequence[int]
   p = query_len + (1 if separator else 0)
   n = len(item_lens)
   dense_per_token, attn_per_pair, lm_head_per_row = _rates(model_cfg)
+  layer_pairs = lambda fn: sum(count * fn(p, item_lens, w) for count, w in _layer_windows(model_cfg) if count)
   lm_head = lm_head_per_row * n
 
   def parts(tokens: int, pairs: int) -> dict[str, int]:
     dense, attention = dense_per_token * tokens, attn_per_pair * pairs
     return dict(tokens=tokens, dense=dense, attention=attention, lm_head=lm_head, total=dense + attention + lm_head)
 
-  shared = parts(p + sum(item_lens), attention_pairs(p, item_lens))
-  serial = parts(n * p + sum(item_lens), serial_attention_pairs(p, item_lens))
+  shared = parts(p + sum(item_lens), layer_pairs(attention_pairs))
+  serial = parts(n * p + sum(item_lens), layer_pairs(serial_attention_pairs))
   out = dict(serial if algorithm == "serial" else shared)
   out.update(algorithm=algorithm, prefix_len=p, num_items=n, serial_total=serial["total"],
              shared_total=shared["total"], flop_ratio=serial["total"] / max(shared["total"], 1))
