@@ -16,6 +16,7 @@ between versions); the Orbax files differ byte-wise between builds, the arrays d
 """
 
 import collections
+import dataclasses
 import json
 import os
 import pathlib
@@ -23,6 +24,7 @@ import re
 import shutil
 import sys
 import tempfile
+from typing import Optional
 
 import jax
 import numpy as np
@@ -33,17 +35,35 @@ from layers.decoder import Decoder, init_params
 from layers.kernels import get_kernel
 from maxscore import cli
 from maxscore.checkpoints import storage as checkpointing
+from maxscore.files import safety
 from maxscore.rerank import data
 from maxscore.testing.tokenizers import sample_texts, train_sentencepiece
 from maxscore.checkpoints.tokenizer import load_tokenizer
 
-OUTPUT = flags.DEFINE_string("output_dir", str(data.DEFAULT_DIR), "where to write the assets")
-SEED = flags.DEFINE_integer("seed", 0, "seed of the model init, candidate sampling and splits")
-VOCAB = flags.DEFINE_integer("vocab_size", 2048, "sentencepiece vocabulary size (= the model's)")
-CANDIDATES = flags.DEFINE_integer("num_candidates", 24, "candidates per query")
-MIN_TOKENS = flags.DEFINE_integer("min_tokens", 36, "paragraphs shorter than this many tokens are dropped")
-MAX_TOKENS = flags.DEFINE_integer("max_tokens", 116, "paragraphs are cut at a word boundary to at most this "
-                                  "many tokens")
+@dataclasses.dataclass(frozen=True)
+class AssetOptions:
+  """What the embedded default is built from (configs/assets.yml documents each key)."""
+  output_dir: Optional[str] = None    # None = the packaged default, maxscore/assets/default
+  seed: int = 0
+  vocab_size: int = 2048
+  num_candidates: int = 24
+  min_tokens: int = 36
+  max_tokens: int = 116
+
+  def validate(self) -> "AssetOptions":
+    if not 0 < self.min_tokens <= self.max_tokens or self.num_candidates < 2 or self.vocab_size < 256:
+      raise ValueError(f"need 0 < min_tokens <= max_tokens, num_candidates >= 2, vocab_size >= 256; got {self}")
+    return self
+
+
+ENTRY = "assets"
+SECTIONS = {"assets": AssetOptions}
+
+
+def define_flags(fv: flags.FlagValues) -> None:
+  """Every key of configs/assets.yml as a flag."""
+  cli.define_entry_flags(fv, ENTRY, SECTIONS)
+
 
 _UNDERLINE = re.compile(r"^([*=\-~^])\1{2,}$")
 
@@ -144,27 +164,29 @@ def _dir_bytes(path: pathlib.Path) -> int:
   return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def main(argv):
+def main(argv, fv: flags.FlagValues = flags.FLAGS):
   del argv
-  out = pathlib.Path(OUTPUT.value)
+  with cli.one_line_errors():
+    o = cli.entry_from_flags(fv, ENTRY, SECTIONS)["assets"]
+  out = pathlib.Path(o.output_dir or data.DEFAULT_DIR)
   out.mkdir(parents=True, exist_ok=True)
   with tempfile.TemporaryDirectory() as tmp:
     # A relative prefix keeps the temporary path out of the model file, so builds are byte-identical.
     cwd = os.getcwd()
     os.chdir(tmp)
     try:
-      sp_model = pathlib.Path(tmp) / train_sentencepiece("tokenizer", sample_texts(), VOCAB.value)
+      sp_model = pathlib.Path(tmp) / train_sentencepiece("tokenizer", sample_texts(), o.vocab_size)
     finally:
       os.chdir(cwd)
     tok = load_tokenizer(sp_model)
     for label in ("Yes", "No"):
       tok.label_id(label)  # raises unless a single token
-    records = build_rerank_set(tok, SEED.value, CANDIDATES.value, MIN_TOKENS.value, MAX_TOKENS.value)
+    records = build_rerank_set(tok, o.seed, o.num_candidates, o.min_tokens, o.max_tokens)
     jsonl = out / data.DEFAULT_JSONL.name
-    jsonl.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    safety.atomic_write_text(jsonl, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     model = _model_config(tok.vocab_size)
     decoder = Decoder(model, get_kernel("reference"))
-    params = init_params(decoder, jax.random.PRNGKey(SEED.value))
+    params = init_params(decoder, jax.random.PRNGKey(o.seed))
     ckpt = out / data.DEFAULT_CHECKPOINT.name
     if ckpt.exists():
       shutil.rmtree(ckpt)
@@ -172,22 +194,22 @@ def main(argv):
 
   splits = collections.Counter(r["split"] for r in records)
   manifest = {
-      "seed": SEED.value,
+      "seed": o.seed,
       "python": sys.version.split()[0],
       "source": "pydoc_data.topics (CPython's bundled reference topics)",
       "model": {"checkpoint": ckpt.name, "init": "random (untrained)", "vocab_size": model.vocab_size,
                 "hidden_size": model.hidden_size, "num_layers": model.num_layers,
                 "params": model.num_params(), "bytes": _dir_bytes(ckpt)},
       "rerank_set": {"file": jsonl.name, "queries": len(records), "splits": dict(sorted(splits.items())),
-                     "candidates_per_query": CANDIDATES.value, "bytes": jsonl.stat().st_size,
-                     "paragraph_tokens": [MIN_TOKENS.value, MAX_TOKENS.value],
+                     "candidates_per_query": o.num_candidates, "bytes": jsonl.stat().st_size,
+                     "paragraph_tokens": [o.min_tokens, o.max_tokens],
                      "grades": {"2": "paragraph of the query's section", "1": "paragraph of the same topic",
                                 "0": "unjudged (another topic)"}},
   }
-  (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+  safety.atomic_write_text(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
   logging.info("wrote %s", out)
   print(json.dumps(manifest, indent=2))
 
 
 if __name__ == "__main__":
-  cli.run_script(main)  # quiet console: library INFO with -v only (no log file inside the output)
+  cli.run_script(main, define_flags)  # quiet console: library INFO with -v only (no log file inside the output)
