@@ -144,6 +144,18 @@ def prepare_output_dir(directory: os.PathLike, kind: str, inputs: Iterable[Optio
   return directory
 
 
+def swap_dir(tmp: pathlib.Path, target: pathlib.Path) -> None:
+  """Renames the finished directory `tmp` to `target`; an old `target` is moved aside first and deleted
+  after, so `target` is always either the old or the new directory, never a half-written one."""
+  if target.exists():
+    old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+    os.rename(target, old)
+    os.rename(tmp, target)
+    shutil.rmtree(old)
+  else:
+    os.rename(tmp, target)
+
+
 @contextlib.contextmanager
 def replace_dir(directory: os.PathLike, kind: str, overwrite: bool = False,
                 inputs: Iterable[Optional[os.PathLike]] = (), what: str = "output directory",
@@ -170,13 +182,7 @@ def replace_dir(directory: os.PathLike, kind: str, overwrite: bool = False,
     yield tmp
     mark_owned(tmp, kind, **info)
     os.chmod(tmp, 0o777 & ~_UMASK)
-    if target.exists():
-      old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
-      os.rename(target, old)
-      os.rename(tmp, target)
-      shutil.rmtree(old)
-    else:
-      os.rename(tmp, target)
+    swap_dir(tmp, target)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise

@@ -254,13 +254,7 @@ def save_head(checkpoint_dir: os.PathLike, cfg: HeadConfig, params: Mapping,
     checkpointer.wait_until_finished()
     meta = {"format_version": FORMAT_VERSION, "config": cfg.to_dict(), "info": dict(info or {})}
     (tmp / HEAD_JSON).write_text(json.dumps(meta, indent=2) + "\n")
-    if out.exists():
-      old = out.parent / f".head.old-{os.getpid()}"
-      os.rename(out, old)
-      os.rename(tmp, out)
-      shutil.rmtree(old)
-    else:
-      os.rename(tmp, out)
+    safety.swap_dir(tmp, out)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
