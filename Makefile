@@ -1,6 +1,10 @@
 # make eval: set up .venv and run the eval on the embedded default model and data.
 # make test: set up .venv and run the whole test suite (slow tests included).
 PYTHON ?= python3
+# The test extra installs libtpu (TPU compile checks from this host); without a TPU it would print
+# start-up warnings, so the targets run JAX on the CPU unless told otherwise (make eval JAX_PLATFORMS=).
+JAX_PLATFORMS ?= cpu
+export JAX_PLATFORMS
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
