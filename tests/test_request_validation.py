@@ -145,10 +145,12 @@ def test_score_jsonl_bad_lines_get_their_own_error_and_good_lines_are_answered_a
 
 
 # --- properties --------------------------------------------------------------------------------------
+def _containers(children):
+  return st.one_of(st.lists(children, max_size=3), st.dictionaries(st.text(max_size=3), children, max_size=2))
+
+
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 3000) | st.floats(allow_nan=False, width=32)
-                    | st.text(max_size=6), lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=3), c,
-                                                                                                max_size=2),
-                    max_leaves=8)
+                    | st.text(max_size=6), _containers, max_leaves=8)
 IDS = st.lists(st.integers(0, 40), max_size=5)
 LABELS = st.lists(st.integers(0, 40), min_size=1, max_size=3)
 REQUIRED = {  # mostly plausible values, so that many requests are valid and get scored
