@@ -37,6 +37,7 @@ def expected_errors() -> tuple[type[BaseException], ...]:
   Every maxscore error names the file or field; OSError names its path (missing file, a directory
   where a file is expected, permission denied). Anything else is a bug and keeps its traceback."""
   from layers.sharding import ShardingError
+  from maxscore.bench.chips import TopologyError
   from maxscore.checkpoints.convert import ConversionError
   from maxscore.checkpoints.storage import CheckpointError
   from maxscore.checkpoints.tokenizer import TokenizerError
@@ -46,7 +47,7 @@ def expected_errors() -> tuple[type[BaseException], ...]:
   from maxscore.heads.train_config import TrainError
   from maxscore.rerank.compare import CompareError
   return (ScoreInputError, UnsafeOutputError, ResumeError, ConfigError, CheckpointError, ConversionError,
-          MeshError, ShardingError, TrainError, TokenizerError, CompareError, OSError)
+          MeshError, ShardingError, TrainError, TokenizerError, CompareError, TopologyError, OSError)
 
 
 @contextlib.contextmanager

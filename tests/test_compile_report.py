@@ -75,7 +75,7 @@ def test_chip_table_and_topology_names():
 # --- real TPU compiles ------------------------------------------------------------------
 def _scorer(topology, num_slices=1, **overrides):
   options = compile_report.CompileOptions(topology=topology, num_slices=num_slices, model=overrides.pop("model"),
-                                          num_layers=overrides.pop("num_layers", None),
+                                          num_layers=overrides.pop("num_layers", 0),
                                           overrides=tuple(f"{k}={v}" for k, v in overrides.items()))
   config = compile_report.build_config(options)
   devices = compile_report.describe_topology(topology, num_slices)

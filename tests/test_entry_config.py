@@ -24,7 +24,7 @@ def _script(name: str):
   return module
 
 
-ENTRY_SCRIPTS = ["bench", "build_default_assets", "compare_runs", "convert_hf_checkpoint", "eval_rerank", "head_study", "plot_runs", "score",
+ENTRY_SCRIPTS = ["bench", "build_default_assets", "compare_runs", "compile_check", "convert_hf_checkpoint", "eval_rerank", "head_study", "plot_runs", "score",
                  "train_score_head"]
 
 

@@ -1,7 +1,7 @@
 """Compiles what `Scorer.warmup` builds for a TPU topology described on this host; reports fit and roofline.
 
     report = compile_report.run(CompileOptions(topology="v6e:1x1", model="qwen3-0.6b",
-                                               geometries=((2000, 500, 20),), overrides=("dtype=bfloat16",)))
+                                               geometries=("2000x500x20",), overrides=("dtype=bfloat16",)))
     print(compile_report.summary(report))
 
 DESIGN.md section 10. The Scorer holds abstract params (ShapeDtypeStructs with their logical-axis
@@ -43,13 +43,23 @@ class CompileOptions:
   topology: str = "v6e:1x1"
   num_slices: int = 1
   model: str = "qwen3-0.6b"
-  num_layers: Optional[int] = None      # None: the model's own depth
-  geometries: tuple[tuple[int, ...], ...] = ((2000, 500, 20),)  # (query_len incl. separator, items, item_len[, batch])
+  num_layers: int = 0                   # 0: the model's own depth
+  geometries: tuple[str, ...] = ("2000x500x20",)  # QUERY_LENxNUM_ITEMSxITEM_LEN[xBATCH] (query_len incl. separator)
   algorithms: tuple[str, ...] = ("auto",)
   num_labels: int = 2
   search: tuple[str, ...] = ()          # dimensions to grow until nothing fits: num_items, query_len
   search_algorithms: tuple[str, ...] = ("packed", "prefill_extend")
   overrides: tuple[str, ...] = ()
+
+  def validate(self) -> "CompileOptions":
+    self.parsed_geometries()  # ValueError naming a malformed geometry
+    if self.num_layers < 0 or self.num_labels < 1 or self.num_slices < 1:
+      raise ValueError(f"num_layers={self.num_layers} must be >= 0, num_labels={self.num_labels} and "
+                       f"num_slices={self.num_slices} >= 1")
+    return self
+
+  def parsed_geometries(self) -> list[tuple[int, ...]]:
+    return [parse_geometry(g) for g in self.geometries]
 
 
 def parse_geometry(text: str) -> tuple[int, ...]:
@@ -234,8 +244,9 @@ def run(options: CompileOptions) -> dict[str, Any]:
   mesh = target_mesh(config.mesh, devices)
   scorer = abstract_scorer(config, mesh)
   common = dict(num_labels=options.num_labels, devices_per_chip=devices_per_chip)
-  workloads = [compile_workload(scorer, g, chip, a, **common) for g in options.geometries for a in options.algorithms]
-  g = tuple(options.geometries[0])
+  geometries = options.parsed_geometries()
+  workloads = [compile_workload(scorer, g, chip, a, **common) for g in geometries for a in options.algorithms]
+  g = tuple(geometries[0])
   limits = dict(num_items=max(1, (config.scoring.max_request_tokens - g[0]) // g[2]),  # the request token cap
                 query_len=config.buckets.prefix_buckets[-1])                           # the largest prefix bucket
   unknown = set(options.search) - set(limits)
