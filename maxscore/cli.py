@@ -135,7 +135,6 @@ def console_logging(log_file: Optional[os.PathLike] = None, verbose: bool = Fals
     return None
   path = pathlib.Path(log_file)
   path.parent.mkdir(parents=True, exist_ok=True)
-  safety.note_own_file(path)  # the output directory it sits in may still be claimed by the run
   # Watched: a script that clears its output directory (train --overwrite) gets the file back on the next line.
   handler = logging.handlers.WatchedFileHandler(path, encoding="utf-8", delay=True)
   handler.setFormatter(absl_logging.PythonFormatter())
@@ -165,6 +164,8 @@ def run_script(main: Callable[[Sequence[str]], Any], define_flags: Optional[Call
     verbose = bool(flags.FLAGS["verbosity"].present) and flags.FLAGS.verbosity >= 0
     process = getattr(flags.FLAGS, "process_id", None) if "process_id" in flags.FLAGS else None
     name = f"{script}.process{process}.log" if process else f"{script}.log"  # one file per process
+    if log_dir:  # the run's own logs do not make its output directory someone else's
+      safety.note_own_files(log_dir, f"{script}.log", f"{script}.process*.log")
     console_logging(pathlib.Path(log_dir) / name if log_dir else None, verbose)
     return main(argv)
 

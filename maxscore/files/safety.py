@@ -9,6 +9,7 @@
 """
 
 import contextlib
+import fnmatch
 import json
 import os
 import pathlib
@@ -95,18 +96,20 @@ def is_owned(directory: os.PathLike, kind: Optional[str] = None) -> bool:
   return meta is not None and (kind is None or meta.get("kind") == kind)
 
 
-# Files this process itself opened for writing before their directory was claimed (a script's log
-# file in its output directory): they are not "someone else's files".
-_OWN_FILES: set[pathlib.Path] = set()
+# Files this run writes before its output directory is claimed (the log files of a script's processes,
+# matched by name pattern): they are not "someone else's files".
+_OWN_FILES: set[tuple[pathlib.Path, str]] = set()
 
 
-def note_own_file(path: os.PathLike) -> None:
-  """Records that this process writes `path` (e.g. its log), so claiming its directory is allowed."""
-  _OWN_FILES.add(resolve(path))
+def note_own_files(directory: os.PathLike, *patterns: str) -> None:
+  """Records that this run writes files named like `patterns` (fnmatch) in `directory` (e.g. the logs
+  of each of its processes), so that claiming the directory is not refused because of them."""
+  _OWN_FILES.update((resolve(directory), p) for p in patterns)
 
 
 def _foreign_entries(directory: pathlib.Path) -> list[pathlib.Path]:
-  return [p for p in directory.iterdir() if resolve(p) not in _OWN_FILES]
+  mine = [pattern for d, pattern in _OWN_FILES if d == resolve(directory)]
+  return [p for p in directory.iterdir() if not (p.is_file() and any(fnmatch.fnmatch(p.name, m) for m in mine))]
 
 
 def _not_owned(directory: pathlib.Path, what: str) -> UnsafeOutputError:
