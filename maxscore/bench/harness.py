@@ -138,8 +138,13 @@ def run_score(opts: BenchOptions, peak_flops: float) -> dict[str, Any]:
         rows.append(row)
     hf = None
     if hf_model is not None:
-      hf = run_hf_baseline(hf_model, requests[0], opts.hf_batch_size, opts.hf_repeats, peak_flops,
-                           flops["total"], separator)
+      # transformers always computes the full-vocabulary lm_head: its FLOPs count it
+      hf_flops = model_flops(config.model, opts.query_len, [opts.item_len] * opts.num_items, "packed",
+                             separator is not None)["total"]
+      hf = run_hf_baseline(hf_model, requests[0], opts.hf_batch_size, opts.hf_repeats, peak_flops, hf_flops,
+                           separator)
+      if opts.apply_softmax:  # compare like with like: the scores are then the labels' softmax
+        hf["label_logprobs"] = [x - np.logaddexp.reduce(x, axis=-1, keepdims=True) for x in hf["label_logprobs"]]
     checks = _cross_checks(rows, hf, opts.num_items)
     if hf_error:
       checks["hf_error"] = hf_error

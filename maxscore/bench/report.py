@@ -24,6 +24,7 @@ SCORE_COLUMNS = (
     ("GFLOP/req", lambda r: r.get("flops_per_request", 0) / 1e9 if "flops_per_request" in r else None, ".1f"),
     ("GFLOP/s", lambda r: r.get("flops_per_s", 0) / 1e9 if "flops_per_s" in r else None, ".1f"),
     ("%peak", lambda r: r.get("pct_peak"), ".1f"),
+    ("lm_head", lambda r: r.get("lm_head"), ""),
     ("useful%", lambda r: r.get("useful_pct_peak"), ".1f"),
     ("x_serial", lambda r: r.get("x_serial"), ".1f"),
     ("x_hf", lambda r: r.get("x_hf"), ".2f"),
