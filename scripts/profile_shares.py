@@ -21,11 +21,12 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from layers.decoder import Decoder
 from layers.kernels import SegmentLayout, get_kernel
 from layers.kernels import shared_prefix as sp
+from maxscore import cli
 from maxscore.bench.harness import BenchOptions, bench_config
 from maxscore.scoring import runner as runner_lib
 from maxscore.scoring.scorer import Scorer
@@ -105,4 +106,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_script(main)
