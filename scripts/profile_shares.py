@@ -9,6 +9,7 @@ interleaved `--repeats` times in this one process (best kept), so every share is
 under the same load; the load average is printed before and after. XLA:CPU's profiler names only
 whole fusions, so parts are timed directly instead:
   forward (full-vocabulary lm_head / label rows)   the scoring programs, apply_softmax false / true
+  forward, former shared_prefix steps              the first, with the kernel's former step size and mask
   dense only                                       the same forward with attention replaced by identity
   attention kernel                                 shared_prefix on [T] queries, once per layer
   slot QK + PV products only                       the slot path's two GEMMs, same chunks, no softmax
@@ -57,6 +58,19 @@ def _slot_gemms(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH):
   return jax.lax.map(one, jnp.moveaxis(q, 1, 0))
 
 
+def _former_kernel(fn):
+  """`fn` traced with the shared_prefix settings before cache-sized steps: 1024-token slot steps
+  (32 slots here, an ~84 MiB score tile) and the padding mask as a select."""
+  def traced(*args):
+    saved = sp._TILE_BYTES, sp._BIAS_COLUMN
+    sp._TILE_BYTES, sp._BIAS_COLUMN = 90 << 20, False
+    try:
+      return fn.__wrapped__(*args)
+    finally:
+      sp._TILE_BYTES, sp._BIAS_COLUMN = saved
+  return jax.jit(traced)
+
+
 def parts(num_layers: int) -> dict:
   """name -> (jitted fn, args) for every timed part."""
   scorer = Scorer.from_config(bench_config(BenchOptions(num_layers=num_layers)))
@@ -79,6 +93,7 @@ def parts(num_layers: int) -> dict:
   return {
       "forward, full-vocabulary lm_head (apply_softmax=false)": (_forward(dec, "logprobs"), fwd_args),
       "forward, label-row lm_head (apply_softmax=true)": (_forward(dec, "logits"), fwd_args),
+      "forward, apply_softmax=false, former shared_prefix steps": (_former_kernel(_forward(dec, "logprobs")), fwd_args),
       "dense only (attention = identity, no lm_head)": (_forward(identity, "hidden"), fwd_args),
       "attention kernel (shared_prefix), all layers": (per_layer(lambda q, k, v: attend(q, k, v, layout)), qkv),
       "  of which slot QK + PV products only": (per_layer(_slot_gemms), qkv),
