@@ -91,7 +91,8 @@ def run_algorithm(scorer: Scorer, request, algorithm: str, repeats: int, max_ite
         times.append(time.perf_counter() - t0)
   best = min(times) if times else first_s
   row = dict(name=algorithm, algorithm=algorithm, picked=sorted({r.algorithm for r in results}),
-             lm_head=flops[0]["lm_head_mode"] if flops else None, items_timed=items, subset=items < all_items, repeats=repeats, best_s=best,
+             lm_head=flops[0]["lm_head_mode"] if flops else None, items_timed=items, subset=items < all_items,
+             repeats=repeats, best_s=best,
              median_s=float(np.median(times)) if times else first_s,
              first_call_s=first_s, compile_s=first.seconds, xla_compiles_first=first.compiles,
              xla_compiles_warm=warm.compiles, items_per_s=items / best,
