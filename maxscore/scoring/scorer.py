@@ -216,8 +216,8 @@ class Scorer:
     """Compiles ahead of time (lower + compile, nothing runs) what requests of these geometries will use.
 
     Each geometry is (query_len, num_items, item_len[, batch]): `batch` requests of that shape scored
-    together (score_batch) -- 1 by default -- with the config's apply_softmax. query_len counts the separator. Returns the number of
-    new executables and the seconds spent.
+    together (score_batch) -- 1 by default -- with the config's apply_softmax. query_len counts the
+    separator. Returns the number of new executables and the seconds spent.
     """
     import time
     k = num_labels or len(self.config.scoring.label_token_ids) or 2
