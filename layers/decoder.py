@@ -102,8 +102,24 @@ class Decoder(nn.Module):
     else:
       logits = jnp.einsum("...D,DV->...V", h_xD.astype(jnp.float32), self.lm_head.astype(jnp.float32),
                           precision=jax.lax.Precision.HIGHEST)
-    cap = self.config.final_logit_softcap
-    return logits if cap is None else jnp.tanh(logits / cap) * cap
+    return softcap(logits, self.config.final_logit_softcap)
+
+  def label_logits(self, h_xD: jax.Array, ids_K: jax.Array) -> jax.Array:
+    """`logits` at vocabulary ids [K] only: [..., K] from the K lm_head rows (gathered), soft-capped alike.
+
+    Scores that need no vocabulary log-sum-exp (DESIGN.md section 3) read just these, skipping the
+    [D, V] product."""
+    if self.config.tie_word_embeddings:
+      logits = self.embed.attend_rows(h_xD, ids_K)
+    else:
+      cols_DxK = jnp.take(self.lm_head, ids_K, axis=1).astype(jnp.float32)
+      logits = jnp.einsum("...D,DK->...K", h_xD.astype(jnp.float32), cols_DxK, precision=jax.lax.Precision.HIGHEST)
+    return softcap(logits, self.config.final_logit_softcap)
+
+
+def softcap(logits: jax.Array, cap: Optional[float]) -> jax.Array:
+  """The final logit soft-cap (Gemma 2): cap * tanh(logits / cap); `cap` None leaves logits as they are."""
+  return logits if cap is None else jnp.tanh(logits / cap) * cap
 
 
 def init_params(model: Decoder, rng: jax.Array):

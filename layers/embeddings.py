@@ -35,6 +35,11 @@ class Embed(nn.Module):
     return jnp.einsum("...D,VD->...V", x_BxD.astype(jnp.float32), self.embedding.astype(jnp.float32),
                       precision=jax.lax.Precision.HIGHEST)
 
+  def attend_rows(self, x_BxD: jax.Array, ids_K: jax.Array) -> jax.Array:
+    """`attend` at vocabulary ids [K] only: float32 logits [..., K] from the K gathered embedding rows."""
+    rows_KxD = jnp.take(self.embedding, ids_K, axis=0).astype(jnp.float32)
+    return jnp.einsum("...D,KD->...K", x_BxD.astype(jnp.float32), rows_KxD, precision=jax.lax.Precision.HIGHEST)
+
 
 def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> np.ndarray:
   """Inverse frequencies [head_dim/2] in float32 for a global layer (with its scaling) or a local one.

@@ -137,3 +137,14 @@ def test_kernels_mode_skips_what_would_not_fit(small_peak):
                                 head_dim=8, kernels=("reference",), repeats=1, kernel_memory_fraction=1e-12)
   row = benchmark.run_benchmark(opts)["rows"][0]
   assert row["status"].startswith("not run") and row["memory"]["temp_bytes"] > 0 and "best_s" not in row
+
+
+def test_apply_softmax_rows_count_only_the_label_rows(small_peak):
+  opts = benchmark.BenchOptions(model="tiny-qwen3", num_layers=1, labels=(3, 7), query_len=30, num_items=8,
+                                item_len=5, algorithms=("packed",), repeats=1, hf_baseline=False, apply_softmax=True)
+  report = benchmark.run_benchmark(opts)
+  row, = report["rows"]
+  f, d = report["flops"], report["workload"]["model_config"]["hidden_size"]
+  assert row["lm_head"] == f["lm_head_mode"] == "labels" and f["lm_head"] == 2 * d * 2 * 8
+  assert row["flops_per_request"] == pytest.approx(f["total"]) and row["pct_peak"] > 0
+  assert "lm_head" in benchmark.format_table(report["rows"])

@@ -3,14 +3,16 @@
 prefix queries: causal over the P prefix keys, in query blocks that read only the keys up to
 the block's end (the upper triangle is never computed).
 slot queries: against the prefix keys [P] and their own causal [L, L] block, merged with one
-log-sum-exp. Slots are processed `chunk` at a time (lax.map) so memory is
-O(chunk * L * heads * P) whatever the number of slots.
+log-sum-exp. Slots are processed a chunk at a time (lax.map), the chunk sized so its score tile
+stays in the last-level cache; memory is O(tile) whatever the number of slots.
 
 Layout for speed on XLA:CPU: (batch, kv head) are flattened into one batch axis Z and query
 heads of a GQA group are folded into the row axis M, so every product is one batched GEMM
 [Z, M, H] x [Z, S, H] and K/V are never repeated; probabilities are normalized after the PV
 product (one pass less over the score tile). The prefill+extend algorithm calls the same slot
-path with the prefix K/V taken from a cache.
+path with the prefix K/V taken from a cache. Slot steps are sized so the score tile stays in the
+last-level cache, and padding is masked inside the QK product where nothing else needs a mask
+(see _TILE_BYTES, _MIN_ROWS, _BIAS_COLUMN for the measurements behind them).
 
 Sliding window W: a prefix query block reads only keys from W-1 before its first query; slot
 token j of a row with V real prefix tokens sees prefix keys k > V + j - W and own keys j' > j - W
@@ -25,7 +27,20 @@ import jax.numpy as jnp
 from layers.kernels.base import MASK_VALUE, KernelOptions, PrefixKV, SegmentLayout, soft_cap, with_prefix
 
 _HI = jax.lax.Precision.HIGHEST
-_ROWS_PER_CHUNK = 1024   # slot tokens per lax.map step: keeps the score tile small and cache-friendly
+# Bytes of one lax.map step's [Z, rows, P] float32 slot score tile. The QK product writes it and the
+# max, exp/sum and PV passes read it again: a tile that stays in the last-level cache (32 MiB on the
+# CI machine's EPYC) keeps those passes off memory. In one-process A/B runs at the reference geometry
+# (P=2048, 512 slots x 20, 8 kv heads) a ~20 MiB tile took 0.71-0.73x the time of the former
+# 1024-token (~80 MiB) one, and a ~10 MiB tile 0.78-0.82x.
+_TILE_BYTES = 24 << 20
+# ... but a step needs enough rows per (batch, kv head) for the products to be efficient GEMMs: at
+# 64 rows x 8 kv heads, P=320, 12 slots of 12 (the many-small-requests workload) one-slot steps took
+# 1.8x the time of one 12-slot step (~190 MiB tile) in the same A/B.
+_MIN_ROWS = 256
+# Without a window or soft-cap the slot path masks only padded prefix keys: a bias column on the keys
+# (and a ones column on the queries) puts the mask in the QK product, so no select rewrites the tile
+# (0.73x vs 0.80x of the former kernel's time in the same A/B as above). False: always select.
+_BIAS_COLUMN = True
 _PREFIX_BLOCK = 256      # prefix query block: later blocks read more keys, none reads beyond its end
 
 
@@ -68,11 +83,18 @@ def _causal_prefix(q_BxPxKxGxH, k_BxPxKxH, v_BxPxKxH, valid_B, window, softcap):
 
 def _slots_chunk(pk_ZxPxH, pv_ZxPxH, pre_mask_BxLxP, q_BxCxLxKxGxH, k_BxCxLxKxH, v_BxCxLxKxH, valid_BxC,
                  window, softcap):
-  """One chunk of C slots: rows (c, l, g) per (batch, kv head), against prefix keys and own block."""
+  """One chunk of C slots: rows (c, l, g) per (batch, kv head), against prefix keys and own block.
+
+  `pre_mask_BxLxP` None: the prefix mask is already in the product (pk has a bias column, q gets a
+  ones column), so the score tile is not rewritten by a select before the max pass reads it."""
   b, c, l, kh, g, h = q_BxCxLxKxGxH.shape
   q_ZxMxH = _to_z(q_BxCxLxKxGxH.reshape(b, c * l, kh, g, h), g)
-  s_pre = soft_cap(_bmm("ZMH,ZPH->ZMP", q_ZxMxH, pk_ZxPxH), softcap).reshape(b, kh, c, l, g, -1)
-  s_pre = jnp.where(pre_mask_BxLxP[:, None, None, :, None, :], s_pre, MASK_VALUE).reshape(b * kh, c * l * g, -1)
+  if pre_mask_BxLxP is None:
+    ones = jnp.ones(q_ZxMxH.shape[:2] + (pk_ZxPxH.shape[-1] - h,), q_ZxMxH.dtype)
+    s_pre = _bmm("ZMH,ZPH->ZMP", jnp.concatenate([q_ZxMxH, ones], axis=-1), pk_ZxPxH)
+  else:
+    s_pre = soft_cap(_bmm("ZMH,ZPH->ZMP", q_ZxMxH, pk_ZxPxH), softcap).reshape(b, kh, c, l, g, -1)
+    s_pre = jnp.where(pre_mask_BxLxP[:, None, None, :, None, :], s_pre, MASK_VALUE).reshape(b * kh, c * l * g, -1)
   s_own = soft_cap(_bmm("BCLKGH,BCSKH->BKCLGS", q_BxCxLxKxGxH, k_BxCxLxKxH), softcap)
   idx = jnp.arange(l)
   causal_LxS = idx[None, :] <= idx[:, None]
@@ -89,10 +111,16 @@ def _slots_chunk(pk_ZxPxH, pv_ZxPxH, pre_mask_BxLxP, q_BxCxLxKxGxH, k_BxCxLxKxH,
   return out.reshape(b, c, l, kh, g, h)
 
 
-def _chunk_size(n: int, l: int) -> int:
-  """Largest divisor of n with at most _ROWS_PER_CHUNK slot tokens (at least 1)."""
-  target = max(1, _ROWS_PER_CHUNK // max(l, 1))
-  return max(d for d in range(1, min(n, target) + 1) if n % d == 0)
+def _chunk_size(n: int, slot_tile_bytes: int, slot_rows: int) -> int:
+  """Slots per lax.map step, a divisor of n: the most whose score tiles (`slot_tile_bytes` each) fit in
+  _TILE_BYTES, unless that leaves fewer than _MIN_ROWS GEMM rows (`slot_rows` per slot and kv head);
+  then the fewest that reach _MIN_ROWS (or all n)."""
+  divisors = [d for d in range(1, n + 1) if n % d == 0]
+  fit = max(1, _TILE_BYTES // max(slot_tile_bytes, 1))
+  need = -(-_MIN_ROWS // max(slot_rows, 1))
+  if fit >= need:
+    return max(d for d in divisors if d <= fit)
+  return min(d for d in divisors if d >= min(need, n))
 
 
 def slots_attention(q_BxNxLxKxGxH, k_BxNxLxKxH, v_BxNxLxKxH, pk_BxPxKxH, pv_BxPxKxH, prefix_valid_B,
@@ -101,12 +129,17 @@ def slots_attention(q_BxNxLxKxGxH, k_BxNxLxKxH, v_BxNxLxKxH, pk_BxPxKxH, pv_BxPx
   b, n, l, kh, g, h = q_BxNxLxKxGxH.shape
   pk, pv = _to_z(pk_BxPxKxH), _to_z(pv_BxPxKxH)
   keys_P = jnp.arange(pk_BxPxKxH.shape[1])
-  pre_mask_BxLxP = jnp.broadcast_to((keys_P[None, :] < prefix_valid_B[:, None])[:, None, :],
-                                    (b, l, keys_P.shape[0]))
+  valid_BxP = keys_P[None, :] < prefix_valid_B[:, None]
+  if window is None and softcap is None and _BIAS_COLUMN:
+    # Only padding is masked, per key: a bias column on the keys (0 or MASK_VALUE) adds it in the product.
+    bias_ZxP = jnp.repeat(jnp.where(valid_BxP, 0.0, MASK_VALUE).astype(pk.dtype), kh, axis=0)
+    pk, pre_mask_BxLxP = jnp.concatenate([pk, bias_ZxP[..., None]], axis=-1), None
+  else:
+    pre_mask_BxLxP = jnp.broadcast_to(valid_BxP[:, None, :], (b, l, keys_P.shape[0]))
   if window is not None:  # slot token j sits at serial position prefix_valid + j
     first_BxL = prefix_valid_B[:, None] + jnp.arange(l)[None, :] - window
     pre_mask_BxLxP = pre_mask_BxLxP & (keys_P[None, None, :] > first_BxL[:, :, None])
-  c = _chunk_size(n, l)
+  c = _chunk_size(n, 4 * b * kh * l * g * pk_BxPxKxH.shape[1], l * g)
   split = lambda x: jnp.moveaxis(x.reshape((b, n // c, c) + x.shape[2:]), 1, 0)
   chunks = (split(q_BxNxLxKxGxH), split(k_BxNxLxKxH), split(v_BxNxLxKxH), split(slot_valid_BxN))
   out = jax.lax.map(lambda a: _slots_chunk(pk, pv, pre_mask_BxLxP, *a, window, softcap), chunks)

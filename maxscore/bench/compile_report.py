@@ -116,6 +116,13 @@ def _lm_head_rows(program: Program) -> Optional[int]:
   return None  # one row per slot
 
 
+def _lm_head_cols(program: Program) -> Optional[int]:
+  """The label rows only for the raw-logit entries (packed_logits, extend_logits: [..., K] out), else the vocabulary."""
+  if program.entry in ("packed_logits", "extend_logits"):
+    return int(program.out_shape.shape[-1])
+  return None
+
+
 def compute_shards(mesh: Mesh, batch: int) -> int:
   """Chips that split one program's work: tensor, times the batch axes that divide its rows."""
   batch_axes = sharding.batch_axes(batch, mesh) or ()
@@ -133,7 +140,7 @@ def program_row(program: Program, model: ModelConfig, chip: chips.Chip, mesh: Me
   capacity = chip.hbm_bytes // devices_per_chip
   flops = cost_model.program_flops(model, program.batch, program.prefix_len, program.slot_len, program.num_slots,
                                    prefix_cached=program.entry.startswith("extend"),
-                                   lm_head_rows=_lm_head_rows(program))
+                                   lm_head_rows=_lm_head_rows(program), lm_head_cols=_lm_head_cols(program))
   flops_device = flops / compute_shards(mesh, program.batch)
   bytes_device = memory["arguments"] + memory["outputs"]
   t_compute = flops_device / (chip.peak_bf16_flops / devices_per_chip)

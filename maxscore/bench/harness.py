@@ -21,6 +21,7 @@ from maxscore.bench.kernels import run_kernels
 from maxscore.bench.measure import machine_info, measure_matmul_peak
 from maxscore.bench.workloads import (
   fresh_scorer,
+  lm_head_cols,
   make_requests,
   mixed_shape_run,
   run_algorithm,
@@ -46,6 +47,7 @@ class BenchOptions:
   algorithms: tuple[str, ...] = ("serial", "packed", "prefill_extend", "auto")
   kernels: tuple[str, ...] = ()        # (): shared_prefix (score), shared_prefix,reference (kernels)
   labels: tuple[int, ...] = (9454, 2753)
+  apply_softmax: bool = False          # true: scores need only the label rows of the lm_head (no vocabulary lse)
   repeats: int = 3
   serial_items: int = 20               # 0: all
   hf_baseline: bool = True
@@ -86,7 +88,8 @@ class BenchOptions:
 
 
 def bench_config(opts: BenchOptions) -> Config:
-  over = [f"model_name={opts.model}", f"label_token_ids=[{','.join(map(str, opts.labels))}]"]
+  over = [f"model_name={opts.model}", f"label_token_ids=[{','.join(map(str, opts.labels))}]",
+          f"apply_softmax={str(opts.apply_softmax).lower()}"]
   if opts.num_layers:
     over.append(f"num_layers={opts.num_layers}")
   if opts.separator is not None:
@@ -118,10 +121,10 @@ def run_score(opts: BenchOptions, peak_flops: float) -> dict[str, Any]:
     if hf_model is None:
       scorer = Scorer.from_config(config)
     requests = make_requests(config.model.vocab_size, opts.query_len, opts.num_items, opts.item_len, opts.labels,
-                             max(opts.batch_requests, 1), opts.seed)
+                             max(opts.batch_requests, 1), opts.seed, opts.apply_softmax)
     request = requests if opts.batch_requests else requests[0]
     flops = model_flops(config.model, opts.query_len, [opts.item_len] * opts.num_items, "packed",
-                        separator is not None)
+                        separator is not None, lm_head_cols(requests[0]))
     rows = []
     for kernel in opts.kernel_list():
       kscorer = scorer if kernel == scorer.config.kernel.attention else fresh_scorer(scorer, attention=kernel)
@@ -135,14 +138,20 @@ def run_score(opts: BenchOptions, peak_flops: float) -> dict[str, Any]:
         rows.append(row)
     hf = None
     if hf_model is not None:
-      hf = run_hf_baseline(hf_model, requests[0], opts.hf_batch_size, opts.hf_repeats, peak_flops,
-                           flops["total"], separator)
+      # transformers always computes the full-vocabulary lm_head: its FLOPs count it
+      hf_flops = model_flops(config.model, opts.query_len, [opts.item_len] * opts.num_items, "packed",
+                             separator is not None)["total"]
+      hf = run_hf_baseline(hf_model, requests[0], opts.hf_batch_size, opts.hf_repeats, peak_flops, hf_flops,
+                           separator)
+      if opts.apply_softmax:  # compare like with like: the scores are then the labels' softmax
+        hf["label_logprobs"] = [x - np.logaddexp.reduce(x, axis=-1, keepdims=True) for x in hf["label_logprobs"]]
     checks = _cross_checks(rows, hf, opts.num_items)
     if hf_error:
       checks["hf_error"] = hf_error
     rows += [hf] if hf else []
     report = dict(workload=dict(query_len=opts.query_len, num_items=opts.num_items, item_len=opts.item_len,
                                 separator_token_id=separator, labels=list(opts.labels),
+                                apply_softmax=opts.apply_softmax,
                                 batch_requests=opts.batch_requests, model=opts.model,
                                 model_config=dataclasses.asdict(config.model),
                                 non_embedding_params=config.model.non_embedding_params()),

@@ -67,7 +67,8 @@ def run_hf_baseline(model, request: dict, batch_size: int, repeats: int, peak_fl
       lp = hf_label_logprobs(model, request, batch_size, separator)
       times.append(time.perf_counter() - t0)
   best, n = min(times), len(request["items"])
-  row = dict(name=f"hf_transformers(b={batch_size})", algorithm="hf_prefix_reuse", items_timed=n, subset=False,
+  row = dict(name=f"hf_transformers(b={batch_size})", algorithm="hf_prefix_reuse", lm_head="vocabulary", items_timed=n,
+             subset=False,
              repeats=len(times), best_s=best, median_s=float(np.median(times)), items_per_s=n / best,
              ms_per_request=1e3 * best, flops_per_request=flops_per_request, useful_flops_per_request=flops_per_request,
              flops_per_s=flops_per_request / best, useful_flops_per_s=flops_per_request / best,

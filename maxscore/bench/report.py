@@ -24,6 +24,7 @@ SCORE_COLUMNS = (
     ("GFLOP/req", lambda r: r.get("flops_per_request", 0) / 1e9 if "flops_per_request" in r else None, ".1f"),
     ("GFLOP/s", lambda r: r.get("flops_per_s", 0) / 1e9 if "flops_per_s" in r else None, ".1f"),
     ("%peak", lambda r: r.get("pct_peak"), ".1f"),
+    ("lm_head", lambda r: r.get("lm_head"), ""),
     ("useful%", lambda r: r.get("useful_pct_peak"), ".1f"),
     ("x_serial", lambda r: r.get("x_serial"), ".1f"),
     ("x_hf", lambda r: r.get("x_hf"), ".2f"),
@@ -92,7 +93,8 @@ def summary(report: dict[str, Any]) -> str:
                f"({w['non_embedding_params'] / 1e6:.1f}M non-embedding params)"
                + (f", {w['batch_requests']} requests per score_batch" if w["batch_requests"] else ""))
   lines.append(f"model FLOPs/request: {f['total'] / 1e9:.2f} G = dense {f['dense'] / 1e9:.2f} + attention "
-               f"{f['attention'] / 1e9:.2f} + lm_head {f['lm_head'] / 1e9:.2f}; serial {f['serial_total'] / 1e9:.2f} G "
+               f"{f['attention'] / 1e9:.2f} + lm_head {f['lm_head'] / 1e9:.2f} ({f.get('lm_head_mode', 'vocabulary')}); "
+               f"serial {f['serial_total'] / 1e9:.2f} G "
                f"(x{f['flop_ratio']:.1f}); physical limit at peak: {peak / f['total']:.2f} req/s = "
                f"{w['num_items'] * peak / f['total']:.0f} items/s")
   lines.append(format_table(report["rows"], SCORE_COLUMNS))

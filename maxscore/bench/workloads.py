@@ -23,12 +23,18 @@ from maxscore.scoring.scorer import Scorer
 
 
 def make_requests(vocab_size: int, query_len: int, num_items: int, item_len: int, labels: Sequence[int],
-                  num_requests: int = 1, seed: int = 0) -> list[dict[str, Any]]:
+                  num_requests: int = 1, seed: int = 0, apply_softmax: bool = False) -> list[dict[str, Any]]:
   """/v1/score-shaped requests with random token ids (distinct queries, so nothing is cached across them)."""
   rng = np.random.default_rng(seed)
   return [dict(query=rng.integers(0, vocab_size, query_len).tolist(),
                items=rng.integers(0, vocab_size, (num_items, item_len)).tolist(),
-               label_token_ids=list(labels), apply_softmax=False) for _ in range(num_requests)]
+               label_token_ids=list(labels), apply_softmax=apply_softmax) for _ in range(num_requests)]
+
+
+def lm_head_cols(request: dict[str, Any]) -> Optional[int]:
+  """The lm_head columns a request's scores compute (cost_model): its K labels with apply_softmax
+  (no vocabulary normalizer needed), else None = the full vocabulary."""
+  return len(request["label_token_ids"]) if request["apply_softmax"] else None
 
 
 def _subset(requests: list[dict], max_items: Optional[int]) -> list[dict]:
@@ -66,7 +72,8 @@ def run_algorithm(scorer: Scorer, request, algorithm: str, repeats: int, max_ite
   items = sum(len(r["items"]) for r in run_reqs)
   all_items = sum(len(r["items"]) for r in requests)
   cfg = scorer.config.model
-  flops = [model_flops(cfg, len(r["query"]), [len(x) for x in r["items"]], algorithm, separator) for r in run_reqs]
+  flops = [model_flops(cfg, len(r["query"]), [len(x) for x in r["items"]], algorithm, separator, lm_head_cols(r))
+           for r in run_reqs]
   own_flops = sum(f["total"] for f in flops)          # what this algorithm's forwards need for the timed items
   useful_flops = sum(f["shared_total"] for f in flops)  # the request's shared-prefix work for the same items
   scale = all_items / max(items, 1) / len(requests)     # timed items -> one whole request
@@ -84,7 +91,8 @@ def run_algorithm(scorer: Scorer, request, algorithm: str, repeats: int, max_ite
         times.append(time.perf_counter() - t0)
   best = min(times) if times else first_s
   row = dict(name=algorithm, algorithm=algorithm, picked=sorted({r.algorithm for r in results}),
-             items_timed=items, subset=items < all_items, repeats=repeats, best_s=best,
+             lm_head=flops[0]["lm_head_mode"] if flops else None, items_timed=items, subset=items < all_items,
+             repeats=repeats, best_s=best,
              median_s=float(np.median(times)) if times else first_s,
              first_call_s=first_s, compile_s=first.seconds, xla_compiles_first=first.compiles,
              xla_compiles_warm=warm.compiles, items_per_s=items / best,

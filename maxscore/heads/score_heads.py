@@ -55,7 +55,7 @@ from maxscore.checkpoints import storage as checkpointing
 from maxscore.errors import ScoreInputError, UnsafeOutputError
 from maxscore.files import identity, safety
 from maxscore.scoring.requests import TokenRequest, validate_batch
-from maxscore.scoring.scorer import ScoreResult, Scorer, finalize_scores
+from maxscore.scoring.scorer import ScoreResult, Scorer, finalize_scores, score_output
 
 FORMAT_VERSION = 1
 HEAD_DIR = "head"
@@ -375,16 +375,32 @@ class HeadScorer:
         out[i] = res
     if not mine:
       return out
-    head_reqs = [reqs[i] for i in mine]
+    for output in sorted({score_output(reqs[i].apply_softmax) for i in mine}):
+      idx = [i for i in mine if score_output(reqs[i].apply_softmax) == output]
+      for i, res in zip(idx, self._head_scores([reqs[i] for i in idx], algorithm, output)):
+        out[i] = res
+    return out
+
+  def _head_scores(self, head_reqs: Sequence[TokenRequest], algorithm: Optional[str], output: str):
+    """Head scores of requests that share a score output (Scorer.score_requests).
+
+    With apply_softmax ("logits") the head reads the label logits shifted by their row max instead of
+    the full-vocabulary log-probs: the two differ by a per-row constant, which lm_labels' lp' keeps
+    and the labels' softmax cancels; so the vocabulary log-sum-exp is skipped and a zero delta still
+    reproduces the scorer's scores bit for bit."""
+    cfg = self.head_config
     # The scorer's forwards (Scorer._run): per request (output, algorithm name).
-    lps = self.scorer._run(head_reqs, algorithm, "logprobs") if cfg.reads_logprobs else None
+    lps = self.scorer._run(head_reqs, algorithm, output) if cfg.reads_logprobs else None
     hs = self.scorer._run(head_reqs, algorithm, "hidden") if cfg.reads_hidden else None
-    for j, (i, r) in enumerate(zip(mine, head_reqs)):
+    out = []
+    for j, r in enumerate(head_reqs):
       name = (lps or hs)[j][1]
       lp = lps[j][0] if lps else np.zeros((len(r.items), cfg.num_labels), np.float32)
+      if lps and output == "logits" and lp.size:
+        lp = lp - lp.max(axis=-1, keepdims=True)
       h = hs[j][0] if hs else np.zeros((len(r.items), 0), np.float32)
       new_lp = np.asarray(jit_apply(cfg)(self.head_params, h, lp)) if len(r.items) else lp
-      out[i] = ScoreResult(finalize_scores(new_lp, r.apply_softmax), name, self.scorer._usage(r, name))
+      out.append(ScoreResult(finalize_scores(new_lp, r.apply_softmax), name, self.scorer._usage(r, name)))
     return out
 
 

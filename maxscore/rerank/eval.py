@@ -59,12 +59,13 @@ def _log_odds(scores_NxK: np.ndarray) -> np.ndarray:
     return np.log(scores_NxK[:, 0]) - np.log(scores_NxK[:, 1])
 
 
-# name -> (apply_softmax, ranking score from the [N, K] scores). log_odds reads full-vocabulary
-# probabilities: log p0 - log p1 is the same with or without the label softmax, and exp of the
-# raw log-probs underflows later than the softmax's smaller label does. raw_logit (apply_softmax
-# None) ranks by the first label's raw lm_head logit (Scorer.label_logits), as FlagEmbedding's LLM
+# name -> (apply_softmax, ranking score from the [N, K] scores). log_odds reads the label softmax:
+# log p0 - log p1 is the same with or without it (the vocabulary log-sum-exp cancels), the softmax
+# needs only the label rows of the lm_head (DESIGN.md section 3), and its probabilities are at
+# least the full-vocabulary ones, so they underflow no earlier. raw_logit (apply_softmax None)
+# ranks by the first label's raw lm_head logit (Scorer.label_logits), as FlagEmbedding's LLM
 # rerankers do; it can order items differently from p_first (the vocabulary log-sum-exp varies).
-SCORE_MODES = {"p_first": (True, _p_first), "log_odds": (False, _log_odds), "raw_logit": (None, _p_first)}
+SCORE_MODES = {"p_first": (True, _p_first), "log_odds": (True, _log_odds), "raw_logit": (None, _p_first)}
 
 
 @dataclasses.dataclass(frozen=True)

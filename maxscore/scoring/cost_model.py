@@ -35,11 +35,15 @@ def serial_attention_pairs(prefix_len: int, item_lens: Sequence[int], window: Op
   return sum(_causal_pairs(prefix_len + l, window) for l in item_lens)
 
 
-def _rates(model_cfg: ModelConfig) -> tuple[int, int, int]:
-  """FLOPs per token of dense work (all layers), per attention (query, key) pair in one layer, per lm_head row."""
+def _rates(model_cfg: ModelConfig, lm_head_cols: Optional[int] = None) -> tuple[int, int, int]:
+  """FLOPs per token of dense work (all layers), per attention (query, key) pair in one layer, per lm_head row.
+
+  `lm_head_cols`: the lm_head columns computed per row -- None: the full vocabulary (a log-sum-exp
+  over it), K: only the label rows (scores that need no vocabulary normalizer)."""
   dense_per_token = 2 * model_cfg.non_embedding_params()
   attn_per_pair = 4 * model_cfg.num_heads * model_cfg.head_dim
-  return dense_per_token, attn_per_pair, 2 * model_cfg.hidden_size * model_cfg.vocab_size
+  cols = model_cfg.vocab_size if lm_head_cols is None else lm_head_cols
+  return dense_per_token, attn_per_pair, 2 * model_cfg.hidden_size * cols
 
 
 def _layer_windows(model_cfg: ModelConfig) -> tuple[tuple[int, Optional[int]], ...]:
@@ -49,13 +53,14 @@ def _layer_windows(model_cfg: ModelConfig) -> tuple[tuple[int, Optional[int]], .
 
 
 def program_flops(model_cfg: ModelConfig, batch: int, prefix_len: int, slot_len: int, num_slots: int,
-                  prefix_cached: bool = False, lm_head_rows: int | None = None) -> int:
+                  prefix_cached: bool = False, lm_head_rows: int | None = None,
+                  lm_head_cols: int | None = None) -> int:
   """Model FLOPs of one compiled forward at its padded shape: `batch` rows of [prefix P][N slots of L].
 
   `prefix_cached`: the prefix's K/V are read, not computed (extend). `lm_head_rows` per row
-  defaults to N (one score row per slot; a prefill has none).
+  defaults to N (one score row per slot; a prefill has none); `lm_head_cols` as in `_rates`.
   """
-  dense_per_token, attn_per_pair, lm_head_per_row = _rates(model_cfg)
+  dense_per_token, attn_per_pair, lm_head_per_row = _rates(model_cfg, lm_head_cols)
   p_computed = 0 if prefix_cached else prefix_len
   pairs = sum(count * (attention_pairs(prefix_len, [slot_len] * num_slots, w)
                        - (_causal_pairs(prefix_len, w) if prefix_cached else 0))
@@ -66,16 +71,17 @@ def program_flops(model_cfg: ModelConfig, batch: int, prefix_len: int, slot_len:
 
 
 def model_flops(model_cfg: ModelConfig, query_len: int, item_lens: Sequence[int], algorithm: str = "packed",
-                separator: bool = True) -> dict[str, Any]:
+                separator: bool = True, lm_head_cols: Optional[int] = None) -> dict[str, Any]:
   """Model FLOPs of one request (DESIGN.md cost model), split into dense, attention and lm_head.
 
   `algorithm="serial"` gives serial's own work (the query once per item); anything else the
   shared-prefix work that packed and prefill_extend both do. `serial_total` and `flop_ratio`
-  (serial / shared) are always included.
+  (serial / shared) are always included. `lm_head_cols`: None counts the full-vocabulary lm_head,
+  K only its label rows (apply_softmax, raw logits); `lm_head` in the result says which.
   """
   p = query_len + (1 if separator else 0)
   n = len(item_lens)
-  dense_per_token, attn_per_pair, lm_head_per_row = _rates(model_cfg)
+  dense_per_token, attn_per_pair, lm_head_per_row = _rates(model_cfg, lm_head_cols)
   layer_pairs = lambda fn: sum(count * fn(p, item_lens, w) for count, w in _layer_windows(model_cfg) if count)
   lm_head = lm_head_per_row * n
 
@@ -86,6 +92,7 @@ def model_flops(model_cfg: ModelConfig, query_len: int, item_lens: Sequence[int]
   shared = parts(p + sum(item_lens), layer_pairs(attention_pairs))
   serial = parts(n * p + sum(item_lens), layer_pairs(serial_attention_pairs))
   out = dict(serial if algorithm == "serial" else shared)
-  out.update(algorithm=algorithm, prefix_len=p, num_items=n, serial_total=serial["total"],
+  out.update(algorithm=algorithm, prefix_len=p, num_items=n, lm_head_cols=lm_head_cols or model_cfg.vocab_size,
+             lm_head_mode="vocabulary" if lm_head_cols is None else "labels", serial_total=serial["total"],
              shared_total=shared["total"], flop_ratio=serial["total"] / max(shared["total"], 1))
   return out

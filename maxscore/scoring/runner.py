@@ -2,7 +2,8 @@
 
 Every entry point ends in the scoring primitive of DESIGN.md section 1: gather the final
 hidden states at the score indices only, apply the lm_head to those rows only, float32
-log_softmax over the full vocabulary, pick the label ids. Shapes come from buckets, so the
+log_softmax over the full vocabulary, pick the label ids -- or, where the score needs no
+vocabulary normalizer (OUTPUTS "logits"), only the K label rows of the lm_head. Shapes come from buckets, so the
 set of compiled executables is bounded; `compiled_shapes` records which were built.
 
 Params may also be abstract (`jax.ShapeDtypeStruct`s, e.g. checkpoints.storage.abstract_params)
@@ -87,10 +88,10 @@ def label_logprobs(decoder: Decoder, params, hidden_BxNxD, label_ids_K):
 
 
 def label_logits(decoder: Decoder, params, hidden_BxNxD, label_ids_K):
-  """The raw lm_head logits (after any final soft-cap) at the label ids: [..., K]. What FlagEmbedding-style
-  rerankers rank by; no log-sum-exp, so a ranking by it can differ from one by a probability."""
-  logits_BxNxV = decoder.apply({"params": params}, hidden_BxNxD, method=Decoder.logits)
-  return jnp.take(logits_BxNxV, label_ids_K, axis=-1)
+  """The raw lm_head logits (after any final soft-cap) at the label ids: [..., K], from the K label rows of
+  the lm_head only. What FlagEmbedding-style rerankers rank by, and all a softmax over the labels needs
+  (the vocabulary log-sum-exp cancels in it)."""
+  return decoder.apply({"params": params}, hidden_BxNxD, label_ids_K, method=Decoder.label_logits)
 
 
 def packed_hidden(decoder: Decoder, params, tokens_BxT, positions_BxT, layout: SegmentLayout, score_index_BxN):
@@ -106,8 +107,8 @@ def _hidden(decoder: Decoder, params, hidden_BxNxD, label_ids_K):
   return hidden_BxNxD.astype(jnp.float32)
 
 
-# What an entry point returns at the score rows: label log-probs or raw label logits [.., K], or final
-# hidden states [.., D].
+# What an entry point returns at the score rows: label log-probs [.., K] (the full [D, V] lm_head and its
+# log-sum-exp), raw label logits [.., K] (the K label rows of the lm_head only), or final hidden states [.., D].
 OUTPUTS = {"logprobs": label_logprobs, "logits": label_logits, "hidden": _hidden}
 
 

@@ -56,6 +56,12 @@ def finalize_scores(label_logprobs: np.ndarray, apply_softmax: bool) -> np.ndarr
   return np.exp(lp).astype(np.float32)
 
 
+def score_output(apply_softmax: bool) -> str:
+  """The runner output (runner.OUTPUTS) a score needs: label logits alone (the K label rows of the lm_head)
+  when the labels' softmax is taken, else the full-vocabulary label log-probs (DESIGN.md section 3)."""
+  return "logits" if apply_softmax else "logprobs"
+
+
 class Scorer:
   """Scores items for queries with one model; holds params, tokenizer, compiled functions and caches."""
 
@@ -190,17 +196,24 @@ class Scorer:
     return results
 
   def score_requests(self, reqs: Sequence[TokenRequest], algorithm: Optional[str] = None) -> list[ScoreResult]:
-    """Scores validated requests, grouping those that share an algorithm into the same forwards."""
-    return [ScoreResult(finalize_scores(lp, r.apply_softmax), name, self._usage(r, name))
-            for r, (lp, name) in zip(reqs, self._run(reqs, algorithm, "logprobs"))]
+    """Scores validated requests, grouping those that share an algorithm (and score output) into the same forwards.
+
+    apply_softmax requests read only the label logits (score_output): the softmax over the labels of
+    the log-probs is that of the logits, the vocabulary log-sum-exp cancels."""
+    out: list = [None] * len(reqs)
+    for output in sorted({score_output(r.apply_softmax) for r in reqs}):
+      idx = [i for i, r in enumerate(reqs) if score_output(r.apply_softmax) == output]
+      for i, (lp, name) in zip(idx, self._run([reqs[i] for i in idx], algorithm, output)):
+        out[i] = ScoreResult(finalize_scores(lp, reqs[i].apply_softmax), name, self._usage(reqs[i], name))
+    return out
 
   def warmup(self, geometries: Sequence[Sequence[int]], algorithm: Optional[str] = None,
              num_labels: Optional[int] = None) -> dict[str, float]:
     """Compiles ahead of time (lower + compile, nothing runs) what requests of these geometries will use.
 
     Each geometry is (query_len, num_items, item_len[, batch]): `batch` requests of that shape scored
-    together (score_batch) -- 1 by default. query_len counts the separator. Returns the number of
-    new executables and the seconds spent.
+    together (score_batch) -- 1 by default -- with the config's apply_softmax. query_len counts the
+    separator. Returns the number of new executables and the seconds spent.
     """
     import time
     k = num_labels or len(self.config.scoring.label_token_ids) or 2
@@ -212,7 +225,7 @@ class Scorer:
         q_len, n, l, b = (tuple(geometry) + (1,))[:4]
         req = make_request([1] * q_len, [[1] * l] * n, list(range(k)), False, False, None,
                            self.config.model.vocab_size)
-        self._run([req] * b, algorithm, "logprobs")
+        self._run([req] * b, algorithm, score_output(self.config.scoring.apply_softmax))
     finally:
       self.runner.compile_only = False
       self.prefix_cache = saved_cache
