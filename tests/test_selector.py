@@ -14,7 +14,7 @@ def choose(query_len, item_lens, kernel="shared_prefix", item_first=False, cache
 
 
 @pytest.mark.parametrize("query_len,num_items,item_len,algorithm", [
-    (2000, 500, 20, "packed"),   # the reference workload: one row of 2048 + 512 x 20 tokens
+    (2000, 500, 20, "prefill_extend"),  # the reference workload: one row, but 8 extend chunks (CPU kernel)
     (100, 10, 100, "packed"),    # long items, few of them: one row
     (300, 10, 10, "packed"),     # short request: one row, batched with others by score_batch
 ])
@@ -33,3 +33,14 @@ def test_rules():
   small = choose(2000, [20] * 500, max_tokens_per_forward=8192)
   assert small.algorithm == "prefill_extend" and "max_tokens_per_forward" in small.reason
   assert choose(10, []).algorithm == "packed"
+
+
+def test_cpu_kernel_prefers_chunks_once_items_span_more_than_one():
+  """On the shared_prefix kernel one packed row loses to cache-sized extend chunks (BENCHMARKS.md)."""
+  chunk = CFG.scoring.extend_batch_size
+  assert choose(2000, [20] * chunk).algorithm == "packed"  # one chunk: extend would only add a dispatch
+  many = choose(2000, [20] * (chunk + 1))
+  assert many.algorithm == "prefill_extend" and many.kind == "chunks", many.reason
+  assert choose(2000, [20] * 500, extend_batch_size=512).algorithm == "packed"
+  for kernel in ("splash", "pallas_gpu"):  # unmeasured there: one packed row
+    assert choose(2000, [20] * 500, kernel=kernel).algorithm == "packed"

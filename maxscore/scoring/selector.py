@@ -5,6 +5,14 @@ row (2 * non_embedding_params * tokens); packed needs one dispatch, but recomput
 prefix in every row, and a dense reference mask costs T^2. prefill_extend pays the prefix
 once (or never, on a cache hit) and one dispatch per chunk. Serial recomputes the query
 for every item, so it is chosen only where the others cannot run (item_first).
+
+On CPU (the shared_prefix kernel), measured at 2 layers of Qwen3-0.6B dims over ten geometries
+(BENCHMARKS.md, "Selector"): with the items in one packed row, prefill_extend was 6-43% faster in
+six of the seven geometries whose items span more than one extend chunk (the dense layers, lm_head
+and score tiles work on chunk-sized blocks instead of one long row; 18% slower in the seventh), and
+2-48% slower in all three within one chunk (an extra dispatch for the same work, and
+48% at 20 items of 200 tokens, unexplained). The TPU and GPU
+kernels are unmeasured, so they keep one packed row.
 """
 
 import dataclasses
@@ -57,6 +65,11 @@ def select(prefix_len: int, item_lens: Sequence[int], item_first: bool, kernel: 
   if rows > 1:
     return Choice("prefill_extend", f"{len(item_lens)} items need {rows} packed rows, each recomputing the "
                                     f"query; prefill_extend computes it once", "many_rows")
+  chunks = math.ceil(len(item_lens) / scoring.extend_batch_size)
+  if kernel == "shared_prefix" and chunks > 1:
+    return Choice("prefill_extend", f"{len(item_lens)} items make {chunks} extend chunks of "
+                                    f"{scoring.extend_batch_size}: on CPU, cache-sized chunks against the "
+                                    f"prefill's K/V beat one packed row of {row_tokens} tokens", "chunks")
   return Choice("packed", f"one packed row of {row_tokens} tokens: same dense work as prefill_extend, one dispatch", "one_row")
 
 
