@@ -9,10 +9,10 @@ for every item, so it is chosen only where the others cannot run (item_first).
 On CPU (the shared_prefix kernel), measured at 2 layers of Qwen3-0.6B dims over ten geometries
 (BENCHMARKS.md, "Selector"): with the items in one packed row, prefill_extend was 6-43% faster in
 six of the seven geometries whose items span more than one extend chunk (the dense layers, lm_head
-and score tiles work on chunk-sized blocks instead of one long row; 18% slower in the seventh), and
-2-48% slower in all three within one chunk (an extra dispatch for the same work, and
-48% at 20 items of 200 tokens, unexplained). The TPU and GPU
-kernels are unmeasured, so they keep one packed row.
+and score tiles work on chunk-sized blocks instead of one long row; 18% slower in the seventh).
+Within one chunk it was slower in all three: 2-10% in two (an extra dispatch for the same work),
+48% in the third (20 items of 200 tokens, unexplained). The TPU and GPU kernels are unmeasured,
+so they keep one packed row.
 """
 
 import dataclasses
