@@ -70,6 +70,7 @@ def test_score_mode_end_to_end(small_peak, tmp_path, capsys):
   report = json.loads(out.read_text())
   rows = {r["algorithm"]: r for r in report["rows"]}
   assert set(rows) == {"serial", "packed", "prefill_extend", "auto", "hf_prefix_reuse"}
+  assert len(report["load_before"]) == len(report["load_after"]) == 3 and "load average" in printed
   for name, r in rows.items():
     assert r["items_per_s"] > 0 and r["best_s"] > 0 and 0 < r["pct_peak"], name
     assert r["ms_per_request"] == pytest.approx(1e3 * r["best_s"] * 12 / r["items_timed"])

@@ -10,6 +10,7 @@ start and end of the same run (`measure`); per-algorithm timing in `workloads`; 
 """
 
 import dataclasses
+import os
 import pathlib
 import tempfile
 from typing import Any, Literal, Optional
@@ -199,6 +200,7 @@ def _add_speedups(rows: list[dict]) -> None:
 def run_benchmark(opts: BenchOptions) -> dict[str, Any]:
   """The whole benchmark for `opts.mode`: machine, measured peak, rows (JSON-ready)."""
   report: dict[str, Any] = dict(mode=opts.mode, options=dataclasses.asdict(opts), machine=machine_info())
+  report["load_before"] = os.getloadavg()  # other jobs on the cores skew every ratio: quote quiet runs only
   report["peak"] = measure_matmul_peak()
   peak = report["peak"]["flops_per_s"]
   if opts.mode == "kernels":
@@ -208,4 +210,5 @@ def run_benchmark(opts: BenchOptions) -> dict[str, Any]:
   else:
     raise ValueError(f"mode={opts.mode!r} is not one of ['score', 'kernels']")
   report["peak_end"] = measure_matmul_peak()  # a different figure at the end means a noisy machine
+  report["load_after"] = os.getloadavg()
   return report

@@ -77,6 +77,10 @@ def summary(report: dict[str, Any]) -> str:
            f"({', '.join(f'n={k}: {v / 1e9:.1f}' for k, v in report['peak']['by_size'].items())}); "
            f"{report['machine']['cpu_count']} CPUs, {report['machine']['physical_memory_bytes'] / 2**30:.1f} GiB"]
   end = report.get("peak_end", {}).get("flops_per_s", peak)
+  if "load_before" in report:
+    fmt = lambda load: " ".join(f"{x:.2f}" for x in load)
+    lines.append(f"load average (1/5/15 min) before: {fmt(report['load_before'])}, after: "
+                 f"{fmt(report['load_after'])}; peak at the end {end / 1e9:.1f} GFLOP/s")
   if abs(end / peak - 1) > 0.1:
     lines.append(f"WARNING: the matmul peak was {end / 1e9:.1f} GFLOP/s at the end of the run: the machine is noisy, "
                  f"do not quote these figures")
