@@ -49,6 +49,19 @@ def test_shared_prefix_with_cached_prefix_equals_reference(p, n, l):
   check_equal(out, reference.attend(q, k, v, layout, cache, options=OPTS), layout, True)
 
 
+@pytest.mark.parametrize("window,softcap", [(None, None), (9, None), (None, 5.0)])
+def test_shared_prefix_batch_in_steps_equals_reference_and_all_rows_at_once(monkeypatch, window, softcap):
+  """A small tile budget splits 8 rows into steps of 2 (as 64-request batches split at the real
+  budget): the result is that of all rows at once, and of the reference kernel."""
+  q, k, v, layout, _ = random_case(5, 8, 40, 6, 5, 4, 2)
+  whole = shared_prefix.attend(q, k, v, layout, options=OPTS, window=window, softcap=softcap)
+  monkeypatch.setattr(shared_prefix, "_TILE_BYTES", 2 * 4 * 4 * 40 * 40)
+  assert shared_prefix._batch_chunk(8, 4 * 4 * 40 * 40) == 2
+  stepped = jax.jit(lambda *a: shared_prefix.attend(*a, options=OPTS, window=window, softcap=softcap))(q, k, v, layout)
+  np.testing.assert_allclose(np.asarray(stepped), np.asarray(whole), atol=1e-6, rtol=0)
+  check_equal(stepped, reference.attend(q, k, v, layout, options=OPTS, window=window, softcap=softcap), layout, False)
+
+
 def test_plain_causal_layout():
   q, k, v, _, _ = random_case(0, 2, 40, 0, 0, 4, 2)
   layout = SegmentLayout.causal(jnp.array([40, 23]), 40)

@@ -146,9 +146,29 @@ def slots_attention(q_BxNxLxKxGxH, k_BxNxLxKxH, v_BxNxLxKxH, pk_BxPxKxH, pv_BxPx
   return jnp.moveaxis(out, 0, 1).reshape(b, n, l, kh, g, h)
 
 
+def _batch_chunk(b: int, row_tile_bytes: int) -> int:
+  """Batch rows per lax.map step, a divisor of b: the most whose prefix score tiles fit in _TILE_BYTES."""
+  fit = max(1, _TILE_BYTES // max(row_tile_bytes, 1))
+  return max(d for d in range(1, b + 1) if b % d == 0 and d <= fit)
+
+
 def attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout: SegmentLayout, prefix_kv: Optional[PrefixKV] = None,
            *, options: KernelOptions, window: Optional[int] = None, softcap: Optional[float] = None) -> jax.Array:
-  del options
+  """Rows are independent: many rows (score_batch, serial) run a few at a time, so that the prefix
+  score tile of a step stays near _TILE_BYTES instead of growing with the batch."""
+  b, _, nh, _ = q_BxTxNxH.shape
+  block = min(layout.prefix_len, _PREFIX_BLOCK)
+  c = _batch_chunk(b, 4 * nh * block * layout.prefix_len) if prefix_kv is None else b
+  run = lambda a: _attend_rows(*a, prefix_kv, window=window, softcap=softcap)
+  if c == b:
+    return run((q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout))
+  split = lambda x: x.reshape((b // c, c) + x.shape[1:])
+  out = jax.lax.map(run, jax.tree_util.tree_map(split, (q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout)))
+  return out.reshape((b,) + out.shape[2:])
+
+
+def _attend_rows(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout: SegmentLayout, prefix_kv: Optional[PrefixKV] = None,
+                 *, window: Optional[int] = None, softcap: Optional[float] = None) -> jax.Array:
   b, t, nh, h = q_BxTxNxH.shape
   kh = k_BxTxKxH.shape[2]
   f32 = lambda x: x.astype(jnp.float32)
