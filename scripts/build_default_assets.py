@@ -27,6 +27,7 @@ import pathlib
 import shutil
 import sys
 import tempfile
+import time
 from typing import Optional
 
 import numpy as np
@@ -60,7 +61,7 @@ class AssetOptions:
   finetune_candidates: int = 12
   finetune_steps: int = 300
   finetune_batch_size: int = 8
-  finetune_learning_rate: float = 5e-4
+  finetune_learning_rate: float = 1e-3
   overwrite: bool = False
 
   def validate(self) -> "AssetOptions":
@@ -136,7 +137,8 @@ def _write_jsonl(path: pathlib.Path, records: list[dict]) -> None:
   safety.atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
-def _data(o: AssetOptions, out: pathlib.Path, work: pathlib.Path) -> tuple[pathlib.Path, list[dict], pathlib.Path, dict]:
+def _data(o: AssetOptions, out: pathlib.Path,
+          work: pathlib.Path) -> tuple[pathlib.Path, list[dict], pathlib.Path, dict]:
   """Steps 1 and 3: the rerank set and the fine-tuning pairs, paragraphs cut with the layout tokenizer."""
   with tempfile.TemporaryDirectory() as tmp:
     tok = load_tokenizer(corpus_lib.train_tokenizer(tmp, sample_texts(), o.layout_vocab_size))
@@ -185,10 +187,16 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
   if o.overwrite:
     safety.remove_owned(work, "--workdir")
   safety.prepare_output_dir(work, "default_build", [out], "--workdir")
+  t = time.perf_counter()
   jsonl, records, pairs, pairs_info = _data(o, out, work)
+  logging.info("build: rerank set and %d fine-tuning queries in %.0f s", pairs_info["queries"], time.perf_counter() - t)
   pre = _pretrain(o, work, jsonl)
+  logging.info("build: pretrained in %.0f s (held-out perplexity %s, unigram %s)", pre["wall_seconds"],
+               pre["held_out_final"], pre["unigram_held_out"])
   fine = _finetune(o, work, jsonl, pairs)
   fine["pairs"] = pairs_info
+  logging.info("build: fine-tuned in %.0f s (dev %s -> %s)", fine["throughput"]["wall_seconds"],
+               fine["dev_metrics_initial"], fine["dev_metrics_final"])
   ckpt = out / data.DEFAULT_CHECKPOINT.name
   if ckpt.exists():
     shutil.rmtree(ckpt)

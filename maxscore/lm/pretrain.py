@@ -1,6 +1,6 @@
 """Language-model pretraining: next-token loss on a decoder from configs/models/, on local text.
 
-    summary = pretrain(PretrainConfig(num_steps=2000), "tokenizer.model", train_texts, held_out_texts,
+    summary = pretrain(PretrainConfig(num_steps=1200), "tokenizer.model", train_texts, held_out_texts,
                        "out/pretrain", export_dir="out/pretrain/model")
 
 1. Every text is tokenized, followed by the tokenizer's EOS, and the concatenation is cut into rows
@@ -59,7 +59,7 @@ class PretrainConfig:
   pydoc_repeats: int = 4
   seq_len: int = 256
   batch_size: int = 16
-  num_steps: int = 2000
+  num_steps: int = 1200
   learning_rate: float = 3e-3
   end_learning_rate: float = 1e-4
   warmup_steps: int = 100
@@ -95,7 +95,7 @@ class PretrainConfig:
 class PretrainRun:
   """What a pretraining run reads and where it writes (configs/pretrain.yml documents each key)."""
   tokenizer_path: Optional[str] = None
-  vocab_size: int = 4096
+  vocab_size: int = 3072
   jsonl: Optional[str] = None
   held_out_splits: tuple[str, ...] = ("dev", "test")
   tokenizer_chars: int = 4_000_000
@@ -220,7 +220,7 @@ def _prepare_outputs(workdir: pathlib.Path, export_dir, overwrite: bool, inputs)
 
 def pretrain(cfg: PretrainConfig, tokenizer_path: Optional[os.PathLike], train_texts: Sequence[str],
              held_out_texts: Sequence[str], workdir: os.PathLike, *, tokenizer_texts: Sequence[str] = (),
-             vocab_size: int = 4096, export_dir: Optional[os.PathLike] = None, overwrite: bool = False,
+             vocab_size: int = 3072, export_dir: Optional[os.PathLike] = None, overwrite: bool = False,
              progress: bool = True, step_delay_s: float = 0.0, info: Optional[dict] = None) -> dict[str, Any]:
   """Pretrains (or resumes) a decoder on `train_texts`; returns the summary (also <workdir>/summary.json).
 
