@@ -58,8 +58,8 @@ class AssetOptions:
   max_tokens: int = 116
   pretrain_steps: int = 0             # 0 = configs/pretrain.yml's num_steps
   finetune_queries: int = 3000
-  finetune_candidates: int = 12
-  finetune_steps: int = 300
+  finetune_candidates: int = 10
+  finetune_steps: int = 200
   finetune_batch_size: int = 8
   finetune_learning_rate: float = 1e-3
   overwrite: bool = False

@@ -1,6 +1,6 @@
 """Language-model pretraining: next-token loss on a decoder from configs/models/, on local text.
 
-    summary = pretrain(PretrainConfig(num_steps=1200), "tokenizer.model", train_texts, held_out_texts,
+    summary = pretrain(PretrainConfig(num_steps=600), "tokenizer.model", train_texts, held_out_texts,
                        "out/pretrain", export_dir="out/pretrain/model")
 
 1. Every text is tokenized, followed by the tokenizer's EOS, and the concatenation is cut into rows
@@ -59,7 +59,7 @@ class PretrainConfig:
   pydoc_repeats: int = 4
   seq_len: int = 256
   batch_size: int = 16
-  num_steps: int = 1200
+  num_steps: int = 600
   learning_rate: float = 3e-3
   end_learning_rate: float = 1e-4
   warmup_steps: int = 100
