@@ -59,9 +59,10 @@ class AssetOptions:
   pretrain_steps: int = 0             # 0 = configs/pretrain.yml's num_steps
   finetune_queries: int = 3000
   finetune_candidates: int = 10
+  finetune_hard_negatives: int = 1
   finetune_steps: int = 200
   finetune_batch_size: int = 8
-  finetune_learning_rate: float = 1e-3
+  finetune_learning_rate: float = 3e-4
   overwrite: bool = False
 
   def validate(self) -> "AssetOptions":
@@ -149,6 +150,7 @@ def _data(o: AssetOptions, out: pathlib.Path,
     docs = corpus_lib.collect(held, ("docstrings",)).texts
     pairs = pairs_lib.build_pairs(tok, corpus_lib.pydoc_sections(), held, docs, seed=o.seed,
                                   num_candidates=o.finetune_candidates, max_queries=o.finetune_queries,
+                                  hard_negatives=o.finetune_hard_negatives,
                                   min_tokens=o.min_tokens, max_tokens=o.max_tokens)
   jsonl, pairs_file = out / data.DEFAULT_JSONL.name, work / "finetune_pairs.jsonl"
   _write_jsonl(jsonl, records)
