@@ -1,58 +1,77 @@
-"""Builds the embedded default under maxscore/assets/default/ from CPython's pydoc_data topics.
+"""Builds the embedded default under maxscore/assets/default/: a small reranker that has learned local text.
 
-  python scripts/build_default_assets.py [--output_dir=maxscore/assets/default] [--seed=0]
+  python scripts/build_default_assets.py          # about 40 min on 2 CPU cores; resumes where a killed run stopped
 
-Writes
-  pydoc-tiny-qwen3/     a random-init Qwen3-family checkpoint (hidden 128, 2 layers) with its
-                        sentencepiece tokenizer (trained on the same topics; Yes/No single tokens)
-  pydoc_rerank.jsonl    rerank queries in the JSONL form with a train/dev/test `split` field:
-                        query = a section title of the Python reference, candidates = paragraphs;
-                        grade 2 = a paragraph of that section, 1 = of the same topic, 0 = elsewhere
-  manifest.json         sizes, counts, seed and the Python version the topics came from
-
-The model is random-init: its metrics mean nothing until a score head is trained on the
-train split. Everything is a function of the seed and the Python version (pydoc_data differs
-between versions); the Orbax files differ byte-wise between builds, the arrays do not.
+Steps (everything from the running Python's own files; deterministic in the seed and the Python version):
+  1. pydoc_rerank.jsonl: rerank queries in the JSONL form with a train/dev/test `split` field: query = a
+     section title of the Python reference (pydoc_data), candidates = paragraphs; grade 2 = a paragraph
+     of that section, 1 = of the same topic, 0 = elsewhere. Paragraphs are cut with a fixed layout
+     tokenizer (sentencepiece, `layout_vocab_size`, trained on the topics), so the set does not move
+     when the model's tokenizer does.
+  2. Pretraining (maxscore/lm/pretrain.py with configs/pretrain.yml): a tokenizer and a Qwen3-family
+     decoder (configs/models/pydoc-qwen3.yml) trained on the reference topics and the standard library,
+     without the sections of the dev and test queries -> <workdir>/pretrained.
+  3. Fine-tuning pairs (maxscore/lm/pairs.py): section titles and docstring summaries against their
+     paragraphs, hard negatives from BM25, none from a dev/test section -> <workdir>/finetune_pairs.jsonl.
+  4. Fine-tuning the whole model with an lm_labels score head (maxscore/heads/train.py, train_backbone,
+     listwise loss; dev = the rerank set's dev split) -> <workdir>/finetuned, copied to
+     pydoc-tiny-qwen3/ (params, tokenizer, head/).
+  5. manifest.json: sizes, counts, the pretraining and fine-tuning summaries.
+The runs in <workdir> are resumable: a killed build restarted with the same flags continues them.
 """
 
 import collections
 import dataclasses
 import json
-import os
 import pathlib
-import re
 import shutil
 import sys
 import tempfile
+import time
 from typing import Optional
 
-import jax
 import numpy as np
 from absl import flags, logging
 
-from layers.config import ModelConfig
-from layers.decoder import Decoder, init_params
-from layers.kernels import get_kernel
 from maxscore import cli
-from maxscore.checkpoints import storage as checkpointing
-from maxscore.files import safety
-from maxscore.rerank import data
-from maxscore.testing.tokenizers import sample_texts, train_sentencepiece
+from maxscore import config as config_lib
 from maxscore.checkpoints.tokenizer import load_tokenizer
+from maxscore.files import safety
+from maxscore.heads import train as train_lib
+from maxscore.lm import corpus as corpus_lib
+from maxscore.lm import pairs as pairs_lib
+from maxscore.lm import pretrain as pretrain_lib
+from maxscore.rerank import data
+from maxscore.rerank.eval import PromptConfig
+from maxscore.testing.tokenizers import sample_texts
+
 
 @dataclasses.dataclass(frozen=True)
 class AssetOptions:
   """What the embedded default is built from (configs/assets.yml documents each key)."""
   output_dir: Optional[str] = None    # None = the packaged default, maxscore/assets/default
+  workdir: str = "out/default_build"
   seed: int = 0
-  vocab_size: int = 2048
+  layout_vocab_size: int = 2048
   num_candidates: int = 24
   min_tokens: int = 36
   max_tokens: int = 116
+  pretrain_steps: int = 0             # 0 = configs/pretrain.yml's num_steps
+  finetune_queries: int = 3000
+  finetune_candidates: int = 10
+  finetune_hard_negatives: int = 1
+  finetune_steps: int = 200
+  finetune_batch_size: int = 8
+  finetune_learning_rate: float = 3e-4
+  overwrite: bool = False
 
   def validate(self) -> "AssetOptions":
-    if not 0 < self.min_tokens <= self.max_tokens or self.num_candidates < 2 or self.vocab_size < 256:
-      raise ValueError(f"need 0 < min_tokens <= max_tokens, num_candidates >= 2, vocab_size >= 256; got {self}")
+    if not 0 < self.min_tokens <= self.max_tokens or self.num_candidates < 2 or self.layout_vocab_size < 256:
+      raise ValueError(f"need 0 < min_tokens <= max_tokens, num_candidates >= 2, layout_vocab_size >= 256; "
+                       f"got {self}")
+    if self.pretrain_steps < 0 or min(self.finetune_queries, self.finetune_steps, self.finetune_batch_size) < 1:
+      raise ValueError(f"need pretrain_steps >= 0 and finetune_queries, finetune_steps, finetune_batch_size >= 1; "
+                       f"got {self}")
     return self
 
 
@@ -65,54 +84,7 @@ def define_flags(fv: flags.FlagValues) -> None:
   cli.define_entry_flags(fv, ENTRY, SECTIONS)
 
 
-_UNDERLINE = re.compile(r"^([*=\-~^])\1{2,}$")
-
-
-def _model_config(vocab_size: int) -> ModelConfig:
-  return ModelConfig(family="qwen3", vocab_size=vocab_size, hidden_size=128, num_layers=2, num_heads=4,
-                     num_kv_heads=2, head_dim=32, mlp_dim=256, rope_theta=1e6, rms_norm_eps=1e-6,
-                     tie_word_embeddings=True, max_position_embeddings=4096).validate()
-
-
-def _clip(tok, text: str, max_tokens: int) -> str:
-  """`text` with whitespace collapsed, cut at a word boundary to at most max_tokens tokens."""
-  text = " ".join(text.split())
-  while len(tok.encode(text)) > max_tokens:
-    keep = tok.decode(tok.encode(text)[:max_tokens - 2]).rsplit(" ", 1)[0]
-    text = keep.rstrip(" ,.;:") + " ..."
-    max_tokens -= 2
-  return text
-
-
-def _sections(topic: str, doc: str) -> list[dict]:
-  """A topic's sections: title and prose paragraphs (indented code and grammar blocks dropped)."""
-  lines = doc.split("\n")
-  sections, title, paras, buf = [], None, [], []
-
-  def flush_para():
-    text = "\n".join(buf).strip()
-    buf.clear()
-    if text and not text.startswith((" ", "-[")) and len(text.split()) >= 8:
-      paras.append(text)
-
-  for i, line in enumerate(lines):
-    if i + 1 < len(lines) and _UNDERLINE.match(lines[i + 1].strip()) and line.strip() and \
-        len(lines[i + 1].strip()) >= len(line.strip()) - 1:
-      flush_para()
-      if title is not None:
-        sections.append({"topic": topic, "title": title, "paragraphs": list(paras)})
-      title, paras = line.strip(), []
-      continue
-    if _UNDERLINE.match(line.strip()):
-      continue
-    if not line.strip():
-      flush_para()
-    else:
-      buf.append(line)
-  flush_para()
-  if title is not None:
-    sections.append({"topic": topic, "title": title, "paragraphs": list(paras)})
-  return sections
+_clip = pairs_lib.clip
 
 
 def build_rerank_set(tok, seed: int, num_candidates: int, min_tokens: int, max_tokens: int) -> list[dict]:
@@ -120,10 +92,8 @@ def build_rerank_set(tok, seed: int, num_candidates: int, min_tokens: int, max_t
 
   Paragraph lengths stay within [min_tokens, max_tokens] so that with the plain template every item
   fits one 128-token slot bucket and one length group: the default eval compiles only a few shapes."""
-  import pydoc_data.topics  # pylint: disable=import-outside-toplevel
-
   rng = np.random.default_rng(seed)
-  sections = [s for topic, doc in sorted(pydoc_data.topics.topics.items()) for s in _sections(topic, doc)]
+  sections = corpus_lib.pydoc_sections()
   pool = []  # (docid, topic, section index, text)
   for si, s in enumerate(sections):
     kept = [_clip(tok, p, max_tokens) for p in s["paragraphs"]]
@@ -164,51 +134,103 @@ def _dir_bytes(path: pathlib.Path) -> int:
   return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def _write_jsonl(path: pathlib.Path, records: list[dict]) -> None:
+  safety.atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+
+
+def _data(o: AssetOptions, out: pathlib.Path,
+          work: pathlib.Path) -> tuple[pathlib.Path, list[dict], pathlib.Path, dict]:
+  """Steps 1 and 3: the rerank set and the fine-tuning pairs, paragraphs cut with the layout tokenizer."""
+  with tempfile.TemporaryDirectory() as tmp:
+    tok = load_tokenizer(corpus_lib.train_tokenizer(tmp, sample_texts(), o.layout_vocab_size))
+    for label in ("Yes", "No"):
+      tok.label_id(label)  # raises unless a single token
+    records = build_rerank_set(tok, o.seed, o.num_candidates, o.min_tokens, o.max_tokens)
+    held = {corpus_lib.section_index(r["qid"]) for r in records if r["split"] in ("dev", "test")}
+    docs = corpus_lib.collect(held, ("docstrings",)).texts
+    pairs = pairs_lib.build_pairs(tok, corpus_lib.pydoc_sections(), held, docs, seed=o.seed,
+                                  num_candidates=o.finetune_candidates, max_queries=o.finetune_queries,
+                                  hard_negatives=o.finetune_hard_negatives,
+                                  min_tokens=o.min_tokens, max_tokens=o.max_tokens)
+  jsonl, pairs_file = out / data.DEFAULT_JSONL.name, work / "finetune_pairs.jsonl"
+  _write_jsonl(jsonl, records)
+  _write_jsonl(pairs_file, pairs)
+  info = {"queries": len(pairs), "from": dict(collections.Counter(
+      "pydoc" if r["qid"].startswith("ft-pydoc") else "docstrings" for r in pairs))}
+  return jsonl, records, pairs_file, info
+
+
+def _pretrain(o: AssetOptions, work: pathlib.Path, jsonl: pathlib.Path) -> dict:
+  """Step 2: configs/pretrain.yml's settings, the run in <workdir>/pretrain, the model in <workdir>/pretrained."""
+  loaded = config_lib.load_entry("pretrain", {"run": pretrain_lib.PretrainRun, "pretrain": pretrain_lib.PretrainConfig})
+  run = dataclasses.replace(loaded["run"], jsonl=str(jsonl), workdir=str(work / "pretrain"),
+                            export_dir=str(work / "pretrained"), tokenizer_path=None)
+  cfg = loaded["pretrain"]
+  cfg = dataclasses.replace(cfg, num_steps=o.pretrain_steps or cfg.num_steps, seed=o.seed)
+  return pretrain_lib.run_pretraining(run, cfg)
+
+
+def _finetune(o: AssetOptions, work: pathlib.Path, jsonl: pathlib.Path, pairs: pathlib.Path) -> dict:
+  """Step 4: the whole model and an lm_labels head trained on the pairs (dev: the rerank set's dev split)."""
+  cfg = train_lib.TrainConfig(train_backbone=True, loss="listwise", batch_size=o.finetune_batch_size,
+                              num_steps=o.finetune_steps, learning_rate=o.finetune_learning_rate, warmup_steps=20,
+                              eval_every=50, save_every=50, log_every=10, seed=o.seed)
+  return train_lib.train(cfg, PromptConfig(), str(work / "pretrained"), data.load_jsonl(pairs, "train"),
+                         data.load_jsonl(jsonl, "dev"), work / "finetune", export_dir=work / "finetuned")
+
+
 def main(argv, fv: flags.FlagValues = flags.FLAGS):
   del argv
   with cli.one_line_errors():
     o = cli.entry_from_flags(fv, ENTRY, SECTIONS)["assets"]
   out = pathlib.Path(o.output_dir or data.DEFAULT_DIR)
   out.mkdir(parents=True, exist_ok=True)
-  with tempfile.TemporaryDirectory() as tmp:
-    # A relative prefix keeps the temporary path out of the model file, so builds are byte-identical.
-    cwd = os.getcwd()
-    os.chdir(tmp)
-    try:
-      sp_model = pathlib.Path(tmp) / train_sentencepiece("tokenizer", sample_texts(), o.vocab_size)
-    finally:
-      os.chdir(cwd)
-    tok = load_tokenizer(sp_model)
-    for label in ("Yes", "No"):
-      tok.label_id(label)  # raises unless a single token
-    records = build_rerank_set(tok, o.seed, o.num_candidates, o.min_tokens, o.max_tokens)
-    jsonl = out / data.DEFAULT_JSONL.name
-    safety.atomic_write_text(jsonl, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-    model = _model_config(tok.vocab_size)
-    decoder = Decoder(model, get_kernel("reference"))
-    params = init_params(decoder, jax.random.PRNGKey(o.seed))
-    ckpt = out / data.DEFAULT_CHECKPOINT.name
-    if ckpt.exists():
-      shutil.rmtree(ckpt)
-    checkpointing.save_checkpoint(ckpt, params, model, tokenizer_files=(sp_model,))
+  work = pathlib.Path(o.workdir)
+  if o.overwrite:
+    safety.remove_owned(work, "--workdir")
+  safety.prepare_output_dir(work, "default_build", [out], "--workdir")
+  t = time.perf_counter()
+  jsonl, records, pairs, pairs_info = _data(o, out, work)
+  logging.info("build: rerank set and %d fine-tuning queries in %.0f s", pairs_info["queries"], time.perf_counter() - t)
+  pre = _pretrain(o, work, jsonl)
+  logging.info("build: pretrained in %.0f s (held-out perplexity %s, unigram %s)", pre["wall_seconds"],
+               pre["held_out_final"], pre["unigram_held_out"])
+  fine = _finetune(o, work, jsonl, pairs)
+  fine["pairs"] = pairs_info
+  logging.info("build: fine-tuned in %.0f s (dev %s -> %s)", fine["throughput"]["wall_seconds"],
+               fine["dev_metrics_initial"], fine["dev_metrics_final"])
+  ckpt = out / data.DEFAULT_CHECKPOINT.name
+  if ckpt.exists():
+    shutil.rmtree(ckpt)
+  shutil.copytree(work / "finetuned", ckpt, ignore=shutil.ignore_patterns(safety.MARKER))
+  logging.info("wrote %s", out)
+  manifest = _manifest(o, out, ckpt, jsonl, records, pre, fine)
+  safety.atomic_write_text(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+  print(json.dumps(manifest, indent=2))
 
+
+def _manifest(o: AssetOptions, out: pathlib.Path, ckpt: pathlib.Path, jsonl: pathlib.Path, records: list[dict],
+              pre: dict, fine: dict) -> dict:
   splits = collections.Counter(r["split"] for r in records)
-  manifest = {
+  model = pre["model"]
+  return {
       "seed": o.seed,
       "python": sys.version.split()[0],
-      "source": "pydoc_data.topics (CPython's bundled reference topics)",
-      "model": {"checkpoint": ckpt.name, "init": "random (untrained)", "vocab_size": model.vocab_size,
-                "hidden_size": model.hidden_size, "num_layers": model.num_layers,
-                "params": model.num_params(), "bytes": _dir_bytes(ckpt)},
+      "source": "pydoc_data.topics and the standard library of this Python (maxscore/lm/corpus.py)",
+      "model": {"checkpoint": ckpt.name, "init": "pretrained on local text, then fine-tuned as a reranker",
+                "vocab_size": model["vocab_size"], "hidden_size": model["hidden_size"],
+                "num_layers": model["num_layers"], "params": pre["params"], "bytes": _dir_bytes(ckpt)},
+      "pretraining": {k: pre.get(k) for k in ("steps", "train_tokens", "epochs", "held_out_tokens", "held_out_final",
+                                               "unigram_held_out", "tokens_per_s", "wall_seconds", "data")},
+      "finetuning": {"pairs": fine["pairs"], "steps": fine["steps"], "train_config": fine["train_config"],
+                     "dev_metrics_initial": fine["dev_metrics_initial"], "dev_metrics_final": fine["dev_metrics_final"],
+                     "wall_seconds": fine["throughput"]["wall_seconds"]},
       "rerank_set": {"file": jsonl.name, "queries": len(records), "splits": dict(sorted(splits.items())),
                      "candidates_per_query": o.num_candidates, "bytes": jsonl.stat().st_size,
                      "paragraph_tokens": [o.min_tokens, o.max_tokens],
                      "grades": {"2": "paragraph of the query's section", "1": "paragraph of the same topic",
                                 "0": "unjudged (another topic)"}},
   }
-  safety.atomic_write_text(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
-  logging.info("wrote %s", out)
-  print(json.dumps(manifest, indent=2))
 
 
 if __name__ == "__main__":

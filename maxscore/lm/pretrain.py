@@ -1,0 +1,343 @@
+"""Language-model pretraining: next-token loss on a decoder from configs/models/, on local text.
+
+    summary = pretrain(PretrainConfig(num_steps=600), "tokenizer.model", train_texts, held_out_texts,
+                       "out/pretrain", export_dir="out/pretrain/model")
+
+1. Every text is tokenized, followed by the tokenizer's EOS, and the concatenation is cut into rows
+   of `seq_len` tokens (the tail that fills no row is dropped); the held-out texts alike.
+2. Each step takes `batch_size` rows in an order drawn per epoch from PRNG(seed, epoch) (the score-
+   head trainer's `batch_indices`); loss = mean cross-entropy of tokens 1..T-1 given the ones before,
+   over the full vocabulary. Optimizer: the score-head trainer's (clip by global norm, AdamW on
+   warmup + cosine).
+3. Orbax checkpoints in `<workdir>/checkpoints` (params, optimizer state, step, data position) every
+   `save_every` steps: a killed run restarted with the same settings resumes and ends bit for bit
+   where an uninterrupted one does (float32 on CPU); a workdir holding another run is refused.
+4. `<workdir>/metrics.jsonl` + TensorBoard: train loss every `log_every` steps, held-out loss and
+   perplexity every `eval_every` steps; `summary.json` adds the unigram baseline's held-out
+   perplexity (add-one counts of the training tokens) on the same target tokens, and tokens/s.
+5. `export_dir`: a maxscore checkpoint (params, model config, tokenizer) that scoring and the score-
+   head trainer load like any other.
+"""
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import pathlib
+import time
+from typing import Any, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+
+from layers.config import ModelConfig
+from layers.decoder import Decoder, init_params
+from layers.kernels import SegmentLayout, get_kernel
+from maxscore import config as config_lib
+from maxscore import errors
+from maxscore.checkpoints import storage
+from maxscore.checkpoints.tokenizer import load_tokenizer
+from maxscore.files import identity, safety
+from maxscore.heads import train as train_lib
+from maxscore.heads.metrics_log import MetricsLog
+from maxscore.lm import corpus as corpus_lib
+from maxscore.rerank import data
+
+FORMAT_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainConfig:
+  """Model, data mix, optimizer and loop of a pretraining run (configs/pretrain.yml documents each)."""
+  model_name: str = "pydoc-qwen3"
+  sources: tuple[str, ...] = ("pydoc", "docstrings", "source")
+  pydoc_repeats: int = 4
+  seq_len: int = 256
+  batch_size: int = 16
+  num_steps: int = 600
+  learning_rate: float = 3e-3
+  end_learning_rate: float = 1e-4
+  warmup_steps: int = 100
+  weight_decay: float = 0.01
+  clip_norm: float = 1.0
+  seed: int = 0
+  log_every: int = 10
+  eval_every: int = 250
+  save_every: int = 250
+  keep_checkpoints: int = 2
+
+  def validate(self) -> "PretrainConfig":
+    for name in ("seq_len", "batch_size", "num_steps", "log_every", "keep_checkpoints", "pydoc_repeats"):
+      if getattr(self, name) < 1:
+        raise train_lib.TrainError(f"{name}={getattr(self, name)} must be >= 1")
+    for name in ("warmup_steps", "eval_every", "save_every"):
+      if getattr(self, name) < 0:
+        raise train_lib.TrainError(f"{name}={getattr(self, name)} must be >= 0")
+    if self.learning_rate <= 0 or self.seq_len < 2:
+      raise train_lib.TrainError(f"learning_rate={self.learning_rate} must be > 0 and seq_len={self.seq_len} >= 2")
+    unknown = [s for s in self.sources if s not in corpus_lib.SOURCES]
+    if unknown or not self.sources:
+      raise train_lib.TrainError(f"sources={list(self.sources)}: need one or more of {list(corpus_lib.SOURCES)}")
+    return self
+
+  def model(self, vocab_size: int) -> ModelConfig:
+    """configs/models/<model_name>.yml with the tokenizer's vocabulary size."""
+    base = config_lib.load_config([f"model_name={self.model_name}"]).model
+    return dataclasses.replace(base, vocab_size=vocab_size).validate()
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainRun:
+  """What a pretraining run reads and where it writes (configs/pretrain.yml documents each key)."""
+  tokenizer_path: Optional[str] = None
+  vocab_size: int = 3072
+  jsonl: Optional[str] = None
+  held_out_splits: tuple[str, ...] = ("dev", "test")
+  tokenizer_chars: int = 4_000_000
+  workdir: str = "out/pretrain"
+  export_dir: Optional[str] = None
+  overwrite: bool = False
+  progress: bool = True
+  step_delay_s: float = 0.0
+
+  def validate(self) -> "PretrainRun":
+    if self.vocab_size < 256 or self.tokenizer_chars < 1 or self.step_delay_s < 0:
+      raise train_lib.TrainError(f"need vocab_size >= 256, tokenizer_chars >= 1, step_delay_s >= 0; got "
+                                 f"{self.vocab_size}, {self.tokenizer_chars}, {self.step_delay_s}")
+    return self
+
+
+def run_pretraining(run: PretrainRun, cfg: PretrainConfig) -> dict[str, Any]:
+  """Collects the local text (the held-out sections left out) and pretrains; returns the summary."""
+  jsonl = run.jsonl or str(data.DEFAULT_JSONL)
+  held = corpus_lib.held_out_sections(jsonl, run.held_out_splits)
+  corpus = corpus_lib.collect(held, cfg.sources)
+  info = {"held_out_sections": len(held), "held_out_from": f"{pathlib.Path(jsonl).name} splits "
+          f"{list(run.held_out_splits)}", "sources": corpus.counts(), "dropped_by_leak_check": corpus.dropped}
+  return pretrain(
+      cfg, run.tokenizer_path, corpus_lib.training_texts(corpus, cfg.pydoc_repeats),
+      corpus_lib.held_out_text(corpus_lib.pydoc_sections(), held), run.workdir,
+      tokenizer_texts=corpus_lib.tokenizer_texts(corpus, run.tokenizer_chars) if not run.tokenizer_path else (),
+      vocab_size=run.vocab_size, export_dir=run.export_dir, overwrite=run.overwrite, progress=run.progress,
+      step_delay_s=run.step_delay_s, info=info)
+
+
+# --- data ------------------------------------------------------------------------------------------
+def token_rows(tokenizer, texts: Sequence[str], seq_len: int) -> np.ndarray:
+  """[rows, seq_len] int32: the texts tokenized, each followed by EOS, concatenated and cut into rows."""
+  eos = tokenizer.eos_id if tokenizer.eos_id is not None else 0
+  stream = [np.asarray(tokenizer.encode(t) + [eos], np.int32) for t in texts]
+  flat = np.concatenate(stream) if stream else np.zeros((0,), np.int32)
+  n = len(flat) // seq_len
+  return flat[:n * seq_len].reshape(n, seq_len)
+
+
+def unigram_nll(train_rows: np.ndarray, eval_rows: np.ndarray, vocab_size: int) -> float:
+  """Mean negative log-likelihood (nats) of eval_rows' target tokens (1..T-1) under add-one unigram
+  counts of the training rows' target tokens."""
+  counts = np.bincount(train_rows[:, 1:].ravel(), minlength=vocab_size).astype(np.float64) + 1.0
+  logp = np.log(counts / counts.sum())
+  return float(-logp[eval_rows[:, 1:].ravel()].mean())
+
+
+# --- the model's loss --------------------------------------------------------------------------------
+def make_decoder(model: ModelConfig) -> Decoder:
+  return Decoder(model, get_kernel("reference"))
+
+
+def lm_loss(decoder: Decoder, params, rows_BxT: jax.Array, valid_B: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(sum of target-token NLLs, number of target tokens) over the valid rows: tokens 1..T-1 given the
+  ones before, full-vocabulary log-softmax."""
+  b, t = rows_BxT.shape
+  positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  layout = SegmentLayout.causal(jnp.full((b,), t, jnp.int32), t)
+  h_BxTxD, _ = decoder.apply({"params": params}, rows_BxT, positions, layout)
+  logits = decoder.apply({"params": params}, h_BxTxD[:, :-1], method=Decoder.logits)
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  nll_BxT = -jnp.take_along_axis(logp, rows_BxT[:, 1:, None], axis=-1)[..., 0]
+  weight = valid_B.astype(jnp.float32)[:, None]
+  return jnp.sum(nll_BxT * weight), jnp.sum(weight) * (t - 1)
+
+
+def make_train_step(decoder: Decoder, optimizer: optax.GradientTransformation):
+  """The jitted step: (params, opt_state, rows, valid) -> (params, opt_state, mean loss, grad norm)."""
+
+  def loss_fn(params, rows, valid):
+    total, count = lm_loss(decoder, params, rows, valid)
+    return total / jnp.maximum(count, 1.0)
+
+  @jax.jit
+  def step(params, opt_state, rows, valid):
+    loss, grads = jax.value_and_grad(loss_fn)(params, rows, valid)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss, optax.global_norm(grads)
+
+  return step
+
+
+def make_held_out_nll(decoder: Decoder, rows: np.ndarray, batch_size: int):
+  """params -> mean next-token NLL (nats) over every target token of `rows`, `batch_size` rows per
+  forward (one compiled shape)."""
+  fn = jax.jit(functools.partial(lm_loss, decoder))
+
+  def nll(params) -> float:
+    total, count = 0.0, 0.0
+    for start in range(0, len(rows), batch_size):
+      chunk = rows[start:start + batch_size]
+      pad = batch_size - len(chunk)
+      batch = np.concatenate([chunk, np.zeros((pad, rows.shape[1]), np.int32)]) if pad else chunk
+      t, c = fn(params, batch, np.arange(batch_size) < len(chunk))
+      total, count = total + float(t), count + float(c)
+    return total / max(count, 1.0)
+
+  return nll
+
+
+# --- the run -----------------------------------------------------------------------------------------
+def _fingerprint(cfg: PretrainConfig, model: ModelConfig, rows: np.ndarray, held: np.ndarray) -> dict:
+  digest = lambda a: identity.tree_digest({"rows": a})
+  return {"format_version": FORMAT_VERSION, "pretrain": json.loads(json.dumps(dataclasses.asdict(cfg))),
+          "model": config_lib.model_config_to_dict(model), "data": {"train": digest(rows), "held_out": digest(held)}}
+
+
+def _prepare_outputs(workdir: pathlib.Path, export_dir, overwrite: bool, inputs) -> None:
+  safety.refuse_overlap([workdir], inputs, "--workdir")
+  if export_dir:
+    safety.refuse_overlap([export_dir], inputs, "--export_dir")
+    export = safety.resolve(export_dir)
+    if export == workdir or export in workdir.parents or export == workdir / "tokenizer":
+      raise errors.UnsafeOutputError(f"--export_dir {export_dir} would replace the --workdir {workdir} or its "
+                                     f"tokenizer; choose a path beside it or inside it")
+  if overwrite:
+    safety.remove_owned(workdir, "--workdir")
+  safety.prepare_output_dir(workdir, "lm_pretraining", inputs, "--workdir")
+
+
+def pretrain(cfg: PretrainConfig, tokenizer_path: Optional[os.PathLike], train_texts: Sequence[str],
+             held_out_texts: Sequence[str], workdir: os.PathLike, *, tokenizer_texts: Sequence[str] = (),
+             vocab_size: int = 3072, export_dir: Optional[os.PathLike] = None, overwrite: bool = False,
+             progress: bool = True, step_delay_s: float = 0.0, info: Optional[dict] = None) -> dict[str, Any]:
+  """Pretrains (or resumes) a decoder on `train_texts`; returns the summary (also <workdir>/summary.json).
+
+  `tokenizer_path` None: a sentencepiece tokenizer of `vocab_size` is trained on `tokenizer_texts` into
+  <workdir>/tokenizer/ first (deterministic, so a resumed run trains the same one again)."""
+  cfg.validate()
+  wall_start = time.perf_counter()
+  workdir = pathlib.Path(workdir).resolve()
+  _prepare_outputs(workdir, export_dir, overwrite, [tokenizer_path] if tokenizer_path else [])
+  if tokenizer_path is None:
+    if not tokenizer_texts:
+      raise train_lib.TrainError("no tokenizer_path and no tokenizer_texts to train one on")
+    t = time.perf_counter()
+    tokenizer_path = corpus_lib.train_tokenizer(workdir / "tokenizer", tokenizer_texts, vocab_size)
+    logging.info("pretrain: trained %s in %.1f s", tokenizer_path, time.perf_counter() - t)
+  tok = load_tokenizer(tokenizer_path)
+  model = cfg.model(tok.vocab_size)
+  rows = token_rows(tok, train_texts, cfg.seq_len)
+  held = token_rows(tok, held_out_texts, cfg.seq_len)
+  if len(rows) < cfg.batch_size:
+    raise train_lib.TrainError(f"the training text fills {len(rows)} rows of seq_len={cfg.seq_len}, fewer than "
+                               f"batch_size={cfg.batch_size}")
+  decoder = make_decoder(model)
+  optimizer, schedule = train_lib.make_optimizer(cfg, cfg.num_steps)
+  init_key, data_key = jax.random.split(jax.random.PRNGKey(cfg.seed))
+  device = jax.local_devices()[0]
+  params = jax.device_put(jax.jit(lambda k: nn.unbox(init_params(decoder, k)))(init_key), device)  # one compile
+  state = {"params": params, "opt_state": jax.device_put(jax.jit(optimizer.init)(params), device), "step": np.int32(0),
+           "epoch": np.int32(0), "index": np.int32(0), "rng": np.asarray(data_key)}
+  fingerprint = _fingerprint(cfg, model, rows, held)
+  manager = train_lib.checkpoint_manager(workdir, cfg)
+  state, resume_step = train_lib.restore_state(manager, state, fingerprint, workdir)
+  log = MetricsLog(workdir, resume_step)
+  evaluate = make_held_out_nll(decoder, held, cfg.batch_size) if len(held) else lambda p: None
+  state, seconds = _loop(cfg, state, rows, make_train_step(decoder, optimizer), schedule, evaluate, log,
+                         lambda s, st: train_lib.save_state(manager, s, st, fingerprint), progress, step_delay_s)
+  manager.wait_until_finished()
+  if manager.latest_step() != int(state["step"]):  # resumed at the end: nothing ran
+    train_lib.save_state(manager, int(state["step"]), state, fingerprint)
+    manager.wait_until_finished()
+  log.close()
+  summary = _summary(cfg, model, workdir, log, rows, held, state, seconds, time.perf_counter() - wall_start,
+                     resume_step, info)
+  if export_dir:
+    again = (safety.owner(pathlib.Path(export_dir)) or {}).get("workdir") == str(workdir)
+    summary["export_dir"] = str(storage.save_checkpoint(
+        export_dir, jax.device_get(state["params"]), model, tokenizer_files=(tokenizer_path,),
+        overwrite=overwrite or again, workdir=str(workdir)))
+  safety.atomic_write_text(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
+  return summary
+
+
+def _loop(cfg: PretrainConfig, state: dict, rows: np.ndarray, step_fn, schedule, evaluate, log: MetricsLog, save,
+          progress: bool, step_delay_s: float) -> tuple[dict, tuple[float, int]]:
+  """Steps from the state's step to num_steps; returns the state and (seconds, steps) of the steps
+  after this process's first (which compiles)."""
+  step, seconds, timed, first = int(state["step"]), 0.0, 0, True
+  if step == 0:
+    _log_eval(log, 0, evaluate, state["params"])
+  while step < cfg.num_steps:
+    idx = train_lib.batch_indices(state, len(rows), cfg.batch_size)
+    valid = idx >= 0
+    t = time.perf_counter()
+    params, opt_state, loss, gnorm = step_fn(state["params"], state["opt_state"], rows[np.where(valid, idx, 0)], valid)
+    loss = float(loss)  # waits for the step
+    if first:
+      first = False  # the first step of a process compiles: not timed
+    else:
+      seconds, timed = seconds + time.perf_counter() - t, timed + 1
+    epoch, index = int(state["epoch"]), int(state["index"]) + cfg.batch_size
+    if index >= len(rows):
+      epoch, index = epoch + 1, 0
+    step += 1
+    state = {"params": params, "opt_state": opt_state, "step": np.int32(step), "epoch": np.int32(epoch),
+             "index": np.int32(index), "rng": state["rng"]}
+    if step % cfg.log_every == 0 or step == cfg.num_steps:
+      log.write("train", step, {"epoch": epoch, "loss": loss, "grad_norm": float(gnorm),
+                                "learning_rate": float(schedule(step - 1))})
+    if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.num_steps:
+      _log_eval(log, step, evaluate, params)
+    if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.num_steps:
+      save(step, state)
+    if progress and step % max(1, cfg.num_steps // 20) == 0:
+      logging.info("pretrain: step %d/%d loss %.4f", step, cfg.num_steps, loss)
+    if step_delay_s:
+      time.sleep(step_delay_s)
+  return state, (seconds, timed)
+
+
+def _log_eval(log: MetricsLog, step: int, evaluate, params) -> None:
+  nll = evaluate(params)
+  if nll is not None:
+    log.write("eval", step, {"split": "held_out", "loss": nll, "perplexity": math.exp(nll)})
+
+
+def _summary(cfg, model, workdir, log, rows, held, state, seconds, wall, resume_step, info) -> dict[str, Any]:
+  evals = [r for r in log.records if r["kind"] == "eval"]
+  trains = [r for r in log.records if r["kind"] == "train"]
+  unigram = unigram_nll(rows, held, model.vocab_size) if len(held) else None
+  seconds, steps_timed = seconds
+  return {
+      "workdir": str(workdir),
+      "pretrain_config": json.loads(json.dumps(dataclasses.asdict(cfg))),
+      "model": config_lib.model_config_to_dict(model),
+      "params": model.num_params(),
+      "train_rows": int(len(rows)), "train_tokens": int(rows.size),
+      "held_out_rows": int(len(held)), "held_out_tokens": int(held.size),
+      "epochs": cfg.num_steps * cfg.batch_size / max(len(rows), 1),
+      "steps": int(state["step"]),
+      "resumed_from_step": resume_step,
+      "first_train_loss": trains[0]["loss"] if trains else None,
+      "final_train_loss": trains[-1]["loss"] if trains else None,
+      "held_out_initial": next((r for r in evals if r["step"] == 0), None),
+      "held_out_final": evals[-1] if evals else None,
+      "unigram_held_out": None if unigram is None else {"loss": unigram, "perplexity": math.exp(unigram)},
+      "params_sha256": identity.tree_digest(jax.device_get(state["params"])),
+      "tokens_per_s": steps_timed * cfg.batch_size * cfg.seq_len / seconds if seconds > 0 else None,
+      "wall_seconds": wall,
+      **({"data": info} if info else {}),
+  }
