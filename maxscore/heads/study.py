@@ -17,15 +17,13 @@ ranking over lowercase words is reported beside them as a reference for what the
 import collections
 import dataclasses
 import itertools
-import math
 import pathlib
-import re
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from maxscore.heads import train as train_lib
-from maxscore.rerank import compare, data, eval as eval_lib, metrics
+from maxscore.rerank import bm25, compare, data, eval as eval_lib, metrics
 
 # Named head settings (TrainConfig fields); the rest are TrainConfig's defaults.
 SPECS: dict[str, dict[str, Any]] = {
@@ -58,22 +56,15 @@ class StudyOptions:
 
 
 def bm25_run(dataset: data.RerankSet, k1: float = 1.2, b: float = 0.75) -> dict[str, dict[str, float]]:
-  """BM25 scores of each query's candidates over lowercase [a-z] words; idf and the average length
-  come from the candidates of `dataset` (a reference ranking, not a model)."""
-  words = lambda s: re.findall(r"[a-z]+", s.lower())
-  docs = {d: collections.Counter(words(t)) for q in dataset.queries for d, t in q.candidates}
-  df = collections.Counter(w for c in docs.values() for w in c)
-  avg = np.mean([sum(c.values()) for c in docs.values()]) if docs else 1.0
-  n = len(docs)
-  idf = lambda w: math.log(1 + (n - df[w] + 0.5) / (df[w] + 0.5))
+  """BM25 scores of each query's candidates (`rerank.bm25`: lowercase [a-z] words); idf and the
+  average length come from the distinct candidates of `dataset` (a reference ranking, not a model)."""
+  texts = {d: t for q in dataset.queries for d, t in q.candidates}
+  row = {d: i for i, d in enumerate(texts)}
+  index = bm25.BM25Index(list(texts.values()), k1, b)
   run = {}
   for q in dataset.queries:
-    terms = words(q.query)
-    run[q.qid] = {}
-    for d, _ in q.candidates:
-      c, length = docs[d], sum(docs[d].values())
-      run[q.qid][d] = float(sum(idf(w) * c[w] * (k1 + 1) / (c[w] + k1 * (1 - b + b * length / avg))
-                                for w in terms if w in c))
+    scores = index.scores(q.query)
+    run[q.qid] = {d: float(scores[row[d]]) for d, _ in q.candidates}
   return run
 
 
