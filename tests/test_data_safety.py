@@ -172,6 +172,22 @@ def test_train_export_dir_existing_directory_is_kept_without_overwrite(tmp_path)
   assert _tree(target) == before
 
 
+def test_train_export_of_a_random_init_model_is_refused_before_any_work(tmp_path):
+  """A random-init model (--checkpoint_dir=none) has no base checkpoint to export beside the weights."""
+  dataset = _tiny_set(tmp_path / "d.jsonl")
+  with pytest.raises(train_lib.TrainError, match="--checkpoint_dir=none.*leave out --export_dir"):
+    train_lib.train(train_lib.TrainConfig(num_steps=1), CFG, "none", dataset, None, tmp_path / "work",
+                    export_dir=tmp_path / "export", progress=False)
+  assert not (tmp_path / "work").exists() and not (tmp_path / "export").exists()
+
+
+def test_train_export_inside_the_workdir_is_refused_with_where_to_put_it(tmp_path):
+  dataset = _tiny_set(tmp_path / "d.jsonl")
+  with pytest.raises(UnsafeOutputError, match="choose an export path outside it"):
+    train_lib.train(train_lib.TrainConfig(num_steps=1), CFG, None, dataset, None, tmp_path / "work",
+                    export_dir=tmp_path / "work" / "export", progress=False)
+
+
 def test_train_workdir_overwrite_refuses_a_directory_maxscore_did_not_write(tmp_path):
   workdir = tmp_path / "home"
   before = _foreign_dir(workdir)

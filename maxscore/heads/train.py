@@ -396,14 +396,19 @@ def _prepare_outputs(workdir: pathlib.Path, export_dir: Optional[os.PathLike], o
                      checkpoint_dir: Optional[str], feature_cache: Optional[os.PathLike], data_paths) -> None:
   """Refuses, before any work, outputs that are inputs or foreign directories; then (re)creates the
   workdir (--overwrite removes it only when maxscore wrote it)."""
-  base = None if str(checkpoint_dir).lower() == "none" else (checkpoint_dir or data.DEFAULT_CHECKPOINT)
+  random_init = checkpoint_dir is not None and str(checkpoint_dir).lower() == "none"
+  base = None if random_init else (checkpoint_dir or data.DEFAULT_CHECKPOINT)  # None: the embedded default
+  if export_dir and base is None:
+    raise TrainError(f"--export_dir={export_dir} copies the base checkpoint (config, tokenizer) with the trained "
+                     f"weights, and --checkpoint_dir=none (a random-init model) has none; give --checkpoint_dir "
+                     f"or leave out --export_dir")
   inputs = [i for i in (base, feature_cache, *data_paths) if i is not None]
   safety.refuse_overlap([workdir], inputs, "--workdir")
   if export_dir and (base is None or safety.resolve(export_dir) != safety.resolve(base)):  # else: head/ into base
     safety.refuse_overlap([export_dir], inputs, "--export_dir")
     if workdir == safety.resolve(export_dir) or workdir in safety.resolve(export_dir).parents:
       raise errors.UnsafeOutputError(f"--export_dir {export_dir} would replace the --workdir {workdir}; "
-                                     f"choose an export path inside or beside it")
+                                     f"choose an export path outside it (beside it, for example)")
     _check_export_dir(pathlib.Path(export_dir), workdir, overwrite)
   if overwrite:
     safety.remove_owned(workdir, "--workdir")
