@@ -60,6 +60,7 @@ class AssetOptions:
   finetune_queries: int = 3000
   finetune_candidates: int = 10
   finetune_hard_negatives: int = 1
+  finetune_keyword_queries: int = 0
   finetune_steps: int = 200
   finetune_batch_size: int = 8
   finetune_learning_rate: float = 3e-4
@@ -69,9 +70,10 @@ class AssetOptions:
     if not 0 < self.min_tokens <= self.max_tokens or self.num_candidates < 2 or self.layout_vocab_size < 256:
       raise ValueError(f"need 0 < min_tokens <= max_tokens, num_candidates >= 2, layout_vocab_size >= 256; "
                        f"got {self}")
-    if self.pretrain_steps < 0 or min(self.finetune_queries, self.finetune_steps, self.finetune_batch_size) < 1:
-      raise ValueError(f"need pretrain_steps >= 0 and finetune_queries, finetune_steps, finetune_batch_size >= 1; "
-                       f"got {self}")
+    if min(self.pretrain_steps, self.finetune_keyword_queries) < 0:
+      raise ValueError(f"need pretrain_steps >= 0 and finetune_keyword_queries >= 0; got {self}")
+    if min(self.finetune_queries, self.finetune_steps, self.finetune_batch_size) < 1:
+      raise ValueError(f"need finetune_queries, finetune_steps, finetune_batch_size >= 1; got {self}")
     return self
 
 
@@ -151,12 +153,14 @@ def _data(o: AssetOptions, out: pathlib.Path,
     pairs = pairs_lib.build_pairs(tok, corpus_lib.pydoc_sections(), held, docs, seed=o.seed,
                                   num_candidates=o.finetune_candidates, max_queries=o.finetune_queries,
                                   hard_negatives=o.finetune_hard_negatives,
+                                  keyword_queries=o.finetune_keyword_queries,
                                   min_tokens=o.min_tokens, max_tokens=o.max_tokens)
   jsonl, pairs_file = out / data.DEFAULT_JSONL.name, work / "finetune_pairs.jsonl"
   _write_jsonl(jsonl, records)
   _write_jsonl(pairs_file, pairs)
   info = {"queries": len(pairs), "from": dict(collections.Counter(
-      "pydoc" if r["qid"].startswith("ft-pydoc") else "docstrings" for r in pairs))}
+      "keywords" if r["qid"].startswith("ft-kw-") else "pydoc" if r["qid"].startswith("ft-pydoc") else "docstrings"
+      for r in pairs))}
   return jsonl, records, pairs_file, info
 
 

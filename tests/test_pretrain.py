@@ -14,6 +14,7 @@ from maxscore.heads import study
 from maxscore.lm import corpus as corpus_lib
 from maxscore.lm import pairs as pairs_lib
 from maxscore.lm import pretrain as pretrain_lib
+from maxscore.rerank import bm25
 from maxscore.rerank import data
 from maxscore.rerank.bm25 import BM25Index
 
@@ -129,3 +130,26 @@ def test_finetuning_pairs_hold_no_held_out_text_and_grade_their_own_paragraphs(h
         assert int(c["docid"].split(".")[1]) not in held
     for docid, grade in r["qrels"].items():  # grade 2: a paragraph of the query's own section / docstring
       assert (docid.rsplit(".", 1)[0] == r["qid"][len("ft-"):]) == (grade == 2)
+
+
+def test_keyword_queries_are_rarer_words_of_a_paragraph_that_ranks_among_the_relevant(held):
+  sections = corpus_lib.pydoc_sections()
+  tok = load_tokenizer(TOKENIZER)
+  records = pairs_lib.build_pairs(tok, sections, held, [], seed=2, num_candidates=12, max_queries=10,
+                                  keyword_queries=150, max_keywords=3)
+  kw = [r for r in records if r["qid"].startswith("ft-kw-")]
+  assert 140 <= len(kw) <= 150 < len(records)
+  probes = [" ".join(p.split())[:corpus_lib.LEAK_PREFIX_CHARS] for i in held for p in sections[i]["paragraphs"]]
+  sizes = set()
+  for r in kw:
+    anchor = r["qid"][len("ft-kw-"):]
+    assert r["qrels"][anchor] == 2 and anchor.startswith("pydoc.") and int(anchor.split(".")[1]) not in held
+    text_words = list(dict.fromkeys(bm25.words({c["docid"]: c["text"] for c in r["candidates"]}[anchor])))
+    query_words = bm25.words(r["query"])
+    positions = [text_words.index(w) for w in query_words]  # raises unless every word is the paragraph's
+    assert positions == sorted(positions) and r["query"][0].isupper() and min(map(len, query_words)) >= 3
+    sizes.add(len(query_words))
+    group = anchor.rsplit(".", 1)[0]
+    assert all(d.rsplit(".", 1)[0] == group for d, g in r["qrels"].items() if g == 2)
+    assert not corpus_lib.leaking_documents([c["text"] for c in r["candidates"]], probes)
+  assert sizes == {1, 2, 3}

@@ -11,6 +11,11 @@ Queries and their graded candidates (paragraphs cut to [min_tokens, max_tokens] 
   docstrings  a standard-library docstring's first paragraph (a summary of <= max_query_words words)
               against its later paragraphs (grade 2) and those of its siblings (grade 1: the other
               docstrings of the same class or module)
+  keywords    (`keyword_queries` of them) one to `max_keywords` of a random paragraph's rarer words (none
+              held by over 1% of paragraphs; idf-weighted, favouring words its group's other
+              paragraphs share), in text order, like a section title ("Descriptor invocation"); relevance as its group's, the paragraph
+              itself always a positive; reference paragraphs are used first. They teach what a
+              title is: a few words of its text.
 Paragraphs that repeat the opening of a held-out paragraph are dropped (the corpus's leak check).
 Negatives (grade 0): the `hard_negatives` best BM25 paragraphs of other groups (maxscore.rerank.bm25
 over every paragraph), then random paragraphs of other groups. Every pydoc query is kept; docstring
@@ -23,7 +28,10 @@ from typing import Collection, Sequence
 import numpy as np
 
 from maxscore.lm import corpus as corpus_lib
+from maxscore.rerank import bm25
 from maxscore.rerank.bm25 import BM25Index
+
+COMMON_WORD_FRACTION = 0.01  # a keyword query never uses a word held by more paragraphs than this
 
 
 def clip(tok, text: str, max_tokens: int) -> str:
@@ -81,10 +89,27 @@ def _without_leaks(groups: list[dict], sections: Sequence[dict], held_out: Colle
   return [{**g, "paragraphs": kept[g_i]} for g_i, g in enumerate(groups) if kept[g_i]]
 
 
+def keyword_query(text: str, siblings: Sequence[str], index: BM25Index, rng: np.random.Generator,
+                  max_keywords: int) -> str:
+  """1..max_keywords distinct rarer words of `text`, in text order, first capitalized ("" when it has
+  none). A word is drawn with weight idf * (1 + number of `siblings` holding it)^2: words that recur
+  across a section are what its title names."""
+  common = COMMON_WORD_FRACTION * index.n
+  vocab = list(dict.fromkeys(w for w in bm25.words(text) if len(w) >= 3 and index.doc_freq.get(w, 0) <= common))
+  if not vocab:
+    return ""
+  held = [set(bm25.words(t)) for t in siblings]
+  weight = np.array([index.idf(w) * (1 + sum(w in h for h in held)) ** 2 for w in vocab])
+  k = int(rng.integers(1, min(max_keywords, len(vocab)) + 1))
+  pick = set(rng.choice(len(vocab), size=k, replace=False, p=weight / weight.sum()).tolist())
+  query = " ".join(w for i, w in enumerate(vocab) if i in pick)
+  return query[:1].upper() + query[1:]
+
+
 def build_pairs(tok, sections: Sequence[dict], held_out: Collection[int], docstring_docs: Sequence[str], *,
                 seed: int = 0, num_candidates: int = 12, max_positives: int = 3, max_near: int = 2,
-                hard_negatives: int = 3, max_queries: int = 3000, min_tokens: int = 36,
-                max_tokens: int = 116) -> list[dict]:
+                hard_negatives: int = 3, max_queries: int = 3000, keyword_queries: int = 0,
+                max_keywords: int = 3, min_tokens: int = 36, max_tokens: int = 116) -> list[dict]:
   """Rerank training records (see the module docstring)."""
   if num_candidates < max_positives + max_near + hard_negatives + 1:
     raise ValueError(f"num_candidates={num_candidates} must exceed max_positives + max_near + hard_negatives")
@@ -102,20 +127,33 @@ def build_pairs(tok, sections: Sequence[dict], held_out: Collection[int], docstr
   others = [i for i, g in enumerate(groups) if g["source"] != "pydoc"]
   room = max(max_queries - len(pydoc), 0)
   chosen = pydoc + sorted(rng.permutation(others)[:room].tolist())
+  queries = [(g_i, groups[g_i]["query"], None, f"ft-{groups[g_i]['id']}") for g_i in rng.permutation(chosen).tolist()]
+  anchors = []  # reference paragraphs first (the rerank set's kind of text), then docstrings'
+  if keyword_queries:
+    is_pydoc = np.array([groups[g_i]["source"] == "pydoc" for g_i, _, _ in pool])
+    anchors = [rng.permutation(np.nonzero(m)[0]).tolist() for m in (is_pydoc, ~is_pydoc)]
+    anchors = (anchors[0] + anchors[1])[:keyword_queries]
+  for j in anchors:
+    siblings = [pool[i][2] for i in by_group[pool[j][0]] if i != j]
+    query = keyword_query(pool[j][2], siblings, index, rng, max_keywords)
+    if query:
+      queries.append((pool[j][0], query, j, f"ft-kw-{pool[j][1]}"))
   records = []
-  for g_i in rng.permutation(chosen).tolist():
+  for g_i, query, anchor, qid in queries:
     g = groups[g_i]
-    pos = rng.permutation(by_group[g_i])[:max_positives].tolist()
+    pos = [j for j in rng.permutation(by_group[g_i]).tolist() if j != anchor]
+    pos = ([anchor] if anchor is not None else []) + pos
+    pos = pos[:max_positives]
     near_ids = [j for j in by_key[g["key"]] if pool[j][0] != g_i]
     near = rng.permutation(near_ids)[:max_near].tolist() if near_ids else []
     related = set(by_key[g["key"]]) | set(by_group[g_i])
-    hard = [j for j, _ in index.top_k(g["query"], 4 * hard_negatives + len(related)) if j not in related]
+    hard = [j for j, _ in index.top_k(query, 4 * hard_negatives + len(related)) if j not in related]
     cands = pos + near + hard[:hard_negatives]
     left = np.setdiff1d(np.arange(len(pool)), np.fromiter(related | set(cands), np.int64))
     need = min(num_candidates - len(cands), len(left))
     cands += rng.choice(left, size=need, replace=False).tolist()
     cands = rng.permutation(cands).tolist()
     grades = {pool[j][1]: 2 for j in pos} | {pool[j][1]: 1 for j in near}
-    records.append({"qid": f"ft-{g['id']}", "query": g["query"], "split": "train",
+    records.append({"qid": qid, "query": query, "split": "train",
                     "candidates": [{"docid": pool[j][1], "text": pool[j][2]} for j in cands], "qrels": grades})
   return records

@@ -35,10 +35,16 @@ class BM25Index:
     avg = lengths.mean() if self.n else 1.0
     norm = k1 * (1 - b + b * lengths / max(avg, 1e-9))
     self._terms: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    self.doc_freq: dict[str, int] = {}  # word -> number of documents holding it
     for w, (ids, tfs) in postings.items():
       ids_a, tf = np.asarray(ids, np.int64), np.asarray(tfs, np.float64)
-      idf = math.log(1 + (self.n - len(ids) + 0.5) / (len(ids) + 0.5))
-      self._terms[w] = (ids_a, idf * tf * (k1 + 1) / (tf + norm[ids_a]))
+      self.doc_freq[w] = len(ids)
+      self._terms[w] = (ids_a, self.idf(w) * tf * (k1 + 1) / (tf + norm[ids_a]))
+
+  def idf(self, word: str) -> float:
+    """log(1 + (n - df + 0.5) / (df + 0.5)); an unseen word has df 0."""
+    df = self.doc_freq.get(word, 0)
+    return math.log(1 + (self.n - df + 0.5) / (df + 0.5))
 
   def scores(self, query: str) -> np.ndarray:
     """BM25 score of every document for `query` (each query word counted once per occurrence)."""
