@@ -35,6 +35,7 @@ from absl import flags, logging
 
 from maxscore import cli
 from maxscore import config as config_lib
+from maxscore import errors
 from maxscore.checkpoints.tokenizer import load_tokenizer
 from maxscore.files import safety
 from maxscore.heads import train as train_lib
@@ -187,12 +188,15 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
   del argv
   with cli.one_line_errors():
     o = cli.entry_from_flags(fv, ENTRY, SECTIONS)["assets"]
-  out = pathlib.Path(o.output_dir or data.DEFAULT_DIR)
+  out, work = pathlib.Path(o.output_dir or data.DEFAULT_DIR), pathlib.Path(o.workdir)
+  with cli.one_line_errors():
+    if work.resolve() in (out.resolve(), *out.resolve().parents):
+      raise errors.UnsafeOutputError(f"--output_dir {out} lies inside --workdir {work} (which --overwrite "
+                                     "removes); choose an output directory outside it")
+    if o.overwrite:
+      safety.remove_owned(work, "--workdir")
+    safety.prepare_output_dir(work, "default_build", [out], "--workdir")
   out.mkdir(parents=True, exist_ok=True)
-  work = pathlib.Path(o.workdir)
-  if o.overwrite:
-    safety.remove_owned(work, "--workdir")
-  safety.prepare_output_dir(work, "default_build", [out], "--workdir")
   t = time.perf_counter()
   jsonl, records, pairs, pairs_info = _data(o, out, work)
   logging.info("build: rerank set and %d fine-tuning queries in %.0f s", pairs_info["queries"], time.perf_counter() - t)

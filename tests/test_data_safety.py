@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import pytest
 
+from maxscore import cli
 from maxscore.checkpoints import storage
 from maxscore.checkpoints.convert import convert_hf_checkpoint
 from maxscore.errors import ResumeError, UnsafeOutputError
@@ -186,6 +187,16 @@ def test_train_export_inside_the_workdir_is_refused_with_where_to_put_it(tmp_pat
   with pytest.raises(UnsafeOutputError, match="choose an export path outside it"):
     train_lib.train(train_lib.TrainConfig(num_steps=1), CFG, None, dataset, None, tmp_path / "work",
                     export_dir=tmp_path / "work" / "export", progress=False)
+
+
+def test_build_output_inside_its_workdir_is_refused_before_anything_is_written(tmp_path, capsys):
+  """The build's output under its workdir (which --overwrite removes) is refused before either exists."""
+  build = _script("build_default_assets")
+  with pytest.raises(SystemExit) as e:
+    cli.run_with_fresh_flags(build.define_flags, build.main,
+                             ["prog", f"--workdir={tmp_path / 'w'}", f"--output_dir={tmp_path / 'w' / 'assets'}"])
+  assert e.value.code == 2 and "lies inside --workdir" in capsys.readouterr().err
+  assert not (tmp_path / "w").exists()
 
 
 def test_train_workdir_overwrite_refuses_a_directory_maxscore_did_not_write(tmp_path):
