@@ -199,6 +199,21 @@ def test_build_output_inside_its_workdir_is_refused_before_anything_is_written(t
   assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.parametrize("where", ["inside", "foreign"])
+def test_pretrain_export_refused_before_any_work(tmp_path, where):
+  """Pretraining checks its export as the score-head trainer does: never inside the workdir (which
+  --overwrite removes), and an existing directory maxscore did not write is left alone."""
+  from maxscore.lm import pretrain as pretrain_lib  # pylint: disable=import-outside-toplevel
+  export = tmp_path / "work" / "model" if where == "inside" else tmp_path / "model"
+  if where == "foreign":
+    _foreign_dir(export)
+  before = _tree(tmp_path)
+  with pytest.raises(UnsafeOutputError, match="outside it" if where == "inside" else "not written by maxscore"):
+    pretrain_lib.pretrain(pretrain_lib.PretrainConfig(num_steps=1), data.DEFAULT_CHECKPOINT / "tokenizer" /
+                          "tokenizer.model", ["text"] * 4, [], tmp_path / "work", export_dir=export, progress=False)
+  assert not (tmp_path / "work").exists() and _tree(tmp_path) == before
+
+
 def test_train_workdir_overwrite_refuses_a_directory_maxscore_did_not_write(tmp_path):
   workdir = tmp_path / "home"
   before = _foreign_dir(workdir)

@@ -147,6 +147,30 @@ def prepare_output_dir(directory: os.PathLike, kind: str, inputs: Iterable[Optio
   return directory
 
 
+def exported_by(export_dir: os.PathLike, workdir: os.PathLike) -> bool:
+  """Whether `export_dir` is the export an earlier (or killed) run of `workdir` wrote."""
+  return (owner(export_dir) or {}).get("workdir") == str(workdir)
+
+
+def check_export_dir(export_dir: os.PathLike, workdir: os.PathLike, inputs: Iterable[Optional[os.PathLike]],
+                     overwrite: bool) -> None:
+  """Before a run that writes `workdir` does any work: its `export_dir` is no input, neither is nor
+  holds nor lies inside the workdir (--overwrite removes that), and an existing one is replaced only
+  when maxscore wrote it as a checkpoint, with `overwrite` or when this workdir's earlier run wrote it."""
+  refuse_overlap([export_dir], inputs, "--export_dir")
+  export, work = resolve(export_dir), resolve(workdir)
+  if export == work or work in export.parents or export in work.parents:
+    raise UnsafeOutputError(f"--export_dir {export_dir} would replace the --workdir {workdir} or lie inside it; "
+                            f"choose an export path outside it (beside it, for example)")
+  if not export.exists():
+    return
+  if not export.is_dir() or not is_owned(export, "checkpoint"):
+    raise UnsafeOutputError(f"--export_dir {export_dir} exists and was not written by maxscore (no {MARKER} "
+                            f"marker); it is left untouched: choose a new path")
+  if not (overwrite or exported_by(export, work)):
+    raise UnsafeOutputError(f"--export_dir {export_dir} already exists; pass --overwrite to replace it")
+
+
 def swap_dir(tmp: pathlib.Path, target: pathlib.Path) -> None:
   """Renames the finished directory `tmp` to `target`; an old `target` is moved aside first and deleted
   after, so `target` is always either the old or the new directory, never a half-written one."""

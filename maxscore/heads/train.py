@@ -386,7 +386,7 @@ def export(cfg: TrainConfig, prep: Prepared, summary: dict[str, Any], final, exp
   same = pathlib.Path(export_dir).resolve() == pathlib.Path(summary["checkpoint_dir"]).resolve()
   info["base_checkpoint"] = "." if same else summary["checkpoint_dir"]
   backbone = jax.device_get(final["backbone"]) if cfg.train_backbone else None
-  again = _exported_by(pathlib.Path(export_dir), workdir)
+  again = safety.exported_by(export_dir, workdir)
   return str(heads.export_checkpoint(prep.scorer.config.runtime.checkpoint_dir, export_dir, prep.head_cfg,
                                      jax.device_get(final["head"]), info, backbone, overwrite=overwrite or again,
                                      workdir=str(workdir)))
@@ -405,31 +405,10 @@ def _prepare_outputs(workdir: pathlib.Path, export_dir: Optional[os.PathLike], o
   inputs = [i for i in (base, feature_cache, *data_paths) if i is not None]
   safety.refuse_overlap([workdir], inputs, "--workdir")
   if export_dir and (base is None or safety.resolve(export_dir) != safety.resolve(base)):  # else: head/ into base
-    safety.refuse_overlap([export_dir], inputs, "--export_dir")
-    if workdir == safety.resolve(export_dir) or workdir in safety.resolve(export_dir).parents:
-      raise errors.UnsafeOutputError(f"--export_dir {export_dir} would replace the --workdir {workdir}; "
-                                     f"choose an export path outside it (beside it, for example)")
-    _check_export_dir(pathlib.Path(export_dir), workdir, overwrite)
+    safety.check_export_dir(export_dir, workdir, inputs, overwrite)
   if overwrite:
     safety.remove_owned(workdir, "--workdir")
   safety.prepare_output_dir(workdir, "head_training", inputs, "--workdir")
-
-
-def _exported_by(export_dir: pathlib.Path, workdir: pathlib.Path) -> bool:
-  """Whether `export_dir` is the export an earlier (or killed) run of this workdir wrote."""
-  return (safety.owner(export_dir) or {}).get("workdir") == str(workdir)
-
-
-def _check_export_dir(export_dir: pathlib.Path, workdir: pathlib.Path, overwrite: bool) -> None:
-  """Before any work: an existing export directory is replaced only when maxscore wrote it, and only
-  with --overwrite or when this workdir's earlier run wrote it (a resumed run exports again)."""
-  if not export_dir.exists():
-    return
-  if not export_dir.is_dir() or not safety.is_owned(export_dir, "checkpoint"):
-    raise errors.UnsafeOutputError(f"--export_dir {export_dir} exists and was not written by maxscore (no "
-                                   f"{safety.MARKER} marker); it is left untouched: choose a new path")
-  if not (overwrite or _exported_by(export_dir, workdir)):
-    raise errors.UnsafeOutputError(f"--export_dir {export_dir} already exists; pass --overwrite to replace it")
 
 
 def _metric_values(rec: dict) -> dict[str, float]:
