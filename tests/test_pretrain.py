@@ -72,6 +72,7 @@ def test_pretraining_loss_falls_and_resume_is_bit_exact(texts, uninterrupted, tm
   assert a["steps"] == 6 and a["final_train_loss"] < a["first_train_loss"] - 0.5
   assert a["held_out_final"]["perplexity"] < a["held_out_initial"]["perplexity"]
   assert a["unigram_held_out"]["perplexity"] > 1 and a["tokens_per_s"] > 0
+  assert a["held_out_copy_probe"]["span"] == 16 and np.isfinite(a["held_out_copy_probe"]["repeat"])
   # An interrupted run: its last checkpoint (step 6) is lost, so a restart resumes from step 3.
   b = pretrain_lib.pretrain(cfg, TOKENIZER, train_texts, held_texts, tmp_path / "b", progress=False)
   shutil.rmtree(tmp_path / "b" / "checkpoints" / "6")
@@ -92,6 +93,17 @@ def test_resume_with_other_settings_is_refused(texts, uninterrupted):
   with pytest.raises(pretrain_lib.train_lib.ResumeError, match="learning_rate"):
     pretrain_lib.pretrain(pretrain_lib.PretrainConfig(**{**TINY, "learning_rate": 1e-3}), TOKENIZER, *texts,
                           root / "a", progress=False)
+
+
+def test_copy_probe_reads_a_repeated_span_against_its_first_reading():
+  ckpt = storage.restore_checkpoint(data.DEFAULT_CHECKPOINT)
+  decoder = pretrain_lib.make_decoder(ckpt.model)
+  rows = np.random.default_rng(0).integers(3, ckpt.model.vocab_size, size=(5, 24)).astype(np.int32)
+  probe = pretrain_lib.copy_probe(decoder, ckpt.params, rows, span=10)
+  first = pretrain_lib.make_held_out_nll(decoder, rows[:, :10], 2)(ckpt.params)  # the evaluator's oracle
+  assert probe["span"] == 10 and probe["first_read"] == pytest.approx(first, rel=1e-5)
+  nll = np.asarray(pretrain_lib.token_nll(decoder, ckpt.params, np.tile(rows[:, :10], 2)))  # [5, 19]
+  assert probe["repeat"] == pytest.approx(nll[:, 10:].mean(), rel=1e-5)
 
 
 def test_unigram_baseline_is_add_one_counts():

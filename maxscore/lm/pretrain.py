@@ -1,7 +1,7 @@
 """Language-model pretraining: next-token loss on a decoder from configs/models/, on local text.
 
     summary = pretrain(PretrainConfig(num_steps=600), "tokenizer.model", train_texts, held_out_texts,
-                       "out/pretrain", export_dir="out/pretrain/model")
+                       "out/pretrain", export_dir="out/pretrained")
 
 1. Every text is tokenized, followed by the tokenizer's EOS, and the concatenation is cut into rows
    of `seq_len` tokens (the tail that fills no row is dropped); the held-out texts alike.
@@ -14,7 +14,9 @@
    where an uninterrupted one does (float32 on CPU); a workdir holding another run is refused.
 4. `<workdir>/metrics.jsonl` + TensorBoard: train loss every `log_every` steps, held-out loss and
    perplexity every `eval_every` steps; `summary.json` adds the unigram baseline's held-out
-   perplexity (add-one counts of the training tokens) on the same target tokens, and tokens/s.
+   perplexity (add-one counts of the training tokens) on the same target tokens, tokens/s, and a
+   copy probe (`copy_probe`: held-out text read once and again right after; the second reading is
+   only cheaper for a model that copies from its context, which a reranker needs).
 5. `export_dir`: a maxscore checkpoint (params, model config, tokenizer) that scoring and the score-
    head trainer load like any other.
 """
@@ -39,7 +41,6 @@ from layers.config import ModelConfig
 from layers.decoder import Decoder, init_params
 from layers.kernels import SegmentLayout, get_kernel
 from maxscore import config as config_lib
-from maxscore import errors
 from maxscore.checkpoints import storage
 from maxscore.checkpoints.tokenizer import load_tokenizer
 from maxscore.files import identity, safety
@@ -150,18 +151,32 @@ def make_decoder(model: ModelConfig) -> Decoder:
   return Decoder(model, get_kernel("reference"))
 
 
-def lm_loss(decoder: Decoder, params, rows_BxT: jax.Array, valid_B: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """(sum of target-token NLLs, number of target tokens) over the valid rows: tokens 1..T-1 given the
-  ones before, full-vocabulary log-softmax."""
+def token_nll(decoder: Decoder, params, rows_BxT: jax.Array) -> jax.Array:
+  """[B, T-1] next-token NLLs (nats): token t+1 given tokens 0..t, full-vocabulary log-softmax."""
   b, t = rows_BxT.shape
   positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
   layout = SegmentLayout.causal(jnp.full((b,), t, jnp.int32), t)
   h_BxTxD, _ = decoder.apply({"params": params}, rows_BxT, positions, layout)
   logits = decoder.apply({"params": params}, h_BxTxD[:, :-1], method=Decoder.logits)
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  nll_BxT = -jnp.take_along_axis(logp, rows_BxT[:, 1:, None], axis=-1)[..., 0]
+  return -jnp.take_along_axis(logp, rows_BxT[:, 1:, None], axis=-1)[..., 0]
+
+
+def lm_loss(decoder: Decoder, params, rows_BxT: jax.Array, valid_B: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(sum of target-token NLLs, number of target tokens) over the valid rows."""
   weight = valid_B.astype(jnp.float32)[:, None]
-  return jnp.sum(nll_BxT * weight), jnp.sum(weight) * (t - 1)
+  return jnp.sum(token_nll(decoder, params, rows_BxT) * weight), jnp.sum(weight) * (rows_BxT.shape[1] - 1)
+
+
+def copy_probe(decoder: Decoder, params, rows_RxT: np.ndarray, span: int = 64) -> dict[str, float]:
+  """Whether the model copies from its context: mean NLL of each row's first `span` tokens read once
+  (`first_read`) and written again right after them (`repeat`, the repeat's first token left out).
+
+  A reranker must find the query's words in the document; a model that can copy from its context
+  reads the repeat almost for free (`repeat` near 0), one that cannot reads it as the first time."""
+  first = np.asarray(rows_RxT)[:, :span]
+  nll = np.asarray(jax.jit(functools.partial(token_nll, decoder))(params, jnp.asarray(np.concatenate([first, first], 1))))
+  return {"span": span, "first_read": float(nll[:, :span - 1].mean()), "repeat": float(nll[:, span:].mean())}
 
 
 def make_train_step(decoder: Decoder, optimizer: optax.GradientTransformation):
@@ -208,11 +223,7 @@ def _fingerprint(cfg: PretrainConfig, model: ModelConfig, rows: np.ndarray, held
 def _prepare_outputs(workdir: pathlib.Path, export_dir, overwrite: bool, inputs) -> None:
   safety.refuse_overlap([workdir], inputs, "--workdir")
   if export_dir:
-    safety.refuse_overlap([export_dir], inputs, "--export_dir")
-    export = safety.resolve(export_dir)
-    if export == workdir or export in workdir.parents or export == workdir / "tokenizer":
-      raise errors.UnsafeOutputError(f"--export_dir {export_dir} would replace the --workdir {workdir} or its "
-                                     f"tokenizer; choose a path beside it or inside it")
+    safety.check_export_dir(export_dir, workdir, inputs, overwrite)
   if overwrite:
     safety.remove_owned(workdir, "--workdir")
   safety.prepare_output_dir(workdir, "lm_pretraining", inputs, "--workdir")
@@ -264,8 +275,10 @@ def pretrain(cfg: PretrainConfig, tokenizer_path: Optional[os.PathLike], train_t
   log.close()
   summary = _summary(cfg, model, workdir, log, rows, held, state, seconds, time.perf_counter() - wall_start,
                      resume_step, info)
+  if len(held) and cfg.seq_len >= 4:
+    summary["held_out_copy_probe"] = copy_probe(decoder, state["params"], held[:64], min(64, cfg.seq_len // 2))
   if export_dir:
-    again = (safety.owner(pathlib.Path(export_dir)) or {}).get("workdir") == str(workdir)
+    again = safety.exported_by(export_dir, workdir)
     summary["export_dir"] = str(storage.save_checkpoint(
         export_dir, jax.device_get(state["params"]), model, tokenizer_files=(tokenizer_path,),
         overwrite=overwrite or again, workdir=str(workdir)))
