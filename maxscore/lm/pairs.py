@@ -11,11 +11,12 @@ Queries and their graded candidates (paragraphs cut to [min_tokens, max_tokens] 
   docstrings  a standard-library docstring's first paragraph (a summary of <= max_query_words words)
               against its later paragraphs (grade 2) and those of its siblings (grade 1: the other
               docstrings of the same class or module)
-  keywords    (`keyword_queries` of them) one to `max_keywords` of a random paragraph's rarer words (none
-              held by over 1% of paragraphs; idf-weighted, favouring words its group's other
-              paragraphs share), in text order, like a section title ("Descriptor invocation"); relevance as its group's, the paragraph
-              itself always a positive; reference paragraphs are used first. They teach what a
-              title is: a few words of its text.
+  keywords    (`keyword_queries` of them) one to `max_keywords` of a random paragraph's rarer
+              words (none held by over 1% of paragraphs; idf-weighted, favouring words its
+              group's other paragraphs share), in text order, like a section title ("Descriptor
+              invocation"); relevance as its group's, the paragraph itself always a positive;
+              reference paragraphs are used first. They teach what a title is: a few words of
+              its text.
 Paragraphs that repeat the opening of a held-out paragraph are dropped (the corpus's leak check).
 Negatives (grade 0): the `hard_negatives` best BM25 paragraphs of other groups (maxscore.rerank.bm25
 over every paragraph), then random paragraphs of other groups. Every pydoc query is kept; docstring
@@ -128,7 +129,7 @@ def build_pairs(tok, sections: Sequence[dict], held_out: Collection[int], docstr
   room = max(max_queries - len(pydoc), 0)
   chosen = pydoc + sorted(rng.permutation(others)[:room].tolist())
   queries = [(g_i, groups[g_i]["query"], None, f"ft-{groups[g_i]['id']}") for g_i in rng.permutation(chosen).tolist()]
-  anchors = []  # reference paragraphs first (the rerank set's kind of text), then docstrings'
+  anchors = []  # reference paragraphs first (the rerank set's kind of text), then docstring paragraphs
   if keyword_queries:
     is_pydoc = np.array([groups[g_i]["source"] == "pydoc" for g_i, _, _ in pool])
     anchors = [rng.permutation(np.nonzero(m)[0]).tolist() for m in (is_pydoc, ~is_pydoc)]
