@@ -90,17 +90,17 @@ def _without_leaks(groups: list[dict], sections: Sequence[dict], held_out: Colle
   return [{**g, "paragraphs": kept[g_i]} for g_i, g in enumerate(groups) if kept[g_i]]
 
 
-def keyword_query(text: str, siblings: Sequence[str], index: BM25Index, rng: np.random.Generator,
+def keyword_query(text: str, sibling_words: Sequence[set[str]], index: BM25Index, rng: np.random.Generator,
                   max_keywords: int) -> str:
   """1..max_keywords distinct rarer words of `text`, in text order, first capitalized ("" when it has
-  none). A word is drawn with weight idf * (1 + number of `siblings` holding it)^2: words that recur
-  across a section are what its title names."""
+  none). A word is drawn with weight idf * (1 + number of siblings holding it)^2 (`sibling_words`:
+  the word sets of the other paragraphs of its group): words that recur across a section are what
+  its title names."""
   common = COMMON_WORD_FRACTION * index.n
   vocab = list(dict.fromkeys(w for w in bm25.words(text) if len(w) >= 3 and index.doc_freq.get(w, 0) <= common))
   if not vocab:
     return ""
-  held = [set(bm25.words(t)) for t in siblings]
-  weight = np.array([index.idf(w) * (1 + sum(w in h for h in held)) ** 2 for w in vocab])
+  weight = np.array([index.idf(w) * (1 + sum(w in h for h in sibling_words)) ** 2 for w in vocab])
   k = int(rng.integers(1, min(max_keywords, len(vocab)) + 1))
   pick = set(rng.choice(len(vocab), size=k, replace=False, p=weight / weight.sum()).tolist())
   query = " ".join(w for i, w in enumerate(vocab) if i in pick)
@@ -129,13 +129,14 @@ def build_pairs(tok, sections: Sequence[dict], held_out: Collection[int], docstr
   room = max(max_queries - len(pydoc), 0)
   chosen = pydoc + sorted(rng.permutation(others)[:room].tolist())
   queries = [(g_i, groups[g_i]["query"], None, f"ft-{groups[g_i]['id']}") for g_i in rng.permutation(chosen).tolist()]
-  anchors = []  # reference paragraphs first (the rerank set's kind of text), then docstring paragraphs
-  if keyword_queries:
+  anchors, word_sets = [], []
+  if keyword_queries:  # anchors: reference paragraphs first (the rerank set's kind of text), then the rest
     is_pydoc = np.array([groups[g_i]["source"] == "pydoc" for g_i, _, _ in pool])
     anchors = [rng.permutation(np.nonzero(m)[0]).tolist() for m in (is_pydoc, ~is_pydoc)]
     anchors = (anchors[0] + anchors[1])[:keyword_queries]
+    word_sets = [set(bm25.words(p)) for _, _, p in pool]  # each paragraph's words, once
   for j in anchors:
-    siblings = [pool[i][2] for i in by_group[pool[j][0]] if i != j]
+    siblings = [word_sets[i] for i in by_group[pool[j][0]] if i != j]
     query = keyword_query(pool[j][2], siblings, index, rng, max_keywords)
     if query:
       queries.append((pool[j][0], query, j, f"ft-kw-{pool[j][1]}"))
