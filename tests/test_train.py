@@ -22,6 +22,7 @@ from layers.decoder import Decoder
 from maxscore.checkpoints import storage as checkpointing
 from maxscore.heads import features, losses, study as head_study, score_heads as heads, train as train_lib
 from maxscore.rerank import data, eval as eval_lib
+from maxscore.scoring.requests import TokenRequest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # A small slice of the embedded default: 6 train and 3 dev queries, documents cut to 24 tokens.
@@ -293,6 +294,59 @@ def test_train_backbone_two_steps(tmp_path):
   changed = [not np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(base), jax.tree_util.tree_leaves(tuned))]
   assert all(changed)
   assert summary["throughput"]["frozen_forward_seconds"] == 0
+
+
+def test_query_match_targets():
+  """Per candidate token: does its id occur in the query (separator aside); per candidate: the share of
+  the query's distinct ids it holds. Prefix, padding and padding rows stay 0."""
+  req = TokenRequest(query=(7, 8, 8, 9), items=((8, 3), (5,), (9, 7, 8)), label_ids=(4, 5), apply_softmax=False,
+                     item_first=False, separator=2)
+  plan = features.plan_packed([req, None], (8, 4, 4))
+  p, l = 8, 4
+  expect_mask = np.zeros((2, p + 4 * l), bool)
+  expect_match = np.zeros((2, p + 4 * l), np.float32)
+  for n, (item, hits) in enumerate([((8, 3), (1, 0)), ((5,), (0,)), ((9, 7, 8), (1, 1, 1))]):
+    expect_mask[0, p + n * l:p + n * l + len(item)] = True
+    expect_match[0, p + n * l:p + n * l + len(item)] = hits
+  np.testing.assert_array_equal(plan.match_mask_BxT, expect_mask)
+  np.testing.assert_array_equal(plan.match_BxT, expect_match)
+  np.testing.assert_allclose(plan.coverage_QxN, [[1 / 3, 0, 1, 0], [0, 0, 0, 0]])
+
+
+def test_probe_bce_by_hand():
+  probe = {"w": jnp.asarray([1.0, -2.0]), "b": jnp.asarray(0.5)}
+  h = jnp.asarray([[1.0, 0.0], [0.0, 1.0], [3.0, 3.0]])
+  z = np.asarray([1.5, -1.5, -2.5])
+  target, mask = np.asarray([1.0, 0.25, 0.0]), np.asarray([True, True, False])
+  by_hand = [-(t * math.log(1 / (1 + math.exp(-x))) + (1 - t) * math.log(1 - 1 / (1 + math.exp(-x))))
+             for x, t in zip(z[:2], target[:2])]
+  assert float(losses.probe_bce(probe, h, target, mask)) == pytest.approx(np.mean(by_hand), rel=1e-5)
+
+
+def test_match_loss_weight_needs_train_backbone():
+  with pytest.raises(train_lib.TrainError, match="match_loss_weight"):
+    train_lib.TrainConfig(match_loss_weight=1.0).validate()
+  with pytest.raises(train_lib.TrainError, match="match_loss_weight"):
+    train_lib.TrainConfig(train_backbone=True, match_loss_weight=-1.0).validate()
+
+
+@pytest.mark.slow
+def test_train_backbone_match_loss(tmp_path):
+  """The auxiliary losses are logged beside the ranking loss, add up to the step loss, and the probes
+  stay out of the export (it restores as the base model's params, changed)."""
+  cfg = train_lib.TrainConfig(train_backbone=True, batch_size=2, num_steps=2, eval_every=0, warmup_steps=0,
+                              learning_rate=1e-3, match_loss_weight=0.5)
+  train_lib.train(cfg, PROMPT, None, _split("train", 4), None, tmp_path / "work", export_dir=tmp_path / "export",
+                  progress=False)
+  lines = [json.loads(l) for l in (tmp_path / "work" / "metrics.jsonl").read_text().splitlines()]
+  for line in (l for l in lines if l["kind"] == "train"):
+    assert 0 < line["match_loss"] < 1 and 0 < line["coverage_loss"] < 1
+    assert line["loss"] == pytest.approx(line["rank_loss"] + 0.5 * (line["match_loss"] + line["coverage_loss"]),
+                                         rel=1e-5)
+  base = checkpointing.restore_checkpoint(data.DEFAULT_CHECKPOINT).params
+  tuned = checkpointing.restore_checkpoint(tmp_path / "export").params
+  assert jax.tree_util.tree_structure(base) == jax.tree_util.tree_structure(tuned)
+  assert not np.array_equal(jax.tree_util.tree_leaves(base)[0], jax.tree_util.tree_leaves(tuned)[0])
 
 
 # --- head study ------------------------------------------------------------------------------------

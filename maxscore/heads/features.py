@@ -151,6 +151,9 @@ class PackedPlan:
   batch: dict                        # tokens, positions, layout, score_index (device-ready)
   gather_QxN: np.ndarray
   mask_QxN: np.ndarray
+  match_BxT: np.ndarray              # 1.0 where a candidate token also occurs in its query's tokens
+  match_mask_BxT: np.ndarray         # the candidate tokens
+  coverage_QxN: np.ndarray           # share of the query's distinct tokens that occur in the candidate
 
 
 def packed_geometry(scorer: Scorer, examples: Examples) -> tuple[int, int, int]:
@@ -175,15 +178,37 @@ def plan_packed(reqs: Sequence[Optional[TokenRequest]], geometry: tuple[int, int
     mask[pb.request_BxN[b, j], pb.item_BxN[b, j]] = True
   batch = {"tokens": jnp.asarray(pb.tokens_BxT), "positions": jnp.asarray(pb.positions_BxT), "layout": layout,
            "score_index": jnp.asarray(pb.score_index_BxN)}
-  return PackedPlan(batch, gather, mask)
+  coverage = np.zeros((len(reqs), n), np.float32)
+  for q, r in enumerate(reqs):
+    if r is not None and r.query:
+      query = set(r.query)
+      coverage[q, :len(r.items)] = [len(query.intersection(item)) / len(query) for item in r.items]
+  return PackedPlan(batch, gather, mask, *_query_matches(pb, reqs), coverage)
 
 
-def packed_features(decoder: Decoder, backbone, batch: dict, gather_QxN, labels_K):
-  """h [Q, N, D] and label log-probs [Q, N, K] of one packed forward (differentiable in `backbone`)."""
-  h_BxNxD = packed_hidden(decoder, backbone, batch["tokens"], batch["positions"], batch["layout"],
-                          batch["score_index"])
+def _query_matches(pb, reqs: Sequence[Optional[TokenRequest]]) -> tuple[np.ndarray, np.ndarray]:
+  """Per packed token: whether it is a candidate token, and whether that token id is one of its query's
+  (the separator left out). Row b holds request b (plan_packed packs one request per row)."""
+  candidate = np.zeros(pb.tokens_BxT.shape, bool)
+  match = np.zeros(pb.tokens_BxT.shape, np.float32)
+  for b, r in enumerate(reqs):
+    if r is None:
+      continue
+    for n in range(pb.num_slots):
+      start = pb.prefix_len + n * pb.slot_len
+      candidate[b, start:start + pb.slot_valid_BxN[b, n]] = True
+    match[b] = np.isin(pb.tokens_BxT[b], np.asarray(r.query, np.int32)) & candidate[b]
+  return match, candidate
+
+
+def packed_features(decoder: Decoder, backbone, batch: dict, gather_QxN, labels_K, every_position: bool = False):
+  """h [Q, N, D] and label log-probs [Q, N, K] of one packed forward (differentiable in `backbone`);
+  with `every_position`, also the hidden states of every packed token [B, T, D]."""
+  h_BxNxD, every_BxTxD = packed_hidden(decoder, backbone, batch["tokens"], batch["positions"], batch["layout"],
+                                       batch["score_index"], every_position=True)
   h_QxNxD = h_BxNxD.reshape(-1, h_BxNxD.shape[-1])[gather_QxN].astype(jnp.float32)
-  return h_QxNxD, label_logprobs(decoder, backbone, h_QxNxD, labels_K)
+  features = h_QxNxD, label_logprobs(decoder, backbone, h_QxNxD, labels_K)
+  return (*features, every_BxTxD) if every_position else features
 
 
 def backbone_features(decoder: Decoder, backbone, examples: Examples, geometry, labels_K, batch_size: int):

@@ -43,3 +43,17 @@ def batch_loss(name: str, logits_BxN, grades_BxN, mask_BxN) -> jax.Array:
   """Mean of the per-query losses over the queries that have weight."""
   loss, weight = LOSSES[name](logits_BxN, grades_BxN, mask_BxN)
   return jnp.sum(loss * weight) / jnp.maximum(weight.sum(), 1.0)
+
+
+
+def probe_bce(probe, hidden_XxD, target_X, mask_X) -> jax.Array:
+  """Mean binary cross-entropy (targets in [0, 1]) of a linear probe (`w` [D], `b` []) on hidden states
+  [..., D] over the masked positions: the auxiliary losses of whole-model fine-tuning.
+
+  A small backbone does not learn from a ranking loss alone to find the query's tokens in a candidate;
+  the probes ask it directly, per candidate token (does this token occur in the query?) and at each
+  score position (which share of the query's distinct tokens occurs in the candidate?)."""
+  logits = hidden_XxD.astype(jnp.float32) @ probe["w"] + probe["b"]
+  per_position = jax.nn.softplus(logits) - target_X * logits
+  weight = mask_X.astype(jnp.float32)
+  return jnp.sum(per_position * weight) / jnp.maximum(weight.sum(), 1.0)

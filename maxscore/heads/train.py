@@ -25,7 +25,11 @@
 6. `export_dir`: a copy of the base checkpoint with the head in head/ (heads.export_checkpoint).
 
 `train_backbone=True` trains the decoder params together with the head, through the packed
-layout (DESIGN.md section 2) with each scanned layer rematerialized in the backward pass.
+layout (DESIGN.md section 2) with each scanned layer rematerialized in the backward pass. With
+`match_loss_weight` > 0 the loss adds that weight times two auxiliary losses (`losses.probe_bce`):
+a linear probe on every candidate token's hidden state predicts whether the token occurs in the query,
+and one at each score position ranks a query's candidates by the share of the query's distinct tokens
+found in each (pairwise logistic loss; the probes train beside the model and are not exported).
 """
 
 import dataclasses
@@ -56,7 +60,7 @@ from maxscore.heads.features import (
   packed_geometry,
   plan_packed,
 )
-from maxscore.heads.losses import MASK_LOGIT, batch_loss
+from maxscore.heads.losses import MASK_LOGIT, batch_loss, probe_bce
 from maxscore.heads.train_config import TrainConfig, TrainError, TrainRun  # noqa: F401  (re-exported)
 from maxscore.heads.metrics_log import MetricsLog
 from maxscore.rerank import data, metrics, prompts
@@ -116,6 +120,7 @@ class Prepared:
   geometry: Optional[dict] = None    # train_backbone: packed geometry per split
   feature_seconds: float = 0.0
   cached: bool = False
+  match_targets: bool = False        # batches carry the token-match targets (match_loss_weight > 0)
 
   @property
   def num_train(self) -> int:
@@ -137,6 +142,7 @@ def prepare(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str
                   {s: ex.grid() for s, ex in examples.items()})
   if cfg.train_backbone:
     prep.geometry = {s: packed_geometry(scorer, ex) for s, ex in examples.items()}
+    prep.match_targets = cfg.match_loss_weight > 0
   else:
     prep.feats = load_or_extract(scorer, examples, feature_cache, cfg.algorithm, progress)
     prep.feature_seconds = sum(f.seconds for f in prep.feats.values())
@@ -150,6 +156,10 @@ def init_train_state(cfg: TrainConfig, prep: Prepared, optimizer: optax.Gradient
   params = {"head": heads.init_head(prep.head_cfg, init_key)}
   if cfg.train_backbone:
     params["backbone"] = jax.tree_util.tree_map(jnp.asarray, prep.scorer.runner.params)
+  if cfg.match_loss_weight:
+    probe = lambda: {"w": jnp.zeros((prep.scorer.config.model.hidden_size,), jnp.float32),
+                     "b": jnp.zeros((), jnp.float32)}
+    params["match_probe"] = {"token": probe(), "coverage": probe()}
   # Committed to one device, like the arrays every step returns (else step 2 compiles again).
   params = jax.device_put(params, jax.local_devices()[0])
   return {"params": params, "opt_state": jax.device_put(optimizer.init(params), jax.local_devices()[0]),
@@ -197,21 +207,34 @@ def backbone_decoder(cfg: TrainConfig, scorer: Scorer) -> Optional[Decoder]:
 
 def make_train_step(cfg: TrainConfig, head_cfg: heads.HeadConfig, optimizer: optax.GradientTransformation,
                     decoder: Optional[Decoder], labels_K: jax.Array):
-  """The jitted step: (params, opt_state, batch) -> (params, opt_state, loss, grad norm)."""
+  """The jitted step: (params, opt_state, batch) -> (params, opt_state, loss, grad norm, parts); `parts`
+  holds the ranking and token-match losses when match_loss_weight > 0 (else it is empty)."""
 
   def loss_fn(params, batch):
-    if decoder is not None:
+    parts = {}
+    if cfg.match_loss_weight:
+      h, lp, every = packed_features(decoder, params["backbone"], batch["packed"], batch["gather"], labels_K,
+                                     every_position=True)
+      parts["match_loss"] = probe_bce(params["match_probe"]["token"], every, batch["match"], batch["match_mask"])
+      coverage = params["match_probe"]["coverage"]
+      coverage_logits = h.astype(jnp.float32) @ coverage["w"] + coverage["b"]
+      parts["coverage_loss"] = batch_loss("pairwise", coverage_logits, batch["coverage"], batch["mask"])
+    elif decoder is not None:
       h, lp = packed_features(decoder, params["backbone"], batch["packed"], batch["gather"], labels_K)
     else:
       h, lp = batch["hidden"], batch["logprobs"]
     logits = jnp.where(batch["mask"], heads.relevance(heads.apply_head(head_cfg, params["head"], h, lp)), MASK_LOGIT)
-    return batch_loss(cfg.loss, logits, batch["grades"], batch["mask"])
+    loss = batch_loss(cfg.loss, logits, batch["grades"], batch["mask"])
+    if parts:
+      parts["rank_loss"] = loss
+      loss = loss + cfg.match_loss_weight * (parts["match_loss"] + parts["coverage_loss"])
+    return loss, parts
 
   @jax.jit
   def train_step(params, opt_state, batch):
-    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+    (loss, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
     updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss, optax.global_norm(grads)
+    return optax.apply_updates(params, updates), opt_state, loss, optax.global_norm(grads), parts
 
   return train_step
 
@@ -233,6 +256,9 @@ def make_batch(prep: Prepared, idx: np.ndarray) -> tuple[dict, int]:
   if prep.geometry is not None:
     plan = plan_packed([prep.examples["train"].requests[i] if i >= 0 else None for i in idx], prep.geometry["train"])
     batch.update(packed=plan.batch, gather=plan.gather_QxN[:, :grades.shape[1]])
+    if prep.match_targets:
+      batch.update(match=plan.match_BxT, match_mask=plan.match_mask_BxT,
+                   coverage=plan.coverage_QxN[:, :grades.shape[1]])
   else:
     batch.update(hidden=prep.feats["train"].hidden[safe], logprobs=prep.feats["train"].logprobs[safe])
   return batch, int(batch["mask"].sum())
@@ -277,7 +303,7 @@ def train_loop(cfg: TrainConfig, prep: Prepared, state: dict, train_step, schedu
   while step < total_steps:
     batch, items = make_batch(prep, batch_indices(state, prep.num_train, cfg.batch_size))
     t = time.perf_counter()
-    new_params, new_opt, loss, gnorm = train_step(state["params"], state["opt_state"], batch)
+    new_params, new_opt, loss, gnorm, parts = train_step(state["params"], state["opt_state"], batch)
     loss = float(loss)  # waits for the step
     dt = time.perf_counter() - t
     if timing.first_step_seconds is None:
@@ -292,7 +318,8 @@ def train_loop(cfg: TrainConfig, prep: Prepared, state: dict, train_step, schedu
              "index": np.int32(index), "rng": state["rng"]}
     if step % cfg.log_every == 0 or step == total_steps:
       log.write("train", step, {"epoch": epoch, "loss": loss, "grad_norm": float(gnorm),
-                                "learning_rate": float(schedule(step - 1))})
+                                "learning_rate": float(schedule(step - 1)),
+                                **{k: float(v) for k, v in sorted(parts.items())}})
     if (cfg.eval_every and step % cfg.eval_every == 0) or step == total_steps:
       _log_dev(log, step, evaluate, state["params"], timing)
     if (cfg.save_every and step % cfg.save_every == 0) or step == total_steps:

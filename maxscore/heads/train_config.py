@@ -36,6 +36,8 @@ class TrainConfig:
   save_every: int = 20             # checkpoint every N steps (and at the end)
   keep_checkpoints: int = 3        # checkpoints kept (the latest ones)
   train_backbone: bool = False     # fine-tune the decoder too (with remat); no feature cache then
+  match_loss_weight: float = 0.0   # train_backbone: weight of the auxiliary "does this candidate token occur in the
+                                   # query?" loss (a linear probe on every candidate token, not exported); 0 = off
   algorithm: Optional[str] = None  # scorer algorithm for the frozen features; None = the scorer's choice
 
   def validate(self) -> "TrainConfig":
@@ -51,6 +53,9 @@ class TrainConfig:
         raise TrainError(f"{name}={getattr(self, name)} must be >= 0")
     if self.learning_rate <= 0:
       raise TrainError(f"learning_rate={self.learning_rate} must be > 0")
+    if self.match_loss_weight < 0 or (self.match_loss_weight and not self.train_backbone):
+      raise TrainError(f"match_loss_weight={self.match_loss_weight} must be >= 0, and 0 without train_backbone "
+                       "(it trains the decoder)")
     return self
 
   def head_config(self, label_ids: Sequence[int], hidden_size: int) -> heads.HeadConfig:

@@ -94,12 +94,15 @@ def label_logits(decoder: Decoder, params, hidden_BxNxD, label_ids_K):
   return decoder.apply({"params": params}, hidden_BxNxD, label_ids_K, method=Decoder.label_logits)
 
 
-def packed_hidden(decoder: Decoder, params, tokens_BxT, positions_BxT, layout: SegmentLayout, score_index_BxN):
-  """Final hidden states [B, N, D] at the score indices of one packed (or serial: N=1, P=T) forward.
+def packed_hidden(decoder: Decoder, params, tokens_BxT, positions_BxT, layout: SegmentLayout, score_index_BxN,
+                  every_position: bool = False):
+  """Final hidden states [B, N, D] at the score indices of one packed (or serial: N=1, P=T) forward;
+  with `every_position`, also those of every token [B, T, D].
 
   The one packed forward: scoring jits it, and backbone training differentiates through it."""
   hidden_BxTxD, _ = decoder.apply({"params": params}, tokens_BxT, positions_BxT, layout)
-  return jnp.take_along_axis(hidden_BxTxD, score_index_BxN[..., None], axis=1)
+  scored_BxNxD = jnp.take_along_axis(hidden_BxTxD, score_index_BxN[..., None], axis=1)
+  return (scored_BxNxD, hidden_BxTxD) if every_position else scored_BxNxD
 
 
 def _hidden(decoder: Decoder, params, hidden_BxNxD, label_ids_K):
