@@ -54,6 +54,8 @@ class DecoderLayer(nn.Module):
     mlp = MLP(cfg.hidden_size, cfg.mlp_dim, precision=self.precision, activation=act, name="mlp", **kw)(h)
     x_BxTxD = x_BxTxD + (norm("mlp_out_norm")(mlp) if cfg.sandwich_norm else mlp)
     x_BxTxD = nn.with_logical_constraint(x_BxTxD, ("activation_batch", "activation_length", "activation_embed"))
+    # Kept only when the caller applies with mutable=["intermediates"] (Decoder.residuals).
+    self.sow("intermediates", "residual", x_BxTxD)
     return x_BxTxD, (kv if self.return_kv else None)
 
 
@@ -75,7 +77,7 @@ class Decoder(nn.Module):
     cfg = self.config
     self.embed = Embed(cfg.vocab_size, cfg.hidden_size, self.dtype, self.param_dtype, cfg.embed_scale)
     layer = nn.remat(DecoderLayer, prevent_cse=False) if self.remat else DecoderLayer
-    scanned = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
+    scanned = nn.scan(layer, variable_axes={"params": 0, "intermediates": 0}, split_rngs={"params": True},
                       in_axes=(nn.broadcast, nn.broadcast, 0, 0), length=cfg.num_layers,
                       metadata_params={nn.PARTITION_NAME: "layers"})
     self.layers = scanned(cfg, self.attend, self.dtype, self.param_dtype, PRECISIONS[self.precision],
@@ -94,6 +96,12 @@ class Decoder(nn.Module):
     """The scanned layer stack on embeddings [B, T, D] (each layer gets its local/global flag)."""
     is_local_L = jnp.asarray(self.config.layer_is_local)
     return self.layers(x_BxTxD, positions_BxT, layout, prefix_kv, is_local_L)
+
+  @staticmethod
+  def residuals(intermediates) -> jax.Array:
+    """The residual stream after each layer [layers, B, T, D], from the `intermediates` collection of
+    `apply(..., mutable=["intermediates"])`."""
+    return intermediates["layers"]["residual"][0]
 
   def logits(self, h_xD: jax.Array) -> jax.Array:
     """float32 logits over the full vocabulary for hidden rows [..., D] (soft-capped where configured)."""

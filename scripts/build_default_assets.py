@@ -65,14 +65,15 @@ class AssetOptions:
   finetune_steps: int = 200
   finetune_batch_size: int = 8
   finetune_learning_rate: float = 3e-4
+  finetune_match_weight: float = 0.0   # TrainConfig.match_loss_weight of the fine-tuning
   overwrite: bool = False
 
   def validate(self) -> "AssetOptions":
     if not 0 < self.min_tokens <= self.max_tokens or self.num_candidates < 2 or self.layout_vocab_size < 256:
       raise ValueError(f"need 0 < min_tokens <= max_tokens, num_candidates >= 2, layout_vocab_size >= 256; "
                        f"got {self}")
-    if min(self.pretrain_steps, self.finetune_keyword_queries) < 0:
-      raise ValueError(f"need pretrain_steps >= 0 and finetune_keyword_queries >= 0; got {self}")
+    if min(self.pretrain_steps, self.finetune_keyword_queries, self.finetune_match_weight) < 0:
+      raise ValueError(f"need pretrain_steps, finetune_keyword_queries, finetune_match_weight >= 0; got {self}")
     if min(self.finetune_queries, self.finetune_steps, self.finetune_batch_size) < 1:
       raise ValueError(f"need finetune_queries, finetune_steps, finetune_batch_size >= 1; got {self}")
     return self
@@ -179,7 +180,8 @@ def _finetune(o: AssetOptions, work: pathlib.Path, jsonl: pathlib.Path, pairs: p
   """Step 4: the whole model and an lm_labels head trained on the pairs (dev: the rerank set's dev split)."""
   cfg = train_lib.TrainConfig(train_backbone=True, loss="listwise", batch_size=o.finetune_batch_size,
                               num_steps=o.finetune_steps, learning_rate=o.finetune_learning_rate, warmup_steps=20,
-                              eval_every=50, save_every=50, log_every=10, seed=o.seed)
+                              eval_every=50, save_every=50, log_every=10, seed=o.seed,
+                              match_loss_weight=o.finetune_match_weight)
   return train_lib.train(cfg, PromptConfig(), str(work / "pretrained"), data.load_jsonl(pairs, "train"),
                          data.load_jsonl(jsonl, "dev"), work / "finetune", export_dir=work / "finetuned")
 

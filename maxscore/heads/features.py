@@ -201,14 +201,15 @@ def _query_matches(pb, reqs: Sequence[Optional[TokenRequest]]) -> tuple[np.ndarr
   return match, candidate
 
 
-def packed_features(decoder: Decoder, backbone, batch: dict, gather_QxN, labels_K, every_position: bool = False):
+def packed_features(decoder: Decoder, backbone, batch: dict, gather_QxN, labels_K, residuals: bool = False):
   """h [Q, N, D] and label log-probs [Q, N, K] of one packed forward (differentiable in `backbone`);
-  with `every_position`, also the hidden states of every packed token [B, T, D]."""
-  h_BxNxD, every_BxTxD = packed_hidden(decoder, backbone, batch["tokens"], batch["positions"], batch["layout"],
-                                       batch["score_index"], every_position=True)
+  with `residuals`, also every packed token's residual stream after each layer [layers, B, T, D]."""
+  out = packed_hidden(decoder, backbone, batch["tokens"], batch["positions"], batch["layout"], batch["score_index"],
+                      residuals=residuals)
+  h_BxNxD = out[0] if residuals else out
   h_QxNxD = h_BxNxD.reshape(-1, h_BxNxD.shape[-1])[gather_QxN].astype(jnp.float32)
   features = h_QxNxD, label_logprobs(decoder, backbone, h_QxNxD, labels_K)
-  return (*features, every_BxTxD) if every_position else features
+  return (*features, out[1]) if residuals else features
 
 
 def backbone_features(decoder: Decoder, backbone, examples: Examples, geometry, labels_K, batch_size: int):

@@ -213,9 +213,11 @@ def make_train_step(cfg: TrainConfig, head_cfg: heads.HeadConfig, optimizer: opt
   def loss_fn(params, batch):
     parts = {}
     if cfg.match_loss_weight:
-      h, lp, every = packed_features(decoder, params["backbone"], batch["packed"], batch["gather"], labels_K,
-                                     every_position=True)
-      parts["match_loss"] = probe_bce(params["match_probe"]["token"], every, batch["match"], batch["match_mask"])
+      h, lp, residual_LxBxTxD = packed_features(decoder, params["backbone"], batch["packed"], batch["gather"],
+                                                labels_K, residuals=True)
+      # Probed halfway up the stack, so the layers above can gather the matches at the score position.
+      middle = residual_LxBxTxD[(residual_LxBxTxD.shape[0] - 1) // 2]
+      parts["match_loss"] = probe_bce(params["match_probe"]["token"], middle, batch["match"], batch["match_mask"])
       coverage = params["match_probe"]["coverage"]
       coverage_logits = h.astype(jnp.float32) @ coverage["w"] + coverage["b"]
       parts["coverage_loss"] = batch_loss("pairwise", coverage_logits, batch["coverage"], batch["mask"])

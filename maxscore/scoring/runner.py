@@ -95,14 +95,18 @@ def label_logits(decoder: Decoder, params, hidden_BxNxD, label_ids_K):
 
 
 def packed_hidden(decoder: Decoder, params, tokens_BxT, positions_BxT, layout: SegmentLayout, score_index_BxN,
-                  every_position: bool = False):
+                  residuals: bool = False):
   """Final hidden states [B, N, D] at the score indices of one packed (or serial: N=1, P=T) forward;
-  with `every_position`, also those of every token [B, T, D].
+  with `residuals`, also the residual stream of every token after each layer [layers, B, T, D].
 
   The one packed forward: scoring jits it, and backbone training differentiates through it."""
-  hidden_BxTxD, _ = decoder.apply({"params": params}, tokens_BxT, positions_BxT, layout)
+  if residuals:
+    (hidden_BxTxD, _), state = decoder.apply({"params": params}, tokens_BxT, positions_BxT, layout,
+                                             mutable=["intermediates"])
+  else:
+    hidden_BxTxD, _ = decoder.apply({"params": params}, tokens_BxT, positions_BxT, layout)
   scored_BxNxD = jnp.take_along_axis(hidden_BxTxD, score_index_BxN[..., None], axis=1)
-  return (scored_BxNxD, hidden_BxTxD) if every_position else scored_BxNxD
+  return (scored_BxNxD, Decoder.residuals(state["intermediates"])) if residuals else scored_BxNxD
 
 
 def _hidden(decoder: Decoder, params, hidden_BxNxD, label_ids_K):
