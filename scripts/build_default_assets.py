@@ -62,10 +62,12 @@ class AssetOptions:
   finetune_candidates: int = 10
   finetune_hard_negatives: int = 1
   finetune_keyword_queries: int = 0
-  finetune_steps: int = 200
+  finetune_steps: int = 1500
   finetune_batch_size: int = 8
-  finetune_learning_rate: float = 3e-4
-  finetune_match_weight: float = 0.0   # TrainConfig.match_loss_weight of the fine-tuning
+  finetune_learning_rate: float = 3e-3
+  finetune_match_weight: float = 1.0   # TrainConfig.match_loss_weight of the fine-tuning
+  finetune_warmup_steps: int = 50
+  finetune_max_item_tokens: int = 48  # candidates cut to this many tokens while fine-tuning (and its dev evals); 0 = no cut
   overwrite: bool = False
 
   def validate(self) -> "AssetOptions":
@@ -76,6 +78,8 @@ class AssetOptions:
       raise ValueError(f"need pretrain_steps, finetune_keyword_queries, finetune_match_weight >= 0; got {self}")
     if min(self.finetune_queries, self.finetune_steps, self.finetune_batch_size) < 1:
       raise ValueError(f"need finetune_queries, finetune_steps, finetune_batch_size >= 1; got {self}")
+    if min(self.finetune_warmup_steps, self.finetune_max_item_tokens) < 0:
+      raise ValueError(f"need finetune_warmup_steps, finetune_max_item_tokens >= 0; got {self}")
     return self
 
 
@@ -179,11 +183,13 @@ def _pretrain(o: AssetOptions, work: pathlib.Path, jsonl: pathlib.Path) -> dict:
 def _finetune(o: AssetOptions, work: pathlib.Path, jsonl: pathlib.Path, pairs: pathlib.Path) -> dict:
   """Step 4: the whole model and an lm_labels head trained on the pairs (dev: the rerank set's dev split)."""
   cfg = train_lib.TrainConfig(train_backbone=True, loss="listwise", batch_size=o.finetune_batch_size,
-                              num_steps=o.finetune_steps, learning_rate=o.finetune_learning_rate, warmup_steps=20,
+                              num_steps=o.finetune_steps, learning_rate=o.finetune_learning_rate,
+                              warmup_steps=o.finetune_warmup_steps,
                               eval_every=50, save_every=50, log_every=10, seed=o.seed,
                               match_loss_weight=o.finetune_match_weight)
-  return train_lib.train(cfg, PromptConfig(), str(work / "pretrained"), data.load_jsonl(pairs, "train"),
-                         data.load_jsonl(jsonl, "dev"), work / "finetune", export_dir=work / "finetuned")
+  return train_lib.train(cfg, PromptConfig(max_item_tokens=o.finetune_max_item_tokens), str(work / "pretrained"),
+                         data.load_jsonl(pairs, "train"), data.load_jsonl(jsonl, "dev"), work / "finetune",
+                         export_dir=work / "finetuned")
 
 
 def main(argv, fv: flags.FlagValues = flags.FLAGS):

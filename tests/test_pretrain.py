@@ -81,6 +81,10 @@ def test_pretraining_loss_falls_and_resume_is_bit_exact(texts, uninterrupted, tm
   resumed = pretrain_lib.pretrain(cfg, TOKENIZER, train_texts, held_texts, tmp_path / "b", progress=False)
   assert resumed["resumed_from_step"] == 3
   assert resumed["params_sha256"] == b["params_sha256"] == a["params_sha256"]
+  # Run again over the finished run: nothing trains, and the timing of the process that did is kept.
+  again = pretrain_lib.pretrain(cfg, TOKENIZER, train_texts, held_texts, tmp_path / "b", progress=False)
+  assert again["resumed_from_step"] == 6 and again["params_sha256"] == a["params_sha256"]
+  assert again["tokens_per_s"] == resumed["tokens_per_s"] and again["wall_seconds"] > resumed["wall_seconds"]
   records = [json.loads(l) for l in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
   assert records == [json.loads(l) for l in (root / "a" / "metrics.jsonl").read_text().splitlines()]
   ckpt = storage.restore_checkpoint(root / "a_model")
