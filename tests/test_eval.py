@@ -277,7 +277,8 @@ def test_score_script_good_and_bad_lines(scorer, tmp_path):
   score_script.run(["score.py", f"--input={src}", f"--output={dst}", "--batch_size=2"])
   out = [json.loads(l) for l in dst.read_text().splitlines()]
   assert len(out) == len(requests)
-  assert out[1] == {"error": "line 2: label_token_ids[0]=99999 is outside the vocabulary [0, 2048)"}
+  vocab = scorer.config.model.vocab_size
+  assert out[1] == {"error": f"line 2: label_token_ids[0]=99999 is outside the vocabulary [0, {vocab})"}
   assert out[2]["error"].startswith("line 3: invalid JSON")
   assert out[4]["error"].startswith("line 5: unknown fields ['itemz']")
   assert out[5]["error"].startswith("line 6: label_token_ids is empty")

@@ -18,7 +18,7 @@ GOOD = {"query": [1, 2], "items": [[3], [4, 5]], "label_token_ids": [6, 7]}
 
 @pytest.fixture(scope="module")
 def scorer():
-  """The embedded default model (it has a tokenizer, vocabulary 2048), without its head."""
+  """The embedded default model (it has a tokenizer, vocabulary 3072), without its head."""
   return eval_lib.build_scorer(use_head=False)
 
 
@@ -39,7 +39,7 @@ def scorer():
     ("items", None, "items=None must be a text, a list of texts"),
     ("items", [["a"]], r"items\[0\]\[0\]='a' must be an integer"),
     ("items", [[1], "a"], "mixes text and token ids"),
-    ("items", [[-1]], r"items\[0\]\[0\]=-1 is outside the vocabulary \[0, 2048\)"),
+    ("items", [[-1]], r"items\[0\]\[0\]=-1 is outside the vocabulary \[0, 3072\)"),
     ("model", 3, "model=3 must be a string"),
 ])
 def test_v1_score_bad_field_types_are_score_input_errors(scorer, field, value, message):
