@@ -48,11 +48,11 @@ def batch_loss(name: str, logits_BxN, grades_BxN, mask_BxN) -> jax.Array:
 
 def probe_bce(probe, hidden_XxD, target_X, mask_X) -> jax.Array:
   """Mean binary cross-entropy (targets in [0, 1]) of a linear probe (`w` [D], `b` []) on hidden states
-  [..., D] over the masked positions: the auxiliary losses of whole-model fine-tuning.
+  [..., D] over the masked positions.
 
-  A small backbone does not learn from a ranking loss alone to find the query's tokens in a candidate;
-  the probes ask it directly, per candidate token (does this token occur in the query?) and at each
-  score position (which share of the query's distinct tokens occurs in the candidate?)."""
+  Whole-model fine-tuning's token-match loss: a small backbone does not learn from a ranking loss
+  alone to find the query's tokens in a candidate, so a probe asks it per candidate token whether the
+  token occurs in the query (maxscore/heads/train.py; its coverage probe uses the pairwise loss)."""
   logits = hidden_XxD.astype(jnp.float32) @ probe["w"] + probe["b"]
   per_position = jax.nn.softplus(logits) - target_X * logits
   weight = mask_X.astype(jnp.float32)
