@@ -36,8 +36,8 @@ class TrainConfig:
   save_every: int = 20             # checkpoint every N steps (and at the end)
   keep_checkpoints: int = 3        # checkpoints kept (the latest ones)
   train_backbone: bool = False     # fine-tune the decoder too (with remat); no feature cache then
-  match_loss_weight: float = 0.0   # train_backbone: weight of the auxiliary "does this candidate token occur in the
-                                   # query?" loss (a linear probe on every candidate token, not exported); 0 = off
+  match_loss_weight: float = 0.0   # train_backbone: weight of the auxiliary match losses (train.py: two probes,
+                                   # not exported, that find the query's tokens in each candidate); 0 = off
   algorithm: Optional[str] = None  # scorer algorithm for the frozen features; None = the scorer's choice
 
   def validate(self) -> "TrainConfig":
