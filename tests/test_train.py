@@ -301,7 +301,8 @@ def test_query_match_targets():
   the query's distinct ids it holds. Prefix, padding and padding rows stay 0."""
   req = TokenRequest(query=(7, 8, 8, 9), items=((8, 3), (5,), (9, 7, 8)), label_ids=(4, 5), apply_softmax=False,
                      item_first=False, separator=2)
-  plan = features.plan_packed([req, None], (8, 4, 4))
+  assert features.plan_packed([req, None], (8, 4, 4)).match_BxT is None  # only when asked for
+  plan = features.plan_packed([req, None], (8, 4, 4), match_targets=True)
   p, l = 8, 4
   expect_mask = np.zeros((2, p + 4 * l), bool)
   expect_match = np.zeros((2, p + 4 * l), np.float32)

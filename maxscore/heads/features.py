@@ -151,9 +151,10 @@ class PackedPlan:
   batch: dict                        # tokens, positions, layout, score_index (device-ready)
   gather_QxN: np.ndarray
   mask_QxN: np.ndarray
-  match_BxT: np.ndarray              # 1.0 where a candidate token also occurs in its query's tokens
-  match_mask_BxT: np.ndarray         # the candidate tokens
-  coverage_QxN: np.ndarray           # share of the query's distinct tokens that occur in the candidate
+  # With match_targets (the auxiliary match losses of train_backbone), else None:
+  match_BxT: Optional[np.ndarray] = None       # 1.0 where a candidate token also occurs in its query's tokens
+  match_mask_BxT: Optional[np.ndarray] = None  # the candidate tokens
+  coverage_QxN: Optional[np.ndarray] = None    # share of the query's distinct tokens that occur in the candidate
 
 
 def packed_geometry(scorer: Scorer, examples: Examples) -> tuple[int, int, int]:
@@ -165,8 +166,10 @@ def packed_geometry(scorer: Scorer, examples: Examples) -> tuple[int, int, int]:
           bucket(examples.max_items, bk.item_count_buckets, "item count"))
 
 
-def plan_packed(reqs: Sequence[Optional[TokenRequest]], geometry: tuple[int, int, int]) -> PackedPlan:
-  """Each request in one packed row of the fixed geometry (None = an empty padding row)."""
+def plan_packed(reqs: Sequence[Optional[TokenRequest]], geometry: tuple[int, int, int],
+                match_targets: bool = False) -> PackedPlan:
+  """Each request in one packed row of the fixed geometry (None = an empty padding row); with
+  `match_targets`, also the targets of the auxiliary match losses."""
   p, l, n = geometry
   rows = [RowSpec(i, r.prefix, tuple(range(len(r.items))), r.items, l) for i, r in enumerate(reqs) if r is not None]
   pb = pack_rows(rows, p, l, n, len(reqs))
@@ -178,19 +181,17 @@ def plan_packed(reqs: Sequence[Optional[TokenRequest]], geometry: tuple[int, int
     mask[pb.request_BxN[b, j], pb.item_BxN[b, j]] = True
   batch = {"tokens": jnp.asarray(pb.tokens_BxT), "positions": jnp.asarray(pb.positions_BxT), "layout": layout,
            "score_index": jnp.asarray(pb.score_index_BxN)}
-  coverage = np.zeros((len(reqs), n), np.float32)
-  for q, r in enumerate(reqs):
-    if r is not None and r.query:
-      query = set(r.query)
-      coverage[q, :len(r.items)] = [len(query.intersection(item)) / len(query) for item in r.items]
-  return PackedPlan(batch, gather, mask, *_query_matches(pb, reqs), coverage)
+  plan = PackedPlan(batch, gather, mask)
+  return dataclasses.replace(plan, **_match_targets(pb, reqs)) if match_targets else plan
 
 
-def _query_matches(pb, reqs: Sequence[Optional[TokenRequest]]) -> tuple[np.ndarray, np.ndarray]:
-  """Per packed token: whether it is a candidate token, and whether that token id is one of its query's
-  (the separator left out). Row b holds request b (plan_packed packs one request per row)."""
+def _match_targets(pb, reqs: Sequence[Optional[TokenRequest]]) -> dict[str, np.ndarray]:
+  """Per packed token: whether it is a candidate token, and whether its id is one of its query's (the
+  separator left out); per candidate: the share of the query's distinct ids it holds. Row b holds
+  request b (plan_packed packs one request per row)."""
   candidate = np.zeros(pb.tokens_BxT.shape, bool)
   match = np.zeros(pb.tokens_BxT.shape, np.float32)
+  coverage = np.zeros((len(reqs), pb.num_slots), np.float32)
   for b, r in enumerate(reqs):
     if r is None:
       continue
@@ -198,7 +199,10 @@ def _query_matches(pb, reqs: Sequence[Optional[TokenRequest]]) -> tuple[np.ndarr
       start = pb.prefix_len + n * pb.slot_len
       candidate[b, start:start + pb.slot_valid_BxN[b, n]] = True
     match[b] = np.isin(pb.tokens_BxT[b], np.asarray(r.query, np.int32)) & candidate[b]
-  return match, candidate
+    if r.query:
+      query = set(r.query)
+      coverage[b, :len(r.items)] = [len(query.intersection(item)) / len(query) for item in r.items]
+  return {"match_BxT": match, "match_mask_BxT": candidate, "coverage_QxN": coverage}
 
 
 def packed_features(decoder: Decoder, backbone, batch: dict, gather_QxN, labels_K, residuals: bool = False):

@@ -45,6 +45,10 @@ def batch_loss(name: str, logits_BxN, grades_BxN, mask_BxN) -> jax.Array:
   return jnp.sum(loss * weight) / jnp.maximum(weight.sum(), 1.0)
 
 
+def probe_logits(probe, hidden_XxD) -> jax.Array:
+  """A linear probe (`w` [D], `b` []) on hidden states [..., D]: one float32 logit per position."""
+  return hidden_XxD.astype(jnp.float32) @ probe["w"] + probe["b"]
+
 
 def probe_bce(probe, hidden_XxD, target_X, mask_X) -> jax.Array:
   """Mean binary cross-entropy (targets in [0, 1]) of a linear probe (`w` [D], `b` []) on hidden states
@@ -53,7 +57,7 @@ def probe_bce(probe, hidden_XxD, target_X, mask_X) -> jax.Array:
   Whole-model fine-tuning's token-match loss: a small backbone does not learn from a ranking loss
   alone to find the query's tokens in a candidate, so a probe asks it per candidate token whether the
   token occurs in the query (maxscore/heads/train.py; its coverage probe uses the pairwise loss)."""
-  logits = hidden_XxD.astype(jnp.float32) @ probe["w"] + probe["b"]
+  logits = probe_logits(probe, hidden_XxD)
   per_position = jax.nn.softplus(logits) - target_X * logits
   weight = mask_X.astype(jnp.float32)
   return jnp.sum(per_position * weight) / jnp.maximum(weight.sum(), 1.0)

@@ -60,7 +60,7 @@ from maxscore.heads.features import (
   packed_geometry,
   plan_packed,
 )
-from maxscore.heads.losses import MASK_LOGIT, batch_loss, probe_bce
+from maxscore.heads.losses import MASK_LOGIT, batch_loss, probe_bce, probe_logits
 from maxscore.heads.train_config import TrainConfig, TrainError, TrainRun  # noqa: F401  (re-exported)
 from maxscore.heads.metrics_log import MetricsLog
 from maxscore.rerank import data, metrics, prompts
@@ -218,9 +218,8 @@ def make_train_step(cfg: TrainConfig, head_cfg: heads.HeadConfig, optimizer: opt
       # Probed halfway up the stack, so the layers above can gather the matches at the score position.
       middle = residual_LxBxTxD[(residual_LxBxTxD.shape[0] - 1) // 2]
       parts["match_loss"] = probe_bce(params["match_probe"]["token"], middle, batch["match"], batch["match_mask"])
-      coverage = params["match_probe"]["coverage"]
-      coverage_logits = h.astype(jnp.float32) @ coverage["w"] + coverage["b"]
-      parts["coverage_loss"] = batch_loss("pairwise", coverage_logits, batch["coverage"], batch["mask"])
+      parts["coverage_loss"] = batch_loss("pairwise", probe_logits(params["match_probe"]["coverage"], h),
+                                          batch["coverage"], batch["mask"])
     elif decoder is not None:
       h, lp = packed_features(decoder, params["backbone"], batch["packed"], batch["gather"], labels_K)
     else:
@@ -256,7 +255,8 @@ def make_batch(prep: Prepared, idx: np.ndarray) -> tuple[dict, int]:
   grades, mask = prep.grids["train"]
   batch = {"grades": grades[safe], "mask": mask[safe] & valid[:, None]}
   if prep.geometry is not None:
-    plan = plan_packed([prep.examples["train"].requests[i] if i >= 0 else None for i in idx], prep.geometry["train"])
+    plan = plan_packed([prep.examples["train"].requests[i] if i >= 0 else None for i in idx], prep.geometry["train"],
+                       match_targets=prep.match_targets)
     batch.update(packed=plan.batch, gather=plan.gather_QxN[:, :grades.shape[1]])
     if prep.match_targets:
       batch.update(match=plan.match_BxT, match_mask=plan.match_mask_BxT,
