@@ -14,9 +14,11 @@ Steps (everything from the running Python's own files; deterministic in the seed
   3. Fine-tuning pairs (maxscore/lm/pairs.py): section titles and docstring summaries against their
      paragraphs, hard negatives from BM25, none from a dev/test section -> <workdir>/finetune_pairs.jsonl.
   4. Fine-tuning the whole model with an lm_labels score head (maxscore/heads/train.py, train_backbone,
-     listwise loss; dev = the rerank set's dev split) -> <workdir>/finetuned, copied to
-     pydoc-tiny-qwen3/ (params, tokenizer, head/).
-  5. manifest.json: sizes, counts, the pretraining and fine-tuning summaries.
+     listwise loss plus the match losses; dev = the rerank set's dev split) on candidates cut short
+     -> <workdir>/finetuned.
+  5. The same again from <workdir>/finetuned on whole candidates (finetune_full_steps > 0)
+     -> <workdir>/finetuned_full; the last stage is copied to pydoc-tiny-qwen3/ (params, tokenizer, head/).
+  6. manifest.json: sizes, counts, the pretraining and fine-tuning summaries.
 The runs in <workdir> are resumable: a killed build restarted with the same flags continues them.
 """
 
@@ -68,6 +70,11 @@ class AssetOptions:
   finetune_match_weight: float = 1.0   # TrainConfig.match_loss_weight of the fine-tuning
   finetune_warmup_steps: int = 50
   finetune_max_item_tokens: int = 48  # candidates cut to this many tokens while fine-tuning (and its dev evals); 0 = no cut
+  finetune_coverage_on: str = "probe"  # TrainConfig.coverage_on of the fine-tuning
+  finetune_full_steps: int = 200      # second stage on whole candidates; 0 = none
+  finetune_full_learning_rate: float = 1e-3
+  finetune_full_warmup_steps: int = 20
+  finetune_full_coverage_on: str = "score"
   overwrite: bool = False
 
   def validate(self) -> "AssetOptions":
@@ -78,8 +85,12 @@ class AssetOptions:
       raise ValueError(f"need pretrain_steps, finetune_keyword_queries, finetune_match_weight >= 0; got {self}")
     if min(self.finetune_queries, self.finetune_steps, self.finetune_batch_size) < 1:
       raise ValueError(f"need finetune_queries, finetune_steps, finetune_batch_size >= 1; got {self}")
-    if min(self.finetune_warmup_steps, self.finetune_max_item_tokens) < 0:
-      raise ValueError(f"need finetune_warmup_steps, finetune_max_item_tokens >= 0; got {self}")
+    if min(self.finetune_warmup_steps, self.finetune_max_item_tokens, self.finetune_full_steps,
+           self.finetune_full_warmup_steps) < 0:
+      raise ValueError(f"need finetune_warmup_steps, finetune_max_item_tokens, finetune_full_steps, "
+                       f"finetune_full_warmup_steps >= 0; got {self}")
+    if {self.finetune_coverage_on, self.finetune_full_coverage_on} - {"probe", "score"}:
+      raise ValueError(f"finetune_coverage_on and finetune_full_coverage_on must be probe or score; got {self}")
     return self
 
 
@@ -181,15 +192,31 @@ def _pretrain(o: AssetOptions, work: pathlib.Path, jsonl: pathlib.Path) -> dict:
 
 
 def _finetune(o: AssetOptions, work: pathlib.Path, jsonl: pathlib.Path, pairs: pathlib.Path) -> dict:
-  """Step 4: the whole model and an lm_labels head trained on the pairs (dev: the rerank set's dev split)."""
+  """Step 4: the whole model and an lm_labels head trained on the pairs, candidates cut to
+  finetune_max_item_tokens (dev: the rerank set's dev split, cut alike) -> <workdir>/finetuned."""
+  return _finetune_stage(o, work, jsonl, pairs, "pretrained", "finetune", "finetuned", o.finetune_steps,
+                         o.finetune_learning_rate, o.finetune_warmup_steps, o.finetune_max_item_tokens,
+                         o.finetune_coverage_on)
+
+
+def _finetune_full(o: AssetOptions, work: pathlib.Path, jsonl: pathlib.Path, pairs: pathlib.Path) -> dict:
+  """Step 5: <workdir>/finetuned trained on again with whole candidates (a fresh head: its head is
+  not read) -> <workdir>/finetuned_full. Short candidates teach matching fast; whole ones what the eval reads."""
+  return _finetune_stage(o, work, jsonl, pairs, "finetuned", "finetune_full", "finetuned_full",
+                         o.finetune_full_steps, o.finetune_full_learning_rate, o.finetune_full_warmup_steps, 0,
+                         o.finetune_full_coverage_on)
+
+
+def _finetune_stage(o: AssetOptions, work: pathlib.Path, jsonl: pathlib.Path, pairs: pathlib.Path, base: str,
+                    run: str, export: str, steps: int, learning_rate: float, warmup_steps: int,
+                    max_item_tokens: int, coverage_on: str) -> dict:
   cfg = train_lib.TrainConfig(train_backbone=True, loss="listwise", batch_size=o.finetune_batch_size,
-                              num_steps=o.finetune_steps, learning_rate=o.finetune_learning_rate,
-                              warmup_steps=o.finetune_warmup_steps,
+                              num_steps=steps, learning_rate=learning_rate, warmup_steps=warmup_steps,
                               eval_every=50, save_every=50, log_every=10, seed=o.seed,
-                              match_loss_weight=o.finetune_match_weight)
-  return train_lib.train(cfg, PromptConfig(max_item_tokens=o.finetune_max_item_tokens), str(work / "pretrained"),
-                         data.load_jsonl(pairs, "train"), data.load_jsonl(jsonl, "dev"), work / "finetune",
-                         export_dir=work / "finetuned")
+                              match_loss_weight=o.finetune_match_weight, coverage_on=coverage_on)
+  return train_lib.train(cfg, PromptConfig(max_item_tokens=max_item_tokens), str(work / base),
+                         data.load_jsonl(pairs, "train"), data.load_jsonl(jsonl, "dev"), work / run,
+                         export_dir=work / export)
 
 
 def main(argv, fv: flags.FlagValues = flags.FLAGS):
@@ -215,18 +242,23 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
   fine["pairs"] = pairs_info
   logging.info("build: fine-tuned in %.0f s (dev %s -> %s)", fine["throughput"]["wall_seconds"],
                fine["dev_metrics_initial"], fine["dev_metrics_final"])
+  full = _finetune_full(o, work, jsonl, pairs) if o.finetune_full_steps else None
+  if full:
+    logging.info("build: fine-tuned on whole candidates in %.0f s (dev %s -> %s)",
+                 full["throughput"]["wall_seconds"], full["dev_metrics_initial"], full["dev_metrics_final"])
   ckpt = out / data.DEFAULT_CHECKPOINT.name
   if ckpt.exists():
     shutil.rmtree(ckpt)
-  shutil.copytree(work / "finetuned", ckpt, ignore=shutil.ignore_patterns(safety.MARKER))
+  shutil.copytree(work / ("finetuned_full" if full else "finetuned"), ckpt,
+                  ignore=shutil.ignore_patterns(safety.MARKER))
   logging.info("wrote %s", out)
-  manifest = _manifest(o, out, ckpt, jsonl, records, pre, fine)
+  manifest = _manifest(o, out, ckpt, jsonl, records, pre, fine, full)
   safety.atomic_write_text(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
   print(json.dumps(manifest, indent=2))
 
 
 def _manifest(o: AssetOptions, out: pathlib.Path, ckpt: pathlib.Path, jsonl: pathlib.Path, records: list[dict],
-              pre: dict, fine: dict) -> dict:
+              pre: dict, fine: dict, full: Optional[dict]) -> dict:
   splits = collections.Counter(r["split"] for r in records)
   model = pre["model"]
   return {
@@ -242,6 +274,9 @@ def _manifest(o: AssetOptions, out: pathlib.Path, ckpt: pathlib.Path, jsonl: pat
       "finetuning": {"pairs": fine["pairs"], "steps": fine["steps"], "train_config": fine["train_config"],
                      "dev_metrics_initial": fine["dev_metrics_initial"], "dev_metrics_final": fine["dev_metrics_final"],
                      "wall_seconds": fine["throughput"]["wall_seconds"]},
+      "finetuning_whole_candidates": full and {
+          k: full[k] for k in ("steps", "train_config", "dev_metrics_initial", "dev_metrics_final")} | {
+              "wall_seconds": full["throughput"]["wall_seconds"]},
       "rerank_set": {"file": jsonl.name, "queries": len(records), "splits": dict(sorted(splits.items())),
                      "candidates_per_query": o.num_candidates, "bytes": jsonl.stat().st_size,
                      "paragraph_tokens": [o.min_tokens, o.max_tokens],

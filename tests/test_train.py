@@ -329,14 +329,18 @@ def test_match_loss_weight_needs_train_backbone():
     train_lib.TrainConfig(match_loss_weight=1.0).validate()
   with pytest.raises(train_lib.TrainError, match="match_loss_weight"):
     train_lib.TrainConfig(train_backbone=True, match_loss_weight=-1.0).validate()
+  with pytest.raises(train_lib.TrainError, match="coverage_on"):
+    train_lib.TrainConfig(train_backbone=True, match_loss_weight=1.0, coverage_on="head").validate()
 
 
 @pytest.mark.slow
-def test_train_backbone_match_loss(tmp_path):
+@pytest.mark.parametrize("coverage_on", ["probe", "score"])
+def test_train_backbone_match_loss(tmp_path, coverage_on):
   """The auxiliary losses are logged beside the ranking loss, add up to the step loss, and the probes
-  stay out of the export (it restores as the base model's params, changed)."""
+  stay out of the export (it restores as the base model's params, changed); the coverage ranking
+  trains a probe or the exported score."""
   cfg = train_lib.TrainConfig(train_backbone=True, batch_size=2, num_steps=2, eval_every=0, warmup_steps=0,
-                              learning_rate=1e-3, match_loss_weight=0.5)
+                              learning_rate=1e-3, match_loss_weight=0.5, coverage_on=coverage_on)
   train_lib.train(cfg, PROMPT, None, _split("train", 4), None, tmp_path / "work", export_dir=tmp_path / "export",
                   progress=False)
   lines = [json.loads(l) for l in (tmp_path / "work" / "metrics.jsonl").read_text().splitlines()]

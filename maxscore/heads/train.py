@@ -159,7 +159,7 @@ def init_train_state(cfg: TrainConfig, prep: Prepared, optimizer: optax.Gradient
   if cfg.match_loss_weight:
     probe = lambda: {"w": jnp.zeros((prep.scorer.config.model.hidden_size,), jnp.float32),
                      "b": jnp.zeros((), jnp.float32)}
-    params["match_probe"] = {"token": probe(), "coverage": probe()}
+    params["match_probe"] = {"token": probe(), **({"coverage": probe()} if cfg.coverage_on == "probe" else {})}
   # Committed to one device, like the arrays every step returns (else step 2 compiles again).
   params = jax.device_put(params, jax.local_devices()[0])
   return {"params": params, "opt_state": jax.device_put(optimizer.init(params), jax.local_devices()[0]),
@@ -218,13 +218,14 @@ def make_train_step(cfg: TrainConfig, head_cfg: heads.HeadConfig, optimizer: opt
       # Probed halfway up the stack, so the layers above can gather the matches at the score position.
       middle = residual_LxBxTxD[(residual_LxBxTxD.shape[0] - 1) // 2]
       parts["match_loss"] = probe_bce(params["match_probe"]["token"], middle, batch["match"], batch["match_mask"])
-      parts["coverage_loss"] = batch_loss("pairwise", probe_logits(params["match_probe"]["coverage"], h),
-                                          batch["coverage"], batch["mask"])
     elif decoder is not None:
       h, lp = packed_features(decoder, params["backbone"], batch["packed"], batch["gather"], labels_K)
     else:
       h, lp = batch["hidden"], batch["logprobs"]
     logits = jnp.where(batch["mask"], heads.relevance(heads.apply_head(head_cfg, params["head"], h, lp)), MASK_LOGIT)
+    if cfg.match_loss_weight:
+      coverage = logits if cfg.coverage_on == "score" else probe_logits(params["match_probe"]["coverage"], h)
+      parts["coverage_loss"] = batch_loss("pairwise", coverage, batch["coverage"], batch["mask"])
     loss = batch_loss(cfg.loss, logits, batch["grades"], batch["mask"])
     if parts:
       parts["rank_loss"] = loss

@@ -38,6 +38,8 @@ class TrainConfig:
   train_backbone: bool = False     # fine-tune the decoder too (with remat); no feature cache then
   match_loss_weight: float = 0.0   # train_backbone: weight of the auxiliary match losses (train.py: two probes,
                                    # not exported, that find the query's tokens in each candidate); 0 = off
+  coverage_on: Literal["probe", "score"] = "probe"  # match losses: the coverage ranking trains a probe, or the
+                                   # exported ranking score itself (weak supervision from lexical overlap)
   algorithm: Optional[str] = None  # scorer algorithm for the frozen features; None = the scorer's choice
 
   def validate(self) -> "TrainConfig":
@@ -56,6 +58,8 @@ class TrainConfig:
     if self.match_loss_weight < 0 or (self.match_loss_weight and not self.train_backbone):
       raise TrainError(f"match_loss_weight={self.match_loss_weight} must be >= 0, and 0 without train_backbone "
                        "(it trains the decoder)")
+    if self.coverage_on not in ("probe", "score"):
+      raise TrainError(f"coverage_on={self.coverage_on!r} is not one of ['probe', 'score']")
     return self
 
   def head_config(self, label_ids: Sequence[int], hidden_size: int) -> heads.HeadConfig:
