@@ -29,7 +29,9 @@ layout (DESIGN.md section 2) with each scanned layer rematerialized in the backw
 `match_loss_weight` > 0 the loss adds that weight times two auxiliary losses (`losses.probe_bce`):
 a linear probe on every candidate token's hidden state predicts whether the token occurs in the query,
 and one at each score position ranks a query's candidates by the share of the query's distinct tokens
-found in each (pairwise logistic loss; the probes train beside the model and are not exported).
+found in each (pairwise logistic loss; the probes train beside the model and are not exported). With
+`coverage_on="score"` that coverage ranking trains the exported ranking score itself instead of a probe:
+weak supervision from lexical overlap, which needs no relevance labels.
 """
 
 import dataclasses
