@@ -333,6 +333,16 @@ def test_match_loss_weight_needs_train_backbone():
     train_lib.TrainConfig(train_backbone=True, match_loss_weight=1.0, coverage_on="head").validate()
 
 
+def test_a_later_setting_at_its_earlier_behaviour_keeps_old_runs_resumable():
+  """coverage_on came after runs were written: at "probe" (the behaviour before it) it is left out of
+  the run's identity, so such a run resumes; "score" is recorded, so it never resumes one."""
+  assert "coverage_on" not in train_lib.train_identity(train_lib.TrainConfig())
+  changed = train_lib.TrainConfig(train_backbone=True, match_loss_weight=1.0, coverage_on="score")
+  assert train_lib.train_identity(changed)["coverage_on"] == "score"
+  assert train_lib.train_identity(changed).keys() - {"coverage_on"} == train_lib.train_identity(
+      train_lib.TrainConfig()).keys()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("coverage_on", ["probe", "score"])
 def test_train_backbone_match_loss(tmp_path, coverage_on):

@@ -98,9 +98,19 @@ def evaluate_split(cfg_head: heads.HeadConfig, params, hidden, logprobs, example
   return metrics.aggregate(per_query) if per_query else {}
 
 
+# Settings added after runs were first written, with the behaviour from before they existed: recorded
+# only when they differ from it, so that a run written before them still resumes.
+_LATER_SETTINGS = {"coverage_on": "probe"}
+
+
+def train_identity(cfg: TrainConfig) -> dict:
+  """The training settings a resumed run must match."""
+  return {k: v for k, v in dataclasses.asdict(cfg).items() if not (k in _LATER_SETTINGS and v == _LATER_SETTINGS[k])}
+
+
 def _run_fingerprint(cfg: TrainConfig, prompt: PromptConfig, scorer: Scorer, examples: dict[str, Examples]) -> dict:
   """What the trained head depends on (maxscore/files/identity.py): a resumed run must match it."""
-  return {"format_version": FORMAT_VERSION, "train": dataclasses.asdict(cfg),
+  return {"format_version": FORMAT_VERSION, "train": train_identity(cfg),
           "prompt": json.loads(json.dumps(dataclasses.asdict(prompt))), "scorer": identity.scorer_identity(scorer),
           "data": {k: v.digest() for k, v in sorted(examples.items())}}
 
