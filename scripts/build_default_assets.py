@@ -1,6 +1,6 @@
 """Builds the embedded default under maxscore/assets/default/: a small reranker that has learned local text.
 
-  python scripts/build_default_assets.py          # about 40 min on 2 CPU cores; resumes where a killed run stopped
+  python scripts/build_default_assets.py          # about 28 min on 2 CPU cores; resumes where a killed run stopped
 
 Steps (everything from the running Python's own files; deterministic in the seed and the Python version):
   1. pydoc_rerank.jsonl: rerank queries in the JSONL form with a train/dev/test `split` field: query = a
