@@ -162,6 +162,12 @@ def test_feature_cache_and_determinism(frozen_run, tmp_path):
   assert again["throughput"]["features_from_cache"] and again["throughput"]["frozen_forward_seconds"] == 0
   assert again["params_sha256"] == summary["params_sha256"]
   assert again["dev_metrics_final"] == summary["dev_metrics_final"]
+  # Run again over the finished run: nothing trains, and the timing of the process that did is kept.
+  rerun = train_lib.train(cfg, PROMPT, None, _split("train", 6), _split("dev", 3), tmp_path / "work",
+                          feature_cache=root / "features.npz", progress=False)
+  assert rerun["resumed_from_step"] == again["steps"] and rerun["params_sha256"] == again["params_sha256"]
+  assert rerun["throughput"]["wall_seconds"] > again["throughput"]["wall_seconds"]
+  assert {**rerun["throughput"], "wall_seconds": None} == {**again["throughput"], "wall_seconds": None}
   # Another workdir config in the same workdir is refused, not mixed.
   with pytest.raises(train_lib.ResumeError, match=r"changed: train.seed"):
     train_lib.train(train_lib.TrainConfig(**{**SMALL, "seed": 1}), PROMPT, None, _split("train", 6),

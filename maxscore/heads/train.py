@@ -384,10 +384,28 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
 
   summary = _summary(cfg, prompt, prep, workdir, log, step, steps_per_epoch, resume_step, state["params"], timing,
                      time.perf_counter() - wall_start)
+  previous = finished_run_summary(workdir, resume_step)
+  if previous and previous.get("throughput"):
+    summary["throughput"] = {**previous["throughput"], "wall_seconds": summary["throughput"]["wall_seconds"] +
+                             (previous["throughput"].get("wall_seconds") or 0.0)}
   if export_dir:
     summary["export_dir"] = export(cfg, prep, summary, state["params"], export_dir, workdir, overwrite)
   safety.atomic_write_text(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
   return summary
+
+
+def finished_run_summary(workdir: os.PathLike, resume_step: Optional[int]) -> Optional[dict]:
+  """The summary.json of the process that finished this run, when this process resumed at its last step
+  (a rerun over a finished run, as a restarted build does): nothing trained now, so the timing measured
+  then stands. None otherwise."""
+  path = pathlib.Path(workdir) / "summary.json"
+  if resume_step is None or not path.is_file():
+    return None
+  try:
+    previous = json.loads(path.read_text())
+  except (OSError, ValueError):
+    return None
+  return previous if isinstance(previous, dict) and previous.get("steps") == resume_step else None
 
 
 def _summary(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, workdir: pathlib.Path, log: MetricsLog,

@@ -275,7 +275,7 @@ def pretrain(cfg: PretrainConfig, tokenizer_path: Optional[os.PathLike], train_t
   log.close()
   summary = _summary(cfg, model, workdir, log, rows, held, state, seconds, time.perf_counter() - wall_start,
                      resume_step, info)
-  _carry_timing(summary, workdir / "summary.json", resume_step)
+  _carry_timing(summary, train_lib.finished_run_summary(workdir, resume_step))
   if len(held) and cfg.seq_len >= 4:
     summary["held_out_copy_probe"] = copy_probe(decoder, state["params"], held[:64], min(64, cfg.seq_len // 2))
   if export_dir:
@@ -330,16 +330,10 @@ def _log_eval(log: MetricsLog, step: int, evaluate, params) -> None:
     log.write("eval", step, {"split": "held_out", "loss": nll, "perplexity": math.exp(nll)})
 
 
-def _carry_timing(summary: dict, previous_path: pathlib.Path, resume_step: Optional[int]) -> None:
+def _carry_timing(summary: dict, previous: Optional[dict]) -> None:
   """A run restarted where its last finished process ended (a rebuild over a finished run) keeps that
   process's time: wall_seconds add up, and tokens/s stays the measured one when no step ran now."""
-  if resume_step is None or not previous_path.is_file():
-    return
-  try:
-    previous = json.loads(previous_path.read_text())
-  except (OSError, ValueError):
-    return
-  if previous.get("steps") != resume_step:
+  if previous is None:
     return
   summary["wall_seconds"] += previous.get("wall_seconds") or 0.0
   if summary["tokens_per_s"] is None:
