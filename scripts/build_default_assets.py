@@ -89,7 +89,7 @@ class AssetOptions:
            self.finetune_full_warmup_steps) < 0:
       raise ValueError(f"need finetune_warmup_steps, finetune_max_item_tokens, finetune_full_steps, "
                        f"finetune_full_warmup_steps >= 0; got {self}")
-    if {self.finetune_coverage_on, self.finetune_full_coverage_on} - {"probe", "score"}:
+    if {self.finetune_coverage_on, self.finetune_full_coverage_on} - set(train_lib.COVERAGE_ON):
       raise ValueError(f"finetune_coverage_on and finetune_full_coverage_on must be probe or score; got {self}")
     return self
 

@@ -63,7 +63,7 @@ from maxscore.heads.features import (
   plan_packed,
 )
 from maxscore.heads.losses import MASK_LOGIT, batch_loss, probe_bce, probe_logits
-from maxscore.heads.train_config import TrainConfig, TrainError, TrainRun  # noqa: F401  (re-exported)
+from maxscore.heads.train_config import COVERAGE_ON, TrainConfig, TrainError, TrainRun  # noqa: F401  (re-exported)
 from maxscore.heads.metrics_log import MetricsLog
 from maxscore.rerank import data, metrics, prompts
 from maxscore.rerank.data import RerankSet

@@ -8,6 +8,9 @@ from maxscore.heads import score_heads as heads
 from maxscore.heads.losses import LOSSES
 
 
+COVERAGE_ON = ("probe", "score")  # what the match losses' coverage ranking trains (TrainConfig.coverage_on)
+
+
 class TrainError(ValueError):
   """A training setting is invalid, or the workdir holds another run."""
 
@@ -58,8 +61,8 @@ class TrainConfig:
     if self.match_loss_weight < 0 or (self.match_loss_weight and not self.train_backbone):
       raise TrainError(f"match_loss_weight={self.match_loss_weight} must be >= 0, and 0 without train_backbone "
                        "(it trains the decoder)")
-    if self.coverage_on not in ("probe", "score"):
-      raise TrainError(f"coverage_on={self.coverage_on!r} is not one of ['probe', 'score']")
+    if self.coverage_on not in COVERAGE_ON:
+      raise TrainError(f"coverage_on={self.coverage_on!r} is not one of {list(COVERAGE_ON)}")
     return self
 
   def head_config(self, label_ids: Sequence[int], hidden_size: int) -> heads.HeadConfig:
