@@ -172,7 +172,7 @@ def program_row(program: Program, model: ModelConfig, chip: chips.Chip, mesh: Me
               headroom_bytes=capacity - total, flops=flops, flops_per_device=flops_device,
               bytes_per_device=bytes_device, roofline_s=max(t_compute, t_memory),
               bound="compute" if t_compute >= t_memory else "memory",
-              pallas=PALLAS_CALLS.get(program.kernel, "-") in program.compiled.as_text())
+              pallas=program.kernel in PALLAS_CALLS and PALLAS_CALLS[program.kernel] in program.compiled.as_text())
 
 
 def _dummy_request(scorer: Scorer, geometry: Sequence[int], num_labels: int):
