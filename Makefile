@@ -1,5 +1,6 @@
 # make eval: set up .venv and run the eval on the embedded default model and data.
 # make test: set up .venv and run the whole test suite (slow tests included).
+# make test-gpu-aot: set up .venv-gpu (jax's CUDA plugin, GBs) and compile for described GPUs (no GPU needed).
 PYTHON ?= python3
 # The test extra installs libtpu (TPU compile checks from this host); without a TPU it would print
 # start-up warnings, so the targets run JAX on the CPU unless told otherwise (make eval JAX_PLATFORMS=).
@@ -8,14 +9,22 @@ export JAX_PLATFORMS
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+GPU_VENV := .venv-gpu
+GPU_STAMP := $(GPU_VENV)/.installed
 
-.PHONY: eval test test-fast bench clean
+.PHONY: eval test test-fast test-gpu-aot bench clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test]"
 	touch $(STAMP)
+
+$(GPU_STAMP): setup.py
+	$(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install -q --upgrade pip
+	$(GPU_VENV)/bin/python -m pip install -q -e ".[gpu-aot]"
+	touch $(GPU_STAMP)
 
 eval: $(STAMP)
 	$(PY) scripts/eval_rerank.py
@@ -26,8 +35,11 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
 
+test-gpu-aot: $(GPU_STAMP)
+	$(GPU_VENV)/bin/python -m pytest -q -m gpu_aot tests/test_compile_report_gpu.py
+
 bench: $(STAMP)
 	$(PY) scripts/bench.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(GPU_VENV) build *.egg-info

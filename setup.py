@@ -20,5 +20,8 @@ setup(
         # libtpu is built for one jax release, so this pins jax to the version the tests were run with.
         "test": ["pytest>=8", "hypothesis>=6.100", "torch==2.13.0", "transformers>=4.51", "pytrec-eval-terrier>=0.5", "jax[tpu]==0.10.2"],
         "convert": ["torch==2.13.0", "transformers>=4.51"],
+        # jax's CUDA plugin with its CUDA libraries and ptxas (GBs, so not in "test"): compiles for a described
+        # GPU on a host without one (tests marked gpu_aot, `make test-gpu-aot`); pinned to the tested jax.
+        "gpu-aot": ["pytest>=8", "jax[cuda12]==0.10.2"],
     },
 )

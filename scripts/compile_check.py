@@ -1,12 +1,15 @@
-"""Compiles every scoring program for a TPU topology on this (CPU) host; prints fit and roofline.
+"""Compiles every scoring program for a TPU topology or a GPU on this (CPU) host; prints fit and roofline.
 
   python scripts/compile_check.py --topology=v6e:1x1 --model=qwen3-0.6b --geometries=2000x500x20 \
       dtype=bfloat16 weight_dtype=bfloat16
   python scripts/compile_check.py --topology=v6e:2x2 --geometries=2000x500x20x4 ici_tensor_parallelism=2
   python scripts/compile_check.py --topology=v6e:2x2 --num_slices=2 dcn_data_parallelism=2
   python scripts/compile_check.py --topology=v6e:1x1 --search=num_items,query_len dtype=bfloat16 weight_dtype=bfloat16
+  python scripts/compile_check.py --topology=h100 --geometries=2000x500x20 dtype=bfloat16 weight_dtype=bfloat16
+  python scripts/compile_check.py --topology=h100:8 ici_tensor_parallelism=8 dtype=bfloat16 weight_dtype=bfloat16
 
-Needs libtpu (`pip install "jax[tpu]==<your jax version>"`); run with JAX_PLATFORMS=cpu. Every flag is
+TPUs need libtpu (`pip install "jax[tpu]==<your jax version>"`), GPUs jax's CUDA plugin (`pip install
+"jax[cuda12]==<your jax version>"`, the gpu-aot extra; no GPU); run with JAX_PLATFORMS=cpu. Every flag is
 a key of configs/compile.yml; trailing `key=value` arguments override configs/base.yml keys (mesh,
 dtypes, attention, buckets). What is compiled is what Scorer.warmup builds; see
 maxscore/bench/compile_report.py for each figure.

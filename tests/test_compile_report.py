@@ -87,7 +87,7 @@ def _assert_ok(workload, algorithm, entries):
   assert workload["error"] is None, workload["error"]
   assert workload["algorithm"] == algorithm
   assert sorted({r["entry"] for r in workload["programs"]}) == sorted(entries)
-  assert workload["fits"] and workload["mosaic"], workload["programs"]
+  assert workload["fits"] and workload["pallas"], workload["programs"]
   for r in workload["programs"]:
     assert r["kernel"] == "splash" and 0 < r["hbm_bytes"] < r["hbm_capacity"] and r["roofline_s"] > 0
   assert workload["items_per_s"] > 0

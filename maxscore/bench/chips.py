@@ -1,11 +1,29 @@
-"""Per-chip TPU figures a roofline needs: HBM capacity, peak bf16 FLOP/s, HBM bandwidth.
+"""Per-chip TPU and per-GPU figures a roofline needs: HBM capacity, peak bf16 FLOP/s, HBM bandwidth.
 
-Figures are per chip as Google Cloud publishes them. v4 is described in megacore mode (one
+TPU figures are per chip as Google Cloud publishes them. v4 is described in megacore mode (one
 JAX device per chip, its two TensorCores together), which is what jax's TPU meshes require.
+GPU peak and bandwidth are NVIDIA's published SXM figures (the bf16 peak dense, i.e. half the
+"with sparsity" figure NVIDIA lists); the GPU's memory is the size the device reports, as XLA's
+own target descriptions of these GPUs record it. A GPU also carries the target description
+XLA's GPU compiler needs to compile for it without the device (`gpu_target_config`).
 """
 
 import dataclasses
 import re
+from typing import Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuTarget:
+  """What XLA's GPU compiler reads of a GPU it cannot see (the fields of its GpuTargetConfigProto)."""
+  compute_capability: tuple[int, int]   # (major, minor): 9.0 -> sm_90a code
+  sms: int                              # streaming multiprocessors (core_count)
+  fp32_lanes_per_sm: int                # fpus_per_core
+  shared_memory_per_sm: int             # bytes
+  shared_memory_per_block_optin: int    # bytes one block may opt in to
+  l2_bytes: int
+  clock_ghz: float
+  source: str                           # where these figures (and the Chip's memory size) come from
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,6 +36,8 @@ class Chip:
   hbm_bytes_per_s: float     # HBM bandwidth, bytes/s
   source: str                # where the figures come from
   chip_config: str = "default"  # libtpu's chip_config_name when describing a topology
+  platform: str = "tpu"      # the jax platform its devices have: tpu or gpu
+  gpu: Optional[GpuTarget] = None  # GPUs only: the target description XLA compiles for
 
 
 GB = 10**9
@@ -35,7 +55,31 @@ CHIPS = {
     "v6e": Chip("v6e", "TPU v6 lite", 32 * GB, 918e12, 1640 * GB, "https://cloud.google.com/tpu/docs/v6e"),
 }
 
+_XLA_SPECS = "https://github.com/openxla/xla/tree/main/xla/backends/gpu/target_config/specs/"
+
+GPUS = {
+    # https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM: 80 GB HBM3, 3.35 TB/s,
+    # BF16 Tensor Core 1,979 TFLOPS with sparsity = 989 dense)
+    "h100": Chip("h100", "NVIDIA H100 80GB HBM3", 84942979072, 989e12, 3350 * GB,
+                 "https://www.nvidia.com/en-us/data-center/h100/", platform="gpu",
+                 gpu=GpuTarget((9, 0), 132, 128, 233472, 232448, 52428800, 1.98,
+                               _XLA_SPECS + "h100_sxm.txtpb")),
+    # https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM: 141 GB HBM3e, 4.8 TB/s,
+    # BF16 Tensor Core 1,979 TFLOPS with sparsity = 989 dense)
+    "h200": Chip("h200", "NVIDIA H200 141GB HBM3e", 151397597184, 989e12, 4800 * GB,
+                 "https://www.nvidia.com/en-us/data-center/h200/", platform="gpu",
+                 gpu=GpuTarget((9, 0), 132, 128, 233472, 232448, 52428800, 1.98,
+                               _XLA_SPECS + "h200.txtpb")),
+    # https://www.nvidia.com/en-us/data-center/a100/ (A100 80GB SXM: HBM2e, 2,039 GB/s,
+    # BF16 Tensor Core 312 TFLOPS dense, 624 with sparsity)
+    "a100": Chip("a100", "NVIDIA A100-SXM4-80GB", 85100068864, 312e12, 2039 * GB,
+                 "https://www.nvidia.com/en-us/data-center/a100/", platform="gpu",
+                 gpu=GpuTarget((8, 0), 108, 64, 167936, 166912, 41943040, 1.41,
+                               _XLA_SPECS + "a100_sxm_80.txtpb")),
+}
+
 _TOPOLOGY = re.compile(r"^(v4|v5e|v5p|v6e):(\d+)x(\d+)(?:x(\d+))?$")
+_GPU_TOPOLOGY = re.compile(r"^(h100|h200|a100)(?::(\d+))?$")
 
 
 class TopologyError(ValueError):
@@ -43,12 +87,53 @@ class TopologyError(ValueError):
 
 
 def parse_topology(topology: str) -> tuple[Chip, tuple[int, ...]]:
-  """("v6e:2x4") -> (the v6e Chip, (2, 4)); errors name the allowed forms."""
+  """("v6e:2x4") -> (the v6e Chip, (2, 4)); ("h100:8") -> (the H100, (8,)), "h100" is one GPU.
+
+  Errors name the allowed forms."""
+  g = _GPU_TOPOLOGY.match(topology.strip())
+  if g:
+    count = int(g.group(2) or 1)
+    if count <= 0:
+      raise TopologyError(f"topology={topology!r}: the GPU count must be positive")
+    return GPUS[g.group(1)], (count,)
   m = _TOPOLOGY.match(topology.strip())
   if not m:
     raise TopologyError(f"topology={topology!r} must look like <chip>:<X>x<Y>[x<Z>] with chip one of "
-                        f"{sorted(CHIPS)} (e.g. v6e:1x1, v5e:2x2, v5p:2x2x1)")
+                        f"{sorted(CHIPS)} (e.g. v6e:1x1, v5e:2x2, v5p:2x2x1), or <gpu>[:<count>] with gpu "
+                        f"one of {sorted(GPUS)} (e.g. h100, h100:8)")
   dims = tuple(int(d) for d in m.groups()[1:] if d is not None)
   if any(d <= 0 for d in dims):
     raise TopologyError(f"topology={topology!r}: every dimension must be positive")
   return CHIPS[m.group(1)], dims
+
+
+def gpu_target_config(chip: Chip) -> str:
+  """`chip`'s target description as the text GpuTargetConfigProto XLA's deviceless GPU compile reads."""
+  t = chip.gpu
+  if t is None:
+    raise TopologyError(f"{chip.name} is not a GPU: it has no GPU target description")
+  major, minor = t.compute_capability
+  return f"""gpu_device_info {{
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_core: {t.shared_memory_per_sm}
+  threads_per_core_limit: 2048
+  core_count: {t.sms}
+  fpus_per_core: {t.fp32_lanes_per_sm}
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  memory_bandwidth: {int(chip.hbm_bytes_per_s)}
+  l2_cache_size: {t.l2_bytes}
+  clock_rate_ghz: {t.clock_ghz}
+  device_memory_size: {chip.hbm_bytes}
+  shared_memory_per_block_optin: {t.shared_memory_per_block_optin}
+  cuda_compute_capability {{ major: {major} minor: {minor} }}
+  registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+}}
+platform_name: "CUDA"
+dnn_version_info {{ major: 9 minor: 8 patch: 0 }}
+device_description_str: "{chip.device_kind}"
+"""

@@ -1,4 +1,4 @@
-"""Compiles what `Scorer.warmup` builds for a TPU topology described on this host; reports fit and roofline.
+"""Compiles what `Scorer.warmup` builds for a TPU topology or GPUs described on this host; reports fit and roofline.
 
     report = compile_report.run(CompileOptions(topology="v6e:1x1", model="qwen3-0.6b",
                                                geometries=("2000x500x20",), overrides=("dtype=bfloat16",)))
@@ -6,8 +6,10 @@
 
 DESIGN.md section 10. The Scorer holds abstract params (ShapeDtypeStructs with their logical-axis
 shardings) on the data-group mesh process 0 of a job on that topology would use, and its
-warmup lowers and compiles with the real TPU compiler (Mosaic for splash): same buckets, same
-selector choice, same shardings as a run. Per program: per-chip memory from the compiler
+warmup lowers and compiles with the real TPU compiler (Mosaic for splash), or for a GPU with
+XLA's CUDA compiler from a target description (chips.gpu_target_config: Triton for pallas_gpu,
+ptxas to the GPU's code; needs jax's CUDA plugin, not a GPU): same buckets, same selector
+choice, same shardings as a run. Per program: per-chip (per-GPU) memory from the compiler
 against the chip's HBM; model FLOPs from the cost model (XLA's cost analysis counts a scanned
 layer stack once and Pallas calls as zero); bytes each chip reads and writes (arguments and
 outputs: its weight shard, K/V, inputs, results); roofline time max(FLOPs / peak, bytes /
@@ -34,7 +36,8 @@ from maxscore.scoring.requests import make_request
 from maxscore.scoring.runner import Program
 from maxscore.scoring.scorer import Scorer
 
-MOSAIC_CALL = "tpu_custom_call"  # the custom call a Pallas TPU kernel compiles to
+# The custom call each Pallas kernel compiles to: its presence in the compiled program is the kernel, not a fallback.
+PALLAS_CALLS = {"splash": "tpu_custom_call", "pallas_gpu": "__gpu$xla.gpu.triton"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,10 +78,15 @@ def parse_geometry(text: str) -> tuple[int, ...]:
 
 # --- the target: devices, mesh, scorer --------------------------------------------------
 def describe_topology(topology: str, num_slices: int = 1) -> list:
-  """The devices of `num_slices` slices of `topology` (e.g. v6e:2x2), described on this host by libtpu."""
+  """The devices of `num_slices` slices of `topology` (e.g. v6e:2x2), described on this host by libtpu;
+  or of `count` GPUs on one host (h100, h100:8), described by jax's CUDA plugin."""
   chip, dims = chips.parse_topology(topology)
   if num_slices < 1:
     raise chips.TopologyError(f"num_slices={num_slices} must be >= 1")
+  if chip.platform == "gpu":
+    if num_slices != 1:
+      raise chips.TopologyError(f"num_slices={num_slices}: GPU topologies ({topology!r}) are one host, num_slices=1")
+    return describe_gpus(topology, chip, dims[0])
   # Only compiling: another process on this host (a test run) may hold libtpu's TPU lock.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
@@ -89,6 +97,19 @@ def describe_topology(topology: str, num_slices: int = 1) -> list:
   except Exception as e:  # pylint: disable=broad-except  (libtpu missing, or a shape it does not know)
     raise chips.TopologyError(f"topology={topology!r} num_slices={num_slices}: libtpu could not describe it "
                               f"({one_line(e)}); it needs `pip install 'jax[tpu]=={jax.__version__}'`") from None
+  return list(desc.devices)
+
+
+def describe_gpus(topology: str, chip: chips.Chip, count: int) -> list:
+  """`count` compile-only GPUs of `chip` on one host: XLA's deviceless GPU compile, from a target description."""
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  try:
+    desc = topologies.get_topology_desc(platform="cuda", target_config=chips.gpu_target_config(chip),
+                                        topology=f"1x1x{count}")
+  except Exception as e:  # pylint: disable=broad-except  (the CUDA plugin missing, or a description it rejects)
+    raise chips.TopologyError(f"topology={topology!r}: jax's CUDA plugin could not describe it ({one_line(e)}); "
+                              f"it needs `pip install 'jax[cuda12]=={jax.__version__}'` (make test-gpu-aot's "
+                              f"venv), no GPU") from None
   return list(desc.devices)
 
 
@@ -151,7 +172,7 @@ def program_row(program: Program, model: ModelConfig, chip: chips.Chip, mesh: Me
               headroom_bytes=capacity - total, flops=flops, flops_per_device=flops_device,
               bytes_per_device=bytes_device, roofline_s=max(t_compute, t_memory),
               bound="compute" if t_compute >= t_memory else "memory",
-              mosaic=MOSAIC_CALL in program.compiled.as_text())
+              pallas=program.kernel in PALLAS_CALLS and PALLAS_CALLS[program.kernel] in program.compiled.as_text())
 
 
 def _dummy_request(scorer: Scorer, geometry: Sequence[int], num_labels: int):
@@ -185,7 +206,7 @@ def compile_workload(scorer: Scorer, geometry: Sequence[int], chip: chips.Chip, 
   time_s = sum(r["calls"] * r["roofline_s"] for r in rows)
   out.update(programs=rows, fits=out["error"] is None and all(r["fits"] for r in rows),
              peak_hbm_bytes=max((r["hbm_bytes"] for r in rows), default=0),
-             mosaic=bool(rows) and all(r["mosaic"] for r in rows if r["kernel"] == "splash"),
+             pallas=bool(rows) and all(r["pallas"] for r in rows if r["kernel"] in PALLAS_CALLS),
              useful_flops=useful, program_flops=sum(r["calls"] * r["flops"] for r in rows),
              roofline_s=time_s, items_per_s=(n * b / time_s) if time_s and out["error"] is None else None)
   return out
@@ -268,7 +289,8 @@ def run(options: CompileOptions) -> dict[str, Any]:
               dtype=config.runtime.dtype, weight_dtype=config.runtime.weight_dtype,
               attention=scorer.runner.default_kernel, overrides=list(options.overrides),
               workloads=workloads, searches=searches,
-              note="compile-time bounds from the TPU compiler and the cost model, not measurements")
+              note=f"compile-time bounds from the {chip.platform.upper()} compiler and the cost model, "
+                   "not measurements")
 
 
 # --- the human table ---------------------------------------------------------------------
@@ -282,11 +304,11 @@ def _workload_lines(w: dict[str, Any]) -> list[str]:
            f"algorithm={w.get('algorithm', '?')} ({w.get('reason', '')})"]
   if w["programs"]:
     lines.append(f"  {'program':<16}{'B':>3}{'P':>7}{'L':>6}{'N':>6}{'calls':>7}  {'HBM GB/dev':>10}"
-                 f"{'of':>7}{'fits':>6}{'mosaic':>7}{'GFLOP/dev':>11}{'GB r+w/dev':>11}{'roofline ms':>12}")
+                 f"{'of':>7}{'fits':>6}{'pallas':>7}{'GFLOP/dev':>11}{'GB r+w/dev':>11}{'roofline ms':>12}")
   for r in w["programs"]:
     lines.append(f"  {r['entry']:<16}{r['batch']:>3}{r['prefix_len']:>7}{r['slot_len']:>6}{r['num_slots']:>6}"
                  f"{r['calls']:>7}  {_gb(r['hbm_bytes']):>10}{_gb(r['hbm_capacity']):>7}"
-                 f"{'yes' if r['fits'] else 'NO':>6}{'yes' if r['mosaic'] else 'no':>7}"
+                 f"{'yes' if r['fits'] else 'NO':>6}{'yes' if r['pallas'] else 'no':>7}"
                  f"{r['flops_per_device'] / 1e9:>11.1f}{_gb(r['bytes_per_device']):>11}"
                  f"{r['roofline_s'] * 1e3:>9.3f} {r['bound'][:3]}")
   if w["error"]:
@@ -304,9 +326,11 @@ def summary(report: dict[str, Any]) -> str:
   """The report as a table: one block per workload, then the largest-fit searches."""
   c = report["chip"]
   mesh = " ".join(f"{k}={v}" for k, v in report["mesh"].items())
-  lines = [f"TPU {report['topology']} x{report['num_slices']} slice(s): {report['devices']} devices "
-           f"({c['name']}: {c['hbm_bytes'] / 1e9:.0f} GB HBM, {c['peak_bf16_flops'] / 1e12:.0f} TFLOP/s bf16, "
-           f"{c['hbm_bytes_per_s'] / 1e9:.0f} GB/s per chip; {c['source']})",
+  gpu = c["platform"] == "gpu"
+  where = (f"GPU {report['topology']}: {report['devices']} GPU(s) on one host" if gpu else
+           f"TPU {report['topology']} x{report['num_slices']} slice(s): {report['devices']} devices")
+  lines = [f"{where} ({c['name']}: {c['hbm_bytes'] / 1e9:.0f} GB HBM, {c['peak_bf16_flops'] / 1e12:.0f} TFLOP/s bf16, "
+           f"{c['hbm_bytes_per_s'] / 1e9:.0f} GB/s per {'GPU' if gpu else 'chip'}; {c['source']})",
            f"scoring mesh (process 0's data group): {mesh}; model {report['model']} {report['num_layers']} layers "
            f"({report['params'] / 1e6:.0f}M params), dtype={report['dtype']} weight_dtype={report['weight_dtype']}, "
            f"attention={report['attention']}",
