@@ -169,7 +169,9 @@ def test_score_script_raw_logit_mode(tmp_path, hf_checkpoints):
   request = {"query": [10, 11, 12], "items": [[13, 14], [], [7]], "label_token_ids": [4, 5], "apply_softmax": True}
   src, dst = tmp_path / "req.jsonl", tmp_path / "resp.jsonl"
   src.write_text(json.dumps(request) + "\n")
-  script.run(["score.py", f"--input={src}", f"--output={dst}", "--score_mode=raw_logit"])  # default: has a head
+  with pytest.raises(SystemExit) as e:  # default: has a head; the failed line makes the exit status 3
+    script.run(["score.py", f"--input={src}", f"--output={dst}", "--score_mode=raw_logit"])
+  assert e.value.code == script.SOME_FAILED
   assert "score_mode=raw_logit" in json.loads(dst.read_text())["error"]
   _, _, ckpt = hf_checkpoints("gemma")
   script.run(["score.py", f"--input={src}", f"--output={dst}", "--score_mode=raw_logit", f"--checkpoint_dir={ckpt}"])
