@@ -47,12 +47,12 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
         if not sep or not label or not dirs:
           raise compare.CompareError(f"depth group {a!r} must be label=dir,dir,...")
         groups[label] = [pathlib.Path(d) for d in dirs.split(",") if d]
-      safety.refuse_overlap([output], [d for ds in groups.values() for d in ds], "--output")
+      safety.check_output_file(output, [d for ds in groups.values() for d in ds], "--output")
       path = plots.metric_vs_depth(compare.depth_series(groups, metric), output, metric=metric)
     else:
       if len(rest) != 1 or not pathlib.Path(rest[0]).is_file():
         raise compare.CompareError(f"training takes one metrics.jsonl file, got {rest}")
-      safety.refuse_overlap([output], rest, "--output")
+      safety.check_output_file(output, rest, "--output")
       path = plots.training_curves(plots.read_metrics_jsonl(rest[0]), output, dev_metric=metric)
   print(f"wrote {path}")
 

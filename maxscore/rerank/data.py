@@ -64,6 +64,9 @@ class RerankSet:
     return sum(len(q.candidates) for q in self.queries)
 
 
+SKIP_HINT = " (pass --skip_bad to skip and count such input)"
+
+
 class _Problems:
   """Raises DataError for a bad input, or counts it under `reason` when skipping is on."""
 
@@ -73,7 +76,7 @@ class _Problems:
 
   def __call__(self, reason: str, where: str, message: str) -> None:
     if not self.skip_bad:
-      raise DataError(f"{where}: {message} (pass --skip_bad to skip and count such input)")
+      raise DataError(f"{where}: {message}{SKIP_HINT}")
     if self.counts.get(reason, 0) < 3:
       logging.warning("skipping %s: %s", where, message)
     self.counts[reason] = self.counts.get(reason, 0) + 1
