@@ -6,7 +6,9 @@
 
 depth: each `label=dir,dir,...` is one line over eval output directories run at different --rerank_top_k
 (the first label's directories also draw the first stage). training: train loss and the dev metric
-over the steps of a train_score_head.py run. The per-query wins-and-losses plot is compare_runs.py's
+over the steps of a train_score_head.py run. A depth line mixing evals of different data or models,
+and a --metric the run never logged, are refused in one line; --output's suffix names the format
+(.png, .pdf, .svg). The per-query wins-and-losses plot is compare_runs.py's
 --plot_dir. Every flag is a key of configs/plot.yml.
 """
 
