@@ -236,6 +236,7 @@ def nan_checkpoint(tmp_path_factory):
   return storage.save_checkpoint(tmp_path_factory.mktemp("nan") / "ckpt", params, ckpt.model, tokenizer_files=(tok,))
 
 
+@pytest.mark.slow
 def test_non_finite_scores_are_an_error_line_in_score_and_one_line_in_eval(tmp_path, capsys, nan_checkpoint):
   src, dst = tmp_path / "req.jsonl", tmp_path / "resp.jsonl"
   src.write_text(json.dumps({"query": [10, 11], "items": [[12], [13]], "label_token_ids": [4, 5]}) + "\n")

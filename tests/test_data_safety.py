@@ -367,6 +367,7 @@ def _refused(script, argv):
 EVAL = _script("eval_rerank")
 
 
+@pytest.mark.slow
 def test_refused_evals_write_no_log_and_create_nothing(tmp_path, script_log, two_checkpoints, capsys):
   """Pointed at its data directory, at a foreign directory holding only a file named like its log, or at an
   earlier run's directory with another checkpoint: refused, and the disk is as it was."""
