@@ -1,5 +1,11 @@
 """maxscore: fast LLM reranker scoring in JAX (see DESIGN.md for the contract)."""
 
+from maxscore import jax_platform as _platform
+
+_platform.default_jax_platforms()  # before anything imports JAX: no libtpu noise on a machine without a TPU
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+
 from maxscore.config import Config, ConfigError, load_config
 from maxscore.errors import ResumeError, ScoreInputError, UnsafeOutputError
 from maxscore.scoring.requests import parse_multi_item_sequence

@@ -7,6 +7,7 @@ help from the YAML, type from the dataclass) and `entry_from_flags` reads them b
 same strict loader as configs/base.yml, so a flag and a YAML key are one setting.
 """
 
+import collections
 import contextlib
 import logging
 import logging.handlers
@@ -46,8 +47,9 @@ def expected_errors() -> tuple[type[BaseException], ...]:
   from maxscore.errors import ResumeError, ScoreInputError, UnsafeOutputError
   from maxscore.heads.train_config import TrainError
   from maxscore.rerank.compare import CompareError
+  from maxscore.rerank.plots import PlotError
   return (ScoreInputError, UnsafeOutputError, ResumeError, ConfigError, CheckpointError, ConversionError,
-          MeshError, ShardingError, TrainError, TokenizerError, CompareError, TopologyError, OSError)
+          MeshError, ShardingError, TrainError, TokenizerError, CompareError, PlotError, TopologyError, OSError)
 
 
 @contextlib.contextmanager
@@ -123,9 +125,60 @@ def entry_from_flags(fv: flags.FlagValues, entry: str, sections: Mapping[str, ty
   return config_lib.load_entry(entry, sections, values)
 
 
-def console_logging(log_file: Optional[os.PathLike] = None, verbose: bool = False) -> Optional[logging.Handler]:
+class _LogFile(logging.handlers.WatchedFileHandler):
+  """The log file; a write that fails (a full disk, a removed mount) is one line on stderr naming the
+  path, once, and the file is no longer written, instead of a traceback per record."""
+
+  broken = False
+
+  def emit(self, record: logging.LogRecord) -> None:
+    if not self.broken:
+      super().emit(record)
+
+  def handleError(self, record: logging.LogRecord) -> None:
+    if self.broken:
+      return
+    self.broken = True
+    error = sys.exc_info()[1]
+    print(f"error: cannot write the log file {self.baseFilename}: {' '.join(str(error).split())}; "
+          "library logs are no longer written to it", file=sys.stderr)
+    with contextlib.suppress(Exception):
+      self.close()
+
+
+class _LogAfterClaim(logging.Handler):
+  """Keeps the records in memory until this run claims the log's directory (`safety.claim`, after every
+  check on its outputs passed), then writes them and every later one to the log file. A refused run
+  thus never creates the directory nor touches an earlier run's log (DESIGN.md section 9)."""
+
+  def __init__(self, path: pathlib.Path, capacity: int = 100_000):
+    super().__init__()
+    self.path, self._directory, self._since = path, safety.resolve(path.parent), safety.claims_so_far()
+    self._pending: collections.deque = collections.deque(maxlen=capacity)
+    self._file: Optional[_LogFile] = None
+
+  def emit(self, record: logging.LogRecord) -> None:
+    if self._file is None:
+      if not safety.is_claimed(self._directory, self._since):
+        self._pending.append(record)
+        return
+      self._file = _LogFile(self.path, encoding="utf-8", delay=True)
+      self._file.setFormatter(absl_logging.PythonFormatter())
+      while self._pending:
+        self._file.handle(self._pending.popleft())
+    self._file.handle(record)
+
+  def close(self) -> None:
+    if self._file is not None:
+      self._file.close()
+    super().close()
+
+
+def console_logging(log_file: Optional[os.PathLike] = None, verbose: bool = False,
+                    after_claim: bool = False) -> Optional[logging.Handler]:
   """Quiet consoles: stderr shows warnings and errors unless `verbose`; every INFO line (Orbax, absl, JAX and
-  maxscore's own) goes to `log_file` (appended, its directory created) either way. Returns the file handler."""
+  maxscore's own) goes to `log_file` either way: appended from the start (its directory created), or with
+  `after_claim` held in memory until the run claims the file's directory. Returns the file handler."""
   absl_logging.use_absl_handler()  # (may reset the root level from --verbosity: first)
   root = logging.getLogger()
   if root.level == logging.NOTSET or root.level > logging.INFO:
@@ -134,10 +187,13 @@ def console_logging(log_file: Optional[os.PathLike] = None, verbose: bool = Fals
   if log_file is None:
     return None
   path = pathlib.Path(log_file)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  # Watched: a script that clears its output directory (train --overwrite) gets the file back on the next line.
-  handler = logging.handlers.WatchedFileHandler(path, encoding="utf-8", delay=True)
-  handler.setFormatter(absl_logging.PythonFormatter())
+  if after_claim:
+    handler: logging.Handler = _LogAfterClaim(path)
+  else:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Watched: a script that clears its output directory (train --overwrite) gets the file back on the next line.
+    handler = _LogFile(path, encoding="utf-8", delay=True)
+    handler.setFormatter(absl_logging.PythonFormatter())
   root.addHandler(handler)
   return handler
 
@@ -151,10 +207,14 @@ def _expand_bare_v(argv: Sequence[str]) -> list[str]:
   return out
 
 
+HELP_FLAGS = ("--help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")
+
+
 def run_script(main: Callable[[Sequence[str]], Any], define_flags: Optional[Callable[[flags.FlagValues], None]] = None,
                log_dir_flag: Optional[str] = None) -> None:
-  """`app.run(main)` with quiet consoles: library INFO lines go to `<flag log_dir_flag>/<script>.log` and reach
-  stderr only with --verbosity (or -v); warnings, errors, the progress bar and the script's prints always show."""
+  """`app.run(main)` with quiet consoles: library INFO lines go to `<flag log_dir_flag>/<script>.log` (written
+  only once the run has claimed that directory) and reach stderr only with --verbosity (or -v); warnings,
+  errors, the progress bar and the script's prints always show. --help exits 0."""
   if define_flags is not None:
     define_flags(flags.FLAGS)
   script = pathlib.Path(sys.argv[0]).stem
@@ -164,9 +224,13 @@ def run_script(main: Callable[[Sequence[str]], Any], define_flags: Optional[Call
     verbose = bool(flags.FLAGS["verbosity"].present) and flags.FLAGS.verbosity >= 0
     process = getattr(flags.FLAGS, "process_id", None) if "process_id" in flags.FLAGS else None
     name = f"{script}.process{process}.log" if process else f"{script}.log"  # one file per process
-    if log_dir:  # the run's own logs do not make its output directory someone else's
-      safety.note_own_files(log_dir, f"{script}.log", f"{script}.process*.log")
-    console_logging(pathlib.Path(log_dir) / name if log_dir else None, verbose)
+    console_logging(pathlib.Path(log_dir) / name if log_dir else None, verbose, after_claim=True)
     return main(argv)
 
-  app.run(quiet_main, argv=_expand_bare_v(sys.argv))
+  argv = _expand_bare_v(sys.argv)
+  try:
+    app.run(quiet_main, argv=argv)
+  except SystemExit as e:
+    if e.code == 1 and any(a.split("=")[0] in HELP_FLAGS for a in argv[1:]):
+      sys.exit(0)  # absl exits 1 after printing the help that was asked for
+    raise

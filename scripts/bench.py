@@ -36,7 +36,9 @@ def options_from_flags(fv: flags.FlagValues, overrides) -> benchmark.BenchOption
 def bench(argv, fv: flags.FlagValues) -> dict:
   """Runs the benchmark the flags describe, prints its table, writes --output_json; returns the report."""
   with cli.one_line_errors():
-    report = benchmark.run_benchmark(options_from_flags(fv, argv[1:]))
+    options = options_from_flags(fv, argv[1:])
+    safety.check_output_file(fv.output_json, [], "--output_json")
+    report = benchmark.run_benchmark(options)
   print(benchmark.summary(report))
   if fv.output_json:
     with cli.one_line_errors():

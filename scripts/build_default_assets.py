@@ -78,23 +78,24 @@ class AssetOptions:
   overwrite: bool = False
 
   def validate(self) -> "AssetOptions":
-    if not 0 < self.min_tokens <= self.max_tokens or self.num_candidates < 2 or self.layout_vocab_size < 256:
-      raise ValueError(f"need 0 < min_tokens <= max_tokens, num_candidates >= 2, layout_vocab_size >= 256; "
-                       f"got {self}")
-    if min(self.pretrain_steps, self.finetune_keyword_queries, self.finetune_match_weight) < 0:
-      raise ValueError(f"need pretrain_steps, finetune_keyword_queries, finetune_match_weight >= 0; got {self}")
-    if min(self.finetune_queries, self.finetune_steps, self.finetune_batch_size) < 1:
-      raise ValueError(f"need finetune_queries, finetune_steps, finetune_batch_size >= 1; got {self}")
-    if min(self.finetune_warmup_steps, self.finetune_max_item_tokens, self.finetune_full_steps,
-           self.finetune_full_warmup_steps) < 0:
-      raise ValueError(f"need finetune_warmup_steps, finetune_max_item_tokens, finetune_full_steps, "
-                       f"finetune_full_warmup_steps >= 0; got {self}")
-    if {self.finetune_coverage_on, self.finetune_full_coverage_on} - set(train_lib.COVERAGE_ON):
-      raise ValueError(f"finetune_coverage_on and finetune_full_coverage_on must be probe or score; got {self}")
+    """Every bad value named by its key, all at once."""
+    at_least = {"min_tokens": 1, "num_candidates": 2, "layout_vocab_size": 256, "finetune_queries": 1,
+                "finetune_steps": 1, "finetune_batch_size": 1, "pretrain_steps": 0, "finetune_keyword_queries": 0,
+                "finetune_match_weight": 0, "finetune_warmup_steps": 0, "finetune_max_item_tokens": 0,
+                "finetune_full_steps": 0, "finetune_full_warmup_steps": 0}
+    bad = [f"{k}={getattr(self, k)} must be >= {v}" for k, v in at_least.items() if getattr(self, k) < v]
+    if self.max_tokens < self.min_tokens:
+      bad.append(f"max_tokens={self.max_tokens} must be >= min_tokens={self.min_tokens}")
+    bad += [f"{k}={getattr(self, k)!r} must be one of {list(train_lib.COVERAGE_ON)}"
+            for k in ("finetune_coverage_on", "finetune_full_coverage_on")
+            if getattr(self, k) not in train_lib.COVERAGE_ON]
+    if bad:
+      raise ValueError("; ".join(bad))
     return self
 
 
 ENTRY = "assets"
+OUTPUT_KIND = "default_assets"  # the marker of a --output_dir this build wrote
 SECTIONS = {"assets": AssetOptions}
 
 
@@ -228,10 +229,14 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     if work.resolve() in (out.resolve(), *out.resolve().parents):
       raise errors.UnsafeOutputError(f"--output_dir {out} lies inside --workdir {work} (which --overwrite "
                                      "removes); choose an output directory outside it")
+    packaged = safety.resolve(out) == safety.resolve(data.DEFAULT_DIR)  # the repository's own, rebuilt in place
+    if not packaged:
+      safety.check_output_dir(out, OUTPUT_KIND, [work], "--output_dir")
     if o.overwrite:
       safety.remove_owned(work, "--workdir")
     safety.prepare_output_dir(work, "default_build", [out], "--workdir")
-  out.mkdir(parents=True, exist_ok=True)
+    if not packaged:
+      safety.prepare_output_dir(out, OUTPUT_KIND, [work], "--output_dir")
   t = time.perf_counter()
   jsonl, records, pairs, pairs_info = _data(o, out, work)
   logging.info("build: rerank set and %d fine-tuning queries in %.0f s", pairs_info["queries"], time.perf_counter() - t)
@@ -247,10 +252,10 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     logging.info("build: fine-tuned on whole candidates in %.0f s (dev %s -> %s)",
                  full["throughput"]["wall_seconds"], full["dev_metrics_initial"], full["dev_metrics_final"])
   ckpt = out / data.DEFAULT_CHECKPOINT.name
-  if ckpt.exists():
-    shutil.rmtree(ckpt)
-  shutil.copytree(work / ("finetuned_full" if full else "finetuned"), ckpt,
+  tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{ckpt.name}.", suffix=".tmp", dir=out))
+  shutil.copytree(work / ("finetuned_full" if full else "finetuned"), tmp, dirs_exist_ok=True,
                   ignore=shutil.ignore_patterns(safety.MARKER))
+  safety.swap_dir(tmp, ckpt)  # the output directory is the build's own (checked above)
   logging.info("wrote %s", out)
   manifest = _manifest(o, out, ckpt, jsonl, records, pre, fine, full)
   safety.atomic_write_text(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")

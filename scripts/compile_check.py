@@ -46,7 +46,9 @@ def options_from_flags(fv: flags.FlagValues, overrides) -> compile_report.Compil
 def check(argv, fv: flags.FlagValues) -> dict:
   """Compiles what the flags describe, prints the table, writes --output_json; returns the report."""
   with cli.one_line_errors():
-    report = compile_report.run(options_from_flags(fv, argv[1:]))
+    options = options_from_flags(fv, argv[1:])  # every flag checked before minutes of compiling
+    safety.check_output_file(fv.output_json, [], "--output_json")
+    report = compile_report.run(options)
   print(compile_report.summary(report), end="")
   if fv.output_json:
     with cli.one_line_errors():

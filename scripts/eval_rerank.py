@@ -16,6 +16,7 @@ from absl import flags
 
 from maxscore import cli
 from maxscore.distributed import mesh as mesh_lib
+from maxscore.files import safety
 from maxscore.rerank import data, eval as eval_lib, first_stage, metrics, plots
 
 
@@ -41,6 +42,8 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     run, cfg = s["run"], s["eval"]
     jsonl = run.jsonl if (run.jsonl or run.data_dir or run.run_file) else str(data.DEFAULT_JSONL)
     dataset = data.load_rerank_set(jsonl, run.data_dir, run.run_file, run.split, run.rerank_top_k, run.skip_bad)
+    safety.check_output_dir(run.output_dir, "eval", [*data.input_paths(dataset), run.checkpoint_dir],
+                            "--output_dir")  # before loading a model
     scorer = eval_lib.build_scorer(run.checkpoint_dir, overrides, use_head=run.use_head)
     report = eval_lib.run_eval(scorer, dataset, cfg, run.output_dir, overwrite=run.overwrite,
                                progress=run.progress, fsync=run.fsync, gather_every=run.gather_every)

@@ -19,6 +19,7 @@ from absl import flags
 from maxscore import cli
 from maxscore.files import safety
 from maxscore.heads import study as head_study
+from maxscore.rerank import data
 
 ENTRY = "study"
 SECTIONS = {"study": head_study.StudyOptions}
@@ -32,10 +33,12 @@ def define_flags(fv: flags.FlagValues) -> None:
 def main(argv, fv: flags.FlagValues = flags.FLAGS):
   with cli.one_line_errors():
     o = cli.entry_from_flags(fv, ENTRY, SECTIONS)["study"]
+    path = pathlib.Path(o.output_json or pathlib.Path(o.workdir) / "report.json")
+    safety.check_output_file(path, [o.jsonl or data.DEFAULT_JSONL, o.checkpoint_dir or data.DEFAULT_CHECKPOINT],
+                             "--output_json")
     report = head_study.study(o.checkpoint_dir, o.jsonl, o.specs, o.seeds, o.workdir, overrides=list(argv[1:]),
                               max_queries=o.max_queries, num_epochs=o.num_epochs,
                               learning_rates=list(o.learning_rates) or [None], losses=list(o.losses) or [None])
-    path = pathlib.Path(o.output_json or pathlib.Path(o.workdir) / "report.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     safety.atomic_write_text(path, json.dumps(report, indent=2) + "\n")
   print(head_study.markdown(report))

@@ -6,7 +6,9 @@
 
 depth: each `label=dir,dir,...` is one line over eval output directories run at different --rerank_top_k
 (the first label's directories also draw the first stage). training: train loss and the dev metric
-over the steps of a train_score_head.py run. The per-query wins-and-losses plot is compare_runs.py's
+over the steps of a train_score_head.py run. A depth line mixing evals of different data or models,
+and a --metric the run never logged, are refused in one line; --output's suffix names the format
+(.png, .pdf, .svg). The per-query wins-and-losses plot is compare_runs.py's
 --plot_dir. Every flag is a key of configs/plot.yml.
 """
 
@@ -47,12 +49,12 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
         if not sep or not label or not dirs:
           raise compare.CompareError(f"depth group {a!r} must be label=dir,dir,...")
         groups[label] = [pathlib.Path(d) for d in dirs.split(",") if d]
-      safety.refuse_overlap([output], [d for ds in groups.values() for d in ds], "--output")
+      safety.check_output_file(output, [d for ds in groups.values() for d in ds], "--output")
       path = plots.metric_vs_depth(compare.depth_series(groups, metric), output, metric=metric)
     else:
       if len(rest) != 1 or not pathlib.Path(rest[0]).is_file():
         raise compare.CompareError(f"training takes one metrics.jsonl file, got {rest}")
-      safety.refuse_overlap([output], rest, "--output")
+      safety.check_output_file(output, rest, "--output")
       path = plots.training_curves(plots.read_metrics_jsonl(rest[0]), output, dev_metric=metric)
   print(f"wrote {path}")
 

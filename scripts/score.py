@@ -4,7 +4,8 @@
 
 A request is {"query", "items", "label_token_ids"?, "apply_softmax"?, "item_first"?} (text or
 token ids); a response is {"scores", "model", "usage", "object": "scoring"}. A request that
-cannot be scored gets {"error": "line N: ..."} on its line and the run goes on. --output may not
+cannot be scored gets {"error": "line N: ..."} on its line and the run goes on; the exit status is then 3
+(one summary line on stderr), 0 when every line was scored, 2 when the run is refused. --output may not
 be the input; it is written under a temporary name and renamed into place when the run ends.
 With --score_mode=raw_logit the scores are the labels' raw lm_head logits (what FlagEmbedding-style
 rerankers rank by) instead of probabilities. Every flag is a key of configs/score.yml.
@@ -39,6 +40,7 @@ class ScoreOptions:
 
 
 ENTRY = "score"
+SOME_FAILED = 3  # exit status when some lines got an error line (2: the run was refused, nothing written)
 SECTIONS = {"score": ScoreOptions}
 
 
@@ -53,13 +55,14 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     opts = cli.entry_from_flags(fv, ENTRY, SECTIONS)["score"]
     if not opts.input:
       raise ConfigError("--input is required (a JSONL file of /v1/score requests, or - for stdin)")
-    safety.refuse_overlap([opts.output], [opts.input], "--output")  # before minutes of loading a model
+    safety.check_output_file(opts.output, [opts.input, opts.checkpoint_dir], "--output")  # before loading a model
     scorer = eval_lib.build_scorer(opts.checkpoint_dir, list(argv[1:]) + list(fv.override))
     counts = score_file.score_jsonl(scorer, opts.input, opts.output, opts.batch_size, opts.score_mode == "raw_logit")
-  print(f"scored {counts['ok']} requests, {counts['errors']} errors", file=sys.stderr)
   if counts["errors"]:
-    print(f"{counts['errors']} of {counts['ok'] + counts['errors']} requests failed; see their error lines",
-          file=sys.stderr)
+    print(f"error: {counts['errors']} of {counts['ok'] + counts['errors']} requests failed (see their error "
+          f"lines in the output); the others were scored", file=sys.stderr)
+    sys.exit(SOME_FAILED)
+  print(f"scored {counts['ok']} requests", file=sys.stderr)
 
 
 def run(argv):

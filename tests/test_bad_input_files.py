@@ -8,6 +8,8 @@ import pathlib
 import shutil
 
 import hypothesis
+import jax
+import numpy as np
 import pytest
 from hypothesis import strategies as st
 
@@ -148,3 +150,159 @@ def test_data_loaders_on_random_bytes_and_truncated_files_raise_only_data_errors
       load()
     except data.DataError:
       pass
+
+
+# --- plot_runs: nothing to plot, or a plot that would mislead --------------------------------------------
+plot_runs = _script("plot_runs")
+
+
+def _eval_dir(d, k, data_source, model="m"):
+  d.mkdir(parents=True)
+  (d / "run.trec").write_text("".join(f"q0 Q0 d{i} {i + 1} {1.0 / (i + 1)} r\n" for i in range(k)))
+  (d / "metrics.json").write_text(json.dumps({"metrics": {"ndcg_cut_10": k / 10}, "first_stage": {}}))
+  (d / "summary.json").write_text(json.dumps({"model": model, "checkpoint_dir": model, "head": None,
+                                              "label_ids": [1, 2], "data": dict(data_source, top_k=k)}))
+  return d
+
+
+@pytest.mark.parametrize("case", ["other_data", "other_model", "empty_group"])
+def test_plot_depth_refuses_mixed_evals_in_one_line(tmp_path, capsys, case):
+  a = _eval_dir(tmp_path / "a", 3, {"format": "jsonl", "path": "x.jsonl"})
+  b = _eval_dir(tmp_path / "b", 6, {"format": "jsonl", "path": "y.jsonl" if case == "other_data" else "x.jsonl"},
+                model="other" if case == "other_model" else "m")
+  group = "l=," if case == "empty_group" else f"l={a},{b}"
+  _one_line_exit_2(capsys, plot_runs, ["plot_runs.py", "depth", group, f"--output={tmp_path / 'p.png'}"], "")
+  assert not (tmp_path / "p.png").exists()
+
+
+@pytest.mark.parametrize("content", [b"", b"\xff\xfe\x00", b"[1, 2]\n", b'{"kind": "train", "step": 1, "loss": 1}\n'])
+def test_plot_training_files_with_nothing_to_plot_are_one_line(tmp_path, capsys, content):
+  """Empty, non-UTF-8, a JSON array, or a metric never logged (the last: only train loss, no dev ndcg)."""
+  f = tmp_path / "metrics.jsonl"
+  f.write_bytes(content)
+  _one_line_exit_2(capsys, plot_runs, ["plot_runs.py", "training", str(f), f"--output={tmp_path / 'p.png'}"],
+                   str(f) if content == b"\xff\xfe\x00" else "")
+  assert not (tmp_path / "p.png").exists()
+
+
+def test_plot_output_is_written_in_the_format_its_suffix_names(tmp_path, capsys):
+  f = tmp_path / "metrics.jsonl"
+  f.write_text("".join(json.dumps(r) + "\n" for r in [{"kind": "train", "step": 1, "loss": 1.0},
+                                                     {"kind": "eval", "step": 1, "split": "dev", "ndcg_cut_10": 0.3}]))
+  for suffix, magic in ((".pdf", b"%PDF"), (".png", b"\x89PNG"), (".svg", b"<?xml")):
+    plot_runs.run(["plot_runs.py", "training", str(f), f"--output={tmp_path / ('p' + suffix)}"])
+    assert (tmp_path / f"p{suffix}").read_bytes().startswith(magic)
+  _one_line_exit_2(capsys, plot_runs, ["plot_runs.py", "training", str(f), f"--output={tmp_path / 'p.jpeg'}"],
+                   "p.jpeg")
+  assert not (tmp_path / "p.jpeg").exists()
+
+
+# --- compile_check: every flag checked before any compile --------------------------------------------------
+@pytest.mark.parametrize("flag,key", [("--geometries=", "geometries"), ("--search=foo", "search"),
+                                      ("--algorithms=bogus", "algorithms")])
+def test_compile_check_bad_flags_are_one_line_before_any_compile(capsys, monkeypatch, flag, key):
+  from maxscore.bench import compile_report
+  compile_check = _script("compile_check")
+  monkeypatch.setattr(compile_report, "run", lambda *a: pytest.fail("compiled before checking the flags"))
+  _one_line_exit_2(capsys, compile_check, ["compile_check.py", flag], key)
+
+
+def test_several_bad_values_are_each_named(capsys):
+  compile_check = _script("compile_check")
+  err = _one_line_exit_2(capsys, compile_check, ["compile_check.py", "--geometries=1x2", "--algorithms=bogus",
+                                                 "--num_labels=0"], "")
+  assert all(k in err for k in ("geometries", "algorithms", "num_labels"))
+
+
+def test_a_topology_libtpu_does_not_know_blames_the_shape_not_libtpu():
+  import importlib.util as util
+  from maxscore.bench import chips, compile_report
+  if util.find_spec("libtpu") is None:
+    pytest.skip("needs libtpu")
+  with pytest.raises(chips.TopologyError) as e:
+    compile_report.describe_topology("v6e:3x3")
+  assert "v6e:3x3" in str(e.value) and "pip install" not in str(e.value)
+
+
+# --- non-finite scores -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def nan_checkpoint(tmp_path_factory):
+  """The default model with one NaN in the final norm: every score is NaN."""
+  ckpt = storage.restore_checkpoint(data.DEFAULT_CHECKPOINT)
+  params = jax.tree_util.tree_map(np.asarray, ckpt.params)
+  params["final_norm"]["scale"] = params["final_norm"]["scale"].copy()
+  params["final_norm"]["scale"][0] = np.nan
+  tok = data.DEFAULT_CHECKPOINT / "tokenizer" / "tokenizer.model"
+  return storage.save_checkpoint(tmp_path_factory.mktemp("nan") / "ckpt", params, ckpt.model, tokenizer_files=(tok,))
+
+
+@pytest.mark.slow
+def test_non_finite_scores_are_an_error_line_in_score_and_one_line_in_eval(tmp_path, capsys, nan_checkpoint):
+  src, dst = tmp_path / "req.jsonl", tmp_path / "resp.jsonl"
+  src.write_text(json.dumps({"query": [10, 11], "items": [[12], [13]], "label_token_ids": [4, 5]}) + "\n")
+  with pytest.raises(SystemExit) as e:
+    score_script.run(["score.py", f"--input={src}", f"--output={dst}", f"--checkpoint_dir={nan_checkpoint}"])
+  assert e.value.code == score_script.SOME_FAILED
+  out = json.loads(dst.read_text())  # strict JSON: no NaN
+  assert set(out) == {"error"} and out["error"].startswith("line 1:")
+  assert len(capsys.readouterr().err.strip().splitlines()) == 1
+  jsonl = tmp_path / "d.jsonl"
+  jsonl.write_text(GOOD_LINE + "\n")
+  _eval(capsys, tmp_path, "'q0'", f"--jsonl={jsonl}", "--split=all", f"--checkpoint_dir={nan_checkpoint}")
+
+
+def test_a_query_over_the_largest_prefix_bucket_names_the_query_and_the_flag(tmp_path, capsys):
+  jsonl = tmp_path / "d.jsonl"
+  jsonl.write_text(GOOD_LINE.replace("a query", "word " * 300) + "\n")
+  err = _eval(capsys, tmp_path, "'q0'", f"--jsonl={jsonl}", "--split=all", "--max_query_tokens=0",
+              "prefix_buckets=[16]")
+  assert "--max_query_tokens" in err
+
+
+def test_compare_runs_qrels_error_offers_no_flag_it_lacks(tmp_path, capsys):
+  compare_runs = _script("compare_runs")
+  (tmp_path / "qrels.txt").write_text("q0 0 a 1\nbroken\n")
+  (tmp_path / "r.trec").write_text("q0 Q0 a 1 1.0 r\n")
+  err = _one_line_exit_2(capsys, compare_runs, ["compare_runs.py", str(tmp_path / "r.trec"),
+                                                f"--qrels={tmp_path / 'qrels.txt'}"], "qrels.txt:2")
+  assert "--skip_bad" not in err
+
+
+# --- every script's --help, and a clean console without a TPU -----------------------------------------------
+@pytest.mark.slow
+def test_every_script_help_exits_0():
+  import os
+  import subprocess
+  import sys
+  env = dict(os.environ, PYTHONPATH=str(REPO))
+  scripts = sorted(p for p in (REPO / "scripts").glob("*.py"))
+  procs = {p.name: subprocess.Popen([sys.executable, str(p), "--help"], env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE) for p in scripts}
+  for name, proc in procs.items():
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, (name, err.decode()[-500:])
+    assert b"--" in out + err, name
+
+
+def test_jax_platform_default_only_where_libtpu_has_no_tpu():
+  from maxscore import jax_platform
+  choose = lambda env, libtpu, tpu, gpu=(): jax_platform.choose_platforms(env, libtpu, tpu, lambda: list(gpu))
+  assert choose({}, libtpu=True, tpu=False) == "cpu"
+  assert choose({}, libtpu=True, tpu=False, gpu=["cuda"]) == "cuda,cpu"
+  assert choose({}, libtpu=True, tpu=True) is None          # a TPU VM keeps its TPU
+  assert choose({}, libtpu=False, tpu=False) is None        # nothing to quiet
+  assert choose({"JAX_PLATFORMS": "tpu"}, libtpu=True, tpu=False) is None  # the user's choice stands
+
+
+def test_importing_maxscore_without_a_tpu_prints_nothing():
+  import importlib.util as util
+  import os
+  import subprocess
+  import sys
+  from maxscore import jax_platform
+  if util.find_spec("libtpu") is None or jax_platform.tpu_device_present():
+    pytest.skip("needs libtpu installed on a machine without a TPU")
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  done = subprocess.run([sys.executable, "-c", "import maxscore, jax; jax.devices()"], cwd=REPO, text=True,
+                        env=dict(env, PYTHONPATH=str(REPO)), capture_output=True, timeout=300)
+  assert done.returncode == 0 and done.stderr == "", done.stderr

@@ -7,6 +7,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from maxscore.checkpoints.convert import ConversionError, convert_hf_checkpoint
+from maxscore.errors import UnsafeOutputError
 from maxscore.testing.hf_models import make_hf_model, save_hf_model
 
 
@@ -56,3 +57,80 @@ def test_shapes_and_dtypes_are_checked_before_writing(three_layer_dir, tmp_path)
   with pytest.raises(ConversionError, match=r"missing.*model\.layers\.3\."):
     convert_hf_checkpoint(hf, tmp_path / "out")
   assert not (tmp_path / "out").exists()
+
+
+# --- conversion never guesses ----------------------------------------------------------------------
+def test_defaults_for_absent_keys_are_transformers_defaults():
+  """HF_DEFAULTS holds, per family, exactly what transformers' config class takes for an absent key."""
+  from maxscore.checkpoints.convert import HF_DEFAULTS
+  from maxscore.testing.hf_models import _classes
+  for model_type, defaults in HF_DEFAULTS.items():
+    hf = _classes(model_type)[0]()
+    rope = hf.rope_parameters
+    for key, value in defaults.items():
+      if key == "rope_theta":
+        got = (rope.get("full_attention") or rope)["rope_theta"]
+      elif key == "rope_local_base_freq":
+        got = rope["sliding_attention"]["rope_theta"]
+      elif key == "sliding_window_pattern":
+        got = hf._sliding_window_pattern
+      else:
+        got = getattr(hf, key)
+      assert got == value, (model_type, key, got, value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,drop", [
+    ("gemma2", ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping")),
+    ("gemma3", ("rope_parameters", "query_pre_attn_scalar")),
+])
+def test_absent_keys_convert_as_transformers_loads_them(tmp_path, family, drop):
+  """config.json without these keys: the converted model's logits are transformers' on the same directory."""
+  import transformers
+  from maxscore import Scorer
+  from maxscore.testing.hf_models import hf_logits
+  hf_dir = save_hf_model(make_hf_model(family, vocab_size=96), tmp_path / "hf")
+  config = json.loads((hf_dir / "config.json").read_text())
+  assert all(k in config for k in drop)
+  (hf_dir / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k not in drop}))
+  model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, attn_implementation="eager").eval()
+  tokens = np.arange(40) * 7 % 96
+  want = hf_logits(model, tokens)
+  got = Scorer.from_checkpoint(convert_hf_checkpoint(hf_dir, tmp_path / "ckpt")).logits(tokens)
+  np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+
+def test_tied_embeddings_with_a_different_saved_lm_head_are_refused(three_layer_dir, tmp_path):
+  hf = _copy(three_layer_dir, tmp_path / "hf", {"tie_word_embeddings": True})
+  with pytest.raises(ConversionError, match="lm_head.weight"):
+    convert_hf_checkpoint(hf, tmp_path / "out")
+  assert not (tmp_path / "out").exists()
+
+
+def test_non_finite_tensors_are_refused_naming_them(three_layer_dir, tmp_path):
+  bad = load_file(three_layer_dir / "model.safetensors")["model.layers.1.mlp.up_proj.weight"].copy()
+  bad[0, 0] = np.nan
+  inf = np.full(32, np.inf, np.float32)
+  hf = _copy(three_layer_dir, tmp_path / "hf", tensors_edit={"model.layers.1.mlp.up_proj.weight": bad,
+                                                             "model.norm.weight": inf})
+  with pytest.raises(ConversionError) as e:
+    convert_hf_checkpoint(hf, tmp_path / "out")
+  assert "model.layers.1.mlp.up_proj.weight" in str(e.value) and "model.norm.weight" in str(e.value)
+  assert not (tmp_path / "out").exists()
+
+
+def test_wrongly_typed_config_values_name_each_key(three_layer_dir, tmp_path):
+  hf = _copy(three_layer_dir, tmp_path / "hf", {"num_attention_heads": "four", "rms_norm_eps": None})
+  with pytest.raises(ConversionError) as e:
+    convert_hf_checkpoint(hf, tmp_path / "out")
+  assert "num_attention_heads" in str(e.value) and "rms_norm_eps" in str(e.value)
+
+
+def test_an_unrelated_output_dir_is_refused_with_or_without_overwrite(three_layer_dir, tmp_path):
+  out = tmp_path / "mine"
+  out.mkdir()
+  (out / "notes.txt").write_text("keep")
+  for overwrite in (False, True):
+    with pytest.raises(UnsafeOutputError) as e:
+      convert_hf_checkpoint(three_layer_dir, out, overwrite=overwrite)
+  assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "keep"

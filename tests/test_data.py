@@ -112,6 +112,21 @@ def test_beir_skip_bad_counts(beir):
   assert [d for d, _ in ds.queries[0].candidates] == ["d4", "d3"]  # d6 (empty) and nope dropped
 
 
+def test_beir_duplicate_corpus_id_with_other_text_is_refused_or_skipped(beir):
+  """A corpus _id given twice with different text: which was meant is unknown, so it is an error naming
+  the line (or skipped and counted with skip_bad); the same text twice is harmless."""
+  d, run = beir
+  _append(d / "corpus.jsonl", json.dumps({"_id": "d3", "text": "doc 3"}) + "\n")  # identical: fine
+  assert data.load_beir(d, run, "test").skipped == {}
+  _append(d / "corpus.jsonl", json.dumps({"_id": "d3", "text": "another doc"}) + "\n")
+  with pytest.raises(DataError, match=re.escape("corpus.jsonl:8")) as e:
+    data.load_beir(d, run, "test")
+  assert "d3" in str(e.value) and "\n" not in str(e.value)
+  ds = data.load_beir(d, run, "test", skip_bad=True)
+  assert ds.skipped == {"duplicate_docids": 1}
+  assert dict(ds.queries[0].candidates)["d3"] == "doc 3"
+
+
 # --- JSONL ----------------------------------------------------------------------------------------
 def test_jsonl_split_filter_and_top_k(tmp_path):
   path = _write_jsonl(tmp_path / "s.jsonl", [_rec("a", "train"), _rec("b", "test"), _rec("c")])

@@ -274,7 +274,9 @@ def test_score_script_good_and_bad_lines(scorer, tmp_path):
   src = tmp_path / "req.jsonl"
   src.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in requests) + "\n")
   dst = tmp_path / "resp.jsonl"
-  score_script.run(["score.py", f"--input={src}", f"--output={dst}", "--batch_size=2"])
+  with pytest.raises(SystemExit) as e:  # some lines failed: their error lines are written, exit status 3
+    score_script.run(["score.py", f"--input={src}", f"--output={dst}", "--batch_size=2"])
+  assert e.value.code == score_script.SOME_FAILED != 0
   out = [json.loads(l) for l in dst.read_text().splitlines()]
   assert len(out) == len(requests)
   vocab = scorer.config.model.vocab_size

@@ -151,8 +151,8 @@ def test_eval_rerank_bge_template_raw_logit_end_to_end(tmp_path, hf_tokenizer_pa
 def test_layer_pattern_from_configs_without_layer_types(hf, pattern, window):
   """Older config.json files carry no layer_types: each family's own rule gives the pattern."""
   from maxscore.checkpoints.convert import model_config_from_hf
-  base = dict(vocab_size=8, hidden_size=8, num_hidden_layers=4, num_attention_heads=2, intermediate_size=8,
-              head_dim=4, hidden_activation="gelu_pytorch_tanh")
+  base = dict(vocab_size=8, hidden_size=8, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=2,
+              intermediate_size=8, head_dim=4, hidden_activation="gelu_pytorch_tanh")  # (absent: transformers' default)
   cfg = model_config_from_hf(dict(base, **hf))
   assert (cfg.layer_pattern, cfg.window) == (pattern, window)
 
@@ -169,7 +169,9 @@ def test_score_script_raw_logit_mode(tmp_path, hf_checkpoints):
   request = {"query": [10, 11, 12], "items": [[13, 14], [], [7]], "label_token_ids": [4, 5], "apply_softmax": True}
   src, dst = tmp_path / "req.jsonl", tmp_path / "resp.jsonl"
   src.write_text(json.dumps(request) + "\n")
-  script.run(["score.py", f"--input={src}", f"--output={dst}", "--score_mode=raw_logit"])  # default: has a head
+  with pytest.raises(SystemExit) as e:  # default: has a head; the failed line makes the exit status 3
+    script.run(["score.py", f"--input={src}", f"--output={dst}", "--score_mode=raw_logit"])
+  assert e.value.code == script.SOME_FAILED
   assert "score_mode=raw_logit" in json.loads(dst.read_text())["error"]
   _, _, ckpt = hf_checkpoints("gemma")
   script.run(["score.py", f"--input={src}", f"--output={dst}", "--score_mode=raw_logit", f"--checkpoint_dir={ckpt}"])

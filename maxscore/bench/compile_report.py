@@ -17,6 +17,7 @@ bandwidth). These are compile-time bounds, not measurements.
 """
 
 import dataclasses
+import importlib.util
 import math
 import os
 from typing import Any, Callable, Optional, Sequence
@@ -40,6 +41,9 @@ from maxscore.scoring.scorer import Scorer
 PALLAS_CALLS = {"splash": "tpu_custom_call", "pallas_gpu": "__gpu$xla.gpu.triton"}
 
 
+SEARCHABLE = ("num_items", "query_len")  # dimensions --search grows
+
+
 @dataclasses.dataclass(frozen=True)
 class CompileOptions:
   """What to compile: topology, model (configs/models/<model>.yml), workloads; `overrides` are key=value."""
@@ -55,10 +59,30 @@ class CompileOptions:
   overrides: tuple[str, ...] = ()
 
   def validate(self) -> "CompileOptions":
-    self.parsed_geometries()  # ValueError naming a malformed geometry
-    if self.num_layers < 0 or self.num_labels < 1 or self.num_slices < 1:
-      raise ValueError(f"num_layers={self.num_layers} must be >= 0, num_labels={self.num_labels} and "
-                       f"num_slices={self.num_slices} >= 1")
+    """Every flag checked before any compile; each bad value named by its key."""
+    from maxscore.scoring.algorithms import ALGORITHMS  # pylint: disable=g-import-not-at-top
+    bad = [] if self.geometries else ["geometries is empty (give at least one QUERY_LENxNUM_ITEMSxITEM_LEN)"]
+    for g in self.geometries:
+      try:
+        parse_geometry(g)
+      except ValueError as e:
+        bad.append(f"geometries: {e}")
+    bad += [f"{k}={getattr(self, k)} must be >= {v}" for k, v in (("num_layers", 0), ("num_labels", 1),
+                                                                   ("num_slices", 1)) if getattr(self, k) < v]
+    algorithms = sorted(ALGORITHMS) + ["auto"]
+    for key, allowed in (("algorithms", algorithms), ("search_algorithms", algorithms),
+                         ("search", list(SEARCHABLE))):
+      unknown = [a for a in getattr(self, key) if a not in allowed]
+      if unknown:
+        bad.append(f"{key}={unknown} is not among {allowed}")
+    if not self.algorithms:
+      bad.append(f"algorithms is empty (give one or more of {algorithms})")
+    try:
+      chips.parse_topology(self.topology)
+    except chips.TopologyError as e:
+      bad.append(str(e))
+    if bad:
+      raise ValueError("; ".join(bad))
     return self
 
   def parsed_geometries(self) -> list[tuple[int, ...]]:
@@ -95,8 +119,11 @@ def describe_topology(topology: str, num_slices: int = 1) -> list:
     desc = topologies.get_topology_desc(topology_name=topology, platform="tpu", chip_config_name=chip.chip_config,
                                         chips_per_host_bounds=bounds, num_slices=num_slices)
   except Exception as e:  # pylint: disable=broad-except  (libtpu missing, or a shape it does not know)
-    raise chips.TopologyError(f"topology={topology!r} num_slices={num_slices}: libtpu could not describe it "
-                              f"({one_line(e)}); it needs `pip install 'jax[tpu]=={jax.__version__}'`") from None
+    if importlib.util.find_spec("libtpu") is None:
+      raise chips.TopologyError(f"topology={topology!r}: describing a TPU topology needs libtpu: "
+                                f"`pip install 'jax[tpu]=={jax.__version__}'` ({one_line(e)})") from None
+    raise chips.TopologyError(f"topology={topology!r} num_slices={num_slices}: libtpu does not know this slice "
+                              f"shape ({one_line(e)}); use a shape the chip comes in (e.g. {chip.name}:2x2)") from None
   return list(desc.devices)
 
 

@@ -40,8 +40,37 @@ UNUSED_TENSORS = {
     # Rotary inverse frequencies some older checkpoints saved as buffers; recomputed from the config.
     r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq": "RoPE buffer, recomputed from rope_theta",
 }
-# With tied embeddings transformers ignores a saved lm_head (it is the embedding matrix).
+# With tied embeddings a saved lm_head must equal the embedding matrix (checked: one that differs is refused,
+# as transformers would score with one of the two and the other is lost).
 TIED_UNUSED = {r"lm_head\.weight": "tie_word_embeddings=true: the lm_head is the embedding matrix"}
+
+# What transformers' config class of each family takes for a key config.json leaves out (transformers 5;
+# tests/test_convert_exact.py checks each against the installed transformers). Conversion never guesses.
+_COMMON = {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False}
+HF_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {**_COMMON, "max_position_embeddings": 2048},
+    "mistral": {**_COMMON, "max_position_embeddings": 131072, "sliding_window": 4096, "num_key_value_heads": 8},
+    "qwen2": {**_COMMON, "max_position_embeddings": 32768, "num_key_value_heads": 32, "sliding_window": None,
+              "use_sliding_window": False, "max_window_layers": 28},
+    "qwen3": {**_COMMON, "max_position_embeddings": 32768, "num_key_value_heads": 32, "head_dim": 128,
+              "sliding_window": None, "use_sliding_window": False, "max_window_layers": 28},
+    "gemma": {**_COMMON, "tie_word_embeddings": True, "max_position_embeddings": 8192, "head_dim": 256,
+              "num_key_value_heads": 16},
+    "gemma2": {**_COMMON, "tie_word_embeddings": True, "max_position_embeddings": 8192, "head_dim": 256,
+               "num_key_value_heads": 4, "sliding_window": 4096, "query_pre_attn_scalar": 256,
+               "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
+    "gemma3_text": {**_COMMON, "tie_word_embeddings": True, "max_position_embeddings": 131072, "head_dim": 256,
+                    "num_key_value_heads": 4, "sliding_window": 4096, "query_pre_attn_scalar": 256,
+                    "attn_logit_softcapping": None, "final_logit_softcapping": None, "rope_theta": 1_000_000.0,
+                    "rope_local_base_freq": 10000.0, "sliding_window_pattern": 6},
+}
+# config.json keys read as numbers: integers, and (int or float) reals; those in _NULLABLE may be null.
+_INT_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+             "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window", "max_window_layers",
+             "sliding_window_pattern")
+_REAL_KEYS = ("rms_norm_eps", "rope_theta", "rope_local_base_freq", "query_pre_attn_scalar", "attn_logit_softcapping",
+              "final_logit_softcapping")
+_NULLABLE = ("num_key_value_heads", "head_dim", "sliding_window", "attn_logit_softcapping", "final_logit_softcapping")
 
 
 class ConversionError(ValueError):
@@ -71,12 +100,12 @@ def _layer_is_local(hf: dict[str, Any], model_type: str, layers: int) -> list[bo
   if model_type == "gemma2":
     return [(i + 1) % 2 == 1 for i in range(layers)]
   if model_type == "gemma3_text":
-    period = int(hf.get("sliding_window_pattern", 6))
+    period = int(hf["sliding_window_pattern"])
     return [(i + 1) % period != 0 for i in range(layers)]
   if model_type == "mistral":
     return [True] * layers
   if model_type in ("qwen2", "qwen3") and hf.get("use_sliding_window"):
-    return [i >= int(hf.get("max_window_layers", layers)) for i in range(layers)]
+    return [i >= int(hf["max_window_layers"]) for i in range(layers)]
   return [False] * layers
 
 
@@ -89,13 +118,13 @@ def _rope(hf: dict[str, Any], model_type: str) -> tuple[dict, Optional[float]]:
     if local.get("rope_type", "default") != "default":
       raise ConversionError(f"config.json rope_parameters.sliding_attention.rope_type={local['rope_type']!r} "
                             "is not supported; supported: default")
-    local_theta = local.get("rope_theta")
+    local_theta = local.get("rope_theta", hf.get("rope_local_base_freq"))
     params = dict(params.get("full_attention") or {})
   elif model_type == "gemma3_text":
-    local_theta = hf.get("rope_local_base_freq", 10000.0)
+    local_theta = hf["rope_local_base_freq"]
   scaling = hf.get("rope_scaling") or {}
   params.update({k: v for k, v in scaling.items() if k not in params})
-  params.setdefault("rope_theta", hf.get("rope_theta", 10000.0))
+  params.setdefault("rope_theta", hf["rope_theta"])
   params["rope_type"] = params.get("rope_type", params.get("type", "default"))
   return params, (None if local_theta is None else float(local_theta))
 
@@ -111,12 +140,27 @@ def _check_activation(hf: dict[str, Any], family: str) -> None:
     raise ConversionError(f"config.json hidden_act={hf['hidden_act']!r} is not supported; supported: silu")
 
 
+def _check_numbers(hf: dict[str, Any]) -> None:
+  """Every numeric key present has a number of the right kind; each bad one is named."""
+  bad = []
+  for key in _INT_KEYS + _REAL_KEYS:
+    if key not in hf or (hf[key] is None and key in _NULLABLE):
+      continue
+    kinds = (int,) if key in _INT_KEYS else (int, float)
+    if isinstance(hf[key], bool) or not isinstance(hf[key], kinds):
+      bad.append(f"{key}={hf[key]!r} (need {'an integer' if key in _INT_KEYS else 'a number'})")
+  if bad:
+    raise ConversionError(f"config.json: {'; '.join(bad)}")
+
+
 def model_config_from_hf(hf: dict[str, Any]) -> ModelConfig:
-  """ModelConfig from a Hugging Face config.json dict."""
+  """ModelConfig from a Hugging Face config.json dict; a key it lacks takes transformers' default."""
   model_type = hf.get("model_type")
   if model_type not in FAMILIES:
     raise ConversionError(f"config.json model_type={model_type!r} is not supported; supported: {sorted(FAMILIES)}")
   family = FAMILIES[model_type]
+  hf = {**HF_DEFAULTS[model_type], **hf}
+  _check_numbers(hf)
   if hf.get("mlp_bias"):
     raise ConversionError("config.json mlp_bias=true is not supported (no supported family's checkpoint uses it)")
   if hf.get("use_bidirectional_attention"):
@@ -134,16 +178,15 @@ def model_config_from_hf(hf: dict[str, Any]) -> ModelConfig:
       family=family, vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
       num_layers=layers, num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
       head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, mlp_dim=hf["intermediate_size"],
-      rope_theta=float(rope["rope_theta"]), rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-      tie_word_embeddings=bool(hf.get("tie_word_embeddings", family.startswith("gemma"))),
+      rope_theta=float(rope["rope_theta"]), rms_norm_eps=float(hf["rms_norm_eps"]),
+      tie_word_embeddings=bool(hf["tie_word_embeddings"]),
       attention_bias=bool(hf.get("attention_bias", False)) and family != "qwen2",
-      max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
+      max_position_embeddings=int(hf["max_position_embeddings"]),
       layer_pattern=pattern, sliding_window=hf.get("sliding_window") if "L" in pattern else None,
       rope_local_theta=local_theta)
   if family in ("gemma2", "gemma3"):
-    kw.update(query_pre_attn_scalar=hf.get("query_pre_attn_scalar"),
-              attn_logit_softcap=hf.get("attn_logit_softcapping"),
-              final_logit_softcap=hf.get("final_logit_softcapping"))
+    kw.update(query_pre_attn_scalar=hf["query_pre_attn_scalar"], attn_logit_softcap=hf["attn_logit_softcapping"],
+              final_logit_softcap=hf["final_logit_softcapping"])
   if rope["rope_type"] == "llama3":
     kw.update(rope_scaling_type="llama3", rope_scaling_factor=float(rope["factor"]),
               rope_low_freq_factor=float(rope["low_freq_factor"]),
@@ -270,15 +313,39 @@ def _set(tree: dict, path: tuple[str, ...], value) -> None:
   tree[path[-1]] = value
 
 
+def _check_tied_lm_head(reader: _TensorReader, cfg: ModelConfig) -> None:
+  """With tied embeddings, a saved lm_head must be the embedding matrix: one that differs would be lost."""
+  if not cfg.tie_word_embeddings or "lm_head.weight" not in reader:
+    return
+  head, embed = reader.get("lm_head.weight", np.float32), reader.get("model.embed_tokens.weight", np.float32)
+  if head.shape != embed.shape or not np.array_equal(head, embed):
+    raise ConversionError("config.json tie_word_embeddings=true, but the saved lm_head.weight differs from "
+                          "model.embed_tokens.weight; conversion would drop one of them: set tie_word_embeddings "
+                          "to what the checkpoint was trained with")
+
+
 def convert_params(reader: _TensorReader, cfg: ModelConfig, dtype) -> dict:
-  """The Decoder param tree (numpy) from HF tensors; layers stacked on axis 0. Checks come first."""
+  """The Decoder param tree (numpy) from HF tensors; layers stacked on axis 0. Checks come first;
+  a tensor holding NaN or Inf is refused, naming it."""
   check_tensors(reader, cfg)
+  _check_tied_lm_head(reader, cfg)
   params: dict = {}
+  non_finite: list[str] = []
+
+  def read(name: str) -> np.ndarray:
+    w = reader.get(name, dtype)
+    if not np.isfinite(w.astype(np.float32)).all():
+      non_finite.append(name)
+    return w
+
   for path, name, _, fn in _global_specs(cfg):
-    _set(params, path, fn(reader.get(name, dtype)))
+    _set(params, path, fn(read(name)))
   for path, template, _, fn in _layer_specs(cfg):
-    stacked = np.stack([fn(reader.get(f"model.layers.{i}.{template}", dtype)) for i in range(cfg.num_layers)])
+    stacked = np.stack([fn(read(f"model.layers.{i}.{template}")) for i in range(cfg.num_layers)])
     _set(params, ("layers",) + path, stacked)
+  if non_finite:
+    raise ConversionError(f"tensors holding NaN or Inf values (a model with them scores nothing): "
+                          f"{_shorten(non_finite)}")
   return params
 
 
@@ -314,7 +381,11 @@ def convert_hf_checkpoint(hf_dir: os.PathLike, output_dir: os.PathLike, dtype: s
   if not hf_dir.is_dir():
     raise ConversionError(f"--hf_dir {hf_dir} does not exist or is not a directory")
   safety.refuse_overlap([output_dir], [hf_dir], "output_dir")
-  if pathlib.Path(output_dir).exists() and not overwrite:  # before minutes of reading tensors
+  out = pathlib.Path(output_dir)
+  if out.exists() and not (out.is_dir() and safety.is_owned(out)):  # before minutes of reading tensors
+    raise UnsafeOutputError(f"output_dir {output_dir} exists and was not written by maxscore (it has no "
+                            f"{safety.MARKER} marker); it is left untouched: choose a new path")
+  if out.exists() and not overwrite:
     raise UnsafeOutputError(f"output_dir {output_dir} already exists; pass --overwrite to replace it")
   cfg = _read_hf_config(hf_dir / "config.json")
   logging.info("converting %s (%s, %d layers, %.1fM params) to %s", hf_dir, cfg.family, cfg.num_layers,

@@ -9,14 +9,13 @@
 """
 
 import contextlib
-import fnmatch
 import json
 import os
 import pathlib
 import shutil
 import tempfile
 import uuid
-from typing import IO, Iterable, Iterator, Optional
+from typing import IO, Iterable, Iterator, Mapping, Optional
 
 from maxscore.errors import UnsafeOutputError
 
@@ -32,17 +31,61 @@ def resolve(path: os.PathLike) -> pathlib.Path:
 
 def refuse_overlap(outputs: Iterable[Optional[os.PathLike]], inputs: Iterable[Optional[os.PathLike]],
                    what: str = "output") -> None:
-  """Raises UnsafeOutputError when an output is an input, or lies inside an input directory."""
+  """Raises UnsafeOutputError when an output is an input, lies inside an input directory, or is a
+  directory that holds an input (writing or replacing it could change or remove that input)."""
   ins = [(i, resolve(i)) for i in inputs if i not in (None, "", "-")]
   for o in outputs:
     if o in (None, "", "-"):
       continue
     ro = resolve(o)
     for i, ri in ins:
-      if ro == ri or ri in ro.parents:
-        where = "is" if ro == ri else "is inside"
+      if ro == ri or ri in ro.parents or ro in ri.parents:
+        where = "is" if ro == ri else "is inside" if ri in ro.parents else "contains"
         raise UnsafeOutputError(f"{what} {o} {where} the input {i} (after resolving links); "
                                 f"choose an output path outside the inputs")
+
+
+def refuse_same(outputs: Mapping[str, Optional[os.PathLike]]) -> None:
+  """Raises UnsafeOutputError when two outputs (by flag name) are one path: one would replace the other."""
+  seen: dict[pathlib.Path, str] = {}
+  for name, o in outputs.items():
+    if o in (None, "", "-"):
+      continue
+    ro = resolve(o)
+    if ro in seen:
+      raise UnsafeOutputError(f"{name} and {seen[ro]} are the same path {o}; one would replace the other: "
+                              f"give each its own path")
+    seen[ro] = name
+
+
+def with_path(error: OSError, path: os.PathLike) -> OSError:
+  """`error` naming `path` when it names no file (a full disk's ENOSPC names none)."""
+  if error.filename is None and error.errno is not None:
+    return type(error)(error.errno, error.strerror, os.fspath(path))
+  return error
+
+
+# --- claimed directories ----------------------------------------------------------------------------
+# Directories whose run has passed every check on its outputs: what waited for that (the run's log file,
+# cli.py) may now be written there. Nothing is created before (DESIGN.md section 9).
+_CLAIMED: dict[pathlib.Path, int] = {}  # directory -> the number of its latest claim
+_CLAIMS = [0]
+
+
+def claim(directory: os.PathLike) -> None:
+  """Records that every check on this run's outputs in `directory` has passed."""
+  _CLAIMS[0] += 1
+  _CLAIMED[resolve(directory)] = _CLAIMS[0]
+
+
+def claims_so_far() -> int:
+  """A mark to pass to `is_claimed`: only claims made after it count (a run started after an earlier
+  one in the same process must claim the directory again)."""
+  return _CLAIMS[0]
+
+
+def is_claimed(directory: os.PathLike, since: int = 0) -> bool:
+  return _CLAIMED.get(resolve(directory), 0) > since
 
 
 @contextlib.contextmanager
@@ -64,6 +107,8 @@ def atomic_output(path: os.PathLike, mode: str = "w", fsync: bool = False) -> It
         os.fsync(f.fileno())
     os.replace(tmp, path)
     done = True
+  except OSError as e:
+    raise with_path(e, path) from None
   finally:
     if not done:
       with contextlib.suppress(FileNotFoundError):
@@ -96,20 +141,8 @@ def is_owned(directory: os.PathLike, kind: Optional[str] = None) -> bool:
   return meta is not None and (kind is None or meta.get("kind") == kind)
 
 
-# Files this run writes before its output directory is claimed (the log files of a script's processes,
-# matched by name pattern): they are not "someone else's files".
-_OWN_FILES: set[tuple[pathlib.Path, str]] = set()
-
-
-def note_own_files(directory: os.PathLike, *patterns: str) -> None:
-  """Records that this run writes files named like `patterns` (fnmatch) in `directory` (e.g. the logs
-  of each of its processes), so that claiming the directory is not refused because of them."""
-  _OWN_FILES.update((resolve(directory), p) for p in patterns)
-
-
 def _foreign_entries(directory: pathlib.Path) -> list[pathlib.Path]:
-  mine = [pattern for d, pattern in _OWN_FILES if d == resolve(directory)]
-  return [p for p in directory.iterdir() if not (p.is_file() and any(fnmatch.fnmatch(p.name, m) for m in mine))]
+  return list(directory.iterdir())
 
 
 def _not_owned(directory: pathlib.Path, what: str) -> UnsafeOutputError:
@@ -127,20 +160,53 @@ def remove_owned(directory: os.PathLike, what: str = "directory") -> None:
   shutil.rmtree(directory)
 
 
-def prepare_output_dir(directory: os.PathLike, kind: str, inputs: Iterable[Optional[os.PathLike]] = (),
-                       what: str = "output directory") -> pathlib.Path:
-  """A run's output directory: created (and marked) when new or empty, reused when it carries the
-  marker of the same kind; refused when it is an input, a file, or holds files of someone else."""
+def check_output_dir(directory: os.PathLike, kind: str, inputs: Iterable[Optional[os.PathLike]] = (),
+                     what: str = "output directory") -> None:
+  """Refuses (without creating anything) an output directory that is, holds or lies inside an input, is a
+  file, lies under a file, or holds files of someone else (no marker) or another kind of maxscore output."""
   directory = pathlib.Path(directory)
   refuse_overlap([directory], inputs, what)
   if directory.exists() and not directory.is_dir():
     raise NotADirectoryError(f"{what} {directory} is a file, not a directory")
+  for parent in directory.parents:
+    if parent.exists():
+      if not parent.is_dir():
+        raise NotADirectoryError(f"{what} {directory} lies under {parent}, which is a file")
+      if not directory.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"{what} {directory} cannot be created: {parent} is not writable")
+      break
   meta = owner(directory) if directory.is_dir() else None
   if meta is None and directory.is_dir() and _foreign_entries(directory):
     raise _not_owned(directory, what)
   if meta is not None and meta.get("kind") != kind:
     raise UnsafeOutputError(f"{what} {directory} holds a maxscore {meta.get('kind')} output, not a {kind}; "
                             f"choose another path")
+
+
+def check_output_file(path: Optional[os.PathLike], inputs: Iterable[Optional[os.PathLike]] = (),
+                      what: str = "output") -> None:
+  """Refuses, before any work, an output file that is, lies inside or holds an input, is a directory, or
+  lies under a file; its directory is created when it is written."""
+  if path in (None, "", "-"):
+    return
+  path = pathlib.Path(path)
+  refuse_overlap([path], inputs, what)
+  if path.is_dir():
+    raise IsADirectoryError(f"{what} {path} is a directory; expected a file path")
+  for parent in path.parents:
+    if parent.exists():
+      if not parent.is_dir():
+        raise NotADirectoryError(f"{what} {path} lies under {parent}, which is a file")
+      break
+
+
+def prepare_output_dir(directory: os.PathLike, kind: str, inputs: Iterable[Optional[os.PathLike]] = (),
+                       what: str = "output directory") -> pathlib.Path:
+  """A run's output directory: created (and marked) when new or empty, reused when it carries the
+  marker of the same kind; refused (check_output_dir) before anything is created otherwise."""
+  directory = pathlib.Path(directory)
+  check_output_dir(directory, kind, inputs, what)
+  meta = owner(directory) if directory.is_dir() else None
   directory.mkdir(parents=True, exist_ok=True)
   if meta is None:
     mark_owned(directory, kind)

@@ -22,6 +22,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from maxscore.files import safety
 from maxscore.heads import train as train_lib
 from maxscore.rerank import bm25, compare, data, eval as eval_lib, metrics
 
@@ -81,7 +82,11 @@ def study(checkpoint_dir: Optional[str], jsonl: Optional[str], specs: Sequence[s
                                f"{sorted(SPECS)}")
   work = pathlib.Path(workdir)
   jsonl = jsonl or str(data.DEFAULT_JSONL)
+  inputs = [jsonl, None if str(checkpoint_dir).lower() == "none" else checkpoint_dir or data.DEFAULT_CHECKPOINT]
+  safety.check_output_dir(work, "head_study", inputs, "--workdir")
   sets = {s: data.load_jsonl(jsonl, split=s) for s in ("train",) + SPLITS}
+  safety.prepare_output_dir(work, "head_study", inputs, "--workdir")
+  safety.claim(work)
   if max_queries:
     for s in sets.values():
       s.queries = s.queries[:max_queries]

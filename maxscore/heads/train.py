@@ -194,12 +194,14 @@ def restore_state(manager: ocp.CheckpointManager, state: dict, fingerprint: dict
   Refuses a workdir whose run had another config or data."""
   resume_step = manager.latest_step()
   if resume_step is None:
+    safety.claim(workdir)  # every check passed: the run's log may now be written there
     return state, None
   stored = manager.restore(resume_step, args=ocp.args.Composite(run=ocp.args.JsonRestore()))["run"]
   try:
     identity.check_same(stored, fingerprint, workdir, "pass --overwrite to start over, or use a new --workdir")
   except errors.ResumeError as e:
     raise ResumeError(str(e)) from None
+  safety.claim(workdir)
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=device), state)
   state = manager.restore(resume_step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]

@@ -116,6 +116,8 @@ class PretrainRun:
 def run_pretraining(run: PretrainRun, cfg: PretrainConfig) -> dict[str, Any]:
   """Collects the local text (the held-out sections left out) and pretrains; returns the summary."""
   jsonl = run.jsonl or str(data.DEFAULT_JSONL)
+  _check_outputs(pathlib.Path(run.workdir), run.export_dir, run.overwrite,
+                 [jsonl] + ([run.tokenizer_path] if run.tokenizer_path else []))  # before collecting the text
   held = corpus_lib.held_out_sections(jsonl, run.held_out_splits)
   corpus = corpus_lib.collect(held, cfg.sources)
   info = {"held_out_sections": len(held), "held_out_from": f"{pathlib.Path(jsonl).name} splits "
@@ -220,10 +222,17 @@ def _fingerprint(cfg: PretrainConfig, model: ModelConfig, rows: np.ndarray, held
           "model": config_lib.model_config_to_dict(model), "data": {"train": digest(rows), "held_out": digest(held)}}
 
 
-def _prepare_outputs(workdir: pathlib.Path, export_dir, overwrite: bool, inputs) -> None:
+def _check_outputs(workdir: pathlib.Path, export_dir, overwrite: bool, inputs) -> None:
+  """Refuses, creating nothing, a workdir or export that would overwrite an input or a foreign directory."""
   safety.refuse_overlap([workdir], inputs, "--workdir")
   if export_dir:
     safety.check_export_dir(export_dir, workdir, inputs, overwrite)
+  if not overwrite:  # (--overwrite: remove_owned refuses a foreign workdir)
+    safety.check_output_dir(workdir, "lm_pretraining", inputs, "--workdir")
+
+
+def _prepare_outputs(workdir: pathlib.Path, export_dir, overwrite: bool, inputs) -> None:
+  _check_outputs(workdir, export_dir, overwrite, inputs)
   if overwrite:
     safety.remove_owned(workdir, "--workdir")
   safety.prepare_output_dir(workdir, "lm_pretraining", inputs, "--workdir")

@@ -101,9 +101,12 @@ def load_qrels(path: Optional[pathlib.Path], run_paths: Sequence[pathlib.Path] =
   path = pathlib.Path(path)
   if not path.exists():
     raise CompareError(f"qrels {path} does not exist")
-  if path.suffix == ".jsonl":
-    return data.load_jsonl(path, split="all").qrels, str(path)
-  return data.read_qrels(path), str(path)
+  try:
+    if path.suffix == ".jsonl":
+      return data.load_jsonl(path, split="all").qrels, str(path)
+    return data.read_qrels(path), str(path)
+  except data.DataError as e:  # compare_runs has no --skip_bad: its hint does not apply here
+    raise CompareError(str(e).replace(data.SKIP_HINT, "")) from None
 
 
 def first_stage_path(eval_dir: pathlib.Path) -> pathlib.Path:
@@ -118,11 +121,16 @@ def depth_series(groups: Mapping[str, Sequence[pathlib.Path]], metric: str,
   give the first stage's line (its metrics at the same depths), under `first_stage_label` (None: left out)."""
   name = metrics.canonical_name(metric)
   series: dict[str, list[tuple[int, float]]] = {}
+  seen_data: dict[str, pathlib.Path] = {}
   for i, (label, dirs) in enumerate(groups.items()):
+    if not dirs:
+      raise CompareError(f"depth line {label!r} names no eval output directory")
+    models: dict[str, pathlib.Path] = {}
     for d in dirs:
       d = pathlib.Path(d)
       if not (d / "metrics.json").exists():
         raise CompareError(f"{d} has no metrics.json (not a finished eval output directory)")
+      _same_eval(d, label, seen_data, models)
       report = json.loads((d / "metrics.json").read_text(encoding="utf-8"))
       if name not in report["metrics"]:
         raise CompareError(f"{d}/metrics.json has no {name}; it has {sorted(report['metrics'])}")
@@ -131,6 +139,28 @@ def depth_series(groups: Mapping[str, Sequence[pathlib.Path]], metric: str,
       if i == 0 and first_stage_label and name in report.get("first_stage", {}):
         series.setdefault(first_stage_label, []).append((k, report["first_stage"][name]))
   return {label: sorted(points) for label, points in series.items()}
+
+
+def _same_eval(d: pathlib.Path, label: str, seen_data: dict[str, pathlib.Path],
+               models: dict[str, pathlib.Path]) -> None:
+  """Every eval on the plot reranked one data set (at whatever depth), and one line is one model: an eval
+  directory (its summary.json) that breaks either is refused, naming both directories."""
+  try:
+    summary = json.loads((d / "summary.json").read_text(encoding="utf-8"))
+  except FileNotFoundError:
+    return
+  except (OSError, UnicodeDecodeError, ValueError) as e:
+    raise CompareError(f"{d / 'summary.json'} is unreadable: {e}") from None
+  if not isinstance(summary, dict):
+    raise CompareError(f"{d / 'summary.json'} must hold a JSON object")
+  dataset = json.dumps({k: v for k, v in (summary.get("data") or {}).items() if k != "top_k"}, sort_keys=True)
+  model = json.dumps([summary.get(k) for k in ("model", "checkpoint_dir", "head", "label_ids")], sort_keys=True)
+  for key, seen, what in ((dataset, seen_data, "data"), (model, models, f"model of line {label!r}")):
+    other = next((p for k, p in seen.items() if k != key), None)
+    if other is not None:
+      raise CompareError(f"{d} and {other} were evaluated with different {what}; one plot compares one data "
+                         f"set, one line one model")
+    seen.setdefault(key, d)
 
 
 # --- the comparison ------------------------------------------------------------------------------

@@ -64,6 +64,9 @@ class RerankSet:
     return sum(len(q.candidates) for q in self.queries)
 
 
+SKIP_HINT = " (pass --skip_bad to skip and count such input)"
+
+
 class _Problems:
   """Raises DataError for a bad input, or counts it under `reason` when skipping is on."""
 
@@ -73,7 +76,7 @@ class _Problems:
 
   def __call__(self, reason: str, where: str, message: str) -> None:
     if not self.skip_bad:
-      raise DataError(f"{where}: {message} (pass --skip_bad to skip and count such input)")
+      raise DataError(f"{where}: {message}{SKIP_HINT}")
     if self.counts.get(reason, 0) < 3:
       logging.warning("skipping %s: %s", where, message)
     self.counts[reason] = self.counts.get(reason, 0) + 1
@@ -341,16 +344,20 @@ def load_beir(data_dir: os.PathLike, run_file: os.PathLike, split: str = "test",
   run, other_lines = _read_run(run_file, qrels, queries, top_k, problems, _judged_elsewhere(qrels_path))
   needed = {docid for rows in run.values() for docid, _ in rows}
   texts: dict[str, str] = {}
+  first: dict[str, str] = {}  # docid -> where its text was read
   empty: set[str] = set()  # skipped empty documents: their run lines are not counted again
   corpus_path = data_dir / "corpus.jsonl"
   for where, rec in _json_records(corpus_path, problems):
     docid = _id(rec.get("_id"))
     if docid is None:
       problems("bad_records", where, f"_id={rec.get('_id')!r} must be a non-empty string without whitespace")
-    elif docid in needed and docid not in texts and docid not in empty:
+    elif docid in texts:
+      if _doc_text(rec) != texts[docid]:  # which text was meant is unknown: never keep one silently
+        problems("duplicate_docids", where, f"_id {docid!r} already appeared at {first[docid]} with other text")
+    elif docid in needed and docid not in empty:
       text = _doc_text(rec)
       if text.strip():
-        texts[docid] = text
+        texts[docid], first[docid] = text, str(where)
       else:
         empty.add(docid)
         problems("empty_texts", where, f"document {docid!r} has empty title and text")

@@ -223,14 +223,22 @@ def _score_query(scorer: Scorer, builder: prompts.PromptBuilder, q: data.RerankQ
   items = [builder.item(text) for _, text in q.candidates]
   apply_softmax, rank_fn = SCORE_MODES[cfg.score_mode]
   scorer.prefix_cache.clear()
-  if apply_softmax is None:
-    result = scorer.label_logits(query_ids, [ids for ids, _ in items], label_token_ids=label_ids)
-  else:
-    result = scorer.score(query_ids, [ids for ids, _ in items], label_token_ids=label_ids,
-                          apply_softmax=apply_softmax)
+  try:
+    if apply_softmax is None:
+      result = scorer.label_logits(query_ids, [ids for ids, _ in items], label_token_ids=label_ids)
+    else:
+      result = scorer.score(query_ids, [ids for ids, _ in items], label_token_ids=label_ids,
+                            apply_softmax=apply_softmax)
+  except errors.ScoreInputError as e:  # the eval's own prompt: name the query, and the flags that cut it
+    raise errors.ScoreInputError(f"query {q.qid!r}: {e} (the eval cuts queries to --max_query_tokens="
+                                 f"{cfg.max_query_tokens} and items to --max_item_tokens={cfg.max_item_tokens} "
+                                 f"tokens; lower those, or raise the buckets)") from None
+  if not np.isfinite(np.asarray(result.scores)).all():
+    raise errors.ScoreInputError(f"query {q.qid!r}: the model produced non-finite scores (NaN or Inf); "
+                                 f"check the checkpoint {scorer.config.runtime.checkpoint_dir} for non-finite weights")
   ranking = np.asarray(rank_fn(result.scores), np.float32)
   if np.isnan(ranking).any():
-    raise FloatingPointError(f"query {q.qid!r}: the model produced NaN scores")
+    raise errors.ScoreInputError(f"query {q.qid!r}: the ranking scores of score_mode={cfg.score_mode} are NaN")
   return {
       "qid": q.qid,
       "digest": q.digest(),
@@ -295,6 +303,7 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
     raise error
   if message is not None:  # the other processes stop with process 0's error
     raise ResumeError(message)
+  safety.claim(out)  # every check passed: the run's log may now be written there
   done_ids = set(mesh_lib.broadcast_from_process0(sorted(done) if lead else None))
   todo = [q for q in queries if q.qid not in done_ids and q.candidates]
   resumed = sum(q.qid in done_ids for q in queries)
@@ -310,10 +319,7 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
     for r0 in range(0, mesh_lib.num_rounds(len(todo), group.count), gather_every):
       recs = [_score_query(scorer, builder, q, label_ids, cfg) for q in mine[r0:r0 + gather_every]]
       for rec in mesh_lib.gather_to_process0(recs, contribute=group.is_leader) or []:
-        f.write(json.dumps(rec) + "\n")
-        f.flush()
-        if fsync:
-          os.fsync(f.fileno())
+        _append(f, rec, fsync, results_path)
         done[rec["qid"]] = rec
         items_done, seconds = items_done + len(rec["docids"]), seconds + rec["seconds"]
         bar.set_postfix_str(f"{items_done / max(seconds, 1e-9):.0f} items/s, {rec['algorithm']}", refresh=False)
@@ -331,6 +337,17 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
   logging.info("eval: wrote %s", ", ".join(str(out / n) for n in
                                           ("run.trec", "metrics.json", "metrics_per_query.jsonl", "summary.json")))
   return dataclasses.replace(report, summary=summary)
+
+
+def _append(f, rec: dict, fsync: bool, path: pathlib.Path) -> None:
+  """One finished query's record, flushed (a full disk is an error naming the file)."""
+  try:
+    f.write(json.dumps(rec, allow_nan=False) + "\n")
+    f.flush()
+    if fsync:
+      os.fsync(f.fileno())
+  except OSError as e:
+    raise safety.with_path(e, path) from None
 
 
 def _write_json(path: pathlib.Path, obj: Any) -> None:

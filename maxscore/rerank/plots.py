@@ -4,7 +4,8 @@
 * `metric_vs_depth`: a metric against the rerank depth k, one line per system.
 * `training_curves`: train loss and the dev metric against the step, from a head's metrics.jsonl.
 
-Each writes `path` at `size` inches x `dpi` (so the PNG is size * dpi pixels) and returns the path.
+Each writes `path` at `size` inches x `dpi` (so the PNG is size * dpi pixels) in the format its suffix
+names (.png, .pdf, .svg) and returns the path.
 """
 
 import dataclasses
@@ -25,6 +26,22 @@ SIZE = (8.0, 4.5)
 DPI = 100
 
 
+class PlotError(ValueError):
+  """Nothing to plot, or a plot that would mislead; the message names the file, metric or flag."""
+
+
+FORMATS = ("png", "pdf", "svg")  # written in the format the output's suffix names
+
+
+def image_format(path: os.PathLike) -> str:
+  """The format `path`'s suffix names; PlotError for any other suffix."""
+  suffix = pathlib.Path(path).suffix.lower().lstrip(".")
+  if suffix not in FORMATS:
+    raise PlotError(f"output {path}: the suffix must name the image format, one of "
+                    f"{['.' + f for f in FORMATS]}")
+  return suffix
+
+
 @dataclasses.dataclass(frozen=True)
 class PlotOptions:
   """scripts/plot_runs.py's settings (configs/plot.yml documents each key)."""
@@ -33,15 +50,18 @@ class PlotOptions:
 
   def validate(self) -> "PlotOptions":
     metrics.canonical_name(self.metric)  # ValueError naming the valid forms
+    if self.output:
+      image_format(self.output)
     return self
 
 
 def _save(fig, path: os.PathLike, dpi: int) -> pathlib.Path:
   path = pathlib.Path(path)
+  fmt = image_format(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   fig.tight_layout()
   with safety.atomic_output(path, "wb") as f:  # a killed run leaves the old picture or none
-    fig.savefig(f, dpi=dpi, format="png")
+    fig.savefig(f, dpi=dpi, format=fmt)
   plt.close(fig)
   return path
 
@@ -50,7 +70,7 @@ def per_query_delta(deltas: Mapping[str, float], path: os.PathLike, *, run: str,
                     size: tuple[float, float] = SIZE, dpi: int = DPI) -> pathlib.Path:
   """Bars of run - baseline per query, sorted descending: wins green, losses red, ties on the zero line."""
   if not deltas:
-    raise ValueError(f"no per-query deltas to plot for {run} vs {baseline}")
+    raise PlotError(f"no per-query deltas to plot for {run} vs {baseline}")
   values = sorted(deltas.values(), reverse=True)
   fig, ax = plt.subplots(figsize=size)
   x = range(len(values))
@@ -79,7 +99,7 @@ def metric_vs_depth(series: Mapping[str, Sequence[tuple[int, float]]], path: os.
   """One line per system: `metric` at each rerank depth k (points sorted by k); the `reference` series
   (the first stage) dashed and gray."""
   if not series:
-    raise ValueError("no series to plot against the rerank depth")
+    raise PlotError("no series to plot against the rerank depth")
   fig, ax = plt.subplots(figsize=size)
   ks = sorted({k for points in series.values() for k, _ in points})
   for label, points in series.items():
@@ -98,22 +118,32 @@ def metric_vs_depth(series: Mapping[str, Sequence[tuple[int, float]]], path: os.
 
 def read_metrics_jsonl(path: os.PathLike) -> list[dict]:
   """The records of a training run's metrics.jsonl (a torn last line is passed over)."""
+  try:
+    text = pathlib.Path(path).read_text(encoding="utf-8")
+  except UnicodeDecodeError as e:
+    raise PlotError(f"{path} is not UTF-8 text (byte {e.start}): not a metrics.jsonl") from None
   records = []
-  for line in pathlib.Path(path).read_text(encoding="utf-8").splitlines():
+  for line in text.splitlines():
     try:
-      records.append(json.loads(line))
-    except json.JSONDecodeError:
+      record = json.loads(line)
+    except (json.JSONDecodeError, RecursionError):
       continue
+    if isinstance(record, dict):
+      records.append(record)
   return records
 
 
 def training_curves(records: Sequence[Mapping], path: os.PathLike, *, dev_metric: str = "ndcg_cut_10",
                     size: tuple[float, float] = SIZE, dpi: int = DPI) -> pathlib.Path:
   """Train loss (left) and the dev metric (right) against the step, from metrics.jsonl records."""
-  train = [(r["step"], r["loss"]) for r in records if r.get("kind") == "train" and "loss" in r]
-  dev = [(r["step"], r[dev_metric]) for r in records if r.get("kind") == "eval" and dev_metric in r]
-  if not train and not dev:
-    raise ValueError(f"no train loss or dev {dev_metric} records to plot")
+  train = [(r["step"], r["loss"]) for r in records if r.get("kind") == "train" and "loss" in r and "step" in r]
+  evals = [r for r in records if r.get("kind") == "eval" and "step" in r]
+  dev = [(r["step"], r[dev_metric]) for r in evals if dev_metric in r]
+  if not train:
+    raise PlotError("no train loss records to plot (a train_score_head.py metrics.jsonl has them)")
+  if not dev:
+    logged = sorted({k for r in evals for k in r} - {"kind", "step", "split"})
+    raise PlotError(f"the dev metric {dev_metric} was never logged; logged: {logged or 'no dev metric'}")
   fig, (left, right) = plt.subplots(1, 2, figsize=size)
   left.plot([s for s, _ in train], [v for _, v in train], color="tab:blue", label="train loss")
   left.set_title("train loss")

@@ -9,6 +9,8 @@ import json
 import sys
 from typing import Any, Optional, Sequence
 
+import numpy as np
+
 from maxscore.errors import ScoreInputError
 from maxscore.files import safety
 from maxscore.scoring.scorer import Scorer
@@ -54,7 +56,11 @@ def _score_lines(scorer: Scorer, lines: Sequence[tuple[int, Any]], raw_logits: b
       except ScoreInputError as e:
         out[i] = {"error": f"line {lines[i][0]}: {e}"}
   for i, res in results.items():
-    out[i] = res.to_response(scorer.model_name)
+    if np.isfinite(np.asarray(res.scores, np.float64)).all():
+      out[i] = res.to_response(scorer.model_name)
+    else:  # NaN is not JSON, and a score the model cannot give is no answer
+      out[i] = {"error": f"line {lines[i][0]}: the model produced non-finite scores (NaN or Inf); check the "
+                         f"checkpoint for non-finite weights"}
   return out
 
 
@@ -74,7 +80,7 @@ def score_jsonl(scorer: Scorer, input_path: str, output_path: str, batch_size: i
 
     def flush():
       for resp in _score_lines(scorer, batch, raw_logits):
-        dst.write(json.dumps(resp) + "\n")
+        dst.write(json.dumps(resp, allow_nan=False) + "\n")
         counts["errors" if "error" in resp else "ok"] += 1
       dst.flush()
       batch.clear()
