@@ -30,6 +30,8 @@ from maxscore.errors import ScoreInputError
 DEFAULT_DIR = pathlib.Path(__file__).resolve().parent.parent / "assets" / "default"
 DEFAULT_CHECKPOINT = DEFAULT_DIR / "pydoc-tiny-qwen3"
 DEFAULT_JSONL = DEFAULT_DIR / "pydoc_rerank.jsonl"
+DEFAULT_BEIR_DIR = DEFAULT_DIR / "pydoc_beir"        # the same queries over the whole corpus (BEIR layout)
+DEFAULT_RUN = DEFAULT_BEIR_DIR / "bm25.trec"          # its BM25 first stage (maxscore/lm/default_set.py)
 
 Qrels = dict[str, dict[str, int]]
 
