@@ -77,7 +77,7 @@ class AssetOptions:
   finetune_full_learning_rate: float = 1e-3
   finetune_full_warmup_steps: int = 20
   finetune_full_coverage_on: str = "score"
-  bm25_top_k: int = 100
+  bm25_top_k: int = 30
   data_only: bool = False
   overwrite: bool = False
 
