@@ -107,7 +107,7 @@ def table(s: Stages, first_stage_name: str = FIRST) -> list[str]:
            FUSED: f"{FUSED} ({fusion.params_text(s.fusion['method'], s.fusion.get('alpha'), s.fusion.get('rrf_k', 0))})"
            if FUSED in s.means else FUSED}
   lw = max(len(v) for v in label.values())
-  lines = [f"  {'run':<{lw}} " + " ".join(f"{n:<{width}}" for n in names)]
+  lines = [(f"  {'run':<{lw}} " + " ".join(f"{n:<{width}}" for n in names)).rstrip()]
   for run, means in s.means.items():
     cells = []
     for n in names:

@@ -164,8 +164,8 @@ def markdown(r: SuiteResult) -> str:
   lines.append("| average | " + " | ".join(f"{avg[run][m]:.4f}" if run in avg else "–"
                                            for m in r.metrics for run in runs) + " |")
   test = "paired randomization test" if r.test == "randomization" else "paired t-test"
-  lines += ["", f"{compare.MARK}: p < {r.alpha:g} against the dataset's first stage ({test}, two-sided, "
-                f"Holm-Bonferroni across datasets per run and metric); average: unweighted mean over the "
+  lines += ["", f"{compare.MARK}: p < {r.alpha:g} against the dataset's first stage ({test}, two-sided: a worse "
+                f"run is marked too; Holm-Bonferroni across datasets per run and metric); average: unweighted mean over the "
                 f"{len(r.datasets) - len(r.failed)} datasets that finished"]
   lines += [f"FAILED {n}: {r.datasets[n]['error']}" for n in r.failed]
   return "\n".join(lines)
