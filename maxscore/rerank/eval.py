@@ -11,8 +11,10 @@ run's. The prefix cache is cleared before each query, so the algorithm the selec
 (and with it every float) depends only on the query's geometry, never on what ran before.
 
 Outputs in `output_dir`: results.jsonl (resume state), run.trec (reranked TREC run),
-first_stage.trec (the ranking it started from, same queries and depth), metrics_per_query.jsonl,
-metrics.json (means over evaluated queries: reranked, first stage and the delta), summary.json.
+first_stage.trec (the ranking it started from, same queries and depth), fusion.trec (the two fused,
+unless fusion=none), metrics_per_query.jsonl, metrics.json (means over evaluated queries: reranked,
+first stage, fused, the deltas and the paired tests against the first stage; maxscore/rerank/stages.py),
+summary.json.
 
 `score_jsonl` is the batch form of the /v1/score API behind scripts/score.py.
 """
