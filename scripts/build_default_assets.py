@@ -7,7 +7,9 @@ Steps (everything from the running Python's own files; deterministic in the seed
      section title of the Python reference (pydoc_data), candidates = paragraphs; grade 2 = a paragraph
      of that section, 1 = of the same topic, 0 = elsewhere. Paragraphs are cut with a fixed layout
      tokenizer (sentencepiece, `layout_vocab_size`, trained on the topics), so the set does not move
-     when the model's tokenizer does.
+     when the model's tokenizer does. pydoc_beir/: the same queries over the whole corpus in the BEIR
+     layout, with BM25's top `bm25_top_k` per query as bm25.trec (maxscore/lm/default_set.py).
+     `--data_only` rebuilds just these files (seconds) and stops.
   2. Pretraining (maxscore/lm/pretrain.py with configs/pretrain.yml): a tokenizer and a Qwen3-family
      decoder (configs/models/pydoc-qwen3.yml) trained on the reference topics and the standard library,
      without the sections of the dev and test queries -> <workdir>/pretrained.
@@ -32,7 +34,6 @@ import tempfile
 import time
 from typing import Optional
 
-import numpy as np
 from absl import flags, logging
 
 from maxscore import cli
@@ -42,6 +43,7 @@ from maxscore.checkpoints.tokenizer import load_tokenizer
 from maxscore.files import safety
 from maxscore.heads import train as train_lib
 from maxscore.lm import corpus as corpus_lib
+from maxscore.lm import default_set
 from maxscore.lm import pairs as pairs_lib
 from maxscore.lm import pretrain as pretrain_lib
 from maxscore.rerank import data
@@ -75,6 +77,8 @@ class AssetOptions:
   finetune_full_learning_rate: float = 1e-3
   finetune_full_warmup_steps: int = 20
   finetune_full_coverage_on: str = "score"
+  bm25_top_k: int = 30
+  data_only: bool = False
   overwrite: bool = False
 
   def validate(self) -> "AssetOptions":
@@ -82,7 +86,7 @@ class AssetOptions:
     at_least = {"min_tokens": 1, "num_candidates": 2, "layout_vocab_size": 256, "finetune_queries": 1,
                 "finetune_steps": 1, "finetune_batch_size": 1, "pretrain_steps": 0, "finetune_keyword_queries": 0,
                 "finetune_match_weight": 0, "finetune_warmup_steps": 0, "finetune_max_item_tokens": 0,
-                "finetune_full_steps": 0, "finetune_full_warmup_steps": 0}
+                "finetune_full_steps": 0, "finetune_full_warmup_steps": 0, "bm25_top_k": 1}
     bad = [f"{k}={getattr(self, k)} must be >= {v}" for k, v in at_least.items() if getattr(self, k) < v]
     if self.max_tokens < self.min_tokens:
       bad.append(f"max_tokens={self.max_tokens} must be >= min_tokens={self.min_tokens}")
@@ -104,50 +108,6 @@ def define_flags(fv: flags.FlagValues) -> None:
   cli.define_entry_flags(fv, ENTRY, SECTIONS)
 
 
-_clip = pairs_lib.clip
-
-
-def build_rerank_set(tok, seed: int, num_candidates: int, min_tokens: int, max_tokens: int) -> list[dict]:
-  """One query per section with >= 2 prose paragraphs; candidates mix graded and random paragraphs.
-
-  Paragraph lengths stay within [min_tokens, max_tokens] so that with the plain template every item
-  fits one 128-token slot bucket and one length group: the default eval compiles only a few shapes."""
-  rng = np.random.default_rng(seed)
-  sections = corpus_lib.pydoc_sections()
-  pool = []  # (docid, topic, section index, text)
-  for si, s in enumerate(sections):
-    kept = [_clip(tok, p, max_tokens) for p in s["paragraphs"]]
-    s["paragraphs"] = [p for p in kept if len(tok.encode(p)) >= min_tokens]
-    for pi, p in enumerate(s["paragraphs"]):
-      pool.append((f"{s['topic']}.{si}.{pi}", s["topic"], si, p))
-  by_section: dict[int, list[int]] = {}
-  by_topic: dict[str, list[int]] = {}
-  for j, (_, topic, si, _) in enumerate(pool):
-    by_section.setdefault(si, []).append(j)
-    by_topic.setdefault(topic, []).append(j)
-  titles = collections.Counter(s["title"] for s in sections)
-  records = []
-  for si, s in enumerate(sections):
-    if len(s["paragraphs"]) < 2 or titles[s["title"]] > 1:  # ambiguous titles ("Examples") are no query
-      continue
-    rel = list(rng.permutation(by_section[si])[:4])
-    near = [j for j in by_topic[s["topic"]] if pool[j][2] != si]
-    near = list(rng.permutation(near)[:3]) if near else []
-    others = [j for j in range(len(pool)) if pool[j][1] != s["topic"]]
-    rest = list(rng.choice(others, size=num_candidates - len(rel) - len(near), replace=False))
-    cands = [int(j) for j in rng.permutation(rel + near + rest)]
-    query = s["title"].replace('"', "")
-    records.append({
-        "qid": f"pydoc-{si}",
-        "query": query,
-        "candidates": [{"docid": pool[j][0], "text": pool[j][3]} for j in cands],
-        "qrels": {pool[j][0]: 2 if j in rel else 1 for j in rel + near},
-    })
-  order = rng.permutation(len(records))
-  n_train, n_dev = round(0.6 * len(records)), round(0.2 * len(records))
-  for rank, i in enumerate(order):
-    records[i]["split"] = "train" if rank < n_train else "dev" if rank < n_train + n_dev else "test"
-  return records
 
 
 def _dir_bytes(path: pathlib.Path) -> int:
@@ -158,14 +118,36 @@ def _write_jsonl(path: pathlib.Path, records: list[dict]) -> None:
   safety.atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
+def rerank_data(o: AssetOptions, tok) -> default_set.DefaultSet:
+  """Step 1's files (both forms of the rerank set and the BM25 run), paragraphs cut with `tok`."""
+  return default_set.build_files(tok, o.seed, o.num_candidates, o.min_tokens, o.max_tokens, o.bm25_top_k)
+
+
+def layout_tokenizer(directory, o: AssetOptions):
+  """The fixed tokenizer that cuts the rerank set's paragraphs (trained on the topics, in `directory`)."""
+  tok = load_tokenizer(corpus_lib.train_tokenizer(directory, sample_texts(), o.layout_vocab_size))
+  for label in ("Yes", "No"):
+    tok.label_id(label)  # raises unless a single token
+  return tok
+
+
+def _write_rerank_data(out: pathlib.Path, built: default_set.DefaultSet) -> pathlib.Path:
+  jsonl = out / data.DEFAULT_JSONL.name
+  _write_jsonl(jsonl, built.records)
+  for name, text in built.beir.items():
+    path = out / default_set.BEIR_DIR / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    safety.atomic_write_text(path, text)
+  return jsonl
+
+
 def _data(o: AssetOptions, out: pathlib.Path,
           work: pathlib.Path) -> tuple[pathlib.Path, list[dict], pathlib.Path, dict]:
   """Steps 1 and 3: the rerank set and the fine-tuning pairs, paragraphs cut with the layout tokenizer."""
   with tempfile.TemporaryDirectory() as tmp:
-    tok = load_tokenizer(corpus_lib.train_tokenizer(tmp, sample_texts(), o.layout_vocab_size))
-    for label in ("Yes", "No"):
-      tok.label_id(label)  # raises unless a single token
-    records = build_rerank_set(tok, o.seed, o.num_candidates, o.min_tokens, o.max_tokens)
+    tok = layout_tokenizer(tmp, o)
+    built = rerank_data(o, tok)
+    records = built.records
     held = {corpus_lib.section_index(r["qid"]) for r in records if r["split"] in ("dev", "test")}
     docs = corpus_lib.collect(held, ("docstrings",)).texts
     pairs = pairs_lib.build_pairs(tok, corpus_lib.pydoc_sections(), held, docs, seed=o.seed,
@@ -173,8 +155,7 @@ def _data(o: AssetOptions, out: pathlib.Path,
                                   hard_negatives=o.finetune_hard_negatives,
                                   keyword_queries=o.finetune_keyword_queries,
                                   min_tokens=o.min_tokens, max_tokens=o.max_tokens)
-  jsonl, pairs_file = out / data.DEFAULT_JSONL.name, work / "finetune_pairs.jsonl"
-  _write_jsonl(jsonl, records)
+  jsonl, pairs_file = _write_rerank_data(out, built), work / "finetune_pairs.jsonl"
   _write_jsonl(pairs_file, pairs)
   info = {"queries": len(pairs), "from": dict(collections.Counter(
       "keywords" if r["qid"].startswith("ft-kw-") else "pydoc" if r["qid"].startswith("ft-pydoc") else "docstrings"
@@ -225,6 +206,12 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
   with cli.one_line_errors():
     o = cli.entry_from_flags(fv, ENTRY, SECTIONS)["assets"]
   out, work = pathlib.Path(o.output_dir or data.DEFAULT_DIR), pathlib.Path(o.workdir)
+  if o.data_only:
+    with tempfile.TemporaryDirectory() as tmp:
+      built = rerank_data(o, layout_tokenizer(tmp, o))
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"wrote {_write_rerank_data(out, built)} and {out / default_set.BEIR_DIR}")
+    return
   with cli.one_line_errors():
     if work.resolve() in (out.resolve(), *out.resolve().parents):
       raise errors.UnsafeOutputError(f"--output_dir {out} lies inside --workdir {work} (which --overwrite "

@@ -1,13 +1,15 @@
 """Reranks a dataset with a maxscore checkpoint; writes a TREC run, trec_eval metrics and a summary.
 
-  python scripts/eval_rerank.py                          # the embedded default model and data
+  python scripts/eval_rerank.py                          # the embedded default: BM25 -> reranked -> fused
+  python scripts/eval_rerank.py --fusion=rrf --rrf_k=60  # fusion.trec: reciprocal rank fusion with the first stage
   python scripts/eval_rerank.py --checkpoint_dir=ckpt/qwen3-reranker-0.6b --template=qwen3_reranker \\
       --data_dir=beir/scifact --run_file=bm25.trec --split=test --rerank_top_k=100 attention=shared_prefix
 
 Every flag is a key of configs/eval.yml; trailing `key=value` arguments (or --override=key=value)
 override configs/base.yml keys.
 Input errors print one line and exit 2. A killed run restarted with the same flags resumes. The console
-shows the progress bar, warnings, errors and the summary (first stage, reranked, delta); library INFO lines
+shows the progress bar, warnings, errors and the summary (first stage, reranked and fused, with deltas and
+p-values against the first stage); library INFO lines
 go to <output_dir>/eval_rerank.log (and the console with -v).
 """
 
@@ -40,13 +42,13 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
   with cli.one_line_errors():
     s = cli.entry_from_flags(fv, ENTRY, SECTIONS)
     run, cfg = s["run"], s["eval"]
-    jsonl = run.jsonl if (run.jsonl or run.data_dir or run.run_file) else str(data.DEFAULT_JSONL)
-    dataset = data.load_rerank_set(jsonl, run.data_dir, run.run_file, run.split, run.rerank_top_k, run.skip_bad)
-    safety.check_output_dir(run.output_dir, "eval", [*data.input_paths(dataset), run.checkpoint_dir],
+    dataset, dev = eval_lib.load_data(run, cfg.validate())
+    safety.check_output_dir(run.output_dir, "eval",
+                            [*data.input_paths(dataset), *(data.input_paths(dev) if dev else []), run.checkpoint_dir],
                             "--output_dir")  # before loading a model
     scorer = eval_lib.build_scorer(run.checkpoint_dir, overrides, use_head=run.use_head)
     report = eval_lib.run_eval(scorer, dataset, cfg, run.output_dir, overwrite=run.overwrite,
-                               progress=run.progress, fsync=run.fsync, gather_every=run.gather_every)
+                               progress=run.progress, fsync=run.fsync, gather_every=run.gather_every, dev=dev)
   if report is not None:  # process 0 writes and reports; the others only score
     print(eval_lib.format_report(report))
     if run.plot and report.per_query:

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from maxscore.rerank import data, eval as eval_lib, metrics, prompts
+from maxscore.rerank import data, eval as eval_lib, fusion, metrics, prompts
 from maxscore.testing.tokenizers import sample_texts
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -97,12 +97,17 @@ def _check_outputs(out, dataset, metric_names=eval_lib.DEFAULT_METRICS):
   return agg["metrics"]
 
 
+def saved_qids(out):
+  return set(data.read_trec_run(out / "run.trec"))
+
+
+@pytest.mark.slow
 def test_no_arguments_runs_the_embedded_default(scorer, tmp_path, monkeypatch, capsys):
   monkeypatch.chdir(tmp_path)
   eval_rerank.run(["eval_rerank.py"])
   printed = capsys.readouterr().out
   out = tmp_path / "out" / "eval"
-  dataset = data.load_jsonl(data.DEFAULT_JSONL, "test")
+  dataset = data.load_beir(data.DEFAULT_BEIR_DIR, data.DEFAULT_RUN, "test")  # BM25's top k over the whole corpus
   means = _check_outputs(out, dataset)
   summary = json.loads((out / "summary.json").read_text())
   assert summary["model"] == data.DEFAULT_CHECKPOINT.name and summary["queries_evaluated"] == len(dataset.queries)
@@ -116,6 +121,25 @@ def test_no_arguments_runs_the_embedded_default(scorer, tmp_path, monkeypatch, c
   assert (out / "delta_vs_first_stage.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   for word in ("ndcg_cut_10", "first stage", "delta", "items/s", "algorithm packed" if "packed" in summary["algorithms"] else "algorithm"):
     assert word in printed
+  # BM25 -> reranked -> fused (configs/eval.yml: rrf), each against BM25 with its delta and p-value.
+  saved = json.loads((out / "metrics.json").read_text())
+  assert saved["fusion"] == {"method": "rrf", "rrf_k": 60.0} and summary["dev_queries_scored"] == 0
+  rows = [l.split() for l in printed.splitlines()]
+  first, reranked, fused = (next(r for r in rows if r[:len(p)] == p)
+                            for p in (["first", "stage", "(bm25)"], ["reranked"], ["fused", "(rrf", "k=60)"]))
+  assert float(first[3]) == pytest.approx(saved["first_stage"]["ndcg_cut_10"], abs=5e-5)
+  assert float(reranked[1]) == pytest.approx(saved["metrics"]["ndcg_cut_10"], abs=5e-5)
+  assert float(fused[3]) == pytest.approx(saved["fused"]["ndcg_cut_10"], abs=5e-5)
+  tests = {(t["run"], t["metric"]): t for t in saved["tests"]}
+  assert set(tests) == {(r, m) for r in ("reranked", "fused") for m in saved["metrics"]}
+  assert float(reranked[2]) == pytest.approx(tests["reranked", "ndcg_cut_10"]["delta"], abs=5e-5)
+  assert reranked[3].rstrip("†") == f"p={tests['reranked', 'ndcg_cut_10']['p_randomization_holm']:.3f}"
+  assert fused[5].rstrip("†") == f"p={tests['fused', 'ndcg_cut_10']['p_randomization_holm']:.3f}"
+  # fusion.trec is RRF of run.trec and BM25's run at the same depth.
+  bm25_run = {q: v for q, v in data.read_trec_run(data.DEFAULT_RUN).items() if q in saved_qids(out)}
+  expected = fusion.fuse(data.read_trec_run(out / "run.trec"), bm25_run, "rrf", rrf_k=60)
+  on_disk = data.read_trec_run(out / "fusion.trec")
+  assert on_disk.keys() == expected.keys() and all(on_disk[q] == pytest.approx(expected[q], rel=1e-6) for q in expected)
 
 
 def test_eval_scores_are_one_score_call_per_query(scorer, small, tmp_path):

@@ -1,15 +1,20 @@
-"""A BM25 index over a small corpus (lowercase [a-z] words, as the head study's BM25 reference):
-a first-stage ranker for mining hard negatives, not a scoring path of maxscore.
+"""BM25 over lowercase [a-z] words, computed by the `bm25s` library: the first stage of the embedded
+default (a TREC run over its whole corpus) and the hard-negative miner of the fine-tuning pairs.
 
     index = BM25Index(["the import statement ...", "assignment ..."])
     index.top_k("import statement", 5)        # [(doc index, score), ...] best first, score > 0
+    run = first_stage_run(corpus, queries, top_k=100)   # {qid: {docid: score}}
+
+The scores are Okapi BM25: sum over query words (each occurrence) of
+idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len / avg_len)), idf = log(1 + (n - df + 0.5) / (df + 0.5)),
+which is bm25s's ATIRE term weight with its Lucene idf, in float64.
 """
 
-import collections
 import math
 import re
-from typing import Sequence
+from typing import Mapping, Sequence
 
+import bm25s
 import numpy as np
 
 _WORD = re.compile(r"[a-z]+")
@@ -20,26 +25,18 @@ def words(text: str) -> list[str]:
 
 
 class BM25Index:
-  """Okapi BM25 (k1, b) with idf log(1 + (n - df + 0.5) / (df + 0.5)) over the documents given."""
+  """Okapi BM25 (k1, b) over the documents given, indexed by bm25s."""
 
   def __init__(self, docs: Sequence[str], k1: float = 1.2, b: float = 0.75):
     self.n = len(docs)
-    postings: dict[str, tuple[list[int], list[int]]] = collections.defaultdict(lambda: ([], []))
-    lengths = np.zeros(self.n, np.float64)
-    for i, text in enumerate(docs):
-      counts = collections.Counter(words(text))
-      lengths[i] = sum(counts.values())
-      for w, c in counts.items():
-        postings[w][0].append(i)
-        postings[w][1].append(c)
-    avg = lengths.mean() if self.n else 1.0
-    norm = k1 * (1 - b + b * lengths / max(avg, 1e-9))
-    self._terms: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    self.doc_freq: dict[str, int] = {}  # word -> number of documents holding it
-    for w, (ids, tfs) in postings.items():
-      ids_a, tf = np.asarray(ids, np.int64), np.asarray(tfs, np.float64)
-      self.doc_freq[w] = len(ids)
-      self._terms[w] = (ids_a, self.idf(w) * tf * (k1 + 1) / (tf + norm[ids_a]))
+    tokens = [words(text) for text in docs]
+    self._bm25 = bm25s.BM25(k1=k1, b=b, method="atire", idf_method="lucene", dtype="float64")
+    self._bm25.index(tokens, show_progress=False)
+    indptr = np.asarray(self._bm25.scores["indptr"])
+    # word -> number of documents holding it (bm25s stores one entry per (word, document) pair)
+    # (its vocabulary may also hold a placeholder word past the index's columns, in no document)
+    self.doc_freq: dict[str, int] = {w: int(indptr[i + 1] - indptr[i]) for w, i in self._bm25.vocab_dict.items()
+                                     if i + 1 < len(indptr) and indptr[i + 1] > indptr[i]}
 
   def idf(self, word: str) -> float:
     """log(1 + (n - df + 0.5) / (df + 0.5)); an unseen word has df 0."""
@@ -48,12 +45,10 @@ class BM25Index:
 
   def scores(self, query: str) -> np.ndarray:
     """BM25 score of every document for `query` (each query word counted once per occurrence)."""
-    out = np.zeros(self.n, np.float64)
-    for w in words(query):
-      if w in self._terms:
-        ids, contrib = self._terms[w]
-        out[ids] += contrib
-    return out
+    ids = [i for i in self._bm25.get_tokens_ids(words(query)) if i + 1 < len(self._bm25.scores["indptr"])]
+    if not ids or not self.n:
+      return np.zeros(self.n, np.float64)
+    return np.asarray(self._bm25.get_scores_from_ids(ids), np.float64)
 
   def top_k(self, query: str, k: int) -> list[tuple[int, float]]:
     """The `k` best documents with a positive score, best first (ties: lower index first)."""
@@ -61,3 +56,12 @@ class BM25Index:
     hits = np.nonzero(s > 0)[0]
     order = hits[np.lexsort((hits, -s[hits]))][:k]
     return [(int(i), float(s[i])) for i in order]
+
+
+def first_stage_run(corpus: Mapping[str, str], queries: Mapping[str, str], top_k: int = 100,
+                    k1: float = 1.2, b: float = 0.75) -> dict[str, dict[str, float]]:
+  """{qid: {docid: score}}: each query's `top_k` best corpus documents with a positive BM25 score, best
+  first (ties: corpus order), every document of `corpus` indexed."""
+  docids = list(corpus)
+  index = BM25Index([corpus[d] for d in docids], k1, b)
+  return {qid: {docids[i]: s for i, s in index.top_k(text, top_k)} for qid, text in queries.items()}

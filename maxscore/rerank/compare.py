@@ -286,7 +286,8 @@ def markdown(c: Comparison) -> str:
   return "\n".join(lines)
 
 
-def _tex(s: str) -> str:
+def tex(s: str) -> str:
+  """`s` with LaTeX's special characters escaped."""
   return s.replace("\\", "\\textbackslash{}").replace("_", "\\_").replace("&", "\\&").replace("%", "\\%")
 
 
@@ -295,7 +296,7 @@ def latex(c: Comparison) -> str:
   by = {(t["run"], t["metric"]): t for t in c.tests}
   best = {m: max(v[m] for v in c.means.values()) for m in c.metrics}
   rows = ["\\begin{tabular}{l" + "r" * len(c.metrics) + "}", "\\toprule",
-          "Run & " + " & ".join(_tex(m) for m in c.metrics) + " \\\\", "\\midrule"]
+          "Run & " + " & ".join(tex(m) for m in c.metrics) + " \\\\", "\\midrule"]
   for name, vals in c.means.items():
     cells = []
     for m in c.metrics:
@@ -303,7 +304,7 @@ def latex(c: Comparison) -> str:
       cell = f"\\textbf{{{cell}}}" if vals[m] == best[m] else cell
       t = by.get((name, m))
       cells.append(cell + ("\\textsuperscript{\\dag}" if t and t["significant"] else ""))
-    rows.append(_tex(name) + " & " + " & ".join(cells) + " \\\\")
+    rows.append(tex(name) + " & " + " & ".join(cells) + " \\\\")
   rows += ["\\bottomrule", "\\end{tabular}", f"% {_legend(c).replace(MARK, 'dagger')}; {len(c.qids)} queries"]
   return "\n".join(rows) + "\n"
 

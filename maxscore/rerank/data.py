@@ -30,6 +30,8 @@ from maxscore.errors import ScoreInputError
 DEFAULT_DIR = pathlib.Path(__file__).resolve().parent.parent / "assets" / "default"
 DEFAULT_CHECKPOINT = DEFAULT_DIR / "pydoc-tiny-qwen3"
 DEFAULT_JSONL = DEFAULT_DIR / "pydoc_rerank.jsonl"
+DEFAULT_BEIR_DIR = DEFAULT_DIR / "pydoc_beir"        # the same queries over the whole corpus (BEIR layout)
+DEFAULT_RUN = DEFAULT_BEIR_DIR / "bm25.trec"          # its BM25 first stage (maxscore/lm/default_set.py)
 
 Qrels = dict[str, dict[str, int]]
 
@@ -40,10 +42,13 @@ class DataError(ScoreInputError):
 
 @dataclasses.dataclass(frozen=True)
 class RerankQuery:
-  """One query to rerank: its text and candidates (docid, text) in first-stage order."""
+  """One query to rerank: its text and candidates (docid, text) in first-stage order, with the first
+  stage's scores where the input has them (a TREC run; () for the JSONL form). Fusion reads the scores;
+  the reranker's scores do not depend on them, so the digest leaves them out."""
   qid: str
   query: str
   candidates: tuple[tuple[str, str], ...]
+  scores: tuple[float, ...] = ()
 
   def digest(self) -> str:
     """Identifies the query's content (text, docids and candidate texts) for resumed runs."""
@@ -281,8 +286,8 @@ def read_trec_run(path: os.PathLike) -> dict[str, dict[str, float]]:
 
 def _read_run(path: pathlib.Path, qrels: Qrels, queries: dict[str, str], top_k: int,
               problems: _Problems, other_splits: frozenset = frozenset()
-              ) -> tuple[dict[str, list[tuple[str, str]]], int]:
-  """({qid: [(docid, 'file:line')]} in rank order, top_k per query, for queries of the split; the
+              ) -> tuple[dict[str, list[tuple[str, str, float]]], int]:
+  """({qid: [(docid, 'file:line', score)]} in rank order, top_k per query, for queries of the split; the
   number of lines passed over because their query is judged only in another split, `other_splits`)."""
   ranked: dict[str, list[tuple[int, float, str, str]]] = {}
   passed_over = 0
@@ -316,7 +321,7 @@ def _read_run(path: pathlib.Path, qrels: Qrels, queries: dict[str, str], top_k: 
   out = {}
   for qid, rows in ranked.items():
     rows.sort()
-    out[qid] = [(docid, where) for _, _, docid, where in (rows[:top_k] if top_k > 0 else rows)]
+    out[qid] = [(docid, where, -neg) for _, neg, docid, where in (rows[:top_k] if top_k > 0 else rows)]
   return out, passed_over
 
 
@@ -342,7 +347,7 @@ def load_beir(data_dir: os.PathLike, run_file: os.PathLike, split: str = "test",
   qrels_path = data_dir / "qrels" / f"{split}.tsv"
   qrels = read_qrels(qrels_path, problems, known_qids=queries)
   run, other_lines = _read_run(run_file, qrels, queries, top_k, problems, _judged_elsewhere(qrels_path))
-  needed = {docid for rows in run.values() for docid, _ in rows}
+  needed = {docid for rows in run.values() for docid, _, _ in rows}
   texts: dict[str, str] = {}
   first: dict[str, str] = {}  # docid -> where its text was read
   empty: set[str] = set()  # skipped empty documents: their run lines are not counted again
@@ -363,13 +368,14 @@ def load_beir(data_dir: os.PathLike, run_file: os.PathLike, split: str = "test",
         problems("empty_texts", where, f"document {docid!r} has empty title and text")
   out = []
   for qid, rows in run.items():
-    cands = []
-    for docid, where in rows:
+    cands, scores = [], []
+    for docid, where, score in rows:
       if docid in texts:
         cands.append((docid, texts[docid]))
+        scores.append(score)
       elif docid not in empty:
         problems("unknown_docids", where, f"docid {docid!r} is not in {corpus_path}")
-    out.append(RerankQuery(qid, queries[qid], tuple(cands)))
+    out.append(RerankQuery(qid, queries[qid], tuple(cands), tuple(scores)))
   _check_nonempty(out, f"{run_file} with {data_dir}/qrels/{split}.tsv")
   missing = len(set(qrels) - set(run))
   if missing:

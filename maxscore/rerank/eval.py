@@ -11,8 +11,10 @@ run's. The prefix cache is cleared before each query, so the algorithm the selec
 (and with it every float) depends only on the query's geometry, never on what ran before.
 
 Outputs in `output_dir`: results.jsonl (resume state), run.trec (reranked TREC run),
-first_stage.trec (the ranking it started from, same queries and depth), metrics_per_query.jsonl,
-metrics.json (means over evaluated queries: reranked, first stage and the delta), summary.json.
+first_stage.trec (the ranking it started from, same queries and depth), fusion.trec (the two fused,
+unless fusion=none), metrics_per_query.jsonl, metrics.json (means over evaluated queries: reranked,
+first stage, fused, the deltas and the paired tests against the first stage; maxscore/rerank/stages.py),
+summary.json.
 
 `score_jsonl` is the batch form of the /v1/score API behind scripts/score.py.
 """
@@ -32,7 +34,7 @@ from absl import logging
 from tqdm import tqdm
 
 from maxscore.heads import score_heads as heads
-from maxscore.rerank import data, first_stage, metrics, prompts
+from maxscore.rerank import data, first_stage, fusion, metrics, prompts, stages
 from maxscore.distributed import mesh as mesh_lib
 from maxscore.config import load_config, parse_override, to_flat_dict
 from maxscore.rerank.data import RerankSet
@@ -42,7 +44,8 @@ from maxscore.scoring.scorer import Scorer
 
 DEFAULT_METRICS = ("ndcg@10", "mrr@10", "map", "recall@10", "p@10")
 RESULTS_FILE = "results.jsonl"
-OUTPUT_FILES = (RESULTS_FILE, "run.trec", "metrics_per_query.jsonl", "metrics.json", "summary.json")
+OUTPUT_FILES = (RESULTS_FILE, "run.trec", "metrics_per_query.jsonl", "metrics.json", "summary.json",
+                first_stage.RUN_FILE, stages.RUN_FILE)
 FORMAT_VERSION = 1
 
 
@@ -103,9 +106,16 @@ class EvalConfig(PromptConfig):
   knobs come from configs/base.yml)."""
   run_tag: str = "maxscore"                # last column of run.trec
   max_queries: int = 0                     # evaluate only the first N queries; 0 = all
+  fusion: Literal["none", "interpolate", "rrf"] = "rrf"    # fusion.trec: the reranked run fused with the first stage
+  fusion_alpha: str = "dev"                # interpolate's weight of the reranker: a number in [0, 1], or "dev" (tuned)
+  rrf_k: float = 60.0                      # rrf's k
 
   def validate(self) -> "EvalConfig":
     super().validate()
+    try:
+      fusion.check(self.fusion, self.fusion_alpha, self.rrf_k)
+    except fusion.FusionError as e:
+      raise data.DataError(str(e)) from None
     if self.max_queries < 0:
       raise data.DataError(f"max_queries={self.max_queries} must be >= 0")
     if not self.run_tag or any(c.isspace() for c in self.run_tag):
@@ -147,6 +157,7 @@ class EvalReport:
   summary: dict[str, Any]
   output_dir: pathlib.Path
   first_stage: dict[str, float] = dataclasses.field(default_factory=dict)  # baseline means, same queries
+  comparison: Optional[stages.Stages] = None  # first stage, reranked, fused: means and tests
 
 
 def build_scorer(checkpoint_dir: Optional[str] = None, overrides: Sequence[str] = (),
@@ -161,6 +172,24 @@ def build_scorer(checkpoint_dir: Optional[str] = None, overrides: Sequence[str] 
   if checkpoint_dir.lower() == "none":
     return Scorer.from_config(load_config(over))
   return heads.load_scorer(checkpoint_dir, use_head=use_head, **over)
+
+
+def load_data(run: EvalRun, cfg: EvalConfig) -> tuple[RerankSet, Optional[RerankSet]]:
+  """(the split to evaluate, the dev split when fusion_alpha=dev tunes on it) from the run's inputs; none
+  given = the embedded default (its BEIR layout and BM25 run)."""
+  sources = (run.jsonl, run.data_dir, run.run_file)
+  if not any(sources):
+    sources = (None, str(data.DEFAULT_BEIR_DIR), str(data.DEFAULT_RUN))
+  dataset = data.load_rerank_set(*sources, run.split, run.rerank_top_k, run.skip_bad)
+  if cfg.fusion != "interpolate" or fusion.parse_alpha(cfg.fusion_alpha) is not None:
+    return dataset, None
+  if run.split in ("dev", "all"):
+    raise data.DataError(f"fusion_alpha=dev tunes on the dev split, so --split={run.split} cannot be evaluated "
+                         "with it; give a number or evaluate another split")
+  try:
+    return dataset, data.load_rerank_set(*sources, "dev", run.rerank_top_k, run.skip_bad)
+  except data.DataError as e:
+    raise data.DataError(f"fusion_alpha=dev needs a dev split: {e}") from None
 
 
 # --- resume state ------------------------------------------------------------------------------
@@ -272,8 +301,11 @@ def _resume_state(scorer, cfg, label_ids, queries, out: pathlib.Path, overwrite:
 
 def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os.PathLike, *,
              overwrite: bool = False, progress: bool = True, fsync: bool = False,
-             gather_every: int = 1) -> Optional[EvalReport]:
+             gather_every: int = 1, dev: Optional[RerankSet] = None) -> Optional[EvalReport]:
   """Scores every query not already in output_dir/results.jsonl, then writes the final outputs.
+
+  `dev` (the dev split, for fusion_alpha=dev): its queries are scored too, into the same results.jsonl,
+  and only tune the fusion's alpha; the reported metrics are `dataset`'s alone.
 
   Multi-process (DESIGN.md section 8): every process calls this with the same arguments; process 0
   owns results.jsonl and the outputs, each data group scores a strided slice of the remaining
@@ -290,12 +322,13 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
   builder = prompts.PromptBuilder(scorer.tokenizer, template, cfg.instruction, cfg.max_query_tokens,
                                   cfg.max_item_tokens)
   queries = dataset.queries[:cfg.max_queries] if cfg.max_queries else dataset.queries
+  dev_queries = _dev_queries(queries, dev, cfg)
   done, error = {}, None
   if lead:
     try:
       inputs = [*data.input_paths(dataset), scorer.config.runtime.checkpoint_dir,
                 getattr(scorer.tokenizer, "path", None)]
-      done = _resume_state(scorer, cfg, label_ids, queries, out, overwrite, inputs)
+      done = _resume_state(scorer, cfg, label_ids, queries + dev_queries, out, overwrite, inputs)
     except (ResumeError, errors.UnsafeOutputError, OSError) as e:
       error = e
   message = mesh_lib.broadcast_from_process0(None if error is None else str(error))
@@ -305,8 +338,8 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
     raise ResumeError(message)
   safety.claim(out)  # every check passed: the run's log may now be written there
   done_ids = set(mesh_lib.broadcast_from_process0(sorted(done) if lead else None))
-  todo = [q for q in queries if q.qid not in done_ids and q.candidates]
-  resumed = sum(q.qid in done_ids for q in queries)
+  todo = [q for q in queries + dev_queries if q.qid not in done_ids and q.candidates]
+  resumed = sum(q.qid in done_ids for q in queries + dev_queries)
   if lead:
     logging.info("eval: %d queries (%d candidates), %d already in %s, %d to score over %d data group(s); "
                  "labels %s, template %s", len(queries), sum(len(q.candidates) for q in queries), resumed,
@@ -326,11 +359,13 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
         bar.update(1)
   if not lead:
     return None
-  report = _finalize(dataset, queries, done, cfg, out)
+  report = _finalize(dataset, queries, done, cfg, out, _dev_split(dev, dev_queries, done))
   summary = _summary(scorer, dataset, queries, done, cfg, label_ids, resumed, report.metrics,
                      len(report.per_query), time.perf_counter() - wall_start)
   summary["first_stage_metrics"] = report.first_stage
   summary["delta"] = {n: v - report.first_stage[n] for n, v in report.metrics.items() if n in report.first_stage}
+  summary |= report.comparison.to_json()
+  summary["dev_queries_scored"] = len(dev_queries)
   summary["data_groups"] = group.count
   summary["processes"] = jax.process_count()
   _write_json(out / "summary.json", summary)
@@ -350,12 +385,36 @@ def _append(f, rec: dict, fsync: bool, path: pathlib.Path) -> None:
     raise safety.with_path(e, path) from None
 
 
+def _dev_queries(queries: Sequence[data.RerankQuery], dev: Optional[RerankSet], cfg: EvalConfig):
+  """The dev split's queries to score for tuning (none unless fusion_alpha=dev asks for them); a query in
+  both splits is refused, so tuning never sees an evaluated query."""
+  if dev is None or cfg.fusion != "interpolate" or fusion.parse_alpha(cfg.fusion_alpha) is not None:
+    return []
+  dev_queries = dev.queries[:cfg.max_queries] if cfg.max_queries else dev.queries
+  both = sorted({q.qid for q in queries} & {q.qid for q in dev_queries})
+  if both:
+    raise data.DataError(f"fusion_alpha=dev: queries {both[:3]} are in both the evaluated split and dev; "
+                         "tuning needs a dev split of other queries")
+  return list(dev_queries)
+
+
+def _dev_split(dev: Optional[RerankSet], dev_queries, done) -> Optional[stages.DevSplit]:
+  """What tuning reads: dev's qrels and its queries' reranked and first-stage runs (nothing of the evaluated split)."""
+  if not dev_queries:
+    return None
+  reranked = {q.qid: dict(zip(done[q.qid]["docids"], done[q.qid]["scores"])) for q in dev_queries
+              if q.qid in done and done[q.qid]["docids"]}
+  return stages.DevSplit(dev.qrels, reranked, stages.first_stage_scores(dev_queries, reranked))
+
+
 def _write_json(path: pathlib.Path, obj: Any) -> None:
   safety.atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
 
 
-def _finalize(dataset: RerankSet, queries, done, cfg: EvalConfig, out: pathlib.Path) -> EvalReport:
-  """run.trec, metrics_per_query.jsonl and metrics.json from the results, in input order."""
+def _finalize(dataset: RerankSet, queries, done, cfg: EvalConfig, out: pathlib.Path,
+              dev: Optional[stages.DevSplit] = None) -> EvalReport:
+  """run.trec, first_stage.trec, fusion.trec, metrics_per_query.jsonl and metrics.json from the results,
+  in input order."""
   run, lines = {}, []
   for q in queries:
     rec = done.get(q.qid)
@@ -375,9 +434,13 @@ def _finalize(dataset: RerankSet, queries, done, cfg: EvalConfig, out: pathlib.P
   tmp = out / (first_stage.RUN_FILE + ".tmp")
   tmp.write_text("".join(l + "\n" for l in first_stage.trec_lines(base)), encoding="utf-8")
   os.replace(tmp, out / first_stage.RUN_FILE)
+  compared = stages.evaluate(dataset.qrels, queries, run, ordered, base, cfg, dev)
+  if compared.fused_run is not None:
+    safety.atomic_write_text(out / stages.RUN_FILE, "".join(
+        l + "\n" for l in stages.trec_lines(compared.fused_run, [q.qid for q in queries])))
   _write_json(out / "metrics.json", {"metrics": means, "num_queries": len(ordered), "first_stage": base.means,
-                                     "delta": base.delta(means)})
-  return EvalReport(means, ordered, {}, out, base.means)
+                                     "delta": base.delta(means), **compared.to_json()})
+  return EvalReport(means, ordered, {}, out, base.means, compared)
 
 
 def _summary(scorer: Scorer, dataset: RerankSet, queries, done, cfg: EvalConfig, label_ids, resumed: int,
@@ -424,6 +487,12 @@ def _summary(scorer: Scorer, dataset: RerankSet, queries, done, cfg: EvalConfig,
   }
 
 
+def _first_stage_name(source: Mapping[str, Any]) -> str:
+  """"first stage (<run file name>)" for a TREC run, "first stage (given order)" for the JSONL form."""
+  run_file = source.get("run_file")
+  return f"first stage ({pathlib.Path(run_file).stem})" if run_file else "first stage (given order)"
+
+
 def format_report(report: EvalReport) -> str:
   """A few lines for the terminal: metrics, throughput, algorithms."""
   s = report.summary
@@ -432,7 +501,7 @@ def format_report(report: EvalReport) -> str:
   with_head = f" + trained {head['config']['kind']} score head" if head else ""
   lines = [f"model {s['model']}{with_head} on {s['backend']}: {s['queries_evaluated']} queries evaluated{resumed}, "
            f"{s['items']} candidates, outputs in {report.output_dir}"]
-  lines += first_stage.table(report.metrics, report.first_stage)
+  lines += stages.table(report.comparison, _first_stage_name(s["data"]))
   rate = lambda x: "n/a" if x is None else f"{x:,.0f}"
   lines.append(f"  items/s {rate(s['items_per_s'])} (warm {rate(s['items_per_s_warm'])}), tokens/s "
                f"{rate(s['tokens_per_s'])}, wall {s['wall_seconds']:.1f} s, "

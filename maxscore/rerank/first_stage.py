@@ -51,14 +51,3 @@ def trec_lines(baseline: Baseline) -> list[str]:
   return [line for qid, scores in baseline.run.items()
           for line in data.trec_lines(qid, list(scores), list(scores.values()), RUN_TAG)]
 
-
-def table(reranked: Mapping[str, float], first_stage: Mapping[str, float]) -> list[str]:
-  """Console lines: one row per metric with the first stage, the reranked value and the delta."""
-  lines = [f"  {'metric':<18} {'first stage':>11} {'reranked':>9} {'delta':>8}"]
-  for name, value in reranked.items():
-    base = first_stage.get(name)
-    if base is None:
-      lines.append(f"  {name:<18} {'n/a':>11} {value:>9.4f}")
-    else:
-      lines.append(f"  {name:<18} {base:>11.4f} {value:>9.4f} {value - base:>+8.4f}")
-  return lines

@@ -1,0 +1,122 @@
+"""The three runs an eval reports on the same queries and depth: the first stage, the reranked run and
+(when asked) their fusion, each tested against the first stage (DESIGN.md section 11).
+
+    result = stages.evaluate(qrels, queries, reranked, base, cfg, dev)   # fused run, metrics, tests
+    print("\\n".join(stages.table(result)))
+
+The tests are `compare.compare_per_query`'s, as scripts/compare_runs.py makes them: per metric a paired
+randomization test and a paired t-test (two-sided) of each run against the first stage, Holm-Bonferroni
+across every (run, metric) comparison of the eval.
+"""
+
+import dataclasses
+from typing import Any, Optional, Sequence
+
+from maxscore.rerank import compare, data, first_stage, fusion, metrics
+
+FIRST, RERANKED, FUSED = "first stage", "reranked", "fused"
+RUN_FILE = "fusion.trec"
+RUN_TAG = "fusion"
+
+
+def first_stage_scores(queries: Sequence[data.RerankQuery], qids) -> metrics.Run:
+  """The first stage's own scores of the queries in `qids` (a TREC run's), or, where the input has none
+  (the JSONL form), its ranks as scores n, n-1, ..., 1: what interpolation normalizes."""
+  keep = set(qids)
+  return {q.qid: dict(zip((d for d, _ in q.candidates), q.scores)) if q.scores else
+          {d: float(len(q.candidates) - i) for i, (d, _) in enumerate(q.candidates)}
+          for q in queries if q.qid in keep}
+
+
+@dataclasses.dataclass(frozen=True)
+class DevSplit:
+  """What tuning alpha may read: the dev split's qrels, reranked run and first-stage scores."""
+  qrels: metrics.Qrels
+  reranked: metrics.Run
+  first: metrics.Run
+
+
+@dataclasses.dataclass(frozen=True)
+class Stages:
+  """Means per run (first stage, reranked, fused), the fused run, the fusion settings, the tests."""
+  means: dict[str, dict[str, float]]
+  fused_run: Optional[metrics.Run]
+  fused_per_query: metrics.PerQuery
+  fusion: dict[str, Any]
+  tests: list[dict[str, Any]]
+
+  def delta(self, run: str) -> dict[str, float]:
+    return {m: v - self.means[FIRST][m] for m, v in self.means.get(run, {}).items() if m in self.means[FIRST]}
+
+  def to_json(self) -> dict[str, Any]:
+    out = {"fusion": self.fusion, "tests": self.tests}
+    if FUSED in self.means:
+      out |= {"fused": self.means[FUSED], "fused_delta": self.delta(FUSED)}
+    return out
+
+
+def _fusion_settings(cfg, dev: Optional[DevSplit]) -> dict[str, Any]:
+  """{"method", "alpha", "alpha_from", "dev_grid", "rrf_k"}; alpha tuned on `dev` when fusion_alpha is dev."""
+  if cfg.fusion != "interpolate":
+    return {"method": cfg.fusion} | ({"rrf_k": cfg.rrf_k} if cfg.fusion == "rrf" else {})
+  alpha = fusion.parse_alpha(cfg.fusion_alpha)
+  if alpha is not None:
+    return {"method": "interpolate", "alpha": alpha, "alpha_from": "given"}
+  if dev is None:
+    raise fusion.FusionError("fusion_alpha=dev needs the dev split's queries (none were given)")
+  alpha, grid = fusion.tune_alpha(dev.qrels, dev.reranked, dev.first, cfg.metrics[0])
+  return {"method": "interpolate", "alpha": alpha, "alpha_from": "dev", "dev_queries": len(dev.reranked),
+          "dev_metric": metrics.canonical_name(cfg.metrics[0]), "dev_grid": {f"{a:g}": v for a, v in grid.items()}}
+
+
+def evaluate(qrels: metrics.Qrels, queries: Sequence[data.RerankQuery], reranked: metrics.Run,
+             reranked_per_query: metrics.PerQuery, base: first_stage.Baseline, cfg,
+             dev: Optional[DevSplit] = None) -> Stages:
+  """The fused run (cfg.fusion, cfg.fusion_alpha, cfg.rrf_k) and the tests of reranked and fused against
+  the first stage on the queries the reranked run was evaluated on."""
+  names = list(dict.fromkeys(metrics.canonical_name(m) for m in cfg.metrics))
+  settings = _fusion_settings(cfg, dev)
+  evaluated = {FIRST: base.per_query, RERANKED: reranked_per_query}
+  fused_run, fused_pq = None, {}
+  if cfg.fusion != "none":
+    fused_run = fusion.fuse(reranked, first_stage_scores(queries, reranked), cfg.fusion,
+                            settings.get("alpha", 0.5), cfg.rrf_k)
+    fused_pq = metrics.evaluate(qrels, fused_run, names)
+    evaluated[FUSED] = fused_pq
+  if not reranked_per_query:
+    return Stages({FIRST: {}, RERANKED: {}}, fused_run, fused_pq, settings, [])
+  result = compare.compare_per_query({k: {q: v[q] for q in reranked_per_query} for k, v in evaluated.items()},
+                                     names, baseline=FIRST)
+  tests = [{k: t[k] for k in ("run", "metric", "delta", "p_randomization", "p_randomization_holm", "p_t",
+                               "p_t_holm", "randomization_method", "wins", "ties", "losses", "significant")}
+           for t in result.tests]
+  return Stages(result.means, fused_run, fused_pq, settings, tests)
+
+
+def trec_lines(run: metrics.Run, qids: Sequence[str]) -> list[str]:
+  """The fused run as TREC lines, queries in `qids` order."""
+  return [line for q in qids if q in run for line in data.trec_lines(q, list(run[q]), list(run[q].values()), RUN_TAG)]
+
+
+def table(s: Stages, first_stage_name: str = FIRST) -> list[str]:
+  """Console lines: a row per run (first stage, reranked, fused), per metric its mean, delta and p-value."""
+  names = list(s.means[FIRST]) if s.means.get(FIRST) else []
+  by = {(t["run"], t["metric"]): t for t in s.tests}
+  width = 27
+  label = {FIRST: first_stage_name, RERANKED: RERANKED,
+           FUSED: f"{FUSED} ({fusion.params_text(s.fusion['method'], s.fusion.get('alpha'), s.fusion.get('rrf_k', 0))})"
+           if FUSED in s.means else FUSED}
+  lw = max(len(v) for v in label.values())
+  lines = [(f"  {'run':<{lw}} " + " ".join(f"{n:<{width}}" for n in names)).rstrip()]
+  for run, means in s.means.items():
+    cells = []
+    for n in names:
+      t = by.get((run, n))
+      cell = f"{means[n]:.4f}" if t is None else (
+          f"{means[n]:.4f} {t['delta']:+.4f} p={t['p_randomization_holm']:.3f}{compare.MARK if t['significant'] else ''}")
+      cells.append(f"{cell:<{width}}")
+    lines.append(f"  {label[run]:<{lw}} " + " ".join(cells).rstrip())
+  if s.tests:
+    lines.append(f"  (delta and p against the {first_stage_name}: paired randomization test, two-sided, "
+                 f"Holm over {len(s.tests)} comparisons; {compare.MARK} p < 0.05)")
+  return lines

@@ -1,0 +1,258 @@
+"""The IR-style eval: BM25 (bm25s) first stage, the embedded default's BEIR layout, fusion with the
+first stage (ranx), alpha tuned on dev only, and the multi-dataset suite table."""
+
+import dataclasses
+import importlib.util
+import json
+import math
+import pathlib
+import tempfile
+
+import bm25s
+import numpy as np
+import pytest
+
+from maxscore import config as config_lib
+from maxscore.rerank import bm25, data, eval as eval_lib, fusion, metrics
+from maxscore.testing.tokenizers import sample_texts
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+CFG = eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=24)
+
+
+def _script(name):
+  spec = importlib.util.spec_from_file_location(f"_script_{name}", REPO / "scripts" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+# --- BM25 ---------------------------------------------------------------------------------------
+def test_bm25_equals_a_hand_computed_case():
+  docs = ["Apple banana.", "apple cherry cherry cherry", "date"]
+  k1, b = 1.2, 0.75
+  lengths, avg = [2, 4, 1], 7 / 3
+  idf = lambda df: math.log(1 + (3 - df + 0.5) / (df + 0.5))
+  tf_part = lambda tf, dl: tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avg))
+  expected = [idf(2) * tf_part(1, lengths[0]),
+              idf(2) * tf_part(1, lengths[1]) + idf(1) * tf_part(3, lengths[1]),
+              0.0]
+  index = bm25.BM25Index(docs, k1, b)
+  assert index.scores("apple cherry") == pytest.approx(expected, rel=1e-12)
+  assert index.scores("APPLE, cherry!") == pytest.approx(expected, rel=1e-12)   # words: lowercase [a-z]
+  assert index.scores("apple apple") == pytest.approx([2 * idf(2) * tf_part(1, 2), 2 * idf(2) * tf_part(1, 4), 0])
+  assert list(index.scores("unseen words")) == [0, 0, 0]
+  assert index.doc_freq == {"apple": 2, "banana": 1, "cherry": 1, "date": 1}
+  assert index.top_k("apple cherry", 5) == [(1, pytest.approx(expected[1])), (0, pytest.approx(expected[0]))]
+
+
+def test_bm25_equals_the_librarys_lucene_scores_times_k1_plus_1():
+  """bm25s's Lucene variant drops the (k1 + 1) factor of the term weight; the rankings are the same."""
+  docs = [p for p in sample_texts()[:60] if bm25.words(p)]
+  k1, b = 1.5, 0.6
+  lucene = bm25s.BM25(k1=k1, b=b, method="lucene", dtype="float64")
+  lucene.index([bm25.words(d) for d in docs], show_progress=False)
+  index = bm25.BM25Index(docs, k1, b)
+  for query in ("the import statement", "class attribute lookup", "expression value"):
+    ours = index.scores(query)
+    ref = lucene.get_scores([w for w in bm25.words(query) if w in lucene.vocab_dict])
+    np.testing.assert_allclose(ours, (k1 + 1) * ref, rtol=1e-12, atol=1e-12)
+    assert ours.max() > 0
+
+
+def test_first_stage_run_is_the_top_k_over_the_whole_corpus():
+  corpus = {f"d{i}": t for i, t in enumerate(sample_texts()[:40])}
+  run = bm25.first_stage_run(corpus, {"q": "the statement of a module"}, top_k=5)
+  scores = bm25.BM25Index(list(corpus.values())).scores("the statement of a module")
+  assert list(run["q"]) == [f"d{i}" for i in np.argsort(-scores, kind="stable")[:5]]
+  assert list(run["q"].values()) == pytest.approx(sorted(scores, reverse=True)[:5])
+
+
+@pytest.mark.slow
+def test_shipped_default_data_equals_a_rebuild():
+  build = _script("build_default_assets")
+  opts = config_lib.load_entry(build.ENTRY, build.SECTIONS)["assets"]
+  with tempfile.TemporaryDirectory() as tmp:
+    built = build.rerank_data(opts, build.layout_tokenizer(tmp, opts))
+  shipped = [json.loads(l) for l in data.DEFAULT_JSONL.read_text(encoding="utf-8").splitlines()]
+  assert built.records == shipped
+  files = {p.relative_to(data.DEFAULT_BEIR_DIR).as_posix() for p in data.DEFAULT_BEIR_DIR.rglob("*") if p.is_file()}
+  assert files == set(built.beir)
+  for name, text in built.beir.items():
+    assert (data.DEFAULT_BEIR_DIR / name).read_text(encoding="utf-8") == text, name
+  # The BEIR form holds the JSONL form's queries, judges every candidate it judged, and ranks BM25's top k.
+  test = data.load_beir(data.DEFAULT_BEIR_DIR, data.DEFAULT_RUN, "test", 0)
+  jsonl = data.load_jsonl(data.DEFAULT_JSONL, "test")
+  assert sorted(q.qid for q in test.queries) == sorted(q.qid for q in jsonl.queries)
+  for qid, judged in jsonl.qrels.items():
+    assert {d: test.qrels[qid][d] for d in judged} == judged
+  assert all(1 <= len(q.candidates) <= opts.bm25_top_k and list(q.scores) == sorted(q.scores, reverse=True)
+             for q in test.queries)
+
+
+# --- fusion -------------------------------------------------------------------------------------
+RERANKED = {"q1": {"a": 0.9, "b": 0.5, "c": 0.1, "d": 0.3}, "q2": {"a": 0.2, "b": 0.7, "c": 0.4}}
+FIRST = {"q1": {"a": 10.0, "b": 14.0, "c": 12.0, "d": 11.0}, "q2": {"a": 3.0, "b": 1.0, "c": 2.0}}
+
+
+def _minmax(scores):
+  lo, hi = min(scores.values()), max(scores.values())
+  return {d: (s - lo) / (hi - lo) for d, s in scores.items()}
+
+
+def _ranks(scores):
+  return {d: r for r, d in enumerate(sorted(scores, key=scores.get, reverse=True), 1)}
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 1.0])
+def test_interpolation_equals_a_by_hand_computation(alpha):
+  fused = fusion.fuse(RERANKED, FIRST, "interpolate", alpha)
+  for q in RERANKED:
+    r, f = _minmax(RERANKED[q]), _minmax(FIRST[q])
+    assert fused[q] == pytest.approx({d: alpha * r[d] + (1 - alpha) * f[d] for d in r}, abs=1e-12)
+
+
+def test_rrf_equals_a_by_hand_computation():
+  fused = fusion.fuse(RERANKED, FIRST, "rrf", rrf_k=10)
+  for q in RERANKED:
+    r, f = _ranks(RERANKED[q]), _ranks(FIRST[q])
+    assert fused[q] == pytest.approx({d: 1 / (10 + r[d]) + 1 / (10 + f[d]) for d in r}, abs=1e-12)
+
+
+def test_fusion_settings_are_checked():
+  with pytest.raises(fusion.FusionError, match="fusion_alpha='1.5'"):
+    fusion.check("interpolate", "1.5", 60)
+  with pytest.raises(fusion.FusionError, match="rrf_k=0"):
+    fusion.check("rrf", "dev", 0)
+  with pytest.raises(fusion.FusionError, match="infinite"):
+    fusion.fuse({"q": {"a": -math.inf, "b": 0.0}}, {"q": {"a": 1.0, "b": 2.0}}, "interpolate", 0.5)
+  assert fusion.parse_alpha("dev") is None and fusion.parse_alpha("0.25") == 0.25
+
+
+def test_tune_alpha_picks_the_best_alpha_on_dev():
+  qrels = {"q1": {"a": 1}, "q2": {"c": 2, "b": 1}}
+  alpha, grid = fusion.tune_alpha(qrels, RERANKED, FIRST, "ndcg@10")
+  for a in fusion.ALPHA_GRID:  # every grid point is the metric of that alpha's fused run
+    by_hand = {q: {d: a * _minmax(RERANKED[q])[d] + (1 - a) * _minmax(FIRST[q])[d] for d in RERANKED[q]}
+               for q in RERANKED}
+    assert grid[a] == pytest.approx(metrics.aggregate(metrics.evaluate(qrels, by_hand, ["ndcg@10"]))["ndcg_cut_10"])
+  assert grid[alpha] == max(grid.values()) and all(grid[a] < grid[alpha] for a in grid if a < alpha)
+  assert max(grid.values()) > min(grid.values())  # the fixture can tell the alphas apart
+
+
+# --- the eval with fusion, and the suite ---------------------------------------------------------
+def _beir(root: pathlib.Path, seed: int, splits=("dev", "test"), per_split=3) -> pathlib.Path:
+  """A tiny BEIR dataset (8 candidates per query, graded qrels per split) and its first-stage run."""
+  rng = np.random.default_rng(seed)
+  paras = [p for p in sample_texts() if len(p.split()) >= 40 and not p.startswith(" ")]
+  (root / "qrels").mkdir(parents=True)
+  (root / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"p{i}", "text": p}) + "\n"
+                                             for i, p in enumerate(paras)))
+  queries, run, qrels = [], [], {s: ["query-id\tcorpus-id\tscore"] for s in splits}
+  for n in range(per_split * len(splits)):
+    picks = rng.choice(len(paras), 8, replace=False)
+    qid = f"q{n}"
+    queries.append(json.dumps({"_id": qid, "text": " ".join(paras[picks[0]].split()[:5])}))
+    qrels[splits[n % len(splits)]] += [f"{qid}\tp{picks[0]}\t2", f"{qid}\tp{picks[1]}\t1"]
+    run += [f"{qid} Q0 p{j} {r} {20 - r + rng.random():.4f} bm25" for r, j in enumerate(rng.permutation(picks), 1)]
+  (root / "queries.jsonl").write_text("\n".join(queries) + "\n")
+  for s, lines in qrels.items():
+    (root / "qrels" / f"{s}.tsv").write_text("\n".join(lines) + "\n")
+  (root / "bm25.trec").write_text("\n".join(run) + "\n")
+  return root
+
+
+@pytest.fixture(scope="module")
+def scorer():
+  return eval_lib.build_scorer()
+
+
+def _run_eval(scorer, d, out, cfg):
+  run = eval_lib.EvalRun(data_dir=str(d), run_file=str(d / "bm25.trec"), output_dir=str(out))
+  dataset, dev = eval_lib.load_data(run, cfg)
+  return eval_lib.run_eval(scorer, dataset, cfg, out, progress=False, dev=dev)
+
+
+@pytest.mark.slow
+def test_alpha_tuned_on_dev_never_reads_test(scorer, tmp_path):
+  cfg = dataclasses.replace(CFG, fusion="interpolate", fusion_alpha="dev")
+  d = _beir(tmp_path / "d", seed=3)
+  first = _run_eval(scorer, d, tmp_path / "a", cfg)
+  tuned = first.comparison.fusion
+  assert tuned["alpha_from"] == "dev" and tuned["dev_queries"] == 3
+  assert tuned["alpha"] == min(float(a) for a, v in tuned["dev_grid"].items() if v == max(tuned["dev_grid"].values()))
+  # Poisoned test judgments (every other candidate relevant) change the test metrics, not the alpha.
+  poisoned = tmp_path / "poisoned"
+  _beir(poisoned, seed=3)
+  ranked = data.read_trec_run(poisoned / "bm25.trec")
+  test_qids = {l.split("\t")[0] for l in (d / "qrels" / "test.tsv").read_text().splitlines()[1:]}
+  (poisoned / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+      f"{q}\t{doc}\t2\n" for q in sorted(test_qids) for doc in list(ranked[q])[::2]))
+  second = _run_eval(scorer, poisoned, tmp_path / "b", cfg)
+  assert second.comparison.fusion == tuned
+  assert second.metrics != first.metrics
+  # The fused run on disk is the interpolation of the reranked run and the first stage's own scores.
+  reranked = data.read_trec_run(tmp_path / "a" / "run.trec")
+  given = {q: v for q, v in data.read_trec_run(d / "bm25.trec").items() if q in reranked}
+  expected = fusion.fuse(reranked, given, "interpolate", tuned["alpha"])
+  on_disk = data.read_trec_run(tmp_path / "a" / "fusion.trec")
+  assert on_disk.keys() == expected.keys()
+  for q in expected:
+    assert on_disk[q] == pytest.approx(expected[q], rel=1e-6)
+  saved = json.loads((tmp_path / "a" / "metrics.json").read_text())
+  assert saved["fusion"] == tuned and {t["run"] for t in saved["tests"]} == {"reranked", "fused"}
+
+
+def test_alpha_dev_without_a_dev_split_is_a_clear_error(tmp_path):
+  d = _beir(tmp_path / "d", seed=1, splits=("test",))
+  run = eval_lib.EvalRun(data_dir=str(d), run_file=str(d / "bm25.trec"), output_dir=str(tmp_path / "o"))
+  with pytest.raises(data.DataError, match="fusion_alpha=dev needs a dev split: .*dev.tsv"):
+    eval_lib.load_data(run, eval_lib.EvalConfig(fusion="interpolate"))
+  assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_suite_reports_the_good_dataset_and_the_broken_one(tmp_path, capsys):
+  suite_script = _script("eval_suite")
+  good = _beir(tmp_path / "good", seed=5, splits=("test",), per_split=4)
+  broken = _beir(tmp_path / "broken", seed=6, splits=("test",))
+  (broken / "bm25.trec").write_text("q0 Q0 missing-doc 1 3.0 bm25\n")
+  out = tmp_path / "suite"
+  code = suite_script.run(["eval_suite.py", f"--datasets=good={good},broken={broken}", f"--output_dir={out}",
+                           "--max_query_tokens=4", "--max_item_tokens=24", "--noprogress",
+                           f"--output_json={tmp_path / 'suite.json'}", f"--output_latex={tmp_path / 'suite.tex'}"])
+  printed = capsys.readouterr().out
+  assert code == 1
+  report = json.loads((tmp_path / "suite.json").read_text())
+  assert report["failed"] == ["broken"] and "missing-doc" in report["datasets"]["broken"]["error"]
+  assert "bm25.trec:1" in report["datasets"]["broken"]["error"]
+  saved = json.loads((out / "good" / "metrics.json").read_text())
+  good_means = report["datasets"]["good"]["means"]
+  assert good_means["reranked"]["ndcg_cut_10"] == pytest.approx(saved["metrics"]["ndcg_cut_10"])
+  assert good_means["first stage"]["ndcg_cut_10"] == pytest.approx(saved["first_stage"]["ndcg_cut_10"])
+  assert good_means["fused"]["ndcg_cut_10"] == pytest.approx(saved["fused"]["ndcg_cut_10"])
+  assert report["average"]["fused"] == pytest.approx(good_means["fused"])  # one dataset finished
+  assert "| good (4 q) |" in printed and "| broken | failed: DataError:" in printed and "| average |" in printed
+  assert "\\begin{tabular}" in (tmp_path / "suite.tex").read_text()
+  assert not (out / "broken" / "run.trec").exists()
+
+
+def test_suite_holm_adjusts_across_datasets():
+  from maxscore.rerank import suite
+  tests = lambda p: [{"run": "reranked", "metric": "ndcg_cut_10", "p_randomization": p, "p_t": p}]
+  out = {"a": {"tests": tests(0.01)}, "b": {"tests": tests(0.04)}, "c": {"error": "x"}}
+  suite._holm_across_datasets(out, "randomization", 0.05)
+  assert [out[n]["tests"][0]["p_holm_datasets"] for n in "ab"] == pytest.approx([0.02, 0.04])
+  assert out["a"]["tests"][0]["significant"] and out["b"]["tests"][0]["significant"]
+
+
+@pytest.mark.parametrize("args, field", [(["--fusion_alpha=1.5"], "fusion_alpha"), (["--rrf_k=0"], "rrf_k"),
+                                         (["--datasets=nameless"], "datasets")])
+def test_bad_settings_are_one_line_and_exit_2(tmp_path, capsys, args, field):
+  script = _script("eval_suite" if field == "datasets" else "eval_rerank")
+  with pytest.raises(SystemExit) as e:
+    script.run(["x.py", f"--output_dir={tmp_path / 'o'}", *args])
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip()
+  assert err.count("\n") == 0 and field in err
+  assert not (tmp_path / "o").exists()
