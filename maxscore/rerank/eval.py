@@ -322,7 +322,7 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
   builder = prompts.PromptBuilder(scorer.tokenizer, template, cfg.instruction, cfg.max_query_tokens,
                                   cfg.max_item_tokens)
   queries = dataset.queries[:cfg.max_queries] if cfg.max_queries else dataset.queries
-  dev_queries = _dev_queries(queries, dev, cfg)
+  dev_queries = stages.dev_queries(queries, dev, cfg.fusion, cfg.fusion_alpha, cfg.max_queries)
   done, error = {}, None
   if lead:
     try:
@@ -359,7 +359,7 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
         bar.update(1)
   if not lead:
     return None
-  report = _finalize(dataset, queries, done, cfg, out, _dev_split(dev, dev_queries, done))
+  report = _finalize(dataset, queries, done, cfg, out, stages.dev_split(dev, dev_queries, done))
   summary = _summary(scorer, dataset, queries, done, cfg, label_ids, resumed, report.metrics,
                      len(report.per_query), time.perf_counter() - wall_start)
   summary["first_stage_metrics"] = report.first_stage
@@ -383,28 +383,6 @@ def _append(f, rec: dict, fsync: bool, path: pathlib.Path) -> None:
       os.fsync(f.fileno())
   except OSError as e:
     raise safety.with_path(e, path) from None
-
-
-def _dev_queries(queries: Sequence[data.RerankQuery], dev: Optional[RerankSet], cfg: EvalConfig):
-  """The dev split's queries to score for tuning (none unless fusion_alpha=dev asks for them); a query in
-  both splits is refused, so tuning never sees an evaluated query."""
-  if dev is None or cfg.fusion != "interpolate" or fusion.parse_alpha(cfg.fusion_alpha) is not None:
-    return []
-  dev_queries = dev.queries[:cfg.max_queries] if cfg.max_queries else dev.queries
-  both = sorted({q.qid for q in queries} & {q.qid for q in dev_queries})
-  if both:
-    raise data.DataError(f"fusion_alpha=dev: queries {both[:3]} are in both the evaluated split and dev; "
-                         "tuning needs a dev split of other queries")
-  return list(dev_queries)
-
-
-def _dev_split(dev: Optional[RerankSet], dev_queries, done) -> Optional[stages.DevSplit]:
-  """What tuning reads: dev's qrels and its queries' reranked and first-stage runs (nothing of the evaluated split)."""
-  if not dev_queries:
-    return None
-  reranked = {q.qid: dict(zip(done[q.qid]["docids"], done[q.qid]["scores"])) for q in dev_queries
-              if q.qid in done and done[q.qid]["docids"]}
-  return stages.DevSplit(dev.qrels, reranked, stages.first_stage_scores(dev_queries, reranked))
 
 
 def _write_json(path: pathlib.Path, obj: Any) -> None:

@@ -36,6 +36,29 @@ class DevSplit:
   first: metrics.Run
 
 
+def dev_queries(queries: Sequence[data.RerankQuery], dev: Optional[data.RerankSet], fusion_name: str,
+                fusion_alpha: Any, max_queries: int) -> list[data.RerankQuery]:
+  """The dev split's queries to score for tuning (none unless fusion_alpha=dev asks for them); a query in
+  both splits is refused, so tuning never sees an evaluated query."""
+  if dev is None or fusion_name != "interpolate" or fusion.parse_alpha(fusion_alpha) is not None:
+    return []
+  chosen = dev.queries[:max_queries] if max_queries else dev.queries
+  both = sorted({q.qid for q in queries} & {q.qid for q in chosen})
+  if both:
+    raise data.DataError(f"fusion_alpha=dev: queries {both[:3]} are in both the evaluated split and dev; "
+                         "tuning needs a dev split of other queries")
+  return list(chosen)
+
+
+def dev_split(dev: Optional[data.RerankSet], dev_queries, done) -> Optional[DevSplit]:
+  """What tuning reads: dev's qrels and its queries' reranked and first-stage runs (nothing of the evaluated split)."""
+  if not dev_queries:
+    return None
+  reranked = {q.qid: dict(zip(done[q.qid]["docids"], done[q.qid]["scores"])) for q in dev_queries
+              if q.qid in done and done[q.qid]["docids"]}
+  return DevSplit(dev.qrels, reranked, first_stage_scores(dev_queries, reranked))
+
+
 @dataclasses.dataclass(frozen=True)
 class Stages:
   """Means per run (first stage, reranked, fused), the fused run, the fusion settings, the tests."""
