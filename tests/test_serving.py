@@ -95,6 +95,7 @@ async def _client(url, jobs, answers, give_up):
         answers[key] = None
 
 
+@pytest.mark.slow
 def test_concurrent_clients_get_their_own_answers(default_server):
   """32 clients x 2 requests of different content (same shape), 4 of the clients hanging up early."""
   rng = np.random.default_rng(0)
@@ -264,6 +265,7 @@ def test_several_processes_are_refused_in_one_line():
 
 
 # --- a converted tiny Hugging Face model with a tokenizer -----------------------------------------
+@pytest.mark.slow
 def test_converted_hf_model_scores_and_ranks_as_scorer_and_eval(tmp_path, hf_tokenizer_path):
   model = hf_models.make_hf_model("qwen3", vocab_size=520, num_key_value_heads=2)
   hf_dir = hf_models.save_hf_model(model, tmp_path / "hf", tokenizer_file=hf_tokenizer_path)
@@ -294,3 +296,8 @@ def test_converted_hf_model_scores_and_ranks_as_scorer_and_eval(tmp_path, hf_tok
     out = client.post("/v1/score", json=body).json()
     np.testing.assert_allclose(out["scores"], _reference(scorer, body["query"], body["items"], [7, 9, 11], False),
                                rtol=0, atol=1e-6)
+
+
+def test_raw_logit_with_a_score_head_is_refused_at_start(default_server):
+  with pytest.raises(serving.ServeError, match="score_mode=raw_logit .* score head"):
+    serving.ScoringService(default_server.service.scorer, CFG, serving.RerankPrompt(score_mode="raw_logit"))

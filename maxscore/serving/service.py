@@ -37,6 +37,9 @@ class ScoringService:
     self.scorer, self.cfg, self.prompt = scorer, cfg.validate(), prompt.validate()
     self.model_name = cfg.served_model_name or scorer.model_name
     self.apply_softmax, self.rank_fn = eval_lib.SCORE_MODES[prompt.score_mode]
+    if self.apply_softmax is None and getattr(scorer, "head_config", None) is not None:
+      raise ServeError("score_mode=raw_logit ranks by the backbone's raw label logits, which a score head does not "
+                       "produce; start with --nouse_head or score_mode=p_first/log_odds")
     template = prompts.get_template(prompt.template)
     self.builder, self.label_ids = None, None
     if scorer.tokenizer is not None:  # without one, /v1/rerank answers 400 (it needs text)
