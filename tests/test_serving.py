@@ -301,3 +301,25 @@ def test_converted_hf_model_scores_and_ranks_as_scorer_and_eval(tmp_path, hf_tok
 def test_raw_logit_with_a_score_head_is_refused_at_start(default_server):
   with pytest.raises(serving.ServeError, match="score_mode=raw_logit .* score head"):
     serving.ScoringService(default_server.service.scorer, CFG, serving.RerankPrompt(score_mode="raw_logit"))
+
+
+def test_batch_queue_gathers_within_the_wait_and_isolates_a_failing_request():
+  calls = []
+
+  def run_batch(payloads):
+    calls.append(list(payloads))
+    if "bad" in payloads:
+      raise ValueError("a bad payload")
+    return [p * 2 for p in payloads]
+  queue = serving.BatchQueue(run_batch, max_batch=4, max_wait_s=5.0, max_queue=8)
+  queue.start()
+
+  async def submit_all():
+    return await asyncio.gather(*[queue.submit(p, 60) for p in (1, 2, "bad", 3)], return_exceptions=True)
+  try:
+    results = asyncio.run(submit_all())
+  finally:
+    queue.close(timeout_s=60)
+  assert calls[0] == [1, 2, "bad", 3]  # one call: the batch filled before the wait ran out
+  assert calls[1:] == [[1], [2], ["bad"], [3]]  # it failed, so each request ran alone
+  assert results[:2] == [2, 4] and results[3] == 6 and isinstance(results[2], ValueError)
