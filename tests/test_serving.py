@@ -323,3 +323,15 @@ def test_batch_queue_gathers_within_the_wait_and_isolates_a_failing_request():
   assert calls[0] == [1, 2, "bad", 3]  # one call: the batch filled before the wait ran out
   assert calls[1:] == [[1], [2], ["bad"], [3]]  # it failed, so each request ran alone
   assert results[:2] == [2, 4] and results[3] == 6 and isinstance(results[2], ValueError)
+
+
+@pytest.mark.slow
+def test_load_benchmark_answers_every_request_correctly():
+  from maxscore.bench import serve_load  # pylint: disable=import-outside-toplevel
+  cfg = serve_load.LoadConfig(clients=4, requests_per_client=2, items_per_request=6, max_batch_requests=4,
+                              warm_requests_per_client=1, time_limit_s=300)
+  report = serve_load.run_load(cfg, FEW_BUCKETS)
+  for mode in ("batched", "wait=0", "unbatched"):
+    assert report["modes"][mode]["correct"] == report["modes"][mode]["requests"] == 8
+  assert "| batched | 8/8 |" in serve_load.format_report(report)
+  assert report["modes"]["unbatched"]["mean_batch"] == 1

@@ -15,6 +15,7 @@ cores): the figures are the server's with a local client, a lower bound on what 
 import asyncio
 import dataclasses
 import os
+import sys
 import time
 from typing import Any, Optional
 
@@ -138,7 +139,11 @@ def run_load(cfg: LoadConfig, overrides=()) -> dict[str, Any]:
       "wait=0": dataclasses.replace(base, max_batch_requests=cfg.max_batch_requests, max_batch_wait_ms=0.0),
       "unbatched": dataclasses.replace(base, max_batch_requests=1, max_batch_wait_ms=0.0),
   }
-  results = {name: _run_mode(scorer, prompt, mode_cfg, pool, wants, cfg) for name, mode_cfg in modes.items()}
+  results = {}
+  for name, mode_cfg in modes.items():
+    results[name] = _run_mode(scorer, prompt, mode_cfg, pool, wants, cfg)
+    print(f"{name}: {results[name]['items_per_s']:.0f} items/s, {results[name]['correct']}/"
+          f"{results[name]['requests']} correct", file=sys.stderr, flush=True)
   batched = results["batched"]["items_per_s"]
   return {"config": dataclasses.asdict(cfg), "model": scorer.model_name, "modes": results,
           "gain_vs_wait0": batched / results["wait=0"]["items_per_s"],
