@@ -17,6 +17,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 SERVE = [sys.executable, str(REPO / "scripts" / "serve.py")]
 
 
+@pytest.mark.slow
 def test_bad_setting_is_one_line_and_exit_2(tmp_path):
   r = subprocess.run(SERVE + ["--max_queue=0"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
   assert r.returncode == 2, r.stderr

@@ -7,8 +7,9 @@ requests each on loopback, against the same model served three ways in one run:
 
 Every answer is checked against the same request scored alone (the service's path with batch 1, which
 is Scorer.score's): same ranking, scores within `tolerance`. The load is bounded in count (C x R) and in
-time (time_limit_s per mode). Each mode runs an untimed pass first (it compiles the shapes its batches
-take); compilations during the timed pass are reported. Client and server share this process (and its
+time (time_limit_s per mode). Before timing, each mode runs pool requests at every batch bucket on the
+worker's path (compiling those batch shapes) and an untimed pass over HTTP; compilations during the timed
+pass are still counted and reported. Client and server share this process (and its
 cores): the figures are the server's with a local client, a lower bound on what it serves to remote ones.
 """
 
@@ -100,6 +101,7 @@ async def _load(url: str, pool, wants, clients: int, per_client: int, cfg: LoadC
 
 def _run_mode(scorer, prompt: RerankPrompt, serve_cfg: ServeConfig, pool, wants, cfg: LoadConfig) -> dict[str, Any]:
   service = ScoringService(scorer, serve_cfg, prompt)
+  _compile_batches(service, pool)
   with ServerThread(service) as server:
     if cfg.warm_requests_per_client:
       asyncio.run(_load(server.url, pool, wants, cfg.clients, cfg.warm_requests_per_client, cfg))
@@ -115,6 +117,15 @@ def _run_mode(scorer, prompt: RerankPrompt, serve_cfg: ServeConfig, pool, wants,
           "items_per_s": n * cfg.items_per_request / seconds,
           "mean_batch": (reqs1 - reqs0) / max(calls1 - calls0, 1),
           "compiled_during_run": scorer.runner.num_executables - compiled}
+
+
+def _compile_batches(service: ScoringService, pool) -> None:
+  """Runs pool requests at every batch bucket up to max_batch_requests on the worker's path (no HTTP),
+  so the timed pass meets compiled shapes (ServeConfig.warmup does this for uniform shapes)."""
+  works = [service.rerank_work(body)[1] for body in pool]
+  limit = service.cfg.max_batch_requests
+  for b in sorted({b for b in service.scorer.config.buckets.batch_buckets if b < limit} | {limit}):
+    service.run_batch([works[i % len(works)] for i in range(b)])
 
 
 def _hist(histogram) -> tuple[float, float]:
