@@ -13,6 +13,8 @@ setup(
         "jax>=0.7", "jaxlib>=0.7", "flax>=0.10", "orbax-checkpoint>=0.11", "optax>=0.2", "sentencepiece>=0.2",
         "numpy>=1.26", "absl-py>=2.0", "pyyaml>=6.0", "safetensors>=0.4", "tokenizers>=0.20", "ml_dtypes>=0.4",
         "tqdm>=4.60", "tensorboardX>=2.6", "scipy>=1.10", "matplotlib>=3.7", "bm25s>=0.2.6", "ranx>=0.3.19",
+        # the HTTP server (maxscore/serving) and its load benchmark (scripts/bench_serve.py)
+        "fastapi>=0.110", "uvicorn>=0.29", "prometheus_client>=0.20", "httpx>=0.27",
     ],
     extras_require={
         # torch is pinned to the CPU build available on these machines; unpinned, pip pulls a CUDA build.

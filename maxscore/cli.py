@@ -48,8 +48,10 @@ def expected_errors() -> tuple[type[BaseException], ...]:
   from maxscore.heads.train_config import TrainError
   from maxscore.rerank.compare import CompareError
   from maxscore.rerank.plots import PlotError
+  from maxscore.serving.config import ServeError
   return (ScoreInputError, UnsafeOutputError, ResumeError, ConfigError, CheckpointError, ConversionError,
-          MeshError, ShardingError, TrainError, TokenizerError, CompareError, PlotError, TopologyError, OSError)
+          MeshError, ShardingError, TrainError, TokenizerError, CompareError, PlotError, TopologyError, ServeError,
+          OSError)
 
 
 @contextlib.contextmanager

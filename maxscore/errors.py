@@ -5,6 +5,10 @@ class ScoreInputError(ValueError):
   """Bad scoring input; the message names the field, the value and the limit."""
 
 
+class RequestTooLargeError(ScoreInputError):
+  """A request above a size limit (a bucket, max_request_tokens, max_items); the message names the limit."""
+
+
 class UnsafeOutputError(ValueError):
   """An output would overwrite or delete something maxscore did not write (an input, a foreign directory)."""
 

@@ -10,7 +10,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from maxscore.errors import ScoreInputError
+from maxscore.errors import RequestTooLargeError, ScoreInputError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,14 +153,14 @@ def make_request(query: Any, items: Any, label_token_ids: Optional[Sequence[int]
         raise ScoreInputError(f"items[{i}] is empty and so is the query, with no separator: a scored sequence "
                               f"needs at least one token")
   if len(req.prefix) > max_prefix_tokens:
-    raise ScoreInputError(f"query is {len(req.prefix)} tokens with the separator, above the largest prefix "
+    raise RequestTooLargeError(f"query is {len(req.prefix)} tokens with the separator, above the largest prefix "
                           f"bucket {max_prefix_tokens}; raise prefix_buckets or truncate the query")
   for i, item in enumerate(toks):
     if len(item) > max_item_tokens:
-      raise ScoreInputError(f"items[{i}] is {len(item)} tokens, above the largest item bucket {max_item_tokens}; "
+      raise RequestTooLargeError(f"items[{i}] is {len(item)} tokens, above the largest item bucket {max_item_tokens}; "
                             f"raise item_buckets or truncate the item")
   if req.num_tokens > max_tokens:
-    raise ScoreInputError(f"request has {req.num_tokens} tokens (query + separator + items), above "
+    raise RequestTooLargeError(f"request has {req.num_tokens} tokens (query + separator + items), above "
                           f"max_request_tokens={max_tokens}")
   return req
 

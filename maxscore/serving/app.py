@@ -1,0 +1,167 @@
+"""The HTTP front end (DESIGN.md section 13): FastAPI routes over a ScoringService, served by uvicorn.
+
+    POST /v1/score                 sglang's /v1/score (the numbers of Scorer.score)
+    POST /v1/rerank, /rerank, /v2/rerank   Cohere/Jina rerank (the eval's ranking)
+    GET  /health, /v1/models, /metrics
+
+Every error is an OpenAI-style JSON body (schemas.ApiError) with a 4xx status for bad input, 503 with
+Retry-After when the queue is full, 504 past request_timeout_s; the server keeps serving. SIGTERM (or
+SIGINT) stops accepting connections, answers the requests in flight, drains the queue and returns.
+"""
+
+import asyncio
+import contextlib
+import signal
+import threading
+import time
+from typing import Any, Awaitable, Callable, Optional
+
+import fastapi
+import uvicorn
+from absl import logging
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from maxscore.serving import batching, schemas
+from maxscore.serving.metrics import CONTENT_TYPE
+from maxscore.serving.service import ScoringService
+
+RERANK_PATHS = ("/v1/rerank", "/rerank", "/v2/rerank")
+
+
+def _error_response(error: schemas.ApiError) -> fastapi.responses.JSONResponse:
+  return fastapi.responses.JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+async def _answer(service: ScoringService, endpoint: str, handle: Callable[[], Awaitable[Any]]):
+  """Runs a handler; maps every failure to its JSON error and records the request's metrics."""
+  start = time.perf_counter()
+  try:
+    response = await handle()
+  except schemas.ApiError as e:
+    response = _error_response(e)
+  except batching.QueueFull as e:
+    response = _error_response(schemas.ApiError(503, str(e), headers={"Retry-After": "1"}))
+  except batching.QueueClosed as e:
+    response = _error_response(schemas.ApiError(503, str(e), headers={"Retry-After": "5"}))
+  except asyncio.TimeoutError:
+    response = _error_response(schemas.ApiError(
+        504, f"the request was not scored within request_timeout_s={service.cfg.request_timeout_s}"))
+  except Exception as e:  # pylint: disable=broad-except  (a bug: logged with its traceback, answered as 500)
+    logging.exception("%s failed", endpoint)
+    response = _error_response(schemas.ApiError(500, f"internal error: {type(e).__name__}: {e}"))
+  if not isinstance(response, fastapi.Response):
+    response = fastapi.responses.JSONResponse(response)
+  service.metrics.observe(endpoint, response.status_code, time.perf_counter() - start)
+  return response
+
+
+def build_app(service: ScoringService) -> fastapi.FastAPI:
+  """The FastAPI app; its lifespan starts the batch worker and, at shutdown, drains it."""
+
+  @contextlib.asynccontextmanager
+  async def lifespan(_app):
+    service.queue.start()
+    yield
+    await asyncio.get_running_loop().run_in_executor(None, service.queue.close)
+
+  app = fastapi.FastAPI(title="maxscore", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+  @app.exception_handler(StarletteHTTPException)
+  async def http_error(_request, exc: StarletteHTTPException):  # unknown path, wrong method
+    return _error_response(schemas.ApiError(exc.status_code, str(exc.detail)))
+
+  async def score(request: fastapi.Request):
+    async def handle():
+      work = service.score_work(schemas.parse_json(await request.body()))
+      result = await service.queue.submit(work, service.cfg.request_timeout_s)
+      return result.to_response(service.model_name)
+    return await _answer(service, "/v1/score", handle)
+
+  async def rerank(request: fastapi.Request):
+    async def handle():
+      req, work = service.rerank_work(schemas.parse_json(await request.body()))
+      result = await service.queue.submit(work, service.cfg.request_timeout_s)
+      return schemas.rerank_response(req, service.ranking(result).tolist(), service.model_name,
+                                     result.usage["prompt_tokens"])
+    return await _answer(service, "/v1/rerank", handle)
+
+  async def health():
+    return await _answer(service, "/health", _constant(service.health))
+
+  async def models():
+    return await _answer(service, "/v1/models", _constant(service.models))
+
+  async def metrics():
+    body = service.metrics.render()  # rendered before this request is counted
+    return await _answer(service, "/metrics", _constant(lambda: fastapi.Response(body, media_type=CONTENT_TYPE)))
+
+  app.add_api_route("/v1/score", score, methods=["POST"])
+  for path in RERANK_PATHS:
+    app.add_api_route(path, rerank, methods=["POST"])
+  app.add_api_route("/health", health, methods=["GET"])
+  app.add_api_route("/v1/models", models, methods=["GET"])
+  app.add_api_route("/metrics", metrics, methods=["GET"])
+  return app
+
+
+def _constant(fn: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
+  async def handle():
+    return fn()
+  return handle
+
+
+def uvicorn_server(service: ScoringService) -> uvicorn.Server:
+  config = uvicorn.Config(build_app(service), host=service.cfg.host, port=service.cfg.port,
+                          log_level=service.cfg.log_level, access_log=False, lifespan="on",
+                          timeout_graceful_shutdown=int(service.cfg.request_timeout_s) + 5)
+  return uvicorn.Server(config)
+
+
+def serve(service: ScoringService, on_ready: Optional[Callable[[str], None]] = None) -> None:
+  """Serves until SIGTERM or SIGINT, then answers what is in flight and returns (exit code 0).
+
+  uvicorn re-raises the signal it caught once it has shut down; a SIGTERM handler of our own takes it,
+  so a drained server ends with status 0 rather than being killed by the default action."""
+  server = uvicorn_server(service)
+  previous = signal.signal(signal.SIGTERM, lambda *_: None)
+  try:
+    if on_ready is not None:
+      _watch_started(server, lambda: on_ready(f"http://{service.cfg.host}:{_bound_port(server)}"))
+    server.run()
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+
+
+def _bound_port(server: uvicorn.Server) -> int:
+  return server.servers[0].sockets[0].getsockname()[1]
+
+
+def _watch_started(server: uvicorn.Server, callback: Callable[[], None]) -> None:
+  def watch():
+    while not server.started and not server.should_exit:
+      time.sleep(0.02)
+    if server.started:
+      callback()
+  threading.Thread(target=watch, daemon=True).start()
+
+
+class ServerThread:
+  """A server in a background thread of this process on a free loopback port (tests, the load benchmark)."""
+
+  def __init__(self, service: ScoringService):
+    self.service = service
+    self.server = uvicorn_server(service)
+    self.thread = threading.Thread(target=self.server.run, name="maxscore-server", daemon=True)
+
+  def __enter__(self) -> "ServerThread":
+    self.thread.start()
+    while not self.server.started:
+      if not self.thread.is_alive():
+        raise RuntimeError("the server thread stopped before it started (see its log)")
+      time.sleep(0.01)
+    self.url = f"http://{self.service.cfg.host}:{_bound_port(self.server)}"
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.server.should_exit = True
+    self.thread.join()

@@ -1,0 +1,145 @@
+"""The scoring side of the server: requests into TokenRequests, one batched model call per gathered
+batch, warmup. No HTTP here (maxscore/serving/app.py puts this behind FastAPI).
+
+/v1/score requests are checked by the Scorer's own validation (Scorer.validate: the same
+ScoreInputError messages as scripts/score.py) and scored as Scorer.score scores them. /v1/rerank
+builds its prompts with the eval's PromptBuilder, labels and SCORE_MODES (maxscore/rerank/eval.py),
+and, as the eval does, clears the prefix cache before each model call, so the algorithm (and every
+float) depends only on the requests' geometry: the server ranks as eval_rerank.py ranks.
+"""
+
+import dataclasses
+import time
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from maxscore.errors import ScoreInputError
+from maxscore.rerank import eval as eval_lib, prompts
+from maxscore.scoring.requests import TokenRequest, validate_request
+from maxscore.scoring.scorer import REQUEST_FIELDS, ScoreResult
+from maxscore.serving import batching, schemas
+from maxscore.serving.config import RerankPrompt, ServeConfig, ServeError
+from maxscore.serving.metrics import ServerMetrics
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+  """One request for the worker: `raw` = the labels' raw logits (score mode raw_logit), else scores."""
+  request: TokenRequest
+  raw: bool = False
+
+
+class ScoringService:
+  """A scorer (Scorer or HeadScorer), its batch queue, the rerank prompt and the metrics."""
+
+  def __init__(self, scorer: Any, cfg: ServeConfig, prompt: RerankPrompt = RerankPrompt()):
+    self.scorer, self.cfg, self.prompt = scorer, cfg.validate(), prompt.validate()
+    self.model_name = cfg.served_model_name or scorer.model_name
+    self.apply_softmax, self.rank_fn = eval_lib.SCORE_MODES[prompt.score_mode]
+    if self.apply_softmax is None and getattr(scorer, "head_config", None) is not None:
+      raise ServeError("score_mode=raw_logit ranks by the backbone's raw label logits, which a score head does not "
+                       "produce; start with --nouse_head or score_mode=p_first/log_odds")
+    template = prompts.get_template(prompt.template)
+    self.builder, self.label_ids = None, None
+    if scorer.tokenizer is not None:  # without one, /v1/rerank answers 400 (it needs text)
+      try:
+        self.label_ids = prompts.resolve_labels(scorer.tokenizer, prompt.labels or template.default_labels)
+        self.builder = prompts.PromptBuilder(scorer.tokenizer, template, prompt.instruction,
+                                             prompt.max_query_tokens, prompt.max_item_tokens)
+      except ScoreInputError as e:
+        raise ServeError(f"the rerank prompt cannot be built: {e}") from None
+    self.metrics = ServerMetrics(lambda: self.queue.depth, lambda: scorer.runner.num_executables)
+    self.queue = batching.BatchQueue(self.run_batch, cfg.max_batch_requests, cfg.max_batch_wait_ms / 1000,
+                                     cfg.max_queue, on_batch=self.metrics.batch_requests.observe)
+
+  # --- the worker thread -----------------------------------------------------------------------
+  def run_batch(self, works: Sequence[Work]) -> list[ScoreResult]:
+    """Scores gathered requests with as few forwards as their shapes allow (Scorer.score_requests)."""
+    self.scorer.prefix_cache.clear()  # as the eval: the algorithm depends on the geometry alone
+    out: list = [None] * len(works)
+    for raw in (False, True):
+      idx = [i for i, w in enumerate(works) if w.raw == raw]
+      if not idx:
+        continue
+      reqs = [works[i].request for i in idx]
+      results = self.scorer.label_logits_requests(reqs) if raw else self.scorer.score_requests(reqs)
+      for i, res in zip(idx, results):
+        out[i] = res
+    for w in works:
+      self.metrics.items.inc(len(w.request.items))
+      self.metrics.tokens.inc(w.request.num_tokens)
+    return out
+
+  def warmup(self) -> dict[str, float]:
+    """Runs the serving path once per configured geometry and batch bucket up to max_batch_requests,
+    for both score outputs (/v1/rerank's and /v1/score's default apply_softmax=false), so requests of
+    those shapes compile nothing. (Scorer.warmup compiles one output and no score head; running the
+    path compiles exactly what requests run.) Returns the executables built and the seconds spent."""
+    start, before = time.perf_counter(), self.scorer.runner.num_executables
+    batches = sorted({b for b in self.scorer.config.buckets.batch_buckets if b < self.cfg.max_batch_requests}
+                     | {self.cfg.max_batch_requests})
+    labels = self.label_ids or (0, 1)
+    kinds = {(self.apply_softmax is None, bool(self.apply_softmax)), (False, False)}
+    for q in self.cfg.warmup_query_tokens:
+      for n in self.cfg.warmup_items:
+        for length in self.cfg.warmup_item_tokens:
+          if n == 0 or q + length == 0:
+            continue
+          for raw, softmax in sorted(kinds):
+            req = self.scorer.make_request([1] * q, [[1] * length] * n, labels, softmax and not raw)
+            for b in batches:
+              self.run_batch([Work(req, raw)] * b)
+    return {"executables": self.scorer.runner.num_executables - before, "seconds": time.perf_counter() - start}
+
+  # --- requests (on the event loop) ---------------------------------------------------------------
+  def score_work(self, body: dict[str, Any]) -> Work:
+    """A /v1/score body as Work, with the Scorer's validation (and a score head's labels when none given)."""
+    schemas.check_model(body, self.model_name)
+    try:
+      args = validate_request(body, REQUEST_FIELDS)
+      if args["label_token_ids"] is None and getattr(self.scorer, "head_config", None) is not None:
+        args["label_token_ids"] = self.scorer.head_config.label_token_ids  # as HeadScorer.score
+      if isinstance(args["items"], list):
+        schemas.check_items(len(args["items"]), self.cfg.max_items, "items")
+      return Work(self.scorer.make_request(**args))
+    except ScoreInputError as e:
+      raise schemas.from_input_error(e) from None
+
+  def rerank_work(self, body: dict[str, Any]) -> tuple[schemas.RerankRequest, Work]:
+    """A /v1/rerank body as Work: the eval's prompt, labels and score mode (maxscore/rerank/eval.py)."""
+    schemas.check_model(body, self.model_name)
+    req = schemas.rerank_request(body, self.cfg.max_items)
+    if self.builder is None:
+      raise schemas.ApiError(400, "query and documents are text but this checkpoint has no tokenizer; /v1/rerank "
+                                  "needs one (start the server with tokenizer_path=...)", "query")
+    try:
+      query_ids, _ = self.builder.query(req.query)
+      items = [self.builder.item(text)[0] for text in req.documents]
+      token_req = self.scorer.make_request(query_ids, items, self.label_ids, bool(self.apply_softmax))
+    except ScoreInputError as e:
+      raise schemas.from_input_error(e) from None
+    return req, Work(token_req, raw=self.apply_softmax is None)
+
+  def ranking(self, result: ScoreResult) -> np.ndarray:
+    """The eval's ranking score of each document (SCORE_MODES)."""
+    ranking = np.asarray(self.rank_fn(result.scores), np.float32)
+    if np.isnan(ranking).any():
+      raise schemas.ApiError(500, "the model produced NaN scores")
+    return ranking
+
+  def models(self) -> dict[str, Any]:
+    return {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "maxscore",
+                                        "max_items": self.cfg.max_items}]}
+
+  def health(self) -> dict[str, Any]:
+    return {"status": "ok", "model": self.model_name, "queue_depth": self.queue.depth}
+
+
+def check_single_process(process_count: Optional[int] = None) -> None:
+  """The server runs in one process (on all of its host's devices); multi-host serving is refused."""
+  import jax  # pylint: disable=import-outside-toplevel
+  count = jax.process_count() if process_count is None else process_count
+  if count > 1:
+    raise ServeError(f"serve.py runs in one process, but jax.distributed started {count}; start it without "
+                     f"--num_processes/--coordinator_address (multi-host serving is not supported)")

@@ -1,0 +1,46 @@
+"""Serves a maxscore checkpoint over HTTP: sglang's /v1/score and Cohere/Jina /v1/rerank, with dynamic batching.
+
+  python scripts/serve.py                                   # the embedded default model on 127.0.0.1:8000
+  python scripts/serve.py --checkpoint_dir=ckpt/qwen3-reranker-0.6b --template=qwen3_reranker --port=8080
+
+Every flag is a key of configs/serve.yml; trailing `key=value` arguments (or --override=key=value) override
+configs/base.yml keys (the scorer). Bad settings print one line and exit 2; SIGTERM answers the requests in
+flight and exits 0. One process: started under jax.distributed with several processes it refuses.
+"""
+
+import sys
+
+from absl import flags
+
+from maxscore import cli, serving
+from maxscore.distributed import mesh as mesh_lib
+
+ENTRY = "serve"
+SECTIONS = {"serve": serving.ServeConfig, "prompt": serving.RerankPrompt}
+
+
+def define_flags(fv: flags.FlagValues) -> None:
+  """Every key of configs/serve.yml as a flag, plus --override and the multi-process flags (refused when > 1)."""
+  cli.define_entry_flags(fv, ENTRY, SECTIONS)
+  flags.DEFINE_multi_string("override", [], "key=value config override (repeatable)", flag_values=fv)
+  mesh_lib.define_flags(fv)
+
+
+def main(argv, fv: flags.FlagValues = flags.FLAGS):
+  try:
+    mesh_lib.initialize_from_flags(fv)
+  except mesh_lib.DistributedError as e:
+    cli.fail(e, 1)
+  with cli.one_line_errors():
+    s = cli.entry_from_flags(fv, ENTRY, SECTIONS)
+    serving.run_server(s["serve"], s["prompt"], list(argv[1:]) + list(fv.override),
+                       log=lambda line: print(line, file=sys.stderr, flush=True))
+
+
+def run(argv):
+  """Parses `argv` into fresh flags and calls main (for tests: no global flag state)."""
+  return cli.run_with_fresh_flags(define_flags, main, argv)
+
+
+if __name__ == "__main__":
+  cli.run_script(main, define_flags)
