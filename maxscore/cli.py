@@ -134,12 +134,20 @@ def console_logging(log_file: Optional[os.PathLike] = None, verbose: bool = Fals
   if log_file is None:
     return None
   path = pathlib.Path(log_file)
-  path.parent.mkdir(parents=True, exist_ok=True)
   # Watched: a script that clears its output directory (train --overwrite) gets the file back on the next line.
-  handler = logging.handlers.WatchedFileHandler(path, encoding="utf-8", delay=True)
+  handler = _LazyDirFileHandler(path, encoding="utf-8", delay=True)
   handler.setFormatter(absl_logging.PythonFormatter())
   root.addHandler(handler)
   return handler
+
+
+class _LazyDirFileHandler(logging.handlers.WatchedFileHandler):
+  """Creates the log file's directory with the file, on the first line logged: a run refused by its input
+  checks (which log nothing) leaves no directory behind."""
+
+  def _open(self):
+    pathlib.Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+    return super()._open()
 
 
 def _expand_bare_v(argv: Sequence[str]) -> list[str]:
