@@ -5,10 +5,10 @@
 
 1. Every text is tokenized, followed by the tokenizer's EOS, and the concatenation is cut into rows
    of `seq_len` tokens (the tail that fills no row is dropped); the held-out texts alike.
-2. Each step takes `batch_size` rows in an order drawn per epoch from PRNG(seed, epoch) (the score-
-   head trainer's `batch_indices`); loss = mean cross-entropy of tokens 1..T-1 given the ones before,
-   over the full vocabulary. Optimizer: the score-head trainer's (clip by global norm, AdamW on
-   warmup + cosine).
+2. Each step takes `batch_size` rows in an order drawn per epoch from PRNG(seed, epoch) (the one
+   trainer's data order, maxscore/training); loss = mean cross-entropy of tokens 1..T-1 given the ones
+   before, over the full vocabulary. Optimizer: the trainer's (clip by global norm, AdamW on warmup +
+   cosine). The state lives on a mesh over the visible devices (data parallel by default).
 3. Orbax checkpoints in `<workdir>/checkpoints` (params, optimizer state, step, data position) every
    `save_every` steps: a killed run restarted with the same settings resumes and ends bit for bit
    where an uninterrupted one does (float32 on CPU); a workdir holding another run is refused.
