@@ -203,8 +203,10 @@ def make_loss_fn(cfg: TrainConfig, head_cfg: heads.HeadConfig, decoder: Optional
   match_loss_weight > 0 (else it is empty)."""
 
   def features(backbone, batch, residuals):
-    # One packed request per row: a micro-batch's gather indices count from its own first row.
-    gather = batch["gather"] % batch["packed"]["score_index"].size
+    # One packed request per row (row q holds request q): the gather index of its item j is q * N + slot, where
+    # q counts from the first row of this (micro-)batch, whichever process built it.
+    n = batch["packed"]["score_index"].shape[1]
+    gather = jnp.arange(batch["gather"].shape[0])[:, None] * n + batch["gather"] % n
     return packed_features(decoder, backbone, batch["packed"], gather, labels_K, residuals=residuals)
   if cfg.remat == "full":
     features = jax.checkpoint(features, static_argnums=(2,))
@@ -317,9 +319,9 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   save = lambda step, state: checkpoint.save(run.manager, step, state, fingerprint)
   settings = trainer.LoopSettings(total_steps, cfg.batch_size, prep.num_train, cfg.log_every, cfg.eval_every,
                                   cfg.save_every, max(1, total_steps // 10), "train", progress, step_delay_s)
-  hooks = trainer.Hooks(lambda idx: make_batch(prep, idx), trainer.placer(run.shardings, mesh),
+  hooks = trainer.Hooks(lambda idx: make_batch(prep, idx), trainer.placer(run.shardings, mesh, cfg.batch_size),
                         lambda params: dev_metrics(cfg, prompt, prep, decoder, labels_K, params), save, run.log,
-                        schedule)
+                        schedule, partition.local_rows(cfg.batch_size, mesh))
   state, timing = trainer.loop(settings, run.state, step_fn, hooks)
   trainer.finish(run.manager, state, save, total_steps)
   run.log.close()

@@ -4,8 +4,8 @@ Decoder params take their NamedShardings from the logical-axis rules of layers/s
 ones scoring uses); every other param (a score head, probes) is replicated. Optimizer-state leaves
 that mirror a param (Adam's moments) take that param's sharding, the rest are replicated. A batch
 is split on its leading axis over data x fsdp: every process computes the same global batch
-indices, and only its own devices' rows go to its devices, so the batch does not depend on the
-process count.
+indices and builds only the rows its own devices hold, so the batch does not depend on the process
+count.
 """
 
 import math
@@ -81,10 +81,24 @@ def place(tree: Any, shardings: Any) -> Any:
   return jax.tree_util.tree_map(sharding_lib.put, tree, shardings)
 
 
-def place_batch(batch: Any, mesh: Mesh) -> Any:
-  """A global batch (the same host arrays on every process) split on its leading axis over data x fsdp."""
+def local_rows(batch_size: int, mesh: Mesh) -> np.ndarray:
+  """The rows of a global batch that this process's devices hold: one contiguous block (every row on one
+  process). Each process builds only these rows."""
+  index = batch_sharding(mesh).addressable_devices_indices_map((batch_size,))
+  rows = sorted({r for s in index.values() for r in range(*s[0].indices(batch_size))})
+  if rows != list(range(rows[0], rows[-1] + 1)):
+    raise TrainError(f"this process's devices hold rows {rows} of the batch of {batch_size}, not one block; "
+                     "order the mesh so that each process's devices are adjacent along data x fsdp")
+  return np.asarray(rows)
+
+
+def place_batch(local_batch: Any, batch_size: int, mesh: Mesh) -> Any:
+  """The global batch from each process's own rows (`local_rows`), split on its leading axis over data x fsdp."""
   sharding = batch_sharding(mesh)
-  return jax.tree_util.tree_map(lambda x: sharding_lib.put(np.asarray(x), sharding), batch)
+  if jax.process_count() == 1:
+    return jax.tree_util.tree_map(lambda x: jax.device_put(np.asarray(x), sharding), local_batch)
+  return jax.tree_util.tree_map(lambda x: jax.make_array_from_process_local_data(
+      sharding, np.asarray(x), (batch_size, *np.shape(x)[1:])), local_batch)
 
 
 def check_restorable(stored: Any, target: Any, what: str) -> None:

@@ -97,9 +97,9 @@ def start(workdir: pathlib.Path, keep: int, params: Any, param_shardings: Any, o
   return Started(state, shardings, mgr, resume_step, log)
 
 
-def placer(shardings: TrainState, mesh: Mesh) -> Callable[[TrainState, Any], tuple[TrainState, Any]]:
-  """(state, host batch) -> both on the mesh, as the jitted step takes them."""
-  return lambda state, batch: (partition.place(state, shardings), partition.place_batch(batch, mesh))
+def placer(shardings: TrainState, mesh: Mesh, batch_size: int) -> Callable[[TrainState, Any], tuple[TrainState, Any]]:
+  """(state, this process's rows of the batch) -> both on the mesh, as the jitted step takes them."""
+  return lambda state, batch: (partition.place(state, shardings), partition.place_batch(batch, batch_size, mesh))
 
 
 def _micro_batches(batch: Any, k: int) -> Any:
@@ -172,12 +172,13 @@ class LoopSettings:
 class Hooks:
   """What a task plugs into the loop: its batches, its eval (a dict to log, or None), the save, the log
   and the learning-rate schedule (logged beside the loss)."""
-  make_batch: Callable[[np.ndarray], tuple[Any, int]]
+  make_batch: Callable[[np.ndarray], tuple[Any, int]]  # example indices (-1: padding) -> rows, real items
   place: Callable[[TrainState, Any], tuple[TrainState, Any]]
   evaluate: Callable[[Any], Optional[dict]]
   save: Callable[[int, TrainState], None]
   log: MetricsLog
   schedule: Callable[[int], Any]
+  local_rows: Optional[np.ndarray] = None  # the batch rows this process builds (None: all)
 
 
 @dataclasses.dataclass
@@ -205,7 +206,8 @@ def loop(s: LoopSettings, state: TrainState, step_fn: Callable, hooks: Hooks) ->
   if step == 0:
     _log_eval(hooks, 0, state.params, timing)
   while step < s.total_steps:
-    batch, items = hooks.make_batch(batch_indices(state, s.num_examples, s.batch_size))
+    idx = batch_indices(state, s.num_examples, s.batch_size)
+    batch, items = hooks.make_batch(idx if hooks.local_rows is None else idx[hooks.local_rows])
     t = time.perf_counter()
     new_state, metrics = step_fn(*hooks.place(state, batch))
     metrics = {k: float(v) for k, v in partition.host_copy(metrics).items()}  # waits for the step
