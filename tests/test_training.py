@@ -243,7 +243,7 @@ def test_scale_knobs_keep_the_loss(tmp_path):
     train_lib.train(train_lib.TrainConfig(**base, **kw), prompt, None, train, None, tmp_path / name, progress=False)
     return _losses_of(tmp_path / name)
   reference = run("per_layer")
-  for name, kw in {"none": dict(remat="none"), "full": dict(remat="full"), "accum": dict(grad_accum_steps=2)}.items():
+  for name, kw in {"none_accum": dict(remat="none", grad_accum_steps=2), "full": dict(remat="full")}.items():
     np.testing.assert_allclose(run(name, **kw), reference, rtol=1e-5, err_msg=name)
   bf16 = run("bf16", compute_dtype="bfloat16", param_dtype="float32")
   np.testing.assert_allclose(bf16, reference, rtol=5e-2)
