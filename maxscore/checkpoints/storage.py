@@ -92,6 +92,16 @@ def save_checkpoint(directory: os.PathLike, params: Any, model: ModelConfig,
   return safety.resolve(directory)
 
 
+def local_checkpointer() -> ocp.StandardCheckpointer:
+  """A checkpointer for host values that this process writes alone (process 0's export in a multi-process
+  run, where the other processes take no part and must not be waited for)."""
+  if jax.process_count() == 1:
+    return ocp.StandardCheckpointer()
+  me = jax.process_index()
+  return ocp.StandardCheckpointer(multiprocessing_options=ocp.options.MultiprocessingOptions(
+      primary_host=me, active_processes={me}))
+
+
 def write_checkpoint_files(directory: pathlib.Path, params: Any, model: ModelConfig,
                            tokenizer_files: tuple[os.PathLike, ...] = ()) -> None:
   """params/, tokenizer/ and maxscore.json (with the params digest) into an empty `directory`.
@@ -100,7 +110,7 @@ def write_checkpoint_files(directory: pathlib.Path, params: Any, model: ModelCon
   gives the same digest; the file manifest lets a load notice files replaced behind its back."""
   params = nn.unbox(params)
   digest = identity.tree_digest(params)
-  checkpointer = ocp.StandardCheckpointer()
+  checkpointer = local_checkpointer()
   checkpointer.save(directory / "params", params)
   checkpointer.wait_until_finished()
   tokenizer = None

@@ -249,7 +249,7 @@ def save_head(checkpoint_dir: os.PathLike, cfg: HeadConfig, params: Mapping,
                             f"left untouched")
   tmp = pathlib.Path(tempfile.mkdtemp(prefix=".head.", suffix=".tmp", dir=out.parent))
   try:
-    checkpointer = ocp.StandardCheckpointer()
+    checkpointer = checkpointing.local_checkpointer()
     checkpointer.save(tmp / "params", jax.tree_util.tree_map(np.asarray, dict(params)))
     checkpointer.wait_until_finished()
     meta = {"format_version": FORMAT_VERSION, "config": cfg.to_dict(), "info": dict(info or {})}

@@ -1,4 +1,6 @@
-"""Score-head training: a light head on a frozen backbone (or, with train_backbone, the whole model).
+"""The reranker task of the one trainer (maxscore/training): a score head on a frozen backbone (or, with
+train_backbone, the whole model). This module brings the task's data, loss, dev eval and export; the
+state, step, optimizer, data order, checkpoints, metrics log and the mesh are the trainer's.
 
     summary = train(TrainConfig(head="lm_labels", delta="full"), PromptConfig(), "ckpt/", train_set, dev_set,
                     "out/train", export_dir="ckpt-with-head/")
@@ -12,11 +14,13 @@
    loss compares each query's logits with its graded qrels: `listwise` softmax cross-entropy
    against the normalized gains (default), `pairwise` logistic over pairs with different grades,
    or `pointwise` binary cross-entropy (relevant = grade >= 1). Optimizer: clip_by_global_norm
-   then AdamW on a warmup + cosine schedule.
+   then AdamW on a warmup + cosine schedule. The state lives on the mesh of the base.yml mesh keys
+   (the backbone by the logical-axis rules, the head replicated), the batch split over data x fsdp.
 4. Orbax CheckpointManager in `<workdir>/checkpoints`: params, optimizer state, step and data
    position (epoch, index in the epoch's order, PRNG key), every `save_every` steps and at the
    end, the last `keep_checkpoints` kept. A restarted run resumes from the latest: every later
    step, metric and the final params equal an uninterrupted run's bit for bit (float32 on CPU).
+   Every process writes its own shards; a checkpoint resumes on another mesh or process count.
 5. `<workdir>/metrics.jsonl`: train loss lines and dev-eval lines (`metrics.evaluate` over the
    ranking score eval would compute from the head's scores); lines past the checkpoint a run
    resumes from are dropped first, so the file reads as one uninterrupted run. The same scalars go
@@ -25,7 +29,8 @@
 6. `export_dir`: a copy of the base checkpoint with the head in head/ (heads.export_checkpoint).
 
 `train_backbone=True` trains the decoder params together with the head, through the packed
-layout (DESIGN.md section 2) with each scanned layer rematerialized in the backward pass. With
+layout (DESIGN.md section 2) with each scanned layer rematerialized in the backward pass (`remat`;
+`compute_dtype`/`param_dtype` for bf16 activations on f32 master weights). With
 `match_loss_weight` > 0 the loss adds that weight times two auxiliary losses (`losses.probe_bce`):
 a linear probe on every candidate token's hidden state predicts whether the token occurs in the query,
 and one at each score position ranks a query's candidates by the share of the query's distinct tokens
@@ -45,12 +50,14 @@ from typing import Any, Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-import orbax.checkpoint as ocp
-from absl import logging
+from jax.sharding import Mesh
 
+from layers import sharding as sharding_lib
 from layers.decoder import Decoder
-from maxscore import errors
+from layers.kernels import get_kernel
+from maxscore import config as config_lib
+from maxscore.config import MeshConfig
+from maxscore.distributed import mesh as mesh_lib
 from maxscore.files import identity, safety
 from maxscore.heads import features
 from maxscore.heads import score_heads as heads
@@ -63,26 +70,21 @@ from maxscore.heads.features import (
   plan_packed,
 )
 from maxscore.heads.losses import MASK_LOGIT, batch_loss, probe_bce, probe_logits
-from maxscore.heads.train_config import COVERAGE_ON, TrainConfig, TrainError, TrainRun  # noqa: F401  (re-exported)
-from maxscore.heads.metrics_log import MetricsLog
+from maxscore.heads.train_config import (COVERAGE_ON, LORA_TARGETS, TrainConfig, TrainError,  # noqa: F401  (re-exported)
+                                         TrainRun)
+from maxscore.training import checkpoint, partition, trainer
+from maxscore.training.errors import ResumeError  # noqa: F401  (re-exported)
+from maxscore.training.metrics_log import MetricsLog
+from maxscore.training.optimizer import make_optimizer  # noqa: F401  (re-exported)
 from maxscore.rerank import data, metrics, prompts
 from maxscore.rerank.data import RerankSet
 from maxscore.rerank.eval import SCORE_MODES, PromptConfig, build_scorer
+from maxscore.scoring.runner import DTYPES
 from maxscore.scoring.scorer import Scorer, finalize_scores
 
 FORMAT_VERSION = 1
 
 
-def make_optimizer(cfg: TrainConfig, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """clip_by_global_norm, then AdamW on linear warmup + cosine decay to end_learning_rate."""
-  warmup = min(cfg.warmup_steps, max(total_steps - 1, 0))
-  schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, warmup, max(total_steps, warmup + 1),
-                                                cfg.end_learning_rate)
-  return optax.chain(optax.clip_by_global_norm(cfg.clip_norm),
-                     optax.adamw(schedule, weight_decay=cfg.weight_decay)), schedule
-
-
-# --- the loop ------------------------------------------------------------------------------------
 def evaluate_split(cfg_head: heads.HeadConfig, params, hidden, logprobs, examples: Examples,
                    prompt: PromptConfig) -> dict[str, float]:
   """Metrics of the ranking eval would compute from the head's scores (score_mode of `prompt`)."""
@@ -100,7 +102,8 @@ def evaluate_split(cfg_head: heads.HeadConfig, params, hidden, logprobs, example
 
 # Settings added after runs were first written, with the behaviour from before they existed: recorded
 # only when they differ from it, so that a run written before them still resumes.
-_LATER_SETTINGS = {"coverage_on": "probe"}
+_LATER_SETTINGS = {"coverage_on": "probe", "lora_rank": 0, "lora_alpha": 16.0, "lora_targets": LORA_TARGETS,
+                   "grad_accum_steps": 1, "compute_dtype": None, "param_dtype": None, "remat": "per_layer"}
 
 
 def train_identity(cfg: TrainConfig) -> dict:
@@ -113,10 +116,6 @@ def _run_fingerprint(cfg: TrainConfig, prompt: PromptConfig, scorer: Scorer, exa
   return {"format_version": FORMAT_VERSION, "train": train_identity(cfg),
           "prompt": json.loads(json.dumps(dataclasses.asdict(prompt))), "scorer": identity.scorer_identity(scorer),
           "data": {k: v.digest() for k, v in sorted(examples.items())}}
-
-
-class ResumeError(TrainError, errors.ResumeError):
-  """The workdir holds a run with another config or data."""
 
 
 @dataclasses.dataclass
@@ -162,78 +161,66 @@ def prepare(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str
   return prep
 
 
-def init_train_state(cfg: TrainConfig, prep: Prepared, optimizer: optax.GradientTransformation) -> dict[str, Any]:
-  """Head params (and the backbone's when it trains), optimizer state, step and data position."""
-  init_key, data_key = jax.random.split(jax.random.PRNGKey(cfg.seed))
+def backbone_decoder(cfg: TrainConfig, scorer: Scorer, mesh: Optional[Mesh] = None) -> Optional[Decoder]:
+  """The scorer's decoder for training, when the backbone trains: its attention kernel run per shard of
+  `mesh` (None: unsharded, for the dev eval on a host copy), compute in `compute_dtype` (default the
+  scorer's) on params of `param_dtype`, each scanned layer rematerialized unless remat=none."""
+  if not cfg.train_backbone:
+    return None
+  runner = scorer.runner
+  attend = sharding_lib.shard_kernel(get_kernel(runner.default_kernel, runner.options), mesh)
+  dtype = DTYPES[cfg.compute_dtype] if cfg.compute_dtype else runner.dtype
+  param_dtype = DTYPES[cfg.param_dtype] if cfg.param_dtype else runner.dtype
+  return Decoder(scorer.config.model, attend, dtype=dtype, param_dtype=param_dtype, precision=runner.precision,
+                 remat=cfg.remat != "none")
+
+
+def init_params(cfg: TrainConfig, prep: Prepared) -> dict[str, Any]:
+  """Head params (and the backbone's when it trains, in param_dtype; the match probes when on)."""
+  init_key, _ = jax.random.split(jax.random.PRNGKey(cfg.seed))
   params = {"head": heads.init_head(prep.head_cfg, init_key)}
   if cfg.train_backbone:
-    params["backbone"] = jax.tree_util.tree_map(jnp.asarray, prep.scorer.runner.params)
+    cast = (lambda x: jnp.asarray(x, DTYPES[cfg.param_dtype])) if cfg.param_dtype else jnp.asarray
+    params["backbone"] = jax.tree_util.tree_map(cast, prep.scorer.runner.params)
   if cfg.match_loss_weight:
     probe = lambda: {"w": jnp.zeros((prep.scorer.config.model.hidden_size,), jnp.float32),
                      "b": jnp.zeros((), jnp.float32)}
     params["match_probe"] = {"token": probe(), **({"coverage": probe()} if cfg.coverage_on == "probe" else {})}
-  # Committed to one device, like the arrays every step returns (else step 2 compiles again).
-  params = jax.device_put(params, jax.local_devices()[0])
-  return {"params": params, "opt_state": jax.device_put(optimizer.init(params), jax.local_devices()[0]),
-          "step": np.int32(0), "epoch": np.int32(0), "index": np.int32(0), "rng": np.asarray(data_key)}
+  return params
 
 
-def checkpoint_manager(workdir: pathlib.Path, cfg: TrainConfig) -> ocp.CheckpointManager:
-  return ocp.CheckpointManager(workdir / "checkpoints", options=ocp.CheckpointManagerOptions(
-      max_to_keep=cfg.keep_checkpoints, create=True))
+def param_shardings(params: dict[str, Any], prep: Prepared, mesh: Mesh) -> dict[str, Any]:
+  """The backbone by the logical-axis rules, the head and probes replicated."""
+  rep = partition.replicated(mesh)
+  out = jax.tree_util.tree_map(lambda _: rep, params)
+  if "backbone" in params:
+    out["backbone"] = sharding_lib.model_param_shardings(prep.scorer.config.model, mesh)
+  return out
 
 
-def save_state(manager: ocp.CheckpointManager, step: int, state: dict, fingerprint: dict) -> None:
-  manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), run=ocp.args.JsonSave(fingerprint)))
+def make_loss_fn(cfg: TrainConfig, head_cfg: heads.HeadConfig, decoder: Optional[Decoder], labels_K: jax.Array):
+  """loss_fn(params, batch, rng) -> (loss, parts); `parts` holds the ranking and token-match losses when
+  match_loss_weight > 0 (else it is empty)."""
 
+  def features(backbone, batch, residuals):
+    # One packed request per row (row q holds request q): the gather index of its item j is q * N + slot, where
+    # q counts from the first row of this (micro-)batch, whichever process built it.
+    n = batch["packed"]["score_index"].shape[1]
+    gather = jnp.arange(batch["gather"].shape[0])[:, None] * n + batch["gather"] % n
+    return packed_features(decoder, backbone, batch["packed"], gather, labels_K, residuals=residuals)
+  if cfg.remat == "full":
+    features = jax.checkpoint(features, static_argnums=(2,))
 
-def restore_state(manager: ocp.CheckpointManager, state: dict, fingerprint: dict,
-                  workdir: pathlib.Path) -> tuple[dict, Optional[int]]:
-  """The latest checkpoint's state (and its step), or `state` unchanged (and None) in a fresh workdir.
-
-  Refuses a workdir whose run had another config or data."""
-  resume_step = manager.latest_step()
-  if resume_step is None:
-    safety.claim(workdir)  # every check passed: the run's log may now be written there
-    return state, None
-  stored = manager.restore(resume_step, args=ocp.args.Composite(run=ocp.args.JsonRestore()))["run"]
-  try:
-    identity.check_same(stored, fingerprint, workdir, "pass --overwrite to start over, or use a new --workdir")
-  except errors.ResumeError as e:
-    raise ResumeError(str(e)) from None
-  safety.claim(workdir)
-  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=device), state)
-  state = manager.restore(resume_step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
-  logging.info("train: resumed from step %d (epoch %d, index %d)", int(state["step"]), int(state["epoch"]),
-               int(state["index"]))
-  return state, resume_step
-
-
-def backbone_decoder(cfg: TrainConfig, scorer: Scorer) -> Optional[Decoder]:
-  """The scorer's decoder with each scanned layer rematerialized, when the backbone trains."""
-  if not cfg.train_backbone:
-    return None
-  runner = scorer.runner
-  return Decoder(scorer.config.model, runner.decoder(runner.default_kernel).attend, dtype=runner.dtype,
-                 param_dtype=runner.dtype, precision=runner.precision, remat=True)
-
-
-def make_train_step(cfg: TrainConfig, head_cfg: heads.HeadConfig, optimizer: optax.GradientTransformation,
-                    decoder: Optional[Decoder], labels_K: jax.Array):
-  """The jitted step: (params, opt_state, batch) -> (params, opt_state, loss, grad norm, parts); `parts`
-  holds the ranking and token-match losses when match_loss_weight > 0 (else it is empty)."""
-
-  def loss_fn(params, batch):
+  def loss_fn(params, batch, rng):
+    del rng  # no dropout
     parts = {}
     if cfg.match_loss_weight:
-      h, lp, residual_LxBxTxD = packed_features(decoder, params["backbone"], batch["packed"], batch["gather"],
-                                                labels_K, residuals=True)
+      h, lp, residual_LxBxTxD = features(params["backbone"], batch, True)
       # Probed halfway up the stack, so the layers above can gather the matches at the score position.
       middle = residual_LxBxTxD[(residual_LxBxTxD.shape[0] - 1) // 2]
       parts["match_loss"] = probe_bce(params["match_probe"]["token"], middle, batch["match"], batch["match_mask"])
     elif decoder is not None:
-      h, lp = packed_features(decoder, params["backbone"], batch["packed"], batch["gather"], labels_K)
+      h, lp = features(params["backbone"], batch, False)
     else:
       h, lp = batch["hidden"], batch["logprobs"]
     logits = jnp.where(batch["mask"], heads.relevance(heads.apply_head(head_cfg, params["head"], h, lp)), MASK_LOGIT)
@@ -246,21 +233,7 @@ def make_train_step(cfg: TrainConfig, head_cfg: heads.HeadConfig, optimizer: opt
       loss = loss + cfg.match_loss_weight * (parts["match_loss"] + parts["coverage_loss"])
     return loss, parts
 
-  @jax.jit
-  def train_step(params, opt_state, batch):
-    (loss, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss, optax.global_norm(grads), parts
-
-  return train_step
-
-
-def batch_indices(state: dict, n_train: int, batch_size: int) -> np.ndarray:
-  """The next `batch_size` train queries of the epoch's order (drawn from PRNG(seed, epoch)); -1 pads."""
-  epoch, index = int(state["epoch"]), int(state["index"])
-  order = np.asarray(jax.random.permutation(jax.random.fold_in(jnp.asarray(state["rng"]), epoch), n_train))
-  idx = order[index:index + batch_size]
-  return np.concatenate([idx, np.full(batch_size - len(idx), -1, idx.dtype)])
+  return loss_fn
 
 
 def make_batch(prep: Prepared, idx: np.ndarray) -> tuple[dict, int]:
@@ -283,135 +256,93 @@ def make_batch(prep: Prepared, idx: np.ndarray) -> tuple[dict, int]:
 
 def dev_metrics(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, decoder: Optional[Decoder],
                 labels_K: jax.Array, params) -> Optional[dict[str, float]]:
-  """Dev metrics of the current params (None without a dev split)."""
+  """Dev metrics of the current params (None without a dev split); every process computes them."""
   if "dev" not in prep.examples:
     return None
+  params = partition.host_copy(params)
   if decoder is not None:
     h, lp = features.backbone_features(decoder, params["backbone"], prep.examples["dev"], prep.geometry["dev"],
                                        labels_K, cfg.batch_size)
   else:
     h, lp = prep.feats["dev"].hidden, prep.feats["dev"].logprobs
-  return evaluate_split(prep.head_cfg, params["head"], h, lp, prep.examples["dev"], prompt)
+  return {"split": "dev", **evaluate_split(prep.head_cfg, params["head"], h, lp, prep.examples["dev"], prompt)}
 
 
-@dataclasses.dataclass
-class _Timing:
-  eval_seconds: float = 0.0
-  step_seconds: float = 0.0
-  step_items: int = 0
-  first_step_seconds: Optional[float] = None
+def _mesh_config(overrides: Sequence[str]) -> MeshConfig:
+  """The mesh section of configs/base.yml with the mesh keys of `overrides` (the scorer reads the same)."""
+  keys = {f.name for f in dataclasses.fields(MeshConfig)}
+  return config_lib.load_config({k: v for k, v in map(config_lib.parse_override, overrides) if k in keys}).mesh
 
 
-def _log_dev(log: MetricsLog, step: int, evaluate, params, timing: _Timing) -> None:
-  t = time.perf_counter()
-  m = evaluate(params)
-  timing.eval_seconds += time.perf_counter() - t
-  if m is not None:
-    log.write("eval", step, {"split": "dev", **m})
-
-
-def train_loop(cfg: TrainConfig, prep: Prepared, state: dict, train_step, schedule, total_steps: int,
-               evaluate, log: MetricsLog, save, progress: bool, step_delay_s: float) -> tuple[dict, _Timing]:
-  """Steps from the state's step to `total_steps`: logs, dev evals and checkpoints on their cadence."""
-  timing = _Timing()
-  step = int(state["step"])
-  if step == 0:
-    _log_dev(log, 0, evaluate, state["params"], timing)
-  while step < total_steps:
-    batch, items = make_batch(prep, batch_indices(state, prep.num_train, cfg.batch_size))
-    t = time.perf_counter()
-    new_params, new_opt, loss, gnorm, parts = train_step(state["params"], state["opt_state"], batch)
-    loss = float(loss)  # waits for the step
-    dt = time.perf_counter() - t
-    if timing.first_step_seconds is None:
-      timing.first_step_seconds = dt
-    else:
-      timing.step_seconds, timing.step_items = timing.step_seconds + dt, timing.step_items + items
-    epoch, index = int(state["epoch"]), int(state["index"]) + cfg.batch_size
-    if index >= prep.num_train:
-      epoch, index = epoch + 1, 0
-    step += 1
-    state = {"params": new_params, "opt_state": new_opt, "step": np.int32(step), "epoch": np.int32(epoch),
-             "index": np.int32(index), "rng": state["rng"]}
-    if step % cfg.log_every == 0 or step == total_steps:
-      log.write("train", step, {"epoch": epoch, "loss": loss, "grad_norm": float(gnorm),
-                                "learning_rate": float(schedule(step - 1)),
-                                **{k: float(v) for k, v in sorted(parts.items())}})
-    if (cfg.eval_every and step % cfg.eval_every == 0) or step == total_steps:
-      _log_dev(log, step, evaluate, state["params"], timing)
-    if (cfg.save_every and step % cfg.save_every == 0) or step == total_steps:
-      save(step, state)
-    if progress and step % max(1, total_steps // 10) == 0:
-      logging.info("train: step %d/%d loss %.4f", step, total_steps, loss)
-    if step_delay_s:
-      time.sleep(step_delay_s)
-  return state, timing
+def _trainable(cfg: TrainConfig, params: dict[str, Any]) -> Optional[Any]:
+  """The boolean trainable pytree the optimizer freezes the rest by (None: everything trains). With LoRA it
+  is the head and probes plus the adapter leaves of the backbone (maxscore/training/lora.py's trainable_mask,
+  wired here together with the adapted decoder and the adapters' params and shardings)."""
+  if not cfg.lora_rank:
+    return None
+  raise TrainError(f"lora_rank={cfg.lora_rank}: this trainer is not wired to LoRA adapters yet; use lora_rank=0")
 
 
 def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str], train_set: RerankSet,
           dev_set: Optional[RerankSet], workdir: os.PathLike, *, overrides: Sequence[str] = (),
           feature_cache: Optional[os.PathLike] = None, export_dir: Optional[os.PathLike] = None,
           overwrite: bool = False, progress: bool = True, step_delay_s: float = 0.0) -> dict[str, Any]:
-  """Trains (or resumes) a score head; writes checkpoints, metrics.jsonl and summary.json in
-  `workdir` and the exported checkpoint in `export_dir`. Returns the summary."""
+  """Trains (or resumes) a score head (and the backbone with train_backbone) on the config mesh; writes
+  checkpoints, metrics.jsonl and summary.json in `workdir` and the exported checkpoint in `export_dir`
+  (process 0). Returns the summary."""
   cfg.validate()
   prompt.validate()
   wall_start = time.perf_counter()
   workdir = pathlib.Path(workdir).resolve()
-  _prepare_outputs(workdir, export_dir, overwrite, checkpoint_dir, feature_cache,
-                   [*data.input_paths(train_set), *(data.input_paths(dev_set) if dev_set is not None else ())])
+  mesh = partition.train_mesh(_mesh_config(overrides))
+  partition.check_batch(cfg.batch_size, mesh, cfg.grad_accum_steps)
+  if jax.process_index() == 0:
+    _prepare_outputs(workdir, export_dir, overwrite, checkpoint_dir, feature_cache,
+                     [*data.input_paths(train_set), *(data.input_paths(dev_set) if dev_set is not None else ())])
+  mesh_lib.sync("train: workdir ready")
 
   prep = prepare(cfg, prompt, checkpoint_dir, train_set, dev_set, overrides, feature_cache, progress)
   steps_per_epoch = math.ceil(prep.num_train / cfg.batch_size)
   total_steps = cfg.num_steps or cfg.num_epochs * steps_per_epoch
-  optimizer, schedule = make_optimizer(cfg, total_steps)
+  params = init_params(cfg, prep)
+  optimizer, schedule = make_optimizer(cfg, total_steps, _trainable(cfg, params))
   fingerprint = _run_fingerprint(cfg, prompt, prep.scorer, prep.examples)
-  manager = checkpoint_manager(workdir, cfg)
-  state, resume_step = restore_state(manager, init_train_state(cfg, prep, optimizer), fingerprint, workdir)
-  log = MetricsLog(workdir, resume_step)
+  check = lambda: sharding_lib.check_divisible(prep.scorer.config.model, mesh) if cfg.train_backbone else None
+  run = trainer.start(workdir, cfg.keep_checkpoints, params, param_shardings(params, prep, mesh), optimizer,
+                      jax.random.split(jax.random.PRNGKey(cfg.seed))[1], mesh, fingerprint, check)
 
   decoder = backbone_decoder(cfg, prep.scorer)
   labels_K = jnp.asarray(prep.label_ids, jnp.int32)
-  train_step = make_train_step(cfg, prep.head_cfg, optimizer, decoder, labels_K)
-  evaluate = lambda params: dev_metrics(cfg, prompt, prep, decoder, labels_K, params)
-  save = lambda step, state: save_state(manager, step, state, fingerprint)
-  state, timing = train_loop(cfg, prep, state, train_step, schedule, total_steps, evaluate, log, save, progress,
-                             step_delay_s)
-  manager.wait_until_finished()
-  step = int(state["step"])
-  if step == total_steps and manager.latest_step() != step:  # resumed at the end: nothing ran
-    save(step, state)
-    manager.wait_until_finished()
-  log.close()
-
-  summary = _summary(cfg, prompt, prep, workdir, log, step, steps_per_epoch, resume_step, state["params"], timing,
+  step_fn = trainer.jit_train_step(make_loss_fn(cfg, prep.head_cfg, backbone_decoder(cfg, prep.scorer, mesh),
+                                                labels_K), optimizer, run.shardings, mesh, cfg.grad_accum_steps,
+                                   sharding_lib.rules_for_batch(cfg.batch_size // cfg.grad_accum_steps, mesh))
+  save = lambda step, state: checkpoint.save(run.manager, step, state, fingerprint)
+  settings = trainer.LoopSettings(total_steps, cfg.batch_size, prep.num_train, cfg.log_every, cfg.eval_every,
+                                  cfg.save_every, max(1, total_steps // 10), "train", progress, step_delay_s)
+  hooks = trainer.Hooks(lambda idx: make_batch(prep, idx), trainer.placer(run.shardings, mesh, cfg.batch_size),
+                        lambda params: dev_metrics(cfg, prompt, prep, decoder, labels_K, params), save, run.log,
+                        schedule, partition.local_rows(cfg.batch_size, mesh))
+  state, timing = trainer.loop(settings, run.state, step_fn, hooks)
+  trainer.finish(run.manager, state, save, total_steps)
+  run.log.close()
+  final = partition.host_copy(state.params)
+  if jax.process_index() != 0:
+    return {}
+  step = int(state.step)
+  summary = _summary(cfg, prompt, prep, workdir, run.log, step, steps_per_epoch, run.resume_step, final, timing,
                      time.perf_counter() - wall_start)
-  previous = finished_run_summary(workdir, resume_step)
+  previous = trainer.finished_run_summary(workdir, run.resume_step)
   if previous and previous.get("throughput"):
     summary["throughput"] = {**previous["throughput"], "wall_seconds": summary["throughput"]["wall_seconds"] +
                              (previous["throughput"].get("wall_seconds") or 0.0)}
   if export_dir:
-    summary["export_dir"] = export(cfg, prep, summary, state["params"], export_dir, workdir, overwrite)
+    summary["export_dir"] = export(cfg, prep, summary, final, export_dir, workdir, overwrite)
   safety.atomic_write_text(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
   return summary
 
 
-def finished_run_summary(workdir: os.PathLike, resume_step: Optional[int]) -> Optional[dict]:
-  """The summary.json of the process that finished this run, when this process resumed at its last step
-  (a rerun over a finished run, as a restarted build does): nothing trained now, so the timing measured
-  then stands. None otherwise."""
-  path = pathlib.Path(workdir) / "summary.json"
-  if resume_step is None or not path.is_file():
-    return None
-  try:
-    previous = json.loads(path.read_text())
-  except (OSError, ValueError):
-    return None
-  return previous if isinstance(previous, dict) and previous.get("steps") == resume_step else None
-
-
 def _summary(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, workdir: pathlib.Path, log: MetricsLog,
-             step: int, steps_per_epoch: int, resume_step: Optional[int], final, timing: _Timing,
+             step: int, steps_per_epoch: int, resume_step: Optional[int], final, timing: trainer.Timing,
              wall: float) -> dict[str, Any]:
   evals = [r for r in log.records if r["kind"] == "eval"]
   examples = prep.examples

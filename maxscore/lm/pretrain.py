@@ -5,10 +5,10 @@
 
 1. Every text is tokenized, followed by the tokenizer's EOS, and the concatenation is cut into rows
    of `seq_len` tokens (the tail that fills no row is dropped); the held-out texts alike.
-2. Each step takes `batch_size` rows in an order drawn per epoch from PRNG(seed, epoch) (the score-
-   head trainer's `batch_indices`); loss = mean cross-entropy of tokens 1..T-1 given the ones before,
-   over the full vocabulary. Optimizer: the score-head trainer's (clip by global norm, AdamW on
-   warmup + cosine).
+2. Each step takes `batch_size` rows in an order drawn per epoch from PRNG(seed, epoch) (the one
+   trainer's data order, maxscore/training); loss = mean cross-entropy of tokens 1..T-1 given the ones
+   before, over the full vocabulary. Optimizer: the trainer's (clip by global norm, AdamW on warmup +
+   cosine). The state lives on a mesh over the visible devices (data parallel by default).
 3. Orbax checkpoints in `<workdir>/checkpoints` (params, optimizer state, step, data position) every
    `save_every` steps: a killed run restarted with the same settings resumes and ends bit for bit
    where an uninterrupted one does (float32 on CPU); a workdir holding another run is refused.
@@ -34,9 +34,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from absl import logging
 
+from layers import sharding as sharding_lib
 from layers.config import ModelConfig
 from layers.decoder import Decoder, init_params
 from layers.kernels import SegmentLayout, get_kernel
@@ -44,8 +44,9 @@ from maxscore import config as config_lib
 from maxscore.checkpoints import storage
 from maxscore.checkpoints.tokenizer import load_tokenizer
 from maxscore.files import identity, safety
-from maxscore.heads import train as train_lib
-from maxscore.heads.metrics_log import MetricsLog
+from maxscore import training as train_lib
+from maxscore.config import MeshConfig
+from maxscore.training import checkpoint, partition, trainer
 from maxscore.lm import corpus as corpus_lib
 from maxscore.rerank import data
 
@@ -181,20 +182,15 @@ def copy_probe(decoder: Decoder, params, rows_RxT: np.ndarray, span: int = 64) -
   return {"span": span, "first_read": float(nll[:, :span - 1].mean()), "repeat": float(nll[:, span:].mean())}
 
 
-def make_train_step(decoder: Decoder, optimizer: optax.GradientTransformation):
-  """The jitted step: (params, opt_state, rows, valid) -> (params, opt_state, mean loss, grad norm)."""
+def make_loss_fn(decoder: Decoder):
+  """loss_fn(params, batch, rng) -> (mean next-token NLL over the valid rows' targets, {})."""
 
-  def loss_fn(params, rows, valid):
-    total, count = lm_loss(decoder, params, rows, valid)
-    return total / jnp.maximum(count, 1.0)
+  def loss_fn(params, batch, rng):
+    del rng  # no dropout
+    total, count = lm_loss(decoder, params, batch["rows"], batch["valid"])
+    return total / jnp.maximum(count, 1.0), {}
 
-  @jax.jit
-  def step(params, opt_state, rows, valid):
-    loss, grads = jax.value_and_grad(loss_fn)(params, rows, valid)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss, optax.global_norm(grads)
-
-  return step
+  return loss_fn
 
 
 def make_held_out_nll(decoder: Decoder, rows: np.ndarray, batch_size: int):
@@ -266,77 +262,47 @@ def pretrain(cfg: PretrainConfig, tokenizer_path: Optional[os.PathLike], train_t
   decoder = make_decoder(model)
   optimizer, schedule = train_lib.make_optimizer(cfg, cfg.num_steps)
   init_key, data_key = jax.random.split(jax.random.PRNGKey(cfg.seed))
-  device = jax.local_devices()[0]
-  params = jax.device_put(jax.jit(lambda k: nn.unbox(init_params(decoder, k)))(init_key), device)  # one compile
-  state = {"params": params, "opt_state": jax.device_put(jax.jit(optimizer.init)(params), device), "step": np.int32(0),
-           "epoch": np.int32(0), "index": np.int32(0), "rng": np.asarray(data_key)}
+  mesh = partition.train_mesh(MeshConfig())
+  partition.check_batch(cfg.batch_size, mesh)
+  boxed = jax.eval_shape(lambda: init_params(decoder, init_key))
+  shardings = sharding_lib.param_shardings(boxed, mesh)
+  params = jax.jit(lambda k: nn.unbox(init_params(decoder, k)), out_shardings=shardings)(init_key)  # one compile
   fingerprint = _fingerprint(cfg, model, rows, held)
-  manager = train_lib.checkpoint_manager(workdir, cfg)
-  state, resume_step = train_lib.restore_state(manager, state, fingerprint, workdir)
-  log = MetricsLog(workdir, resume_step)
+  run = trainer.start(workdir, cfg.keep_checkpoints, params, shardings, optimizer, data_key, mesh, fingerprint,
+                      lambda: sharding_lib.check_divisible(model, mesh))
   evaluate = make_held_out_nll(decoder, held, cfg.batch_size) if len(held) else lambda p: None
-  state, seconds = _loop(cfg, state, rows, make_train_step(decoder, optimizer), schedule, evaluate, log,
-                         lambda s, st: train_lib.save_state(manager, s, st, fingerprint), progress, step_delay_s)
-  manager.wait_until_finished()
-  if manager.latest_step() != int(state["step"]):  # resumed at the end: nothing ran
-    train_lib.save_state(manager, int(state["step"]), state, fingerprint)
-    manager.wait_until_finished()
+  save = lambda s, st: checkpoint.save(run.manager, s, st, fingerprint)
+  settings = trainer.LoopSettings(cfg.num_steps, cfg.batch_size, len(rows), cfg.log_every, cfg.eval_every,
+                                  cfg.save_every, max(1, cfg.num_steps // 20), "pretrain", progress, step_delay_s)
+  hooks = trainer.Hooks(lambda idx: ({"rows": rows[np.where(idx >= 0, idx, 0)], "valid": idx >= 0}, 0),
+                        trainer.placer(run.shardings, mesh, cfg.batch_size), lambda p: _held_out(evaluate, p), save,
+                        run.log, schedule, partition.local_rows(cfg.batch_size, mesh))
+  step_fn = trainer.jit_train_step(make_loss_fn(decoder), optimizer, run.shardings, mesh)
+  state, timing = trainer.loop(settings, run.state, step_fn, hooks)
+  trainer.finish(run.manager, state, save)
+  log, resume_step = run.log, run.resume_step
   log.close()
-  summary = _summary(cfg, model, workdir, log, rows, held, state, seconds, time.perf_counter() - wall_start,
-                     resume_step, info)
-  _carry_timing(summary, train_lib.finished_run_summary(workdir, resume_step))
+  final = partition.host_copy(state.params)
+  if jax.process_index() != 0:
+    return {}
+  summary = _summary(cfg, model, workdir, log, rows, held, step=int(state.step), params=final, timing=timing,
+                     wall=time.perf_counter() - wall_start, resume_step=resume_step, info=info)
+  _carry_timing(summary, trainer.finished_run_summary(workdir, resume_step))
   if len(held) and cfg.seq_len >= 4:
-    summary["held_out_copy_probe"] = copy_probe(decoder, state["params"], held[:64], min(64, cfg.seq_len // 2))
+    summary["held_out_copy_probe"] = copy_probe(decoder, final, held[:64], min(64, cfg.seq_len // 2))
   if export_dir:
     again = safety.exported_by(export_dir, workdir)
     summary["export_dir"] = str(storage.save_checkpoint(
-        export_dir, jax.device_get(state["params"]), model, tokenizer_files=(tokenizer_path,),
+        export_dir, jax.device_get(final), model, tokenizer_files=(tokenizer_path,),
         overwrite=overwrite or again, workdir=str(workdir)))
   safety.atomic_write_text(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
   return summary
 
 
-def _loop(cfg: PretrainConfig, state: dict, rows: np.ndarray, step_fn, schedule, evaluate, log: MetricsLog, save,
-          progress: bool, step_delay_s: float) -> tuple[dict, tuple[float, int]]:
-  """Steps from the state's step to num_steps; returns the state and (seconds, steps) of the steps
-  after this process's first (which compiles)."""
-  step, seconds, timed, first = int(state["step"]), 0.0, 0, True
-  if step == 0:
-    _log_eval(log, 0, evaluate, state["params"])
-  while step < cfg.num_steps:
-    idx = train_lib.batch_indices(state, len(rows), cfg.batch_size)
-    valid = idx >= 0
-    t = time.perf_counter()
-    params, opt_state, loss, gnorm = step_fn(state["params"], state["opt_state"], rows[np.where(valid, idx, 0)], valid)
-    loss = float(loss)  # waits for the step
-    if first:
-      first = False  # the first step of a process compiles: not timed
-    else:
-      seconds, timed = seconds + time.perf_counter() - t, timed + 1
-    epoch, index = int(state["epoch"]), int(state["index"]) + cfg.batch_size
-    if index >= len(rows):
-      epoch, index = epoch + 1, 0
-    step += 1
-    state = {"params": params, "opt_state": opt_state, "step": np.int32(step), "epoch": np.int32(epoch),
-             "index": np.int32(index), "rng": state["rng"]}
-    if step % cfg.log_every == 0 or step == cfg.num_steps:
-      log.write("train", step, {"epoch": epoch, "loss": loss, "grad_norm": float(gnorm),
-                                "learning_rate": float(schedule(step - 1))})
-    if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.num_steps:
-      _log_eval(log, step, evaluate, params)
-    if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.num_steps:
-      save(step, state)
-    if progress and step % max(1, cfg.num_steps // 20) == 0:
-      logging.info("pretrain: step %d/%d loss %.4f", step, cfg.num_steps, loss)
-    if step_delay_s:
-      time.sleep(step_delay_s)
-  return state, (seconds, timed)
-
-
-def _log_eval(log: MetricsLog, step: int, evaluate, params) -> None:
-  nll = evaluate(params)
-  if nll is not None:
-    log.write("eval", step, {"split": "held_out", "loss": nll, "perplexity": math.exp(nll)})
+def _held_out(evaluate, params) -> Optional[dict[str, Any]]:
+  """The held-out eval line: loss and perplexity (None without held-out text)."""
+  nll = evaluate(partition.host_copy(params))
+  return None if nll is None else {"split": "held_out", "loss": nll, "perplexity": math.exp(nll)}
 
 
 def _carry_timing(summary: dict, previous: Optional[dict]) -> None:
@@ -349,11 +315,11 @@ def _carry_timing(summary: dict, previous: Optional[dict]) -> None:
     summary["tokens_per_s"] = previous.get("tokens_per_s")
 
 
-def _summary(cfg, model, workdir, log, rows, held, state, seconds, wall, resume_step, info) -> dict[str, Any]:
+def _summary(cfg, model, workdir, log, rows, held, *, step, params, timing, wall, resume_step, info) -> dict[str, Any]:
   evals = [r for r in log.records if r["kind"] == "eval"]
   trains = [r for r in log.records if r["kind"] == "train"]
   unigram = unigram_nll(rows, held, model.vocab_size) if len(held) else None
-  seconds, steps_timed = seconds
+  seconds, steps_timed = timing.step_seconds, timing.steps_timed
   return {
       "workdir": str(workdir),
       "pretrain_config": json.loads(json.dumps(dataclasses.asdict(cfg))),
@@ -362,14 +328,14 @@ def _summary(cfg, model, workdir, log, rows, held, state, seconds, wall, resume_
       "train_rows": int(len(rows)), "train_tokens": int(rows.size),
       "held_out_rows": int(len(held)), "held_out_tokens": int(held.size),
       "epochs": cfg.num_steps * cfg.batch_size / max(len(rows), 1),
-      "steps": int(state["step"]),
+      "steps": step,
       "resumed_from_step": resume_step,
       "first_train_loss": trains[0]["loss"] if trains else None,
       "final_train_loss": trains[-1]["loss"] if trains else None,
       "held_out_initial": next((r for r in evals if r["step"] == 0), None),
       "held_out_final": evals[-1] if evals else None,
       "unigram_held_out": None if unigram is None else {"loss": unigram, "perplexity": math.exp(unigram)},
-      "params_sha256": identity.tree_digest(jax.device_get(state["params"])),
+      "params_sha256": identity.tree_digest(jax.device_get(params)),
       "tokens_per_s": steps_timed * cfg.batch_size * cfg.seq_len / seconds if seconds > 0 else None,
       "wall_seconds": wall,
       **({"data": info} if info else {}),

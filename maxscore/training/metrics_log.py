@@ -55,3 +55,14 @@ class MetricsLog:
 
   def close(self) -> None:
     self.writer.close()
+
+
+class NullLog:
+  """The metrics log of a process other than 0: it writes nothing (process 0 keeps the record)."""
+  records: list = []
+
+  def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
+    del kind, step, values
+
+  def close(self) -> None:
+    pass

@@ -1,0 +1,16 @@
+"""One trainer for score heads, adapters, whole models and LM pretraining (DESIGN.md section 12).
+
+`trainer` holds the top-level `init`, `train_step`, `restore` and `loop` (and `start`, which resumes or
+starts a run in a workdir); `state` the TrainState; `optimizer` the clip + AdamW schedule; `partition`
+where state and batches live on the mesh; `checkpoint` the per-process Orbax checkpoints; `metrics_log`
+metrics.jsonl and TensorBoard. Each task (maxscore.heads.train, maxscore.lm.pretrain) brings only its
+loss, data, eval and export.
+"""
+
+from maxscore.training.errors import ResumeError, TrainError
+from maxscore.training.optimizer import make_optimizer
+from maxscore.training.state import TrainState
+from maxscore.training.trainer import init, loop, restore, start, train_step
+
+__all__ = ["ResumeError", "TrainError", "TrainState", "init", "loop", "make_optimizer", "restore", "start",
+           "train_step"]

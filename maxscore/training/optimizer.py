@@ -1,0 +1,42 @@
+"""The optimizer every training run uses: clip by global norm, then AdamW on warmup + cosine.
+
+Frozen parameters (a LoRA base, a frozen backbone) are the optimizer's business: given a boolean
+`trainable` pytree, the frozen leaves get zero updates and no Adam moments (optax.multi_transform
+with set_to_zero), and the clipping norm counts the trainable gradients only.
+"""
+
+import dataclasses
+from typing import Any, Optional
+
+import jax
+import optax
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """The schedule and AdamW settings (each trainer's config carries these keys)."""
+  learning_rate: float
+  end_learning_rate: float
+  warmup_steps: int
+  weight_decay: float
+  clip_norm: float
+
+  @classmethod
+  def of(cls, settings: Any) -> "OptimizerConfig":
+    """The optimizer keys of a trainer's config (TrainConfig, PretrainConfig)."""
+    return cls(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(cls)})
+
+
+def make_optimizer(settings: Any, total_steps: int,
+                   trainable: Optional[Any] = None) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """clip_by_global_norm, then AdamW on linear warmup + cosine decay to end_learning_rate; with a
+  `trainable` pytree of bools (the params' structure), frozen leaves are never updated."""
+  cfg = OptimizerConfig.of(settings)
+  warmup = min(cfg.warmup_steps, max(total_steps - 1, 0))
+  schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, warmup, max(total_steps, warmup + 1),
+                                                cfg.end_learning_rate)
+  opt = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), optax.adamw(schedule, weight_decay=cfg.weight_decay))
+  if trainable is not None:
+    labels = jax.tree_util.tree_map(lambda t: "train" if t else "frozen", trainable)
+    opt = optax.multi_transform({"train": opt, "frozen": optax.set_to_zero()}, labels)
+  return opt, schedule

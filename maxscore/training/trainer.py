@@ -1,0 +1,262 @@
+"""One trainer for score heads, backbone fine-tuning and LM pretraining (DESIGN.md section 12).
+
+    run = start(workdir, keep, params, param_shardings, optimizer, data_key, mesh, fingerprint)
+    step_fn = jit_train_step(loss_fn, optimizer, run.shardings, mesh, grad_accum_steps)
+    state, timing = loop(settings, run.state, step_fn, hooks)     # hooks: batches, eval, save, log
+    finish(run.manager, state, save)
+
+A task brings its params (with their shardings), its `loss_fn(params, batch, rng) -> (loss, aux)`,
+its batches (`make_batch(indices) -> (batch, items)`) and its eval; the state, optimizer, data order,
+checkpoints, metrics log and timing are the same for every task. The data order: each epoch is a
+permutation of the examples drawn from PRNG(seed, epoch); a step takes the next `batch_size` of it
+(the last batch of an epoch padded with -1). A resumed run continues where the checkpoint stands,
+bit for bit (float32 on CPU).
+"""
+
+import dataclasses
+import functools
+import json
+import os
+import pathlib
+import time
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+from jax.sharding import Mesh
+
+from layers import sharding as sharding_lib
+from maxscore.files import safety
+from maxscore.training import checkpoint, partition
+from maxscore.training.metrics_log import MetricsLog, NullLog
+from maxscore.training.state import TrainState, fresh
+
+
+def abstract_state(params: Any, optimizer: optax.GradientTransformation, data_key: jax.Array) -> TrainState:
+  """The state's shapes and dtypes (no arrays allocated): what restore and compile-only programs need."""
+  shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), params)
+  return fresh(shapes, jax.eval_shape(optimizer.init, shapes), np.asarray(data_key))
+
+
+def with_shardings(abstract: TrainState, shardings: TrainState) -> TrainState:
+  return jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s),
+                                abstract, shardings)
+
+
+def init(params: Any, shardings: TrainState, optimizer: optax.GradientTransformation,
+         data_key: jax.Array) -> TrainState:
+  """Step 0's state placed on `shardings` (nothing committed to a single device)."""
+  params = partition.place(params, shardings.params)
+  opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params)
+  return fresh(params, opt_state, data_key)
+
+
+def to_host_counters(state: TrainState) -> TrainState:
+  """The counters and data key as host values (the loop does its bookkeeping on host)."""
+  one = lambda x: np.asarray(partition.host_copy(x))
+  return state.replace(step=np.int32(one(state.step)), epoch=np.int32(one(state.epoch)),
+                       index=np.int32(one(state.index)), rng=one(state.rng))
+
+
+def restore(mgr, target: TrainState, fingerprint: dict, workdir: pathlib.Path) -> tuple[Optional[TrainState],
+                                                                                       Optional[int]]:
+  """The latest checkpoint's state on the target's shardings and its step, or (None, None) in a fresh
+  workdir. Refuses another run's workdir, or a mesh that cannot hold the stored shapes."""
+  step = checkpoint.check_identity(mgr, fingerprint, workdir)
+  if step is None:
+    return None, None
+  checkpoint.check_fits(mgr, step, target)
+  return to_host_counters(checkpoint.restore(mgr, step, target)), step
+
+
+@dataclasses.dataclass
+class Started:
+  """A run's state (fresh or resumed), its shardings, checkpoint manager and metrics log."""
+  state: TrainState
+  shardings: TrainState
+  manager: Any
+  resume_step: Optional[int]
+  log: Any
+
+
+def start(workdir: pathlib.Path, keep: int, params: Any, param_shardings: Any, optimizer: optax.GradientTransformation,
+          data_key: jax.Array, mesh: Mesh, fingerprint: dict, check: Callable[[], None] = lambda: None) -> Started:
+  """Resumes the workdir's run, or starts one: the stored run must match `fingerprint` and fit the mesh;
+  `check` runs after those (e.g. the model's dimensions against the mesh) and before anything is placed.
+  Process 0 keeps the metrics log."""
+  abstract = abstract_state(params, optimizer, data_key)
+  shardings = partition.state_shardings(abstract, param_shardings, mesh)
+  mgr = checkpoint.manager(workdir, keep)
+  state, resume_step = restore(mgr, with_shardings(abstract, shardings), fingerprint, workdir)
+  check()
+  safety.claim(workdir)  # every check passed: the run's log may now be written there
+  if state is None:
+    state = init(params, shardings, optimizer, data_key)
+  log = MetricsLog(workdir, resume_step) if jax.process_index() == 0 else NullLog()
+  return Started(state, shardings, mgr, resume_step, log)
+
+
+def placer(shardings: TrainState, mesh: Mesh, batch_size: int) -> Callable[[TrainState, Any], tuple[TrainState, Any]]:
+  """(state, this process's rows of the batch) -> both on the mesh, as the jitted step takes them."""
+  return lambda state, batch: (partition.place(state, shardings), partition.place_batch(batch, batch_size, mesh))
+
+
+def _micro_batches(batch: Any, k: int) -> Any:
+  return jax.tree_util.tree_map(lambda x: x.reshape(k, x.shape[0] // k, *x.shape[1:]), batch)
+
+
+def train_step(state: TrainState, batch: Any, *, loss_fn: Callable, optimizer: optax.GradientTransformation,
+               grad_accum_steps: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One optimizer step. `loss_fn(params, batch, rng) -> (loss, aux dict)`; with grad_accum_steps > 1 the
+  batch's leading axis is split into that many micro-batches whose gradients (and losses) are averaged."""
+  rng = jax.random.fold_in(jnp.asarray(state.rng), state.step)
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  if grad_accum_steps == 1:
+    (loss, aux), grads = grad_fn(state.params, batch, rng)
+  else:
+    def body(carry, micro):
+      i, mb = micro
+      (l, a), g = grad_fn(state.params, mb, jax.random.fold_in(rng, i))
+      return jax.tree_util.tree_map(jnp.add, carry, (l, a, g)), None
+    (l0, a0), g0 = jax.eval_shape(grad_fn, state.params, jax.tree_util.tree_map(lambda x: x[0], _micro_batches(
+        batch, grad_accum_steps)), rng)
+    zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), (l0, a0, g0))
+    total, _ = jax.lax.scan(body, zeros, (jnp.arange(grad_accum_steps), _micro_batches(batch, grad_accum_steps)))
+    loss, aux, grads = jax.tree_util.tree_map(lambda x: x / grad_accum_steps, total)
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), **aux}
+  return state.replace(params=params, opt_state=opt_state, step=state.step + 1), metrics
+
+
+def jit_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, shardings: TrainState, mesh: Mesh,
+                   grad_accum_steps: int = 1, rules=sharding_lib.RULES) -> Callable:
+  """train_step jitted with explicit shardings: the state on `shardings`, the batch split over data x fsdp,
+  the metrics replicated; traced with `mesh` and the logical-axis `rules` current, so the model's
+  activation constraints apply."""
+  fn = functools.partial(train_step, loss_fn=loss_fn, optimizer=optimizer, grad_accum_steps=grad_accum_steps)
+  jitted = jax.jit(fn, in_shardings=(shardings, partition.batch_sharding(mesh)),
+                   out_shardings=(shardings, partition.replicated(mesh)))
+
+  def step(state, batch):
+    with sharding_lib.activate(mesh, rules):
+      return jitted(state, batch)
+  return step
+
+
+def batch_indices(state: TrainState, n_examples: int, batch_size: int) -> np.ndarray:
+  """The next `batch_size` examples of the epoch's order (drawn from PRNG(seed, epoch)); -1 pads."""
+  epoch, index = int(state.epoch), int(state.index)
+  order = np.asarray(jax.random.permutation(jax.random.fold_in(jnp.asarray(state.rng), epoch), n_examples))
+  idx = order[index:index + batch_size]
+  return np.concatenate([idx, np.full(batch_size - len(idx), -1, idx.dtype)])
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSettings:
+  """The loop's cadence; `name` prefixes its progress lines."""
+  total_steps: int
+  batch_size: int
+  num_examples: int
+  log_every: int
+  eval_every: int
+  save_every: int
+  progress_every: int
+  name: str = "train"
+  progress: bool = True
+  step_delay_s: float = 0.0
+
+
+@dataclasses.dataclass
+class Hooks:
+  """What a task plugs into the loop: its batches, its eval (a dict to log, or None), the save, the log
+  and the learning-rate schedule (logged beside the loss)."""
+  make_batch: Callable[[np.ndarray], tuple[Any, int]]  # example indices (-1: padding) -> rows, real items
+  place: Callable[[TrainState, Any], tuple[TrainState, Any]]
+  evaluate: Callable[[Any], Optional[dict]]
+  save: Callable[[int, TrainState], None]
+  log: MetricsLog
+  schedule: Callable[[int], Any]
+  local_rows: Optional[np.ndarray] = None  # the batch rows this process builds (None: all)
+
+
+@dataclasses.dataclass
+class Timing:
+  """Where a process's time went; the first step (it compiles) is timed apart."""
+  eval_seconds: float = 0.0
+  step_seconds: float = 0.0
+  steps_timed: int = 0
+  step_items: int = 0
+  first_step_seconds: Optional[float] = None
+
+
+def _log_eval(hooks: Hooks, step: int, params, timing: Timing) -> None:
+  t = time.perf_counter()
+  values = hooks.evaluate(params)
+  timing.eval_seconds += time.perf_counter() - t
+  if values is not None:
+    hooks.log.write("eval", step, values)
+
+
+def loop(s: LoopSettings, state: TrainState, step_fn: Callable, hooks: Hooks) -> tuple[TrainState, Timing]:
+  """Steps from the state's step to `total_steps`: train lines, evals and checkpoints on their cadence."""
+  timing = Timing()
+  step = int(state.step)
+  if step == 0:
+    _log_eval(hooks, 0, state.params, timing)
+  while step < s.total_steps:
+    idx = batch_indices(state, s.num_examples, s.batch_size)
+    batch, items = hooks.make_batch(idx if hooks.local_rows is None else idx[hooks.local_rows])
+    t = time.perf_counter()
+    new_state, metrics = step_fn(*hooks.place(state, batch))
+    metrics = {k: float(v) for k, v in partition.host_copy(metrics).items()}  # waits for the step
+    dt = time.perf_counter() - t
+    if timing.first_step_seconds is None:
+      timing.first_step_seconds = dt
+    else:
+      timing.step_seconds, timing.steps_timed = timing.step_seconds + dt, timing.steps_timed + 1
+      timing.step_items += items
+    epoch, index = int(state.epoch), int(state.index) + s.batch_size
+    if index >= s.num_examples:
+      epoch, index = epoch + 1, 0
+    step += 1
+    state = new_state.replace(step=np.int32(step), epoch=np.int32(epoch), index=np.int32(index), rng=state.rng)
+    loss, gnorm = metrics.pop("loss"), metrics.pop("grad_norm")
+    if step % s.log_every == 0 or step == s.total_steps:
+      hooks.log.write("train", step, {"epoch": epoch, "loss": loss, "grad_norm": gnorm,
+                                      "learning_rate": float(hooks.schedule(step - 1)), **dict(sorted(metrics.items()))})
+    if (s.eval_every and step % s.eval_every == 0) or step == s.total_steps:
+      _log_eval(hooks, step, state.params, timing)
+    if (s.save_every and step % s.save_every == 0) or step == s.total_steps:
+      hooks.save(step, state)
+    if s.progress and step % s.progress_every == 0:
+      logging.info("%s: step %d/%d loss %.4f", s.name, step, s.total_steps, loss)
+    if s.step_delay_s:
+      time.sleep(s.step_delay_s)
+  return state, timing
+
+
+def finish(mgr, state: TrainState, save: Callable[[int, TrainState], None], total_steps: Optional[int] = None) -> None:
+  """Waits for the checkpoint writes; a run resumed at its end (nothing ran) saves its state once more."""
+  mgr.wait_until_finished()
+  step = int(state.step)
+  if (total_steps is None or step == total_steps) and mgr.latest_step() != step:
+    save(step, state)
+    mgr.wait_until_finished()
+
+
+def finished_run_summary(workdir: os.PathLike, resume_step: Optional[int]) -> Optional[dict]:
+  """The summary.json of the process that finished this run, when this process resumed at its last step
+  (a rerun over a finished run, as a restarted build does): nothing trained now, so the timing measured
+  then stands. None otherwise."""
+  path = pathlib.Path(workdir) / "summary.json"
+  if resume_step is None or not path.is_file():
+    return None
+  try:
+    previous = json.loads(path.read_text())
+  except (OSError, ValueError):
+    return None
+  return previous if isinstance(previous, dict) and previous.get("steps") == resume_step else None

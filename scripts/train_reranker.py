@@ -1,0 +1,73 @@
+"""Trains a reranker: a score head on a frozen checkpoint, or with --train_backbone the whole model (or LoRA
+adapters with --lora_rank); exports checkpoint + head for eval_rerank.py.
+
+  python scripts/train_reranker.py --workdir=out/head --export_dir=out/head/model   # the embedded default
+  python scripts/train_reranker.py --checkpoint_dir=ckpt/qwen3-0.6b --data_dir=beir/scifact \\
+      --run_file=bm25.trec --train_split=train --dev_split=dev --head=lm_labels --delta=full --loss=listwise
+  # a pod: one process per host, the state sharded over the mesh (fsdp x tensor), the batch over data x fsdp
+  python scripts/train_reranker.py --train_backbone --batch_size=64 --coordinator_address=host0:1234 \\
+      --num_processes=4 --process_id=$ID --override=ici_fsdp_parallelism=4 --override=dcn_data_parallelism=4 ...
+
+Training data: the JSONL form (records with a `split` field) or BEIR + a first-stage run, as in
+eval_rerank.py. A killed run restarted with the same flags resumes from its last checkpoint and
+ends with the same head, bit for bit. Prints the summary JSON (also <workdir>/summary.json):
+dev metrics before/after, head-training throughput and the share of time in the frozen forward.
+Every flag is a key of configs/train.yml; trailing `key=value` arguments (or --override) set configs/base.yml
+keys, the mesh's ici_/dcn_*_parallelism among them. --coordinator_address, --num_processes and --process_id
+start a multi-process run as in eval_rerank.py; process 0 writes the metrics, summary and export, every process
+its own checkpoint shards. Input errors exit 2.
+"""
+
+import json
+
+from absl import flags
+
+from maxscore import cli
+from maxscore.distributed import mesh as mesh_lib
+from maxscore.heads import train as train_lib
+from maxscore.rerank import data
+from maxscore.rerank.eval import PromptConfig
+
+ENTRY = "train"
+SECTIONS = {"run": train_lib.TrainRun, "train": train_lib.TrainConfig, "prompt": PromptConfig}
+
+
+def define_flags(fv: flags.FlagValues) -> None:
+  """Every key of configs/train.yml as a flag, plus repeatable --override for configs/base.yml and the
+  multi-process flags."""
+  cli.define_entry_flags(fv, ENTRY, SECTIONS)
+  flags.DEFINE_multi_string("override", [], "key=value config override (repeatable)", flag_values=fv)
+  mesh_lib.define_flags(fv)
+
+
+def main(argv, fv: flags.FlagValues = flags.FLAGS):
+  try:
+    mesh_lib.initialize_from_flags(fv)  # before any other JAX call; single-process when nothing is set
+  except mesh_lib.DistributedError as e:
+    cli.fail(e, 1)
+  overrides = list(argv[1:]) + list(fv.override)
+  with cli.one_line_errors():
+    s = cli.entry_from_flags(fv, ENTRY, SECTIONS)
+    run = s["run"]
+    jsonl = run.jsonl if (run.jsonl or run.data_dir or run.run_file) else str(data.DEFAULT_JSONL)
+    train_set = data.load_rerank_set(jsonl, run.data_dir, run.run_file, run.train_split, run.rerank_top_k)
+    dev_set = data.load_rerank_set(jsonl, run.data_dir, run.run_file, run.dev_split, run.rerank_top_k) \
+        if run.dev_split else None
+    if run.max_train_queries:
+      train_set.queries = train_set.queries[:run.max_train_queries]
+    if dev_set is not None and run.max_dev_queries:
+      dev_set.queries = dev_set.queries[:run.max_dev_queries]
+    summary = train_lib.train(s["train"], s["prompt"], run.checkpoint_dir, train_set, dev_set, run.workdir,
+                              overrides=overrides, feature_cache=run.feature_cache, export_dir=run.export_dir,
+                              overwrite=run.overwrite, progress=run.progress, step_delay_s=run.step_delay_s)
+  if summary:  # process 0 reports
+    print(json.dumps(summary, indent=2))
+
+
+def run(argv):
+  """Parses `argv` into fresh flags and calls main (tests)."""
+  return cli.run_with_fresh_flags(define_flags, main, argv)
+
+
+if __name__ == "__main__":
+  cli.run_script(main, define_flags, log_dir_flag="workdir")

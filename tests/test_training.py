@@ -1,0 +1,255 @@
+"""The one trainer (maxscore/training): the step against its oracles, the sharded state, and runs on 1
+device, 2 host devices and 2 processes (127.0.0.1) that agree within 1e-5 (float32), a checkpoint that
+2 processes wrote resumed by 1, and the one-line errors."""
+
+import json
+import os
+import pathlib
+import re
+import shutil
+import socket
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from maxscore.checkpoints import storage
+from maxscore.heads import score_heads as heads
+from maxscore.heads import train as train_lib
+from maxscore.training import partition, trainer
+from maxscore.training.state import TrainState, fresh
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+# Full fine-tuning of the embedded default (a tiny Qwen3) on 4 train queries, 2 per step, no dev eval. The
+# head has no label bias: the listwise loss does not depend on it (it shifts every item of a query alike),
+# so its gradient is rounding noise, which Adam scales up to steps of the learning rate's size.
+FLAGS = ["--train_backbone", "--use_bias=false", "--max_train_queries=4", "--dev_split=", "--max_query_tokens=8",
+         "--max_item_tokens=16", "--batch_size=2", "--num_steps=4", "--eval_every=0", "--save_every=2",
+         "--keep_checkpoints=3", "--warmup_steps=0", "--learning_rate=1e-4", "--noprogress"]
+
+
+# --- the step ----------------------------------------------------------------------------------------------
+def _toy():
+  """A least-squares loss (mean over rows) and its params and batch."""
+  rng = np.random.default_rng(0)
+  params = {"w": jnp.asarray(rng.normal(size=(3, 2)), jnp.float32), "b": jnp.zeros((2,), jnp.float32)}
+  batch = {"x": rng.normal(size=(8, 3)).astype(np.float32), "y": rng.normal(size=(8, 2)).astype(np.float32)}
+
+  def loss_fn(p, b, rng):
+    del rng
+    err = b["x"] @ p["w"] + p["b"] - b["y"]
+    return jnp.mean(err ** 2), {"abs": jnp.mean(jnp.abs(err))}
+  return params, batch, loss_fn
+
+
+def test_grad_accumulation_equals_the_whole_batch():
+  params, batch, loss_fn = _toy()
+  opt = optax.adamw(1e-2)
+  state = fresh(params, opt.init(params), jax.random.PRNGKey(0))
+  one, m1 = trainer.train_step(state, batch, loss_fn=loss_fn, optimizer=opt)
+  four, m4 = jax.jit(lambda s, b: trainer.train_step(s, b, loss_fn=loss_fn, optimizer=opt, grad_accum_steps=4))(
+      state, batch)
+  for k in ("loss", "grad_norm", "abs"):
+    np.testing.assert_allclose(m4[k], m1[k], rtol=1e-6)
+  for a, b in zip(jax.tree_util.tree_leaves(four.params), jax.tree_util.tree_leaves(one.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+  assert int(four.step) == int(one.step) == 1
+
+
+def test_frozen_leaves_keep_their_bytes():
+  params, batch, loss_fn = _toy()
+  opt, _ = train_lib.make_optimizer(train_lib.TrainConfig(), 10, trainable={"w": False, "b": True})
+  state = fresh(params, opt.init(params), jax.random.PRNGKey(0))
+  for _ in range(2):
+    state, _ = trainer.train_step(state, batch, loss_fn=loss_fn, optimizer=opt)
+  assert np.asarray(state.params["w"]).tobytes() == np.asarray(params["w"]).tobytes()
+  assert not np.array_equal(state.params["b"], params["b"])
+
+
+def test_adam_moments_take_their_params_shardings():
+  mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
+  params = {"a": {"w": np.zeros((4, 2), np.float32)}, "b": np.zeros((3,), np.float32)}
+  spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp", None))
+  shardings = {"a": {"w": spec}, "b": partition.replicated(mesh)}
+  opt = optax.adamw(1e-3)
+  abstract = trainer.abstract_state(params, opt, jax.random.PRNGKey(0))
+  out = partition.state_shardings(abstract, shardings, mesh)
+  adam = out.opt_state[0]
+  assert adam.mu["a"]["w"] == spec and adam.nu["a"]["w"] == spec and adam.count == partition.replicated(mesh)
+
+
+def test_restore_refuses_shapes_the_mesh_cannot_hold():
+  mesh = jax.sharding.AbstractMesh((1, 3, 1), ("data", "fsdp", "tensor"))
+  target = {"w": jax.ShapeDtypeStruct((64, 8), np.float32, sharding=jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec("fsdp", None)))}
+  stored = {"w": jax.ShapeDtypeStruct((64, 8), np.float32)}
+  with pytest.raises(train_lib.TrainError, match=r"w of stored shape \(64, 8\).*fsdp=3.*64 is not divisible"):
+    partition.check_restorable(stored, target, "checkpoint")
+  with pytest.raises(train_lib.TrainError, match=r"stored with shape \(32, 8\)"):
+    partition.check_restorable({"w": jax.ShapeDtypeStruct((32, 8), np.float32)}, target, "checkpoint")
+
+
+def test_train_state_checkpoint_form_is_the_plain_dict():
+  s = TrainState(1, 2, 3, 4, 5, 6)
+  assert TrainState.from_dict(s.to_dict()) == s and list(s.to_dict()) == ["params", "opt_state", "step", "epoch",
+                                                                          "index", "rng"]
+
+
+# --- runs ----------------------------------------------------------------------------------------------------
+def _env(devices: int) -> dict:
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
+             PYTHONPATH=str(REPO))
+  for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    env.pop(k, None)
+  return env
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _train(root, *extra, processes: int = 1, devices: int = 1, expect: int = 0) -> list[str]:
+  """scripts/train_reranker.py (workdir <root>/work, export <root>/export) in `processes` processes of
+  `devices` CPU devices each; their stderr."""
+  cmd = [sys.executable, str(REPO / "scripts" / "train_reranker.py"), f"--workdir={root / 'work'}",
+         f"--export_dir={root / 'export'}", *FLAGS, *extra]
+  if processes > 1:
+    port = _free_port()
+    cmds = [cmd + [f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={processes}", f"--process_id={i}",
+                   "--heartbeat_timeout_s=30"] for i in range(processes)]
+  else:
+    cmds = [cmd]
+  procs = [subprocess.Popen(c, env=_env(devices), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for c in cmds]
+  outs = [p.communicate(timeout=600) for p in procs]
+  assert [p.returncode for p in procs] == [expect] * len(procs), [o[1][-3000:] for o in outs]
+  return [o[1] for o in outs]
+
+
+def _losses(root, key: str = "loss") -> list[float]:
+  return _losses_of(root / "work", key)
+
+
+def _final_params(export) -> list[np.ndarray]:
+  _, head, _ = heads.load_head(export)
+  return [np.asarray(x, np.float32) for x in jax.tree_util.tree_leaves((storage.restore_checkpoint(export).params,
+                                                                          head))]
+
+
+def _assert_same_run(a, b, tol=1e-5):
+  """Per-step losses and gradient norms, and the final params, within `tol` (float32)."""
+  np.testing.assert_allclose(_losses(b), _losses(a), rtol=tol, atol=tol)
+  np.testing.assert_allclose(_losses(b, "grad_norm"), _losses(a, "grad_norm"), rtol=tol)
+  for x, y in zip(_final_params(a / "export"), _final_params(b / "export")):
+    np.testing.assert_allclose(y, x, rtol=tol, atol=tol)
+
+
+def _interrupt_after_step_2(work: pathlib.Path) -> pathlib.Path:
+  """A finished 4-step workdir as a run killed after its step-2 checkpoint leaves it."""
+  shutil.rmtree(work / "checkpoints" / "4")
+  lines = (work / "metrics.jsonl").read_text().splitlines()
+  (work / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")
+  (work / "summary.json").unlink()
+  return work
+
+
+@pytest.fixture(scope="module")
+def one_device(tmp_path_factory):
+  root = tmp_path_factory.mktemp("one_device")
+  _train(root)
+  assert len(_losses(root)) == 4
+  return root
+
+
+@pytest.mark.slow
+def test_two_host_devices_equal_one_device(one_device, tmp_path):
+  _train(tmp_path, devices=2)
+  _assert_same_run(one_device, tmp_path)
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_process_and_their_checkpoint_resumes_in_one(one_device, tmp_path):
+  _train(tmp_path, processes=2)
+  _assert_same_run(one_device, tmp_path)
+  # The 2-process run, interrupted after its step-2 checkpoint, resumed by one process.
+  work = _interrupt_after_step_2(tmp_path / "work")
+  _train(tmp_path)
+  assert json.loads((work / "summary.json").read_text())["resumed_from_step"] == 2
+  _assert_same_run(one_device, tmp_path)
+
+
+@pytest.mark.slow
+def test_one_process_checkpoint_resumes_in_two_processes(one_device, tmp_path):
+  shutil.copytree(one_device / "work", tmp_path / "work")
+  work = _interrupt_after_step_2(tmp_path / "work")
+  _train(tmp_path, processes=2)
+  assert json.loads((work / "summary.json").read_text())["resumed_from_step"] == 2
+  _assert_same_run(one_device, tmp_path)
+
+
+def _script_error(tmp_path, *extra, devices: int = 1) -> str:
+  err = _train(tmp_path, *extra, devices=devices, expect=2)[0].strip().splitlines()
+  assert len(err) == 1 and not (tmp_path / "work").exists(), err
+  return err[0]
+
+
+def test_lora_rank_without_train_backbone_is_a_one_line_error(tmp_path, capsys):
+  script = REPO / "scripts" / "train_reranker.py"
+  spec = __import__("importlib.util").util.spec_from_file_location("_train_reranker", script)
+  module = __import__("importlib.util").util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  with pytest.raises(SystemExit) as e:
+    module.run(["x", f"--workdir={tmp_path / 'work'}", "--lora_rank=8", "--noprogress"])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == 2 and len(err) == 1 and "lora_rank=8" in err[0] and "train_backbone" in err[0]
+  assert not (tmp_path / "work").exists()
+
+
+@pytest.mark.slow
+def test_mesh_errors_are_one_line(tmp_path, one_device):
+  # A global batch that data x fsdp does not divide.
+  err = _script_error(tmp_path, "--batch_size=3", "--override=ici_data_parallelism=2", devices=2)
+  assert "batch_size=3" in err and "data x fsdp = 2 x 1 = 2" in err
+  # A resume whose mesh cannot hold the stored shapes (4 attention heads over tensor=3).
+  resumed = tmp_path / "resume"
+  shutil.copytree(one_device / "work", resumed / "work")
+  before = (resumed / "work" / "metrics.jsonl").read_text()
+  err = _train(resumed, "--override=ici_data_parallelism=1", "--override=ici_tensor_parallelism=3", devices=3,
+               expect=2)[0].strip().splitlines()
+  # The model check (the scorer's, then the trainer's) or the stored-shape check, whichever meets it first.
+  assert len(err) == 1 and re.search(r"(does not fit|cannot be split over) the mesh", err[0]), err
+  assert "tensor=3" in err[0], err
+  assert (resumed / "work" / "metrics.jsonl").read_text() == before
+  assert sorted(p.name for p in (resumed / "work" / "checkpoints").iterdir() if p.name.isdigit()) == ["2", "4"]
+
+
+@pytest.mark.slow
+def test_scale_knobs_keep_the_loss(tmp_path):
+  """remat none/full and 2 accumulated micro-batches give per_layer's losses; bf16 compute on f32 weights trains
+  with losses near float32's."""
+  from maxscore.rerank import data, eval as eval_lib  # pylint: disable=import-outside-toplevel
+  train = data.load_jsonl(data.DEFAULT_JSONL, split="train")
+  train.queries = train.queries[:4]
+  prompt = eval_lib.EvalConfig(max_query_tokens=8, max_item_tokens=16)
+  base = dict(train_backbone=True, batch_size=2, num_steps=2, eval_every=0, save_every=0, warmup_steps=0)
+
+  def run(name, **kw):
+    train_lib.train(train_lib.TrainConfig(**base, **kw), prompt, None, train, None, tmp_path / name, progress=False)
+    return _losses_of(tmp_path / name)
+  reference = run("per_layer")
+  for name, kw in {"none_accum": dict(remat="none", grad_accum_steps=2), "full": dict(remat="full")}.items():
+    np.testing.assert_allclose(run(name, **kw), reference, rtol=1e-5, err_msg=name)
+  bf16 = run("bf16", compute_dtype="bfloat16", param_dtype="float32")
+  np.testing.assert_allclose(bf16, reference, rtol=5e-2)
+  assert all(np.isfinite(bf16))
+
+
+def _losses_of(workdir, key: str = "loss") -> list[float]:
+  lines = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  return [r[key] for r in lines if r["kind"] == "train"]
