@@ -63,7 +63,8 @@ from maxscore.heads.features import (
   plan_packed,
 )
 from maxscore.heads.losses import MASK_LOGIT, batch_loss, probe_bce, probe_logits
-from maxscore.heads.train_config import COVERAGE_ON, TrainConfig, TrainError, TrainRun  # noqa: F401  (re-exported)
+from maxscore.heads.train_config import (COVERAGE_ON, LORA_TARGETS, TrainConfig, TrainError,  # noqa: F401  (re-exported)
+                                         TrainRun)
 from maxscore.heads.metrics_log import MetricsLog
 from maxscore.rerank import data, metrics, prompts
 from maxscore.rerank.data import RerankSet
@@ -100,7 +101,7 @@ def evaluate_split(cfg_head: heads.HeadConfig, params, hidden, logprobs, example
 
 # Settings added after runs were first written, with the behaviour from before they existed: recorded
 # only when they differ from it, so that a run written before them still resumes.
-_LATER_SETTINGS = {"coverage_on": "probe"}
+_LATER_SETTINGS = {"coverage_on": "probe", "lora_rank": 0, "lora_alpha": 16.0, "lora_targets": LORA_TARGETS}
 
 
 def train_identity(cfg: TrainConfig) -> dict:
@@ -353,6 +354,8 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   """Trains (or resumes) a score head; writes checkpoints, metrics.jsonl and summary.json in
   `workdir` and the exported checkpoint in `export_dir`. Returns the summary."""
   cfg.validate()
+  if cfg.lora_rank:  # adapters train through maxscore/training (the shared trainer), not this loop
+    raise TrainError(f"lora_rank={cfg.lora_rank}: this head trainer does not train LoRA adapters; use lora_rank=0")
   prompt.validate()
   wall_start = time.perf_counter()
   workdir = pathlib.Path(workdir).resolve()

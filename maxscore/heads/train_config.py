@@ -8,6 +8,7 @@ from maxscore.heads import score_heads as heads
 from maxscore.heads.losses import LOSSES
 
 
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")  # the projections LoRA can adapt (layers/lora.py)
 COVERAGE_ON = ("probe", "score")  # what the match losses' coverage ranking trains (TrainConfig.coverage_on)
 
 
@@ -44,6 +45,9 @@ class TrainConfig:
   coverage_on: Literal["probe", "score"] = "probe"  # match losses: the coverage ranking trains a probe, or the
                                    # exported ranking score itself (weak supervision from lexical overlap)
   algorithm: Optional[str] = None  # scorer algorithm for the frozen features; None = the scorer's choice
+  lora_rank: int = 0               # train_backbone: adapters of this rank train, the base stays frozen; 0 = full
+  lora_alpha: float = 16.0         # LoRA scale numerator: the update is lora_alpha / lora_rank * A @ B
+  lora_targets: tuple[str, ...] = LORA_TARGETS  # projections that get adapters (any of LORA_TARGETS)
 
   def validate(self) -> "TrainConfig":
     if self.loss not in LOSSES:
@@ -63,7 +67,21 @@ class TrainConfig:
                        "(it trains the decoder)")
     if self.coverage_on not in COVERAGE_ON:
       raise TrainError(f"coverage_on={self.coverage_on!r} is not one of {list(COVERAGE_ON)}")
+    self._validate_lora()
     return self
+
+  def _validate_lora(self) -> None:
+    if self.lora_rank < 0:
+      raise TrainError(f"lora_rank={self.lora_rank} must be >= 0 (0 = full fine-tuning, no adapters)")
+    if self.lora_rank and not self.train_backbone:
+      raise TrainError(f"lora_rank={self.lora_rank} trains adapters in the decoder: it needs train_backbone=true "
+                       "(or lora_rank=0)")
+    if not self.lora_alpha > 0:
+      raise TrainError(f"lora_alpha={self.lora_alpha} must be > 0")
+    unknown = [t for t in self.lora_targets if t not in LORA_TARGETS]
+    if unknown or not self.lora_targets or len(set(self.lora_targets)) != len(self.lora_targets):
+      raise TrainError(f"lora_targets={list(self.lora_targets)} must name each target once, at least one, from "
+                       f"the valid targets {list(LORA_TARGETS)}")
 
   def head_config(self, label_ids: Sequence[int], hidden_size: int) -> heads.HeadConfig:
     try:

@@ -1,0 +1,1 @@
+"""Fine-tuning: LoRA adapters (lora.py); the shared trainer lands beside it."""
