@@ -89,12 +89,14 @@ def _train_step(state, batch, *, loss_fn, optimizer, grad_accum_steps=1):
   return new, {"loss": loss, **aux}
 
 
-def _train(steps: int, targets=None):
-  """(model, lora, base params, params before, params after, losses) of a few steps on one packed row."""
-  import functools  # pylint: disable=g-import-not-at-top
-  import jax
+def _train(steps: int, targets=None, base_dtype=None):
+  """(model, lora, base params, params before, params after, losses) of a few steps on one packed row;
+  `base_dtype` casts the base (not the adapters) first."""
+  import jax  # pylint: disable=g-import-not-at-top
   from maxscore.training import lora as lora_lib
   model, lora, base, adapters = _setup(targets)
+  if base_dtype is not None:
+    base = jax.tree_util.tree_map(lambda x: x.astype(base_dtype), base)
   params = lora_lib.add_adapters(base, adapters)
   optimizer = _optimizer(params)
   step = jax.jit(functools.partial(_train_step, loss_fn=_loss_fn(_adapted_decoder(lora)), optimizer=optimizer))
@@ -199,6 +201,22 @@ def test_training_changes_only_adapters(trained):
   assert b_leaves and all(np.any(np.asarray(a[p]) != np.asarray(b[p])) for p in b_leaves)
 
 
+@pytest.mark.slow
+def test_bf16_base_stays_frozen_while_f32_adapters_train():
+  import jax
+  import jax.numpy as jnp
+  from maxscore.training import lora as lora_lib
+  _, _, base, before, after, losses = _train(steps=2, base_dtype=jnp.bfloat16)
+  assert np.isfinite(losses).all()
+  for path, x in jax.tree_util.tree_flatten_with_path(after)[0]:
+    assert x.dtype == (jnp.float32 if lora_lib.is_adapter(path) else jnp.bfloat16), path
+  base_after = lora_lib.split_adapters(after)[0]
+  assert jax.tree_util.tree_all(jax.tree_util.tree_map(
+      lambda a, b: np.asarray(a).tobytes() == np.asarray(b).tobytes(), base, base_after))
+  assert not jax.tree_util.tree_all(jax.tree_util.tree_map(np.array_equal, lora_lib.split_adapters(before)[1],
+                                                           lora_lib.split_adapters(after)[1]))
+
+
 def _serial_unmerged_scores(lora, params) -> np.ndarray:
   """The oracle: each Q + I_i as its own causal row (right-padded) through the adapted, unmerged decoder;
   full-vocabulary label probabilities at its last token."""
@@ -286,7 +304,6 @@ def _devices_main() -> None:
   placed_adapters = jax.tree_util.tree_map(jax.device_put, adapters, lora_lib.adapter_shardings(model, lora, mesh))
   assert any(len(x.sharding.device_set) == 2 and not x.sharding.is_fully_replicated
              for x in jax.tree_util.tree_leaves(placed_adapters))
-  import functools  # pylint: disable=g-import-not-at-top
   params = lora_lib.add_adapters(placed_base, placed_adapters)
   optimizer = _optimizer(params)
   step = jax.jit(functools.partial(_train_step, loss_fn=_loss_fn(_adapted_decoder(lora)), optimizer=optimizer))
