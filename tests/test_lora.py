@@ -144,6 +144,21 @@ def test_lora_rank_needs_train_backbone_and_sane_values():
     load_entry("train", {"run": TrainRun, "train": TrainConfig, "prompt": PromptConfig}, {"lora_rank": 8})
 
 
+def test_train_script_refuses_lora_settings_in_one_line_before_writing(tmp_path, capsys):
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("_train_script", ROOT / "scripts" / "train_score_head.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  for flags, needle in ((["--lora_rank=4"], "train_backbone=true"),
+                        (["--train_backbone", "--lora_rank=4", "--lora_targets=q,qkv"], "valid targets"),
+                        (["--train_backbone", "--lora_rank=4"], "does not train LoRA adapters")):
+    with pytest.raises(SystemExit) as e:
+      module.run(["prog", f"--workdir={tmp_path / 'w'}", *flags])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and needle in err and "\n" not in err, (flags, err)
+  assert not (tmp_path / "w").exists()
+
+
 def test_rank_zero_means_no_adapters():
   import jax
   from maxscore.training import lora as lora_lib
