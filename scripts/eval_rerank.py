@@ -41,7 +41,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     run, cfg = s["run"], s["eval"]
     jsonl = run.jsonl if (run.jsonl or run.data_dir or run.run_file) else str(data.DEFAULT_JSONL)
     dataset = data.load_rerank_set(jsonl, run.data_dir, run.run_file, run.split, run.rerank_top_k, run.skip_bad)
-    scorer = eval_lib.build_scorer(run.checkpoint_dir, overrides, use_head=run.use_head)
+    scorer = eval_lib.build_scorer(run.checkpoint_dir, overrides, use_head=run.use_head, adapters_dir=run.adapters_dir)
     report = eval_lib.run_eval(scorer, dataset, cfg, run.output_dir, overwrite=run.overwrite,
                                progress=run.progress, fsync=run.fsync, gather_every=run.gather_every)
   if report is not None:  # process 0 writes and reports; the others only score
