@@ -46,8 +46,9 @@ def expected_errors() -> tuple[type[BaseException], ...]:
   from maxscore.errors import ResumeError, ScoreInputError, UnsafeOutputError
   from maxscore.heads.train_config import TrainError
   from maxscore.rerank.compare import CompareError
+  from maxscore.training.lora import LoraError
   return (ScoreInputError, UnsafeOutputError, ResumeError, ConfigError, CheckpointError, ConversionError,
-          MeshError, ShardingError, TrainError, TokenizerError, CompareError, TopologyError, OSError)
+          MeshError, ShardingError, TrainError, TokenizerError, CompareError, TopologyError, LoraError, OSError)
 
 
 @contextlib.contextmanager

@@ -159,6 +159,18 @@ def test_train_script_refuses_lora_settings_in_one_line_before_writing(tmp_path,
   assert not (tmp_path / "w").exists()
 
 
+def test_eval_script_refuses_a_bad_adapters_dir_in_one_line(tmp_path, capsys):
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("_eval_script", ROOT / "scripts" / "eval_rerank.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  with pytest.raises(SystemExit) as e:
+    module.run(["prog", f"--adapters_dir={tmp_path}", f"--output_dir={tmp_path / 'o'}", "--noprogress"])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == 2 and len(err) == 1 and "lora.json is missing" in err[0], err
+  assert not (tmp_path / "o").exists()
+
+
 def test_rank_zero_means_no_adapters():
   import jax
   from maxscore.training import lora as lora_lib
