@@ -7,7 +7,7 @@ B starts at zero, so an adapted model computes exactly the base model until B is
 
 Qwix's LoRA (qwix 0.1.8) was tried first and does not fit this model: its einsum path sets an
 attribute on the current module (`<weight>_lora_einsum_str`), which a Linen module built with
-`nn.compact` refuses (flax SetAttributeFrozenModuleError) at every einsum here, and its rules match
+`nn.compact` refuses (flax SetAttributeFrozenModuleError, at the first adapted einsum), and its rules match
 module paths only, while q/k/v/o share one module (`attn`) and gate/up/down another (`mlp`), so
 `lora_targets=q,v` cannot be expressed without overriding its provider's private helpers.
 """
