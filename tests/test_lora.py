@@ -13,7 +13,8 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-QUERY, ITEMS, LABELS, RELEVANT = [5, 17, 33, 42, 8], [[60, 61, 62], [70, 71], [80, 81, 82, 83], [90]], [10, 20], [1, 0, 0, 1]
+QUERY, ITEMS = [5, 17, 33, 42, 8], [[60, 61, 62], [70, 71], [80, 81, 82, 83], [90]]
+LABELS, RELEVANT = [10, 20], [1, 0, 0, 1]  # label ids (relevant first); per item: relevant or not
 LORA_KW = dict(rank=4, alpha=8.0)
 
 
@@ -21,7 +22,6 @@ LORA_KW = dict(rank=4, alpha=8.0)
 def _setup(targets=None):
   """(model config, LoraConfig, base params, adapters) of the tiny default model, fixed seeds (built once)."""
   import jax  # pylint: disable=g-import-not-at-top  (the script mode sets XLA_FLAGS first)
-  import flax.linen as nn
   from layers.config import ModelConfig
   from layers.decoder import Decoder, init_params
   from layers.kernels import get_kernel
