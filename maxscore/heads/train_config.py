@@ -4,11 +4,12 @@ writes (TrainRun); configs/train.yml documents every key."""
 import dataclasses
 from typing import Literal, Optional, Sequence
 
+from layers.lora import TARGETS
 from maxscore.heads import score_heads as heads
 from maxscore.heads.losses import LOSSES
 
 
-LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")  # the projections LoRA can adapt (layers/lora.py)
+LORA_TARGETS = TARGETS  # the projections LoRA can adapt (layers/lora.py)
 COVERAGE_ON = ("probe", "score")  # what the match losses' coverage ranking trains (TrainConfig.coverage_on)
 
 
