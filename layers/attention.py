@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from layers.config import ModelConfig
 from layers.embeddings import apply_rope, rope_inv_freq
 from layers.kernels.base import PrefixKV, SegmentLayout
+from layers.lora import LoraConfig, adapts, lora_delta
 from layers.normalization import RMSNorm, logical
 
 
@@ -26,6 +27,7 @@ class Attention(nn.Module):
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
   precision: jax.lax.Precision | None = None
+  lora: Optional[LoraConfig] = None  # low-rank adapters on the projections it targets (layers/lora.py)
 
   @nn.compact
   def __call__(self, x_BxTxD, positions_BxT, layout: SegmentLayout, prefix_kv: Optional[PrefixKV] = None,
@@ -36,6 +38,9 @@ class Attention(nn.Module):
     def proj(name, heads, axis):
       w = self.param(name, logical(("embed", axis, "head_dim")), (d, heads, h), self.param_dtype)
       y = jnp.einsum("BTD,DNH->BTNH", x_BxTxD, w.astype(self.dtype), precision=self.precision)
+      if adapts(self.lora, name):
+        y = y + lora_delta(self, name, "BTD,DNH->BTNH", x_BxTxD, (d, heads, h), ("embed", axis, "head_dim"), 1,
+                           self.lora, self.precision)
       if cfg.qkv_bias:
         y = y + self.param(f"{name}_bias", nn.with_logical_partitioning(nn.initializers.zeros, (axis, "head_dim")),
                            (heads, h), self.param_dtype).astype(self.dtype)
@@ -60,6 +65,9 @@ class Attention(nn.Module):
     w_o = self.param("o", logical(("heads", "head_dim", "embed")), (n, h, d), self.param_dtype)
     out_BxTxD = jnp.einsum("BTNH,NHD->BTD", out_BxTxNxH.astype(self.dtype), w_o.astype(self.dtype),
                            precision=self.precision)
+    if adapts(self.lora, "o"):
+      out_BxTxD = out_BxTxD + lora_delta(self, "o", "BTNH,NHD->BTD", out_BxTxNxH.astype(self.dtype), (n, h, d),
+                                         ("heads", "head_dim", "embed"), 2, self.lora, self.precision)
     if cfg.attention_bias:
       out_BxTxD = out_BxTxD + self.param("o_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
                                          (d,), self.param_dtype).astype(self.dtype)

@@ -19,6 +19,7 @@ from layers.attention import Attention
 from layers.config import ModelConfig
 from layers.embeddings import Embed
 from layers.kernels.base import PrefixKV, SegmentLayout
+from layers.lora import LoraConfig
 from layers.mlp import MLP
 from layers.normalization import RMSNorm, logical
 
@@ -39,6 +40,7 @@ class DecoderLayer(nn.Module):
   param_dtype: jnp.dtype
   precision: jax.lax.Precision | None
   return_kv: bool = False
+  lora: Optional[LoraConfig] = None
 
   @nn.compact
   def __call__(self, x_BxTxD, positions_BxT, layout, prefix_kv: Optional[PrefixKV], is_local_: jax.Array):
@@ -46,12 +48,13 @@ class DecoderLayer(nn.Module):
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     norm = lambda name: RMSNorm(cfg.rms_norm_eps, plus_one=cfg.gemma_style, name=name, **kw)
     h = norm("input_norm")(x_BxTxD)
-    attn, kv = Attention(cfg, self.attend, precision=self.precision, name="attn", **kw)(
+    attn, kv = Attention(cfg, self.attend, precision=self.precision, lora=self.lora, name="attn", **kw)(
         h, positions_BxT, layout, prefix_kv, is_local_)
     x_BxTxD = x_BxTxD + (norm("attn_out_norm")(attn) if cfg.sandwich_norm else attn)
     h = norm("post_attn_norm")(x_BxTxD)
     act = "gelu_tanh" if cfg.gemma_style else "silu"
-    mlp = MLP(cfg.hidden_size, cfg.mlp_dim, precision=self.precision, activation=act, name="mlp", **kw)(h)
+    mlp = MLP(cfg.hidden_size, cfg.mlp_dim, precision=self.precision, activation=act, lora=self.lora,
+              name="mlp", **kw)(h)
     x_BxTxD = x_BxTxD + (norm("mlp_out_norm")(mlp) if cfg.sandwich_norm else mlp)
     x_BxTxD = nn.with_logical_constraint(x_BxTxD, ("activation_batch", "activation_length", "activation_embed"))
     # Kept only when the caller applies with mutable=["intermediates"] (Decoder.residuals).
@@ -72,6 +75,7 @@ class Decoder(nn.Module):
   precision: str = "highest"
   return_kv: bool = False
   remat: bool = False  # rematerialize each layer in the backward pass (same params; for training)
+  lora: Optional[LoraConfig] = None  # low-rank adapters beside the targeted projections (layers/lora.py)
 
   def setup(self):
     cfg = self.config
@@ -81,7 +85,7 @@ class Decoder(nn.Module):
                       in_axes=(nn.broadcast, nn.broadcast, 0, 0), length=cfg.num_layers,
                       metadata_params={nn.PARTITION_NAME: "layers"})
     self.layers = scanned(cfg, self.attend, self.dtype, self.param_dtype, PRECISIONS[self.precision],
-                          self.return_kv)
+                          self.return_kv, self.lora)
     self.final_norm = RMSNorm(cfg.rms_norm_eps, self.dtype, self.param_dtype, plus_one=cfg.gemma_style)
     if not cfg.tie_word_embeddings:
       self.lm_head = self.param("lm_head", logical(("embed", "vocab")), (cfg.hidden_size, cfg.vocab_size),

@@ -1,9 +1,12 @@
 """Gated feed-forward block: SwiGLU (Llama, Qwen, Mistral) or GeGLU with tanh GELU (Gemma)."""
 
+from typing import Optional
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from layers.lora import LoraConfig, adapts, lora_delta
 from layers.normalization import logical
 
 
@@ -15,6 +18,7 @@ class MLP(nn.Module):
   param_dtype: jnp.dtype = jnp.float32
   precision: jax.lax.Precision | None = None
   activation: str = "silu"
+  lora: Optional[LoraConfig] = None  # low-rank adapters on the projections it targets (layers/lora.py)
 
   @nn.compact
   def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
@@ -22,8 +26,14 @@ class MLP(nn.Module):
     gate = self.param("gate", logical(("embed", "mlp")), (d, f), self.param_dtype)
     up = self.param("up", logical(("embed", "mlp")), (d, f), self.param_dtype)
     down = self.param("down", logical(("mlp", "embed")), (f, d), self.param_dtype)
-    dot = lambda eq, a, w: jnp.einsum(eq, a, w.astype(self.dtype), precision=self.precision)
+    axes = {"gate": ("embed", "mlp"), "up": ("embed", "mlp"), "down": ("mlp", "embed")}
+
+    def dot(eq, a, w, name):
+      y = jnp.einsum(eq, a, w.astype(self.dtype), precision=self.precision)
+      if adapts(self.lora, name):
+        y = y + lora_delta(self, name, eq, a, w.shape, axes[name], 1, self.lora, self.precision)
+      return y
     act = {"silu": nn.silu, "gelu_tanh": lambda x: nn.gelu(x, approximate=True)}[self.activation]
-    h_BxTxF = act(dot("BTD,DF->BTF", x_BxTxD, gate)) * dot("BTD,DF->BTF", x_BxTxD, up)
+    h_BxTxF = act(dot("BTD,DF->BTF", x_BxTxD, gate, "gate")) * dot("BTD,DF->BTF", x_BxTxD, up, "up")
     h_BxTxF = nn.with_logical_constraint(h_BxTxF, ("activation_batch", "activation_length", "activation_mlp"))
-    return dot("BTF,FD->BTD", h_BxTxF, down)
+    return dot("BTF,FD->BTD", h_BxTxF, down, "down")

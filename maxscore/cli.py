@@ -49,9 +49,10 @@ def expected_errors() -> tuple[type[BaseException], ...]:
   from maxscore.rerank.compare import CompareError
   from maxscore.rerank.plots import PlotError
   from maxscore.serving.config import ServeError
+  from maxscore.training.lora import LoraError
   return (ScoreInputError, UnsafeOutputError, ResumeError, ConfigError, CheckpointError, ConversionError,
           MeshError, ShardingError, TrainError, TokenizerError, CompareError, PlotError, TopologyError, ServeError,
-          OSError)
+          LoraError, OSError)
 
 
 @contextlib.contextmanager

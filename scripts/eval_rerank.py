@@ -46,7 +46,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     safety.check_output_dir(run.output_dir, "eval",
                             [*data.input_paths(dataset), *(data.input_paths(dev) if dev else []), run.checkpoint_dir],
                             "--output_dir")  # before loading a model
-    scorer = eval_lib.build_scorer(run.checkpoint_dir, overrides, use_head=run.use_head)
+    scorer = eval_lib.build_scorer(run.checkpoint_dir, overrides, use_head=run.use_head, adapters_dir=run.adapters_dir)
     report = eval_lib.run_eval(scorer, dataset, cfg, run.output_dir, overwrite=run.overwrite,
                                progress=run.progress, fsync=run.fsync, gather_every=run.gather_every, dev=dev)
   if report is not None:  # process 0 writes and reports; the others only score

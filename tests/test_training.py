@@ -253,3 +253,49 @@ def test_scale_knobs_keep_the_loss(tmp_path):
 def _losses_of(workdir, key: str = "loss") -> list[float]:
   lines = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   return [r[key] for r in lines if r["kind"] == "train"]
+
+
+# --- LoRA through the trainer -------------------------------------------------------------------------------
+LORA = ["--lora_rank=4", "--lora_alpha=8", "--lora_targets=q,v,up", "--learning_rate=1e-2"]
+
+
+@pytest.fixture(scope="module")
+def lora_one_process(tmp_path_factory):
+  root = tmp_path_factory.mktemp("lora_one")
+  _train(root, *LORA)
+  assert len(_losses(root)) == 4
+  return root
+
+
+def _checkpointed_backbone(work: pathlib.Path) -> dict:
+  """The backbone params (base and adapters) of the workdir's latest training checkpoint, as numpy."""
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  step = max(int(p.name) for p in (work / "checkpoints").iterdir() if p.name.isdigit())
+  state = ocp.StandardCheckpointer().restore(work / "checkpoints" / str(step) / "state")
+  return jax.tree_util.tree_map(np.asarray, state["params"]["backbone"])
+
+
+@pytest.mark.slow
+def test_lora_trains_only_the_adapters_and_exports_them_merged(lora_one_process):
+  from maxscore.rerank import data  # pylint: disable=import-outside-toplevel
+  from maxscore.training import lora as lora_lib  # pylint: disable=import-outside-toplevel
+  base_before = jax.tree_util.tree_map(np.asarray, storage.restore_checkpoint(data.DEFAULT_CHECKPOINT).params)
+  trained = _checkpointed_backbone(lora_one_process / "work")
+  base_after, adapters = lora_lib.split_adapters(trained)
+  flat_before, flat_after = (jax.tree_util.tree_leaves_with_path(t) for t in (base_before, base_after))
+  assert [p for p, _ in flat_before] == [p for p, _ in flat_after]
+  for (path, x), (_, y) in zip(flat_before, flat_after):  # the frozen base: the same bytes
+    assert x.dtype == y.dtype and x.tobytes() == y.tobytes(), path
+  b_leaves = [v for p, v in jax.tree_util.tree_leaves_with_path(adapters) if str(p[-1].key).endswith("_lora_b")]
+  assert b_leaves and all(np.abs(b).max() > 0 for b in b_leaves)  # B starts at zero: every one trained
+  # The export is the merged model: base + alpha / rank * A @ B, an ordinary checkpoint.
+  merged = lora_lib.merge(trained, lora_lib.lora_config(4, 8.0, ("q", "v", "up")))
+  exported = storage.restore_checkpoint(lora_one_process / "export").params
+  for x, y in zip(jax.tree_util.tree_leaves(merged), jax.tree_util.tree_leaves(exported)):
+    np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_lora_two_processes_equal_one_process(lora_one_process, tmp_path):
+  _train(tmp_path, *LORA, processes=2)
+  _assert_same_run(lora_one_process, tmp_path)

@@ -73,6 +73,7 @@ from maxscore.heads.losses import MASK_LOGIT, batch_loss, probe_bce, probe_logit
 from maxscore.heads.train_config import (COVERAGE_ON, LORA_TARGETS, TrainConfig, TrainError,  # noqa: F401  (re-exported)
                                          TrainRun)
 from maxscore.training import checkpoint, partition, trainer
+from maxscore.training import lora as lora_lib
 from maxscore.training.errors import ResumeError  # noqa: F401  (re-exported)
 from maxscore.training.metrics_log import MetricsLog
 from maxscore.training.optimizer import make_optimizer  # noqa: F401  (re-exported)
@@ -171,8 +172,14 @@ def backbone_decoder(cfg: TrainConfig, scorer: Scorer, mesh: Optional[Mesh] = No
   attend = sharding_lib.shard_kernel(get_kernel(runner.default_kernel, runner.options), mesh)
   dtype = DTYPES[cfg.compute_dtype] if cfg.compute_dtype else runner.dtype
   param_dtype = DTYPES[cfg.param_dtype] if cfg.param_dtype else runner.dtype
-  return Decoder(scorer.config.model, attend, dtype=dtype, param_dtype=param_dtype, precision=runner.precision,
-                 remat=cfg.remat != "none")
+  decoder = Decoder(scorer.config.model, attend, dtype=dtype, param_dtype=param_dtype, precision=runner.precision,
+                    remat=cfg.remat != "none")
+  return lora_lib.adapt(decoder, _lora(cfg))
+
+
+def _lora(cfg: TrainConfig) -> Optional[lora_lib.LoraConfig]:
+  """The run's LoRA settings (None: full fine-tuning, or the backbone frozen)."""
+  return lora_lib.lora_config(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets) if cfg.train_backbone else None
 
 
 def init_params(cfg: TrainConfig, prep: Prepared) -> dict[str, Any]:
@@ -182,6 +189,10 @@ def init_params(cfg: TrainConfig, prep: Prepared) -> dict[str, Any]:
   if cfg.train_backbone:
     cast = (lambda x: jnp.asarray(x, DTYPES[cfg.param_dtype])) if cfg.param_dtype else jnp.asarray
     params["backbone"] = jax.tree_util.tree_map(cast, prep.scorer.runner.params)
+    if _lora(cfg) is not None:  # adapters in float32 (A random, B zero: step 0 is the base model exactly)
+      adapter_key = jax.random.fold_in(init_key, 1)
+      params["backbone"] = lora_lib.add_adapters(params["backbone"], lora_lib.init_adapters(
+          prep.scorer.config.model, _lora(cfg), adapter_key))
   if cfg.match_loss_weight:
     probe = lambda: {"w": jnp.zeros((prep.scorer.config.model.hidden_size,), jnp.float32),
                      "b": jnp.zeros((), jnp.float32)}
@@ -189,12 +200,15 @@ def init_params(cfg: TrainConfig, prep: Prepared) -> dict[str, Any]:
   return params
 
 
-def param_shardings(params: dict[str, Any], prep: Prepared, mesh: Mesh) -> dict[str, Any]:
+def param_shardings(cfg: TrainConfig, params: dict[str, Any], prep: Prepared, mesh: Mesh) -> dict[str, Any]:
   """The backbone by the logical-axis rules, the head and probes replicated."""
   rep = partition.replicated(mesh)
   out = jax.tree_util.tree_map(lambda _: rep, params)
   if "backbone" in params:
     out["backbone"] = sharding_lib.model_param_shardings(prep.scorer.config.model, mesh)
+    if _lora(cfg) is not None:
+      out["backbone"] = lora_lib.add_adapters(out["backbone"], lora_lib.adapter_shardings(
+          prep.scorer.config.model, _lora(cfg), mesh))
   return out
 
 
@@ -278,9 +292,11 @@ def _trainable(cfg: TrainConfig, params: dict[str, Any]) -> Optional[Any]:
   """The boolean trainable pytree the optimizer freezes the rest by (None: everything trains). With LoRA it
   is the head and probes plus the adapter leaves of the backbone (maxscore/training/lora.py's trainable_mask,
   wired here together with the adapted decoder and the adapters' params and shardings)."""
-  if not cfg.lora_rank:
+  if _lora(cfg) is None:
     return None
-  raise TrainError(f"lora_rank={cfg.lora_rank}: this trainer is not wired to LoRA adapters yet; use lora_rank=0")
+  mask = jax.tree_util.tree_map(lambda _: True, params)
+  mask["backbone"] = lora_lib.trainable_mask(params["backbone"])
+  return mask
 
 
 def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str], train_set: RerankSet,
@@ -308,7 +324,7 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   optimizer, schedule = make_optimizer(cfg, total_steps, _trainable(cfg, params))
   fingerprint = _run_fingerprint(cfg, prompt, prep.scorer, prep.examples)
   check = lambda: sharding_lib.check_divisible(prep.scorer.config.model, mesh) if cfg.train_backbone else None
-  run = trainer.start(workdir, cfg.keep_checkpoints, params, param_shardings(params, prep, mesh), optimizer,
+  run = trainer.start(workdir, cfg.keep_checkpoints, params, param_shardings(cfg, params, prep, mesh), optimizer,
                       jax.random.split(jax.random.PRNGKey(cfg.seed))[1], mesh, fingerprint, check)
 
   decoder = backbone_decoder(cfg, prep.scorer)
@@ -379,6 +395,8 @@ def export(cfg: TrainConfig, prep: Prepared, summary: dict[str, Any], final, exp
   same = pathlib.Path(export_dir).resolve() == pathlib.Path(summary["checkpoint_dir"]).resolve()
   info["base_checkpoint"] = "." if same else summary["checkpoint_dir"]
   backbone = jax.device_get(final["backbone"]) if cfg.train_backbone else None
+  if backbone is not None and _lora(cfg) is not None:
+    backbone = jax.device_get(lora_lib.merge(backbone, _lora(cfg)))  # W + alpha / rank * A @ B
   again = safety.exported_by(export_dir, workdir)
   return str(heads.export_checkpoint(prep.scorer.config.runtime.checkpoint_dir, export_dir, prep.head_cfg,
                                      jax.device_get(final["head"]), info, backbone, overwrite=overwrite or again,

@@ -4,16 +4,15 @@ writes (TrainRun); configs/train.yml documents every key."""
 import dataclasses
 from typing import Literal, Optional, Sequence
 
+from layers.lora import TARGETS
 from maxscore.heads import score_heads as heads
 from maxscore.heads.losses import LOSSES
 from maxscore.training.errors import TrainError  # noqa: F401  (re-exported)
 
 
-LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")  # the projections LoRA can adapt (layers/lora.py)
+LORA_TARGETS = TARGETS  # the projections LoRA can adapt (layers/lora.py)
 REMAT = ("full", "per_layer", "none")  # full: the whole forward recomputed; per_layer: each layer; none: nothing
 COVERAGE_ON = ("probe", "score")  # what the match losses' coverage ranking trains (TrainConfig.coverage_on)
-
-
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,6 +41,7 @@ from maxscore.rerank.data import RerankSet
 from maxscore import errors
 from maxscore.files import identity, safety
 from maxscore.scoring.scorer import Scorer
+from maxscore.training import lora
 
 DEFAULT_METRICS = ("ndcg@10", "mrr@10", "map", "recall@10", "p@10")
 RESULTS_FILE = "results.jsonl"
@@ -127,6 +128,7 @@ class EvalConfig(PromptConfig):
 class EvalRun:
   """What scripts/eval_rerank.py reads and writes (configs/eval.yml documents each key)."""
   checkpoint_dir: Optional[str] = None     # None = the embedded default model; "none" = random init
+  adapters_dir: Optional[str] = None       # LoRA adapters saved beside checkpoint_dir, merged into it on load
   jsonl: Optional[str] = None
   data_dir: Optional[str] = None
   run_file: Optional[str] = None
@@ -161,17 +163,26 @@ class EvalReport:
 
 
 def build_scorer(checkpoint_dir: Optional[str] = None, overrides: Sequence[str] = (),
-                 use_head: bool = True) -> Scorer:
+                 use_head: bool = True, adapters_dir: Optional[str] = None) -> Scorer:
   """The scorer a script asked for: a checkpoint (default: the embedded default model), or
   `checkpoint_dir="none"` for the config's random-init model; overrides are `key=value`.
-  A checkpoint with a trained score head (head/) scores through it unless use_head=False."""
+  A checkpoint with a trained score head (head/) scores through it unless use_head=False.
+  `adapters_dir`: LoRA adapters trained on that checkpoint (maxscore/training/lora.py), merged on load."""
   over = dict(parse_override(a) for a in overrides)
   if checkpoint_dir is None:
     checkpoint_dir = over.pop("checkpoint_dir", None) or str(data.DEFAULT_CHECKPOINT)
   over.pop("checkpoint_dir", None)
   if checkpoint_dir.lower() == "none":
+    if adapters_dir:
+      raise errors.ScoreInputError(f"adapters_dir={adapters_dir} needs the checkpoint it was trained on, not "
+                                   "checkpoint_dir=none")
     return Scorer.from_config(load_config(over))
-  return heads.load_scorer(checkpoint_dir, use_head=use_head, **over)
+  if not adapters_dir:
+    return heads.load_scorer(checkpoint_dir, use_head=use_head, **over)
+  scorer = lora.load_scorer(checkpoint_dir, adapters_dir, **over)
+  if use_head and heads.has_head(checkpoint_dir):
+    return heads.HeadScorer(scorer, *heads.load_head(checkpoint_dir))
+  return scorer
 
 
 def load_data(run: EvalRun, cfg: EvalConfig) -> tuple[RerankSet, Optional[RerankSet]]:

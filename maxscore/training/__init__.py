@@ -3,7 +3,7 @@
 `trainer` holds the top-level `init`, `train_step`, `restore` and `loop` (and `start`, which resumes or
 starts a run in a workdir); `state` the TrainState; `optimizer` the clip + AdamW schedule; `partition`
 where state and batches live on the mesh; `checkpoint` the per-process Orbax checkpoints; `metrics_log`
-metrics.jsonl and TensorBoard. Each task (maxscore.heads.train, maxscore.lm.pretrain) brings only its
+metrics.jsonl and TensorBoard; `lora` the LoRA adapters (configs, trainable mask, exports). Each task (maxscore.heads.train, maxscore.lm.pretrain) brings only its
 loss, data, eval and export.
 """
 

@@ -1,0 +1,210 @@
+"""LoRA fine-tuning of the decoder: which params train, and the two exports eval can load.
+
+The adapters themselves are layers' (layers/lora.py: `<weight>_lora_a` / `<weight>_lora_b` beside
+each targeted projection, B initialised to zero so step 0 is the base model exactly). Here:
+
+- `adapt` gives the Decoder with adapters; `init_adapters` their initial values; `add_adapters` /
+  `split_adapters` join and separate them from a base tree;
+- `trainable_mask` is True on adapter leaves only: the optimizer freezes the rest;
+- `merge` folds W + alpha / rank * A @ B into a plain base tree (an ordinary checkpoint);
+- `save_adapters` writes the adapters beside a base checkpoint (and the base's digest);
+  `load_scorer` loads base + adapters as a Scorer, merged on load.
+
+    <adapters_dir>/adapters/   Orbax tree of the adapter params only
+    <adapters_dir>/lora.json   {"format_version", "rank", "alpha", "targets", "model",
+                                "base_params_sha256", "adapters_sha256"}
+"""
+
+import json
+import os
+import pathlib
+from typing import Any, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import traverse_util
+
+from layers import sharding
+from layers.decoder import Decoder, init_params
+from layers.kernels import get_kernel
+from layers.lora import TARGETS, LoraConfig
+from maxscore.checkpoints import storage
+from maxscore.config import model_config_from_dict, model_config_to_dict
+from maxscore.files import identity, safety
+
+__all__ = ["TARGETS", "LoraConfig", "LoraError", "adapt", "add_adapters", "adapter_shardings", "init_adapters",
+           "is_adapter", "load_adapters", "load_scorer", "lora_config", "merge", "save_adapters", "save_merged",
+           "split_adapters", "trainable_mask"]
+
+FORMAT_VERSION = 1
+METADATA_FILE = "lora.json"
+ADAPTER_SUFFIXES = ("_lora_a", "_lora_b")
+
+
+class LoraError(ValueError):
+  """Adapters that do not fit their base, or a bad adapter directory."""
+
+
+def lora_config(rank: int, alpha: float, targets: Sequence[str] = TARGETS) -> Optional[LoraConfig]:
+  """The validated LoraConfig of `lora_rank` / `lora_alpha` / `lora_targets`; None for rank 0 (no adapters)."""
+  if rank < 0:
+    raise LoraError(f"lora_rank={rank} must be >= 0 (0 = full fine-tuning, no adapters)")
+  if rank == 0:
+    return None
+  try:
+    return LoraConfig(rank, alpha, tuple(targets)).validate()
+  except ValueError as e:
+    raise LoraError(str(e)) from None
+
+
+def adapt(decoder: Decoder, lora: Optional[LoraConfig]) -> Decoder:
+  """`decoder` with adapters on the targets of `lora` (None: the decoder unchanged)."""
+  return decoder if lora is None else decoder.clone(lora=lora)
+
+
+def is_adapter(path: Sequence[Any]) -> bool:
+  """True for a param path (keys or tree_util path entries) that names an adapter leaf."""
+  last = path[-1] if path else ""
+  return str(getattr(last, "key", last)).endswith(ADAPTER_SUFFIXES)
+
+
+def trainable_mask(params: Any) -> Any:
+  """A bool pytree like `params`: True on adapter leaves only (the base stays frozen)."""
+  return jax.tree_util.tree_map_with_path(lambda path, _: is_adapter(path), params)
+
+
+def split_adapters(params: Any) -> tuple[dict, dict]:
+  """(base params, adapter params) of an adapted params tree, both nested dicts."""
+  flat = traverse_util.flatten_dict(nn.unbox(params))
+  base = {k: v for k, v in flat.items() if not is_adapter(k)}
+  adapters = {k: v for k, v in flat.items() if is_adapter(k)}
+  return traverse_util.unflatten_dict(base), traverse_util.unflatten_dict(adapters)
+
+
+def add_adapters(base_params: Any, adapters: Any) -> dict:
+  """One params tree holding the base params and the adapters (which must not overlap)."""
+  flat = traverse_util.flatten_dict(nn.unbox(base_params))
+  extra = traverse_util.flatten_dict(nn.unbox(adapters))
+  clash = sorted("/".join(k) for k in set(flat) & set(extra))
+  if clash:
+    raise LoraError(f"the base params already hold adapters ({', '.join(clash[:3])}); merge or split them first")
+  return traverse_util.unflatten_dict({**flat, **extra})
+
+
+def _abstract_adapted(model, lora: LoraConfig, dtype: Any = jnp.float32) -> Any:
+  """Boxed ShapeDtypeStructs of the adapted Decoder's params (nothing allocated)."""
+  decoder = adapt(Decoder(model, get_kernel("reference"), param_dtype=dtype), lora)
+  return jax.eval_shape(lambda: init_params(decoder, jax.random.PRNGKey(0)))
+
+
+def init_adapters(model, lora: LoraConfig, rng: jax.Array, dtype: Any = jnp.float32) -> dict:
+  """Initial adapter params (A random, B zero) for `model`, in `dtype`; the base is not materialised."""
+  decoder = adapt(Decoder(model, get_kernel("reference"), param_dtype=dtype), lora)
+  return jax.jit(lambda key: split_adapters(init_params(decoder, key))[1])(rng)
+
+
+def adapter_shardings(model, lora: LoraConfig, mesh: jax.sharding.Mesh, rules=sharding.RULES) -> dict:
+  """NamedShardings of the adapter params on `mesh`, from the logical axes they share with their weights."""
+  return split_adapters(sharding.param_shardings(_abstract_adapted(model, lora), mesh, rules))[1]
+
+
+def merge(params: Any, lora: LoraConfig) -> dict:
+  """The base tree with every adapted weight replaced by W + alpha / rank * A @ B (float32 sums, cast
+  back to W's dtype); what `storage.save_checkpoint` writes as an ordinary checkpoint."""
+  base, adapters = split_adapters(params)
+  flat, flat_adapters = traverse_util.flatten_dict(base), traverse_util.flatten_dict(adapters)
+  for key_a in [k for k in flat_adapters if k[-1].endswith("_lora_a")]:
+    key_w = key_a[:-1] + (key_a[-1][:-len("_lora_a")],)
+    key_b = key_w[:-1] + (key_w[-1] + "_lora_b",)
+    if key_w not in flat or key_b not in flat_adapters:
+      raise LoraError(f"adapter {'/'.join(key_a)} has no weight {'/'.join(key_w)} or no {key_b[-1]} beside it")
+    flat[key_w] = _merged(flat[key_w], flat_adapters[key_a], flat_adapters[key_b], lora.scale, "/".join(key_w))
+  return traverse_util.unflatten_dict(flat)
+
+
+def _merged(w, a, b, scale: float, name: str) -> jax.Array:
+  """W + scale * A @ B for stacked layers: W [L, *c, *m], A [L, *c, r], B [L, r, *m]."""
+  layers, rank = a.shape[0], a.shape[-1]
+  if tuple(w.shape) != (layers,) + tuple(a.shape[1:-1]) + tuple(b.shape[2:]) or b.shape[:2] != (layers, rank):
+    raise LoraError(f"{name}: adapters {tuple(a.shape)} x {tuple(b.shape)} do not fit the weight {tuple(w.shape)}")
+  a_LxCxR = jnp.reshape(jnp.asarray(a, jnp.float32), (layers, -1, rank))
+  b_LxRxM = jnp.reshape(jnp.asarray(b, jnp.float32), (layers, rank, -1))
+  delta = jnp.einsum("LCR,LRM->LCM", a_LxCxR, b_LxRxM, precision=jax.lax.Precision.HIGHEST)
+  return (jnp.asarray(w, jnp.float32) + scale * delta.reshape(w.shape)).astype(w.dtype)
+
+
+def save_merged(directory: os.PathLike, params: Any, lora: LoraConfig, model, tokenizer_files=(),
+                overwrite: bool = False, inputs=()) -> pathlib.Path:
+  """Writes `merge(params)` as an ordinary checkpoint (storage.save_checkpoint)."""
+  return storage.save_checkpoint(directory, merge(params, lora), model, tokenizer_files, overwrite, inputs)
+
+
+def _check_adapters(adapters: Any, model, lora: LoraConfig, where: str) -> None:
+  """Raises LoraError naming each missing, unexpected or mis-shaped adapter for (model, lora)."""
+  want = {"/".join(k): v.shape for k, v in traverse_util.flatten_dict(
+      split_adapters(_abstract_adapted(model, lora))[1]).items()}
+  got = {"/".join(k): tuple(np.shape(v)) for k, v in traverse_util.flatten_dict(nn.unbox(adapters)).items()}
+  problems = [f"missing {k}" for k in sorted(set(want) - set(got))]
+  problems += [f"unexpected {k}" for k in sorted(set(got) - set(want))]
+  problems += [f"{k} has shape {got[k]}, rank {lora.rank} needs {tuple(want[k])}"
+               for k in sorted(set(want) & set(got)) if tuple(got[k]) != tuple(want[k])]
+  if problems:
+    raise LoraError(f"{where} do not fit the model and lora settings: " + "; ".join(problems[:6]))
+
+
+def save_adapters(directory: os.PathLike, params: Any, lora: LoraConfig, base_checkpoint: os.PathLike,
+                  overwrite: bool = False) -> pathlib.Path:
+  """Writes the adapters of `params` beside the base checkpoint they were trained on (its digest kept)."""
+  model, _ = storage.read_metadata(base_checkpoint)
+  base_digest = storage.params_digest(base_checkpoint)
+  adapters = jax.device_get(split_adapters(params)[1])
+  _check_adapters(adapters, model, lora, "adapters")
+  meta = {"format_version": FORMAT_VERSION, "rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.targets),
+          "model": model_config_to_dict(model), "base_params_sha256": base_digest,
+          "adapters_sha256": identity.tree_digest(adapters)}
+  with safety.replace_dir(directory, "lora_adapters", overwrite, (base_checkpoint,), "adapter directory") as tmp:
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(tmp / "adapters", adapters)
+    checkpointer.wait_until_finished()
+    (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+  return safety.resolve(directory)
+
+
+def load_adapters(directory: os.PathLike) -> tuple[dict, LoraConfig, dict]:
+  """(adapter params as host arrays, their LoraConfig, the metadata) from `save_adapters`' directory."""
+  directory = pathlib.Path(directory)
+  meta_path = directory / METADATA_FILE
+  if not meta_path.is_file():
+    raise LoraError(f"{directory} is not a LoRA adapter directory: {METADATA_FILE} is missing")
+  try:
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    lora = LoraConfig(int(meta["rank"]), float(meta["alpha"]), tuple(meta["targets"])).validate()
+    model = model_config_from_dict(meta["model"], where=str(meta_path))
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise LoraError(f"{meta_path} is corrupt: {' '.join(str(e).split())}") from None
+  try:
+    adapters = jax.device_get(ocp.StandardCheckpointer().restore(directory / "adapters"))
+  except Exception as e:  # orbax raises several types for unreadable files
+    raise LoraError(f"cannot restore {directory / 'adapters'}: {type(e).__name__}: {str(e)[:300]}") from None
+  _check_adapters(adapters, model, lora, f"adapters in {directory}")
+  if identity.tree_digest(adapters) != meta.get("adapters_sha256"):
+    raise LoraError(f"{directory / 'adapters'} is not what was written with {meta_path} (digest differs)")
+  return adapters, lora, meta
+
+
+def load_scorer(checkpoint_dir: os.PathLike, adapters_dir: os.PathLike, mesh: Any = "auto", **overrides: Any):
+  """A Scorer of the base checkpoint plus the adapters, merged on load (so it scores as a merged export).
+
+  Refuses adapters trained on another base (their stored base digest differs)."""
+  from maxscore.scoring.scorer import Scorer  # pylint: disable=g-import-not-at-top  (scoring imports much)
+  adapters, lora, meta = load_adapters(adapters_dir)
+  base_digest = storage.params_digest(checkpoint_dir)
+  if base_digest != meta["base_params_sha256"]:
+    raise LoraError(f"adapters in {adapters_dir} were trained on base params {meta['base_params_sha256']}, but "
+                    f"{checkpoint_dir} holds {base_digest}")
+  base = Scorer.from_checkpoint(checkpoint_dir, mesh=mesh, **overrides)
+  merged = merge(add_adapters(base.runner.params, adapters), lora)
+  return Scorer(base.config, merged, base.tokenizer, model_name=base.model_name, mesh=base.mesh)
