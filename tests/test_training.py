@@ -256,7 +256,7 @@ def _losses_of(workdir, key: str = "loss") -> list[float]:
 
 
 # --- LoRA through the trainer -------------------------------------------------------------------------------
-LORA = ["--lora_rank=4", "--lora_alpha=8", "--lora_targets=q,v,up", "--learning_rate=1e-2"]
+LORA = ["--lora_rank=4", "--lora_alpha=8", "--lora_targets=q,v,up"]
 
 
 @pytest.fixture(scope="module")
