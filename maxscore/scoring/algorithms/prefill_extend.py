@@ -1,13 +1,16 @@
 """prefill_extend: prefill Q + s once into a PrefixState, then extend items in chunks against it.
 
 Item tokens attend to the shared prefix K/V (broadcast, never copied per item) and causally
-to their own tokens, merged by log-sum-exp -- the same slot math as the shared_prefix kernel.
+to their own tokens, merged by log-sum-exp -- the same slot math as the shared_prefix kernel. A chunk
+whose item count would pad its bucket by more than an eighth is cut into bucket-sized chunks.
 """
+
+import dataclasses
 
 import numpy as np
 
 from maxscore.scoring.algorithms.common import AlgorithmContext, by_labels, empty_results, scatter
-from maxscore.scoring.layout import bucket, pack_rows, plan_rows
+from maxscore.scoring.layout import bucket, pack_rows, plan_rows, split_for_buckets
 
 
 def prefix_state(ctx: AlgorithmContext, prefix):
@@ -20,6 +23,16 @@ def prefix_state(ctx: AlgorithmContext, prefix):
   return ctx.prefix_cache.get_or_compute((tuple(prefix), p), compute)
 
 
+def _bucket_exact(rows, count_buckets):
+  """Each row cut into chunks whose item counts pad little (layout.split_for_buckets)."""
+  for row in rows:
+    start = 0
+    for size in split_for_buckets(len(row.items), count_buckets):
+      yield dataclasses.replace(row, items=row.items[start:start + size],
+                                item_tokens=row.item_tokens[start:start + size])
+      start += size
+
+
 def run(ctx: AlgorithmContext, requests) -> list[np.ndarray]:
   out = empty_results(ctx, requests)
   bk, chunk = ctx.buckets, ctx.scoring.extend_batch_size
@@ -30,7 +43,8 @@ def run(ctx: AlgorithmContext, requests) -> list[np.ndarray]:
       if not req.items:
         continue
       state = prefix_state(ctx, req.prefix)
-      for row in plan_rows(ri, req.prefix, req.items, bk.item_buckets, chunk, bk.length_group_ratio):
+      for row in _bucket_exact(plan_rows(ri, req.prefix, req.items, bk.item_buckets, chunk, bk.length_group_ratio),
+                               bk.item_count_buckets):
         n = bucket(len(row.items), bk.item_count_buckets, "extend chunk")
         batch = pack_rows([row], 0, row.slot_len, n, 1)
         lp = ctx.runner.extend_logprobs(ctx.kernel, state, batch.tokens_BxT, batch.positions_BxT,
