@@ -185,3 +185,16 @@ def test_suite_refuses_bad_workloads_in_one_line(flag, message, capsys, tmp_path
     bench_script.run(["bench.py", "--suite", flag, f"--output_json={out}"])
   assert e.value.code == 2 and not out.exists()
   assert re.search(message, capsys.readouterr().err)
+
+
+def test_profile_shares_times_every_part_at_a_given_geometry(capsys):
+  spec = importlib.util.spec_from_file_location("_script_profile", REPO / "scripts" / "profile_shares.py")
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  best = script.run(["profile_shares.py", "--model=tiny-qwen3", "--num_layers=1", "--query_len=10", "--num_items=5",
+                     "--item_len=9", "--repeats=1"])
+  printed = capsys.readouterr().out
+  assert len(best) == 10 and all(s > 0 for s in best.values())
+  for name in ("dense matmuls", "own attention", "norms + RoPE", "prefix attention", "lm_head [D, V]", "5 rows"):
+    assert name in printed, name
+  assert "load average before" in printed and "load average after" in printed
