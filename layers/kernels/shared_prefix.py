@@ -2,14 +2,21 @@
 
 prefix queries: causal over the P prefix keys, in query blocks that read only the keys up to
 the block's end (the upper triangle is never computed).
-slot queries: against the prefix keys [P] and their own causal [L, L] block, merged with one
-log-sum-exp. Slots are processed a chunk at a time (lax.map), the chunk sized so its score tile
-stays in the last-level cache; memory is O(tile) whatever the number of slots.
+slot queries: against the prefix keys [P] and their own causal block, merged with one log-sum-exp.
+A slot's own attention runs in query blocks of at most _OWN_BLOCK rows; a block reads its slot's
+keys only up to its own end (and from the first its window reaches), so the key blocks above the
+diagonal are never computed and no [N, H, L, L] array exists; each block's prefix and own scores
+share one max and one normalizer (the log-sum-exp merge of flash attention, exact in float32).
+Slots are processed a chunk at a time (lax.map), the chunk sized so the score tile of its largest
+query block -- prefix and own keys together -- stays in the last-level cache; memory is O(tile)
+whatever the number of slots.
 
 Layout for speed on XLA:CPU: (batch, kv head) are flattened into one batch axis Z and query
 heads of a GQA group are folded into the row axis M, so every product is one batched GEMM
-[Z, M, H] x [Z, S, H] and K/V are never repeated; probabilities are normalized after the PV
-product (one pass less over the score tile). The prefill+extend algorithm calls the same slot
+[Z, M, H] x [Z, S, H] and K/V are never repeated; own products batch over Y = (batch, kv head,
+slot) the same way (as a six-axis einsum over (batch, slot, kv head) they ran 1.7-3.7x slower in a
+one-process XLA:CPU microbenchmark). Probabilities are normalized after the PV product (one pass
+less over the score tile). The prefill+extend algorithm calls the same slot
 path with the prefix K/V taken from a cache. Slot steps are sized so the score tile stays in the
 last-level cache, and padding is masked inside the QK product where nothing else needs a mask
 (see _TILE_BYTES, _MIN_ROWS, _BIAS_COLUMN for the measurements behind them).
