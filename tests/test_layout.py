@@ -100,3 +100,18 @@ def test_prefill_extend_with_split_chunks_reproduces_serial(hf_checkpoints):
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
   extend_counts = {key[5] for key in scorer.runner.compiled_shapes if key[0] == "extend"}
   assert extend_counts == {16, 1}, scorer.runner.compiled_shapes
+
+
+def test_prefill_extend_chunks_hold_at_most_extend_max_tokens(hf_checkpoints):
+  """Items of 9 tokens sit in 10-token slots: extend_max_tokens=30 puts at most 3 in a chunk."""
+  from maxscore import Scorer
+  _, _, ckpt = hf_checkpoints("qwen3_kv2_tied")
+  scorer = Scorer.from_checkpoint(ckpt, separator_token_id=3, extend_max_tokens=30)
+  rng = np.random.default_rng(4)
+  query = rng.integers(0, 520, 5).tolist()
+  items = [rng.integers(0, 520, 9).tolist() for _ in range(7)]
+  want = scorer.score(query, items, [5, 17], algorithm="serial").scores
+  got = scorer.score(query, items, [5, 17], algorithm="prefill_extend").scores
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+  shapes = [key for key in scorer.runner.compiled_shapes if key[0] == "extend"]
+  assert {(key[4], key[5]) for key in shapes} == {(10, 3), (10, 1)}, shapes
