@@ -96,8 +96,9 @@ def _dense_matmuls(m, t: int, num_layers: int):
 def geometry(opts: ProfileOptions, scorer: Scorer) -> tuple[int, int, int, int, int]:
   """(P, real prefix tokens, slots N, real items, slot length L) of the one packed row profiled."""
   bk, valid = scorer.config.buckets, opts.query_len + 1
-  return (bucket(valid, bk.prefix_buckets, "query_len"), valid, bucket(opts.num_items, bk.item_count_buckets, "num_items"),
-          opts.num_items, bucket(opts.item_len, bk.item_buckets, "item_len"))
+  p = bucket(valid, bk.prefix_buckets, "query_len")
+  n = bucket(opts.num_items, bk.item_count_buckets, "num_items")
+  return p, valid, n, opts.num_items, bucket(opts.item_len, bk.item_buckets, "item_len")
 
 
 def parts(opts: ProfileOptions) -> dict:
