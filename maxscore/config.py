@@ -45,6 +45,7 @@ class ScoringConfig:
   apply_softmax: bool = False
   algorithm: Literal["serial", "packed", "prefill_extend", "auto"] = "auto"
   extend_batch_size: int = 64
+  extend_max_tokens: int = 16384
   serial_batch_size: int = 16
   prefix_cache_bytes: int = 1 << 30
   max_request_tokens: int = 1 << 20
@@ -112,7 +113,7 @@ _KEY_TO_SECTION = {f.name: s for s, cls in _RUNTIME_SECTIONS.items() for f in da
 _KEY_TO_SECTION.update({k: "model" for k in _MODEL_KEYS})
 _SECTION_CLASSES = dict(_RUNTIME_SECTIONS, model=ModelConfig)
 _BUCKET_KEYS = ("prefix_buckets", "item_buckets", "item_count_buckets", "batch_buckets")
-_POSITIVE_KEYS = ("extend_batch_size", "serial_batch_size", "max_request_tokens", "max_tokens_per_forward",
+_POSITIVE_KEYS = ("extend_batch_size", "extend_max_tokens", "serial_batch_size", "max_request_tokens", "max_tokens_per_forward",
                   "max_reference_len",
                   "splash_block_q", "splash_block_kv", "gpu_block_q", "gpu_block_kv")
 

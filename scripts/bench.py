@@ -2,6 +2,7 @@
 
   python scripts/bench.py                                  # the reference workload, Qwen3-0.6B dims, 2 layers
   python scripts/bench.py --query_len=300 --num_items=10 --item_len=10 --batch_requests=64 --algorithms=auto
+  python scripts/bench.py --suite --algorithms=serial,packed,prefill_extend --hf_batch_sizes=16,64   # every suite workload, one peak
   python scripts/bench.py --mode=kernels                   # shared_prefix vs reference at P=2001, N=500, L=20
   python scripts/bench.py --query_len=200 --num_items=50 --item_len=10 --num_layers=1 matmul_precision=default
 

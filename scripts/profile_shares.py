@@ -1,6 +1,7 @@
-"""Where the time goes in the reference packed forward: its parts timed alone, as shares of the whole.
+"""Where the time goes in a packed forward: its parts timed alone, as shares of the whole.
 
   python scripts/profile_shares.py                    # reference workload, Qwen3-0.6B dims, 2 layers
+  python scripts/profile_shares.py --query_len=32 --num_items=64 --item_len=256   # one BEIR-like extend chunk
   python scripts/profile_shares.py --repeats=5
 
 What each part is: maxscore/bench/profile.py. Every flag is a key of configs/profile.yml. The load
@@ -23,17 +24,29 @@ def define_flags(fv: flags.FlagValues) -> None:
   cli.define_entry_flags(fv, ENTRY, SECTIONS)
 
 
-def main(argv, fv: flags.FlagValues = flags.FLAGS) -> None:
+def profile_shares(argv, fv: flags.FlagValues) -> dict:
+  """Times every part, prints each one's share of the full forward; returns part -> best seconds."""
   del argv
   with cli.one_line_errors():
     opts = cli.entry_from_flags(fv, ENTRY, SECTIONS)["profile"]
-  todo = profile.parts(opts.num_layers)
+    todo = profile.parts(opts)
   print(f"load average before: {os.getloadavg()}", flush=True)
   times = profile.time_parts(todo, opts.repeats)
   print(f"load average after: {os.getloadavg()}")
-  whole = min(next(iter(times.values())))
-  for name, ts in times.items():
-    print(f"{name:56s} best {min(ts):8.3f} s   {min(ts) / whole:6.1%} of the full forward")
+  best = {name: min(ts) for name, ts in times.items()}
+  whole = next(iter(best.values()))
+  for name, s in list(best.items()) + list(profile.derived_shares(best).items()):
+    print(f"{name:66s} best {s:8.3f} s   {s / whole:6.1%} of the full forward")
+  return best
+
+
+def main(argv, fv: flags.FlagValues = flags.FLAGS) -> None:
+  profile_shares(argv, fv)
+
+
+def run(argv) -> dict:
+  """Parses `argv` into fresh flags and runs the profile (for tests: no global flag state)."""
+  return cli.run_with_fresh_flags(define_flags, profile_shares, argv)
 
 
 if __name__ == "__main__":

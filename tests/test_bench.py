@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import re
 import pathlib
 
 import jax.numpy as jnp
@@ -149,3 +150,51 @@ def test_apply_softmax_rows_count_only_the_label_rows(small_peak):
   assert row["lm_head"] == f["lm_head_mode"] == "labels" and f["lm_head"] == 2 * d * 2 * 8
   assert row["flops_per_request"] == pytest.approx(f["total"]) and row["pct_peak"] > 0
   assert "lm_head" in benchmark.format_table(report["rows"])
+
+
+def test_suite_runs_every_workload_against_one_peak(small_peak, tmp_path, capsys):
+  out = tmp_path / "suite.json"
+  bench_script.run(["bench.py", "--model=tiny-qwen3", "--num_layers=1", "--labels=3,7", "--suite",
+                    "--suite_workloads=short=20x6x9,batched=8x5x12x3,skipped=4x2x2", "--suite_only=short,batched",
+                    "--algorithms=serial,packed,prefill_extend", "--hf_batch_sizes=2", "--repeats=1",
+                    "--serial_items=3", f"--output_json={out}"])
+  printed = capsys.readouterr().out
+  report = json.loads(out.read_text())
+  assert [w["name"] for w in report["workloads"]] == ["short", "batched"] and report["peak"]["flops_per_s"] > 0
+  for w in report["workloads"]:
+    s = w["summary"]
+    algorithms = {r["algorithm"] for r in w["rows"]}
+    assert algorithms == {"serial", "packed", "prefill_extend", "hf_prefix_reuse"}
+    assert s["selector"] in algorithms and s["reason"] and s["best"] and 0 < s["selector_vs_best"] <= 1
+    assert s["hf_batch_size"] in (2, 32)
+    hf = next(r for r in w["rows"] if r["algorithm"] == "hf_prefix_reuse")
+    assert set(hf["items_per_s_by_batch_size"]) == {"2", "32"}
+    assert max(w["checks"]["max_abs_logprob_diff_vs_serial[shared_prefix]" + (" x3" if w["name"] == "batched" else "")]
+               .values()) < 1e-5
+  assert "== suite ==" in printed and "auto would pick" in printed and "3 x (8x5x12)" in printed
+
+
+@pytest.mark.parametrize("flag,message", [
+    ("--suite_workloads=beir=32x100", "suite_workloads entry 'beir=32x100' is not name=QUERYxITEMSxITEM_LEN"),
+    ("--suite_workloads=a=1x0x3", "every size must be >= 1"),
+    ("--suite_only=nope", r"suite_only names \['nope'\] are not suite_workloads names"),
+])
+def test_suite_refuses_bad_workloads_in_one_line(flag, message, capsys, tmp_path):
+  out = tmp_path / "never.json"
+  with pytest.raises(SystemExit) as e:
+    bench_script.run(["bench.py", "--suite", flag, f"--output_json={out}"])
+  assert e.value.code == 2 and not out.exists()
+  assert re.search(message, capsys.readouterr().err)
+
+
+def test_profile_shares_times_every_part_at_a_given_geometry(capsys):
+  spec = importlib.util.spec_from_file_location("_script_profile", REPO / "scripts" / "profile_shares.py")
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  best = script.run(["profile_shares.py", "--model=tiny-qwen3", "--num_layers=1", "--query_len=10", "--num_items=5",
+                     "--item_len=9", "--repeats=1"])
+  printed = capsys.readouterr().out
+  assert len(best) == 10 and all(s > 0 for s in best.values())
+  for name in ("dense matmuls", "own attention", "norms + RoPE", "prefix attention", "lm_head [D, V]", "5 rows"):
+    assert name in printed, name
+  assert "load average before" in printed and "load average after" in printed

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from maxscore.config import load_config
 from maxscore.errors import ScoreInputError
 from maxscore.scoring.layout import batch_rows, bucket, group_items, pack_rows, plan_rows, serial_batches
 
@@ -72,3 +73,45 @@ def test_serial_batches_sort_and_pad():
   assert [b.shape_key for b in batches] == [(2, 8), (1, 16)]
   np.testing.assert_array_equal(batches[0].item_B, [1, 0])
   np.testing.assert_array_equal(batches[0].valid_B, [2, 5])
+
+
+def test_split_for_buckets_pads_little_and_keeps_every_item():
+  from maxscore.scoring.layout import split_for_buckets
+  buckets = load_config([]).buckets.item_count_buckets
+  assert split_for_buckets(100, buckets) == [96, 4] and split_for_buckets(17, buckets) == [16, 1]
+  assert split_for_buckets(64, buckets) == [64] and split_for_buckets(7, buckets) == [7]
+  for n in range(1, 300):
+    sizes = split_for_buckets(n, buckets)
+    assert sum(sizes) == n and all(s > 0 for s in sizes)
+    padded = [bucket(s, buckets, "x") for s in sizes]
+    assert all(b - s <= b / 8 for s, b in zip(sizes, padded)), (n, sizes)
+
+
+def test_prefill_extend_with_split_chunks_reproduces_serial(hf_checkpoints):
+  """17 items would pad to 24 slots: they go as chunks of 16 and 1, with the scores of serial."""
+  from maxscore import Scorer
+  _, _, ckpt = hf_checkpoints("qwen3_kv2_tied")
+  scorer = Scorer.from_checkpoint(ckpt, separator_token_id=3)
+  rng = np.random.default_rng(3)
+  query = rng.integers(0, 520, 6).tolist()
+  items = [rng.integers(0, 520, int(n)).tolist() for n in rng.integers(0, 7, 17)]
+  want = scorer.score(query, items, [5, 17], algorithm="serial").scores
+  got = scorer.score(query, items, [5, 17], algorithm="prefill_extend").scores
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+  extend_counts = {key[5] for key in scorer.runner.compiled_shapes if key[0] == "extend"}
+  assert extend_counts == {16, 1}, scorer.runner.compiled_shapes
+
+
+def test_prefill_extend_chunks_hold_at_most_extend_max_tokens(hf_checkpoints):
+  """Items of 9 tokens sit in 10-token slots: extend_max_tokens=30 puts at most 3 in a chunk."""
+  from maxscore import Scorer
+  _, _, ckpt = hf_checkpoints("qwen3_kv2_tied")
+  scorer = Scorer.from_checkpoint(ckpt, separator_token_id=3, extend_max_tokens=30)
+  rng = np.random.default_rng(4)
+  query = rng.integers(0, 520, 5).tolist()
+  items = [rng.integers(0, 520, 9).tolist() for _ in range(7)]
+  want = scorer.score(query, items, [5, 17], algorithm="serial").scores
+  got = scorer.score(query, items, [5, 17], algorithm="prefill_extend").scores
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+  shapes = [key for key in scorer.runner.compiled_shapes if key[0] == "extend"]
+  assert {(key[4], key[5]) for key in shapes} == {(10, 3), (10, 1)}, shapes

@@ -17,6 +17,9 @@ def choose(query_len, item_lens, kernel="shared_prefix", item_first=False, cache
     (2000, 500, 20, "prefill_extend"),  # the reference workload: one row, but 8 extend chunks (CPU kernel)
     (100, 10, 100, "packed"),    # long items, few of them: one row
     (300, 10, 10, "packed"),     # short request: one row, batched with others by score_batch
+    (33, 100, 256, "prefill_extend"),   # BEIR-like: 100 items span two chunks (one row would pad them to 128)
+    (33, 100, 512, "prefill_extend"),   # long passages: one row would exceed max_tokens_per_forward
+    (17, 1000, 96, "prefill_extend"),   # MS MARCO-like: likewise
 ])
 def test_documented_geometries(query_len, num_items, item_len, algorithm):
   choice = choose(query_len, [item_len] * num_items)

@@ -20,6 +20,7 @@ import numpy as np
 from maxscore.bench.hf_baseline import hf_scorer, run_hf_baseline
 from maxscore.bench.kernels import run_kernels
 from maxscore.bench.measure import machine_info, measure_matmul_peak
+from maxscore.bench.suite import parse_workloads, run_suite
 from maxscore.bench.workloads import (
   fresh_scorer,
   lm_head_cols,
@@ -53,6 +54,7 @@ class BenchOptions:
   serial_items: int = 20               # 0: all
   hf_baseline: bool = True
   hf_batch_size: int = 32
+  hf_batch_sizes: tuple[int, ...] = ()  # also try these batch sizes, keep the fastest
   hf_repeats: int = 1
   batch_requests: int = 0              # > 0: score this many requests of the geometry per score_batch call
   warmup_check: bool = False
@@ -63,6 +65,10 @@ class BenchOptions:
   kernel_memory_fraction: float = 0.6  # kernels mode: do not run a kernel whose XLA temp exceeds this of RAM
   seed: int = 0
   overrides: tuple[str, ...] = ()      # key=value config overrides
+  suite: bool = False                  # run every suite workload (one process, one peak) instead of one geometry
+  suite_workloads: tuple[str, ...] = ("reference=2000x500x20", "beir=32x100x256", "long_passages=32x100x512",
+                                      "msmarco=16x1000x96", "small_requests=300x10x10x64")
+  suite_only: tuple[str, ...] = ()     # run only these suite workloads (): all
 
   def validate(self) -> "BenchOptions":
     for name in ("query_len", "num_items", "item_len", "repeats", "hf_batch_size", "hf_repeats", "num_heads",
@@ -74,6 +80,12 @@ class BenchOptions:
         raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
     if self.separator_token_id < -1:
       raise ValueError(f"separator_token_id={self.separator_token_id} must be a token id, or -1 for none")
+    if any(b < 1 for b in self.hf_batch_sizes):
+      raise ValueError(f"hf_batch_sizes={list(self.hf_batch_sizes)} must all be >= 1")
+    if self.suite:
+      if self.mode != "score":
+        raise ValueError(f"suite=true runs the score mode, not mode={self.mode}")
+      parse_workloads(self.suite_workloads, self.suite_only)
     if not 0 < self.kernel_memory_fraction <= 1:
       raise ValueError(f"kernel_memory_fraction={self.kernel_memory_fraction} must be in (0, 1]")
     return self
@@ -126,6 +138,7 @@ def run_score(opts: BenchOptions, peak_flops: float) -> dict[str, Any]:
     request = requests if opts.batch_requests else requests[0]
     flops = model_flops(config.model, opts.query_len, [opts.item_len] * opts.num_items, "packed",
                         separator is not None, lm_head_cols(requests[0]))
+    choice = scorer.choose(scorer.validate(requests[0]), "auto")
     rows = []
     for kernel in opts.kernel_list():
       kscorer = scorer if kernel == scorer.config.kernel.attention else fresh_scorer(scorer, attention=kernel)
@@ -142,8 +155,7 @@ def run_score(opts: BenchOptions, peak_flops: float) -> dict[str, Any]:
       # transformers always computes the full-vocabulary lm_head: its FLOPs count it
       hf_flops = model_flops(config.model, opts.query_len, [opts.item_len] * opts.num_items, "packed",
                              separator is not None)["total"]
-      hf = run_hf_baseline(hf_model, requests[0], opts.hf_batch_size, opts.hf_repeats, peak_flops, hf_flops,
-                           separator)
+      hf = _fastest_hf(hf_model, requests[0], opts, peak_flops, hf_flops, separator)
       if opts.apply_softmax:  # compare like with like: the scores are then the labels' softmax
         hf["label_logprobs"] = [x - np.logaddexp.reduce(x, axis=-1, keepdims=True) for x in hf["label_logprobs"]]
     checks = _cross_checks(rows, hf, opts.num_items)
@@ -156,7 +168,8 @@ def run_score(opts: BenchOptions, peak_flops: float) -> dict[str, Any]:
                                 batch_requests=opts.batch_requests, model=opts.model,
                                 model_config=dataclasses.asdict(config.model),
                                 non_embedding_params=config.model.non_embedding_params()),
-                  flops=flops, rows=rows, checks=checks)
+                  flops=flops, rows=rows, checks=checks,
+                  selector=dict(algorithm=choice.algorithm, reason=choice.reason, kind=choice.kind))
     _add_speedups(rows)
     if opts.warmup_check:
       report["warmup"] = warmup_check(scorer, requests[0])
@@ -166,6 +179,18 @@ def run_score(opts: BenchOptions, peak_flops: float) -> dict[str, Any]:
   for r in rows:
     r.pop("label_logprobs", None)
   return report
+
+
+def _fastest_hf(model, request: dict, opts: BenchOptions, peak_flops: float, flops: float,
+                separator: Optional[int]) -> dict[str, Any]:
+  """The transformers baseline at every batch size asked for; the fastest row, with the others' items/s."""
+  rows = {}
+  for b in dict.fromkeys((opts.hf_batch_size,) + tuple(opts.hf_batch_sizes)):
+    rows[b] = run_hf_baseline(model, request, b, opts.hf_repeats, peak_flops, flops, separator)
+    rows[b]["batch_size"] = b
+  best = max(rows.values(), key=lambda r: r["items_per_s"])
+  best["items_per_s_by_batch_size"] = {b: r["items_per_s"] for b, r in rows.items()}
+  return best
 
 
 def _cross_checks(rows: list[dict], hf: Optional[dict], num_items: int) -> dict[str, Any]:
@@ -205,6 +230,8 @@ def run_benchmark(opts: BenchOptions) -> dict[str, Any]:
   peak = report["peak"]["flops_per_s"]
   if opts.mode == "kernels":
     report.update(run_kernels(opts, peak))
+  elif opts.suite:
+    report.update(run_suite(opts, peak, run_score))
   elif opts.mode == "score":
     report.update(run_score(opts, peak))
   else:

@@ -1,7 +1,7 @@
 """Benchmark output: the printed tables and summary, and a JSON-ready copy of the report."""
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -91,6 +91,15 @@ def summary(report: dict[str, Any]) -> str:
                  f"{report['useful_attention_flops'] / 1e9:.2f} GFLOP")
     lines.append(format_table(report["rows"], KERNEL_COLUMNS))
     return "\n".join(lines)
+  if "workloads" in report:  # the suite: each workload's table, then one line per workload
+    lines.append(suite_summary(report, lambda w: "\n".join(score_lines(w, peak))))
+    return "\n".join(lines)
+  return "\n".join(lines + score_lines(report, peak))
+
+
+def score_lines(report: dict[str, Any], peak: float) -> list[str]:
+  """One workload's lines: its FLOPs and physical limit, the selector's choice, the table, cross-checks."""
+  lines = []
   f, w = report["flops"], report["workload"]
   lines.append(f"workload: query {w['query_len']} (+sep: P={f['prefix_len']}), {w['num_items']} items x "
                f"{w['item_len']} tokens, {w['model']} with {w['model_config']['num_layers']} layers "
@@ -101,12 +110,39 @@ def summary(report: dict[str, Any]) -> str:
                f"serial {f['serial_total'] / 1e9:.2f} G "
                f"(x{f['flop_ratio']:.1f}); physical limit at peak: {peak / f['total']:.2f} req/s = "
                f"{w['num_items'] * peak / f['total']:.0f} items/s")
+  if "selector" in report:
+    lines.append(f"auto would pick {report['selector']['algorithm']}: {report['selector']['reason']}")
   lines.append(format_table(report["rows"], SCORE_COLUMNS))
   for key, value in report.get("checks", {}).items():
     lines.append(f"{key}: {value}")
   for key in ("warmup", "mixed_shapes"):
     if key in report:
       lines.append(f"{key}: " + ", ".join(f"{k}={v}" for k, v in report[key].items() if k != "buckets"))
+  return lines
+
+
+SUITE_COLUMNS = (
+    ("workload", lambda s: s["name"], ""),
+    ("shape", lambda s: s["shape"], ""),
+    ("best", lambda s: s["summary"].get("best"), ""),
+    ("%peak", lambda s: s["summary"].get("best_pct_peak"), ".1f"),
+    ("x_serial", lambda s: s["summary"].get("best_x_serial"), ".1f"),
+    ("x_hf", lambda s: s["summary"].get("best_x_hf"), ".2f"),
+    ("auto picks", lambda s: s["summary"].get("selector"), ""),
+    ("auto/best", lambda s: s["summary"].get("selector_vs_best"), ".3f"),
+    ("hf b", lambda s: s["summary"].get("hf_batch_size"), ""),
+    ("rss+MiB", lambda s: (s["summary"]["best_rss_delta_bytes"] / 2 ** 20
+                           if s["summary"].get("best_rss_delta_bytes") is not None else None), ".0f"),
+    ("auto's reason", lambda s: s["summary"].get("reason"), ""),
+)
+
+
+def suite_summary(report: dict[str, Any], score_table: Callable[[dict], str]) -> str:
+  """Each workload's own table (`score_table`), then the suite table."""
+  lines = []
+  for w in report["workloads"]:
+    lines += ["", f"== {w['name']}: {w['shape']} ==", score_table(w)]
+  lines += ["", "== suite ==", format_table(report["workloads"], SUITE_COLUMNS)]
   return "\n".join(lines)
 
 

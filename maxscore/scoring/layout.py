@@ -90,6 +90,23 @@ def plan_rows(request: int, prefix: Sequence[int], items: Sequence[Sequence[int]
           for idx, slot in groups]
 
 
+def split_for_buckets(n: int, count_buckets: Sequence[int], max_padding: float = 0.125) -> list[int]:
+  """Sizes summing to n whose item-count buckets waste at most `max_padding` of their slots each: a size
+  that would pad more is cut to the largest bucket below it and the rest split again (100 items in
+  buckets of 64 and 48 -> 64, 32, 4 instead of 64 + 36 padded to 48). Each piece costs one more
+  dispatch of fewer items, but padded slots cost the whole forward's work per token."""
+  sizes = []
+  while n > 0:
+    full = bucket(n, count_buckets, "extend chunk")
+    below = [c for c in count_buckets if c <= n]
+    if full - n <= max_padding * full or not below:
+      sizes.append(n)
+      break
+    sizes.append(below[-1])
+    n -= below[-1]
+  return sizes
+
+
 def pack_rows(rows: Sequence[RowSpec], prefix_len: int, slot_len: int, num_slots: int,
               batch: int) -> PackedBatch:
   """Pads `rows` (at most `batch`) into one PackedBatch of shape (batch, P + N*L).

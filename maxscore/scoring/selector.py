@@ -67,7 +67,7 @@ def select(prefix_len: int, item_lens: Sequence[int], item_first: bool, kernel: 
                                     f"query; prefill_extend computes it once", "many_rows")
   chunks = math.ceil(len(item_lens) / scoring.extend_batch_size)
   if kernel == "shared_prefix" and chunks > 1:
-    return Choice("prefill_extend", f"{len(item_lens)} items make {chunks} extend chunks of "
+    return Choice("prefill_extend", f"{len(item_lens)} items need {chunks} or more extend chunks of up to "
                                     f"{scoring.extend_batch_size}: on CPU, cache-sized chunks against the "
                                     f"prefill's K/V beat one packed row of {row_tokens} tokens", "chunks")
   return Choice("packed", f"one packed row of {row_tokens} tokens: same dense work as prefill_extend, one dispatch", "one_row")
