@@ -248,6 +248,7 @@ def synthetic_batch(batch: int, query_len: int, num_items: int, item_len: int, v
                        None, vocab_size) for _ in range(batch)]
   plan = plan_packed(reqs, (p, l, n))
   grades = rng.integers(0, 3, (batch, n)).astype(np.float32)
+  grades[:, 0] = np.maximum(grades[:, 0], 1)  # every query has a relevant item (the listwise loss weighs it)
   return dict(plan.batch, mask=jnp.asarray(plan.mask_QxN), grades=jnp.asarray(grades * plan.mask_QxN))
 
 
