@@ -127,7 +127,7 @@ def test_train_step_compiles_fits_and_shards_with_fsdp(mode):
     assert 0 < s["hbm_bytes"] < s["hbm_capacity"] and s["roofline_s"] > 0 and s["tokens_per_s"] > 0
   s1, s4 = one["steps"][0], four["steps"][0]
   m1, m4 = s1["memory"], s4["memory"]
-  cfg = load_config({"model_name": "tiny-qwen3", **dict(o.split("=") for o in WIDE[2:])}).model
+  cfg = load_config({"model_name": "tiny-qwen3", **{k: int(v) for k, v in (o.split("=") for o in WIDE[2:])}}).model
   if mode == "full":  # f32 master weights, Adam mu and nu
     assert m1["params"] > 4 * cfg.num_params() and m1["optimizer"] >= 2 * 4 * cfg.num_params()
   else:  # frozen bf16 base, state only for the adapters and the head

@@ -27,7 +27,6 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -125,10 +124,25 @@ def abstract_state(params: dict, shardings: dict, optimizer) -> tp.TrainState:
   rep = NamedSharding(next(iter(jax.tree_util.tree_leaves(shardings))).mesh, P())
   params = _placed(params, shardings)
   opt = jax.eval_shape(optimizer.init, params)
-  opt_shardings = optax.tree_map_params(optimizer, lambda _, s: s, opt, shardings, transform_non_params=lambda _: rep)
+  opt_shardings = like_params(opt, params, rep)
   scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
   return tp.TrainState(params, _placed(opt, opt_shardings), scalar, scalar, scalar,
                        jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep))
+
+
+def like_params(opt_state: Any, params: Any, default: NamedSharding) -> Any:
+  """Shardings for optimizer state: a leaf whose key path ends with a param's path and has its shape (Adam's
+  mu and nu) is laid out like that param; anything else (counts, masked frozen leaves) gets `default`."""
+  by_path = {tuple(map(str, path)): x for path, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+  def pick(path, x):
+    keys = tuple(map(str, path))
+    for i in range(len(keys)):
+      p = by_path.get(keys[i:])
+      if p is not None and p.shape == x.shape:
+        return p.sharding
+    return default
+  return jax.tree_util.tree_map_with_path(pick, opt_state)
 
 
 def per_device_bytes(tree: Any) -> int:
