@@ -25,7 +25,8 @@ def _script(name: str):
 
 
 ENTRY_SCRIPTS = ["bench", "build_default_assets", "compare_runs", "compile_check", "convert_hf_checkpoint",
-                 "eval_rerank", "head_study", "plot_runs", "pretrain_lm", "profile_shares", "score", "train_score_head"]
+                 "eval_rerank", "head_study", "plot_runs", "pretrain_lm", "profile_shares", "score", "train_score_head",
+                 "bench_train"]
 
 
 def test_every_script_is_an_entry_of_the_one_config_system():
