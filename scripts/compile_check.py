@@ -7,12 +7,16 @@
   python scripts/compile_check.py --topology=v6e:1x1 --search=num_items,query_len dtype=bfloat16 weight_dtype=bfloat16
   python scripts/compile_check.py --topology=h100 --geometries=2000x500x20 dtype=bfloat16 weight_dtype=bfloat16
   python scripts/compile_check.py --topology=h100:8 ici_tensor_parallelism=8 dtype=bfloat16 weight_dtype=bfloat16
+  python scripts/compile_check.py --train=full --topology=v6e:1x1 --geometries=200x20x20 --batch_size=8 dtype=bfloat16
+  python scripts/compile_check.py --train=lora --lora_rank=16 --model=qwen3-8b --topology=v6e:2x2 \
+      --geometries=200x20x20 ici_fsdp_parallelism=4 dtype=bfloat16 weight_dtype=bfloat16
 
 TPUs need libtpu (`pip install "jax[tpu]==<your jax version>"`), GPUs jax's CUDA plugin (`pip install
 "jax[cuda12]==<your jax version>"`, the gpu-aot extra; no GPU); run with JAX_PLATFORMS=cpu. Every flag is
 a key of configs/compile.yml; trailing `key=value` arguments override configs/base.yml keys (mesh,
 dtypes, attention, buckets). What is compiled is what Scorer.warmup builds; see
-maxscore/bench/compile_report.py for each figure.
+maxscore/bench/compile_report.py for each figure. With --train=full|lora|head it compiles the training
+step instead (maxscore/bench/train_compile.py): --batch_size queries per step at each geometry.
 The figures are compile-time bounds, not measurements.
 """
 
@@ -25,11 +29,11 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compiling only: a TP
 from absl import flags  # pylint: disable=g-import-not-at-top
 
 from maxscore import cli
-from maxscore.bench import compile_report
+from maxscore.bench import compile_report, train_compile
 from maxscore.files import safety
 
 ENTRY = "compile"
-SECTIONS = {"compile": compile_report.CompileOptions}
+SECTIONS = {"compile": compile_report.CompileOptions, "train": train_compile.TrainCompileOptions}
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -38,18 +42,21 @@ def define_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_string("output_json", None, "write the full report here", flag_values=fv)
 
 
-def options_from_flags(fv: flags.FlagValues, overrides) -> compile_report.CompileOptions:
-  opts = cli.entry_from_flags(fv, ENTRY, SECTIONS)["compile"]
-  return dataclasses.replace(opts, overrides=opts.overrides + tuple(overrides))
+def options_from_flags(fv: flags.FlagValues, overrides):
+  """(CompileOptions with the trailing overrides added, TrainCompileOptions)."""
+  sections = cli.entry_from_flags(fv, ENTRY, SECTIONS)
+  opts = sections["compile"]
+  return dataclasses.replace(opts, overrides=opts.overrides + tuple(overrides)), sections["train"]
 
 
 def check(argv, fv: flags.FlagValues) -> dict:
   """Compiles what the flags describe, prints the table, writes --output_json; returns the report."""
   with cli.one_line_errors():
-    options = options_from_flags(fv, argv[1:])  # every flag checked before minutes of compiling
+    options, train = options_from_flags(fv, argv[1:])  # every flag checked before minutes of compiling
     safety.check_output_file(fv.output_json, [], "--output_json")
-    report = compile_report.run(options)
-  print(compile_report.summary(report), end="")
+    lib = train_compile if train.train else compile_report
+    report = train_compile.run(options, train) if train.train else compile_report.run(options)
+  print(lib.summary(report), end="")
   if fv.output_json:
     with cli.one_line_errors():
       safety.atomic_write_text(fv.output_json, json.dumps(report, indent=1))

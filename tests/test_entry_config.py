@@ -24,7 +24,7 @@ def _script(name: str):
   return module
 
 
-ENTRY_SCRIPTS = ["bench", "bench_serve", "build_default_assets", "compare_runs", "compile_check",
+ENTRY_SCRIPTS = ["bench", "bench_serve", "bench_train", "build_default_assets", "compare_runs", "compile_check",
                  "convert_hf_checkpoint", "eval_rerank", "eval_suite", "head_study", "plot_runs", "pretrain_lm",
                  "profile_shares", "score", "serve", "train_reranker", "train_score_head"]
 

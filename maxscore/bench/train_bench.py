@@ -1,0 +1,177 @@
+"""CPU backbone fine-tuning throughput: tokens/s and % of the matmul peak measured in the same run.
+
+    report = train_bench.run(TrainBenchOptions(modes=("full", "lora"), devices=(1, 2)))
+    print(train_bench.summary(report))
+
+Times the training step of maxscore/bench/train_program.py (the packed layout, the head trainer's
+listwise loss, clip + AdamW) on random weights of the model's dims (default: 2 layers of Qwen3-0.6B).
+FLOPs per step come from the cost model with the training multipliers (forward + backward + remat,
+train_compile.step_flops); the peak is this process's float32 matmul FLOP/s (measure.measure_matmul_peak).
+Device counts other than this process's run in a subprocess with
+XLA_FLAGS=--xla_force_host_platform_device_count=N (the batch split over data=N).
+"""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Optional
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from layers import sharding
+from layers.kernels import get_kernel
+from maxscore.bench import measure, train_compile
+from maxscore.bench import train_program as tp
+from maxscore.config import load_config, parse_override
+from maxscore.scoring.runner import DTYPES
+
+_FORCE = "--xla_force_host_platform_device_count"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainBenchOptions:
+  """What to time; see configs/bench_train.yml for each key."""
+  model: str = "qwen3-0.6b"
+  num_layers: int = 2
+  modes: tuple[str, ...] = ("full", "lora")
+  devices: tuple[int, ...] = (1, 2)
+  batch_size: int = 4
+  query_len: int = 200
+  num_items: int = 20
+  item_len: int = 20
+  lora_rank: int = 16
+  lora_alpha: float = 32.0
+  remat: str = "per_layer"
+  repeats: int = 3
+  seed: int = 0
+  overrides: tuple[str, ...] = ()
+
+  def validate(self) -> "TrainBenchOptions":
+    bad = [m for m in self.modes if m not in tp.MODES]
+    if bad or not self.modes:
+      raise ValueError(f"modes={list(self.modes)}: each must be one of {list(tp.MODES)}")
+    if not self.devices or any(d < 1 or self.batch_size % d for d in self.devices):
+      raise ValueError(f"devices={list(self.devices)} must be >= 1 and divide batch_size={self.batch_size}")
+    for name in ("batch_size", "query_len", "num_items", "item_len", "repeats", "lora_rank"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+    if self.remat not in train_compile.REMAT:
+      raise ValueError(f"remat={self.remat!r} must be one of {list(train_compile.REMAT)}")
+    return self
+
+
+def _config(options: TrainBenchOptions):
+  over = dict(parse_override(a) for a in options.overrides)
+  over.update(model_name=options.model, num_layers=options.num_layers)
+  return load_config(over)
+
+
+def _placed_state(params, optimizer, model, mesh: Optional[Mesh]):
+  state = tp.make_state(params, optimizer)
+  if mesh is None:
+    return state
+  shardings = train_compile.state_shardings(params, model, mesh)
+  abstract = train_compile.abstract_state(params, shardings, optimizer)
+  return jax.device_put(state, jax.tree_util.tree_map(lambda x: x.sharding, abstract))
+
+
+def time_mode(options: TrainBenchOptions, mode: str, num_devices: int) -> dict[str, Any]:
+  """Compiles and times the `mode` step on this process's first `num_devices` devices."""
+  config = _config(options)
+  model, remat = config.model, options.remat == "per_layer"
+  mesh = None if num_devices == 1 else Mesh(np.array(jax.devices()[:num_devices]).reshape(-1, 1, 1),
+                                            sharding.MESH_AXES)
+  lora = tp.LoraConfig(options.lora_rank, options.lora_alpha) if mode == "lora" else None
+  attend = sharding.shard_kernel(get_kernel("shared_prefix"), mesh)
+  decoder = tp.make_decoder(model, attend, mode, DTYPES[config.runtime.dtype], remat, config.runtime.matmul_precision)
+  params = tp.init_params(model, mode, jax.random.PRNGKey(options.seed), lora, DTYPES[config.runtime.weight_dtype])
+  optimizer = tp.make_train_optimizer(params, mode)
+  state = _placed_state(params, optimizer, model, mesh)
+  geometry = (options.query_len, options.item_len, options.num_items)
+  batch = tp.synthetic_batch(options.batch_size, options.query_len, options.num_items, options.item_len,
+                             model.vocab_size, geometry, options.seed)
+  if mesh is not None:
+    batch = jax.device_put(batch, NamedSharding(mesh, P(sharding.batch_axes(options.batch_size, mesh))))
+  step = tp.jit_step(tp.make_loss_fn(decoder, mode, lora, remat), optimizer)
+  with sharding.activate(mesh, sharding.rules_for_batch(options.batch_size, mesh)):
+    t0 = time.perf_counter()
+    state, metrics = step(state, batch)
+    jax.block_until_ready(metrics)
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(options.repeats):
+      t0 = time.perf_counter()
+      state, metrics = step(state, batch)
+      jax.block_until_ready((state, metrics))
+      times.append(time.perf_counter() - t0)
+  flops = train_compile.step_flops(model, options.batch_size, *geometry, mode, remat, lora)
+  best = min(times)
+  return dict(mode=mode, devices=num_devices, first_step_s=first, step_s=best, step_times_s=times,
+              flops=flops["total"], flops_parts=flops, tokens=flops["tokens"], tokens_per_s=flops["tokens"] / best,
+              flops_per_s=flops["total"] / best, loss=float(metrics["loss"]))
+
+
+def measure_here(options: TrainBenchOptions, num_devices: int) -> dict[str, Any]:
+  """Every mode on `num_devices` devices of this process, with this process's matmul peak."""
+  peak = measure.measure_matmul_peak()
+  rows = [time_mode(options, m, num_devices) for m in options.modes]
+  for r in rows:
+    r["peak_fraction"] = r["flops_per_s"] / peak["flops_per_s"]
+  return dict(devices=num_devices, matmul_peak=peak, rows=rows, machine=measure.machine_info())
+
+
+def _in_subprocess(options: TrainBenchOptions, num_devices: int) -> dict[str, Any]:
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {_FORCE}={num_devices}".strip())
+  arg = json.dumps(dataclasses.asdict(options))
+  out = subprocess.run([sys.executable, "-m", "maxscore.bench.train_bench", arg, str(num_devices)], env=env,
+                       capture_output=True, text=True, check=False)
+  if out.returncode:
+    raise RuntimeError(f"the {num_devices}-device run failed: {out.stderr.strip().splitlines()[-1:]}")
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run(options: TrainBenchOptions) -> dict[str, Any]:
+  """Each device count: here when this process has exactly that many devices, else in a subprocess."""
+  options = options.validate()
+  runs = [measure_here(options, n) if n == jax.device_count() else _in_subprocess(options, n)
+          for n in options.devices]
+  config = _config(options)
+  return dict(options=dataclasses.asdict(options), params=config.model.num_params(),
+              dtype=config.runtime.dtype, runs=runs, loadavg=_loadavg(),
+              note="FLOPs: cost model x training multipliers (forward + backward + remat)")
+
+
+def _loadavg() -> str:
+  try:
+    with open("/proc/loadavg") as f:
+      return f.read().strip()
+  except OSError:
+    return "n/a"
+
+
+def summary(report: dict[str, Any]) -> str:
+  o = report["options"]
+  lines = [f"CPU fine-tuning step: {o['model']} dims, {o['num_layers']} layers ({report['params'] / 1e6:.0f}M params),"
+           f" {o['batch_size']} queries x ({o['query_len']} + {o['num_items']} x {o['item_len']}) tokens per step, "
+           f"dtype {report['dtype']}, remat {o['remat']}; {report['note']}",
+           f"{'mode':<6}{'devices':>8}{'step s':>9}{'first s':>9}{'tokens/s':>10}{'GFLOP/step':>12}"
+           f"{'GFLOP/s':>9}{'peak GFLOP/s':>13}{'% peak':>8}"]
+  for run_ in report["runs"]:
+    for r in run_["rows"]:
+      lines.append(f"{r['mode']:<6}{r['devices']:>8}{r['step_s']:>9.3f}{r['first_step_s']:>9.2f}"
+                   f"{r['tokens_per_s']:>10,.0f}{r['flops'] / 1e9:>12.1f}{r['flops_per_s'] / 1e9:>9.1f}"
+                   f"{run_['matmul_peak']['flops_per_s'] / 1e9:>13.1f}{100 * r['peak_fraction']:>7.1f}%")
+  lines.append(f"load average after: {report['loadavg']}")
+  return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # the subprocess of `run`: options JSON, device count -> one JSON line
+  _opts = json.loads(sys.argv[1])
+  _opts = TrainBenchOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in _opts.items()})
+  print(json.dumps(measure_here(_opts, int(sys.argv[2]))))

@@ -1,0 +1,346 @@
+"""A training fit report: the backbone training step compiled for a TPU topology described on this host.
+
+    report = train_compile.run(CompileOptions(topology="v6e:1x1", model="qwen3-0.6b", geometries=("200x20x20",),
+                                              overrides=("dtype=bfloat16",)), TrainCompileOptions(train="full"))
+    print(train_compile.summary(report))
+
+DESIGN.md sections 10 and 12. The step (maxscore/bench/train_program.py: forward, backward and the
+clip + AdamW update, float32 master weights and Adam state, compute in the config's `dtype`) is
+lowered with the params and optimizer state laid out by the logical-axis rules (layers/sharding.py)
+on the whole training mesh (ici_* and dcn_* data/fsdp/tensor), the global batch split over data x
+fsdp, the state donated, and compiled by the real TPU compiler. Per chip it reports HBM split into
+params, optimizer state, the batch and activations/temporaries (the compiler's temp: activations,
+gradients, remat buffers), and whether the total fits. FLOPs come from the cost model
+(maxscore/scoring/cost_model.py: XLA counts a scanned layer stack once) times the training
+multipliers of `step_flops`; the roofline step time is max(FLOPs / peak, bytes / HBM bandwidth) per
+chip, ignoring collectives. A search doubles then bisects the batch size to the largest that fits.
+These are compile-time bounds, not measurements.
+
+Attention: splash is forward only (no backward block sizes), so the step uses `shared_prefix`
+(XLA, differentiable) unless `attention=reference` is asked for.
+"""
+
+import dataclasses
+import math
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from layers import sharding
+from layers.config import ModelConfig
+from layers.kernels import get_kernel
+from maxscore.bench import chips, compile_report
+from maxscore.bench import train_program as tp
+from maxscore.config import Config
+from maxscore.heads.train_config import TrainError
+from maxscore.distributed import mesh as mesh_lib
+from maxscore.scoring import cost_model
+from maxscore.scoring.layout import bucket
+from maxscore.scoring.runner import DTYPES, kernel_options
+
+REMAT = ("per_layer", "none")
+TRAIN_KERNELS = {"auto": "shared_prefix", "shared_prefix": "shared_prefix", "reference": "reference"}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainCompileOptions:
+  """What training step to compile (the topology, model and geometries come from CompileOptions)."""
+  train: str = ""                 # "": the scoring report; full | lora | head: the training step
+  batch_size: int = 8             # queries per step (global), one packed row each
+  lora_rank: int = 16
+  lora_alpha: float = 32.0
+  lora_targets: tuple[str, ...] = tp.LORA_TARGETS
+  remat: str = "per_layer"        # per_layer: each scanned layer recomputed in the backward pass | none
+  grad_accum_steps: int = 1
+  max_batch_size: int = 1024      # the batch search stops here; 0: no search
+
+  def validate(self) -> "TrainCompileOptions":
+    if self.train not in ("",) + tp.MODES:
+      raise ValueError(f"train={self.train!r} must be one of {list(tp.MODES)} (or empty for the scoring report)")
+    if self.batch_size < 1 or self.grad_accum_steps < 1 or self.max_batch_size < 0:
+      raise ValueError(f"batch_size={self.batch_size} and grad_accum_steps={self.grad_accum_steps} must be >= 1, "
+                       f"max_batch_size={self.max_batch_size} >= 0")
+    if self.batch_size % self.grad_accum_steps:
+      raise ValueError(f"batch_size={self.batch_size} is not divisible by grad_accum_steps={self.grad_accum_steps}")
+    if self.remat not in REMAT:
+      raise ValueError(f"remat={self.remat!r} must be one of {list(REMAT)}")
+    if self.train == "lora":
+      self.lora()
+    return self
+
+  def lora(self) -> Optional[tp.LoraConfig]:
+    if self.train != "lora":
+      return None
+    return tp.LoraConfig(self.lora_rank, self.lora_alpha, tuple(self.lora_targets)).validate()
+
+
+# --- the cost model ---------------------------------------------------------------------------------
+def step_flops(model: ModelConfig, batch: int, prefix_len: int, slot_len: int, num_slots: int, mode: str,
+               remat: bool = True, lora: Optional[tp.LoraConfig] = None) -> dict[str, Any]:
+  """Model FLOPs of one training step at its padded shape, by part, with the training multipliers.
+
+  Forward = 1. Backward: dense layers and the lm_head 2 (input and weight gradients) when their weights
+  train, 1 (input gradients only) when frozen; attention 2 (it has no weights). Remat recomputes each
+  layer's forward once more (dense and attention, not the lm_head). A frozen backbone (`head`) has no
+  backward. LoRA adapters (as applied to activations): 2 * r * (in + out) per token per target, with
+  full fine-tuning's multipliers.
+  """
+  fwd = cost_model.program_flops(model, batch, prefix_len, slot_len, num_slots, lm_head_rows=0)
+  lm_head = cost_model.program_flops(model, batch, prefix_len, slot_len, num_slots) - fwd
+  tokens = batch * (prefix_len + slot_len * num_slots)
+  dense = 2 * model.non_embedding_params() * tokens
+  attention = fwd - dense
+  again = 1 if remat and mode != "head" else 0
+  backward = {"full": (2, 2, 2), "lora": (1, 2, 1), "head": (0, 0, 0)}[mode]
+  adapters = 0
+  if lora is not None:
+    shapes = tp.lora_shapes(model, lora)
+    per_token = sum(2 * lora.rank * (s["a"].shape[1] + s["b"].shape[2]) * model.num_layers for s in shapes.values())
+    adapters = per_token * tokens * (3 + again)
+  parts = dict(dense=dense * (1 + backward[0] + again), attention=attention * (1 + backward[1] + again),
+               lm_head=lm_head * (1 + backward[2]), adapters=adapters)
+  return dict(parts, forward=fwd + lm_head, total=sum(parts.values()), tokens=tokens)
+
+
+# --- state and batch on the mesh -----------------------------------------------------------------
+def _placed(tree: Any, shardings: Any) -> Any:
+  return jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def state_shardings(params: dict, model: ModelConfig, mesh: Mesh) -> dict:
+  """Backbone by the logical-axis rules; the head and LoRA adapters replicated (small)."""
+  rep = NamedSharding(mesh, P())
+  out = {k: jax.tree_util.tree_map(lambda _: rep, v) for k, v in params.items()}
+  out["backbone"] = sharding.model_param_shardings(model, mesh)
+  return out
+
+
+def abstract_state(params: dict, shardings: dict, optimizer) -> tp.TrainState:
+  """The TrainState as ShapeDtypeStructs on the mesh: optimizer state leaves laid out like their params."""
+  rep = NamedSharding(next(iter(jax.tree_util.tree_leaves(shardings))).mesh, P())
+  params = _placed(params, shardings)
+  opt = jax.eval_shape(optimizer.init, params)
+  opt_shardings = like_params(opt, params, rep)
+  scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
+  return tp.TrainState(params, _placed(opt, opt_shardings), scalar, scalar, scalar,
+                       jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep))
+
+
+def like_params(opt_state: Any, params: Any, default: NamedSharding) -> Any:
+  """Shardings for optimizer state: a leaf whose key path ends with a param's path and has its shape (Adam's
+  mu and nu) is laid out like that param; anything else (counts, masked frozen leaves) gets `default`."""
+  by_path = {tuple(map(str, path)): x for path, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+  def pick(path, x):
+    keys = tuple(map(str, path))
+    for i in range(len(keys)):
+      p = by_path.get(keys[i:])
+      if p is not None and p.shape == x.shape:
+        return p.sharding
+    return default
+  return jax.tree_util.tree_map_with_path(pick, opt_state)
+
+
+def per_device_bytes(tree: Any) -> int:
+  return sum(math.prod(x.sharding.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
+             for x in jax.tree_util.tree_leaves(tree))
+
+
+def check_batch(batch: int, mesh: Mesh) -> None:
+  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  if batch % shards:
+    raise TrainError(f"batch_size={batch} is not divisible by data x fsdp = {mesh.shape['data']} x "
+                     f"{mesh.shape['fsdp']} = {shards} (the global batch is split over them)")
+
+
+def abstract_batch(batch: int, geometry: tuple[int, int, int], mesh: Mesh) -> dict:
+  shapes = tp.batch_shapes(batch, *geometry)
+  split = NamedSharding(mesh, P(sharding.batch_axes(batch, mesh)))
+  return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=split), shapes)
+
+
+# --- one compile ---------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """Everything fixed across compiles of one report: config, mesh, chip, mode and the built step."""
+  config: Config
+  mesh: Mesh
+  chip: chips.Chip
+  devices_per_chip: int
+  options: TrainCompileOptions
+  params: dict
+  optimizer: Any
+  loss_fn: Any
+  kernel: str
+
+
+def make_target(config: Config, mesh: Mesh, chip: chips.Chip, devices_per_chip: int,
+                options: TrainCompileOptions) -> Target:
+  if config.kernel.attention not in TRAIN_KERNELS:
+    raise TrainError(f"attention={config.kernel.attention!r} has no backward pass; training compiles with one of "
+                     f"{sorted(TRAIN_KERNELS)} (auto = shared_prefix)")
+  sharding.check_divisible(config.model, mesh)
+  kernel = TRAIN_KERNELS[config.kernel.attention]
+  attend = sharding.shard_kernel(get_kernel(kernel, kernel_options(config.kernel)), mesh)
+  mode, remat = options.train, options.remat == "per_layer"
+  decoder = tp.make_decoder(config.model, attend, mode, DTYPES[config.runtime.dtype], remat,
+                            config.runtime.matmul_precision)
+  params = tp.abstract_params(config.model, mode, options.lora(), DTYPES[config.runtime.weight_dtype])
+  return Target(config, mesh, chip, devices_per_chip, options, params, tp.make_train_optimizer(params, mode),
+                tp.make_loss_fn(decoder, mode, options.lora(), remat), kernel)
+
+
+def padded_geometry(config: Config, geometry) -> tuple[int, int, int]:
+  """(P, L, N): the buckets a training batch of query_len x num_items x item_len is packed into."""
+  q_len, n, l = geometry[:3]
+  bk = config.buckets
+  return (bucket(q_len, bk.prefix_buckets, "query_len"), bucket(l, bk.item_buckets, "item_len"),
+          bucket(n, bk.item_count_buckets, "num_items"))
+
+
+def compile_step(target: Target, batch: int, geometry) -> dict[str, Any]:
+  """Compiles the step at `batch` queries of `geometry`; memory split, fit, FLOPs, roofline. A compile
+  failure (e.g. out of HBM) is reported, not raised."""
+  mesh, chip, dpc = target.mesh, target.chip, target.devices_per_chip
+  check_batch(batch, mesh)
+  p, l, n = padded_geometry(target.config, geometry)
+  state = abstract_state(target.params, state_shardings(target.params, target.config.model, mesh), target.optimizer)
+  batch_in = abstract_batch(batch, (p, l, n), mesh)
+  out = dict(batch_size=batch, geometry=list(geometry[:3]), padded=[p, l, n], error=None)
+  rep = NamedSharding(mesh, P())
+  step = tp.jit_step(target.loss_fn, target.optimizer, target.options.grad_accum_steps,
+                     out_shardings=(jax.tree_util.tree_map(lambda x: x.sharding, state), rep))
+  try:
+    with sharding.activate(mesh, sharding.rules_for_batch(batch, mesh)):
+      compiled = step.lower(state, batch_in).compile()
+  except Exception as e:  # pylint: disable=broad-except  (the compiler's error is the report)
+    out.update(error=compile_report.one_line(e), fits=False)
+    return out
+  ma = compiled.memory_analysis()
+  params_b, opt_b, batch_b = (per_device_bytes(state.params), per_device_bytes(state.opt_state),
+                              per_device_bytes(batch_in))
+  total = (ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes + ma.temp_size_in_bytes
+           + ma.generated_code_size_in_bytes)
+  capacity = chip.hbm_bytes // dpc
+  flops = step_flops(target.config.model, batch, p, l, n, target.options.train, target.options.remat == "per_layer",
+                     target.options.lora())
+  flops_device = flops["total"] / compile_report.compute_shards(mesh, batch)
+  bytes_device = ma.argument_size_in_bytes + ma.output_size_in_bytes
+  t_compute = flops_device / (chip.peak_bf16_flops / dpc)
+  t_memory = bytes_device / (chip.hbm_bytes_per_s / dpc)
+  roofline = max(t_compute, t_memory)
+  q_len, n_items, l_item = geometry[:3]
+  tokens = batch * (q_len + n_items * l_item)
+  out.update(memory=dict(params=params_b, optimizer=opt_b, batch=batch_b, temporaries=ma.temp_size_in_bytes,
+                         arguments=ma.argument_size_in_bytes, outputs=ma.output_size_in_bytes,
+                         aliased=ma.alias_size_in_bytes, code=ma.generated_code_size_in_bytes),
+             hbm_bytes=total, hbm_capacity=capacity, fits=total <= capacity, flops=flops,
+             flops_per_device=flops_device, bytes_per_device=bytes_device, roofline_s=roofline,
+             bound="compute" if t_compute >= t_memory else "memory", tokens=tokens, tokens_per_s=tokens / roofline)
+  return out
+
+
+def search_batch(target: Target, geometry, start: int) -> dict[str, Any]:
+  """The largest global batch (a multiple of data x fsdp, up to max_batch_size) whose step fits."""
+  shards = target.mesh.shape["data"] * target.mesh.shape["fsdp"] * target.options.grad_accum_steps
+  shards = math.lcm(shards, target.mesh.shape["data"] * target.mesh.shape["fsdp"])
+  limit = target.options.max_batch_size // shards
+  failures: dict[int, str] = {}
+
+  def probe(k: int) -> bool:
+    r = compile_step(target, k * shards, geometry)
+    if not r["fits"]:
+      failures[k] = r["error"] or f"needs {r['hbm_bytes'] / 1e9:.2f} GB per device"
+    logging.info("train search batch_size=%d: %s", k * shards, "fits" if r["fits"] else failures[k])
+    return r["fits"]
+
+  if limit < 1:
+    return dict(largest=0, limit=target.options.max_batch_size, at_limit=False, first_failure=None, failure=None)
+  best = compile_report.largest_fitting(probe, max(1, start // shards), limit)
+  first = min((k for k in failures if k > best), default=None)
+  return dict(largest=best * shards, limit=limit * shards, at_limit=best == limit,
+              first_failure=first * shards if first else None, failure=failures.get(first))
+
+
+# --- the report ------------------------------------------------------------------------------------------
+def run(options: compile_report.CompileOptions, train: TrainCompileOptions) -> dict[str, Any]:
+  """Compiles the training step of `train` for each geometry of `options`; the report as a JSON-able dict."""
+  config = compile_report.build_config(options)
+  geometries = options.parsed_geometries()
+  for g in geometries:
+    if len(g) > 3:
+      raise TrainError(f"geometry {'x'.join(map(str, g))}: a training step takes QUERY_LENxNUM_ITEMSxITEM_LEN; "
+                       "give the queries per step with --batch_size")
+    padded_geometry(config, g)  # a geometry above the largest bucket fails before any compile
+  chip, dims = chips.parse_topology(options.topology)
+  devices = compile_report.describe_topology(options.topology, options.num_slices)
+  mesh = mesh_lib.create_mesh(config.mesh, devices)
+  check_batch(train.batch_size, mesh)
+  devices_per_chip = max(1, len(devices) // (math.prod(dims) * options.num_slices))
+  target = make_target(config, mesh, chip, devices_per_chip, train)
+  steps = [compile_step(target, train.batch_size, g) for g in geometries]
+  search = search_batch(target, geometries[0], train.batch_size) if train.max_batch_size else None
+  m = config.model
+  lora = train.lora()
+  return dict(topology=options.topology, num_slices=options.num_slices, chip=dataclasses.asdict(chip),
+              devices=len(devices), devices_per_chip=devices_per_chip, mesh=dict(mesh.shape), model=options.model,
+              num_layers=m.num_layers, params=m.num_params(), train=train.train, remat=train.remat,
+              lora=dataclasses.asdict(lora) if lora else None, dtype=config.runtime.dtype,
+              frozen_dtype=config.runtime.weight_dtype, attention=target.kernel,
+              grad_accum_steps=train.grad_accum_steps, overrides=list(options.overrides), steps=steps,
+              search=search, fits=all(s["fits"] for s in steps),
+              note="compile-time bounds from the TPU compiler and the cost model, not measurements")
+
+
+def _gb(x: float) -> str:
+  return f"{x / 1e9:.2f}"
+
+
+def _step_lines(s: dict[str, Any]) -> list[str]:
+  g, pad = "x".join(map(str, s["geometry"])), "x".join(map(str, s["padded"]))
+  head = f"step: batch_size {s['batch_size']} at {g} (query_len x items x item_len; packed P x L x N {pad})"
+  if s["error"]:
+    return [head, f"  compile error: {s['error']}", "  => DOES NOT FIT / DID NOT COMPILE"]
+  mem, f = s["memory"], s["flops"]
+  return [head,
+          f"  HBM per chip: params {_gb(mem['params'])} + optimizer state {_gb(mem['optimizer'])} + batch "
+          f"{_gb(mem['batch'])} + activations/temporaries {_gb(mem['temporaries'])} (code {_gb(mem['code'])}) = "
+          f"{_gb(s['hbm_bytes'])} GB of {_gb(s['hbm_capacity'])}",
+          f"  step FLOPs (cost model, fwd + bwd + remat): {f['total'] / 1e12:.3f} TFLOP (dense {f['dense'] / 1e12:.3f},"
+          f" attention {f['attention'] / 1e12:.3f}, lm_head {f['lm_head'] / 1e12:.3f}, adapters "
+          f"{f['adapters'] / 1e12:.3f}); {s['flops_per_device'] / 1e12:.3f} TFLOP per chip",
+          f"  roofline step time {s['roofline_s'] * 1e3:.2f} ms ({s['bound']}-bound) = {s['tokens_per_s']:,.0f} "
+          f"tokens/s bound ({s['tokens']:,} tokens per step)",
+          f"  => {'FITS' if s['fits'] else 'DOES NOT FIT'}: {_gb(s['hbm_bytes'])} GB per chip"]
+
+
+def summary(report: dict[str, Any]) -> str:
+  """The report as text; the last line is FITS or DOES NOT FIT (every geometry at --batch_size)."""
+  c = report["chip"]
+  mesh = " ".join(f"{k}={v}" for k, v in report["mesh"].items())
+  lora = report["lora"]
+  mode = report["train"] + (f" (rank {lora['rank']}, alpha {lora['alpha']}, targets {','.join(lora['targets'])})"
+                             if lora else "")
+  lines = [f"TPU {report['topology']} x{report['num_slices']} slice(s): {report['devices']} devices "
+           f"({c['name']}: {c['hbm_bytes'] / 1e9:.0f} GB HBM, {c['peak_bf16_flops'] / 1e12:.0f} TFLOP/s bf16, "
+           f"{c['hbm_bytes_per_s'] / 1e9:.0f} GB/s per chip; {c['source']})",
+           f"training mesh: {mesh}; model {report['model']} {report['num_layers']} layers "
+           f"({report['params'] / 1e6:.0f}M params); train={mode}, remat={report['remat']}, compute "
+           f"{report['dtype']}, float32 master weights and Adam state, frozen weights {report['frozen_dtype']}, "
+           f"attention={report['attention']}",
+           f"{report['note']}.", ""]
+  for s in report["steps"]:
+    lines += _step_lines(s) + [""]
+  s = report["search"]
+  if s:
+    text = (f"largest batch_size that fits (first geometry): {s['largest']:,}"
+            + (f" (the search limit {s['limit']:,})" if s["at_limit"] else ""))
+    if s["first_failure"]:
+      text += f"; {s['first_failure']:,} does not: {s['failure']}"
+    lines.append(text)
+  lines.append("FITS" if report["fits"] else "DOES NOT FIT")
+  return "\n".join(lines) + "\n"

@@ -1,0 +1,270 @@
+"""The backbone training step the training fit report compiles and the CPU training bench times.
+
+    params = init_params(model, "full", jax.random.PRNGKey(0))
+    step = make_step(model, attend, "full", optimizer, dtype=jnp.bfloat16)
+    state, metrics = step(make_state(params, optimizer), synthetic_batch(4, 100, 10, 20))
+
+One query per packed row (DESIGN.md section 2), as backbone fine-tuning in maxscore/heads/train.py
+builds it; the loss is that trainer's (the score head on the label log-probs, listwise over the
+row's items). Modes:
+
+- `full`: every backbone weight and the head train (f32 master weights, compute in `dtype`);
+- `lora`: rank-r adapters A [in, r], B [r, out] per target per layer and the head train; the base
+  stays frozen (in its own dtype, e.g. bf16). Each layer's kernels are merged with their adapters
+  inside the scanned layer (W + alpha/r * A @ B), so only one layer's merged weights exist at a time;
+- `head`: the frozen backbone's forward (no backward through it) feeds the head, which alone trains.
+
+Frozen leaves get no optimizer state (optax.multi_transform with set_to_zero, driven by a boolean
+"trainable" pytree). `TrainState`, `train_step` and the LoRA pieces below are small local forms of
+maxscore/training (state, step) and maxscore/training/lora.py, with the same signatures, so the
+shared ones replace them where those modules exist.
+"""
+
+import dataclasses
+import functools
+from typing import Any, Callable, Optional
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from layers.config import ModelConfig
+from layers.decoder import Decoder, DecoderLayer, PRECISIONS
+from maxscore.checkpoints import storage
+from maxscore.heads import score_heads as heads
+from maxscore.heads.features import plan_packed
+from maxscore.heads.losses import MASK_LOGIT, batch_loss
+from maxscore.heads.train import make_optimizer
+from maxscore.heads.train_config import TrainConfig
+from maxscore.scoring.requests import make_request
+from maxscore.scoring.runner import label_logprobs
+
+MODES = ("full", "lora", "head")
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+LABELS = (1, 2)  # label token ids of the synthetic workload
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+  """Adapters of rank `rank` on the `targets` kernels of every layer, scaled by alpha / rank."""
+  rank: int = 16
+  alpha: float = 32.0
+  targets: tuple[str, ...] = LORA_TARGETS
+
+  def validate(self) -> "LoraConfig":
+    unknown = [t for t in self.targets if t not in LORA_TARGETS]
+    if unknown or not self.targets:
+      raise ValueError(f"lora_targets={list(self.targets)}: each must be one of {list(LORA_TARGETS)} (at least one)")
+    if self.rank < 1:
+      raise ValueError(f"lora_rank={self.rank} must be >= 1 for train=lora")
+    return self
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Params, optimizer state, step and data position: what a training step carries."""
+  params: Any
+  opt_state: Any
+  step: jax.Array
+  epoch: jax.Array
+  index: jax.Array
+  rng: jax.Array
+
+
+# --- params -------------------------------------------------------------------------------------
+def _kernel_path(target: str) -> tuple[str, str]:
+  return ("attn", target) if target in ("q", "k", "v", "o") else ("mlp", target)
+
+
+def _in_out(shape: tuple[int, ...], target: str) -> tuple[int, int]:
+  """A per-layer kernel's (fan-in, fan-out): q/k/v [D, N, H], o [N, H, D], gate/up [D, F], down [F, D]."""
+  if target == "o":
+    return shape[0] * shape[1], shape[2]
+  return shape[0], int(np.prod(shape[1:]))
+
+
+def lora_shapes(model: ModelConfig, lora: LoraConfig) -> dict[str, dict[str, jax.ShapeDtypeStruct]]:
+  """A [layers, in, r] and B [layers, r, out] (float32) for each target kernel."""
+  layers = storage.abstract_params(model)["layers"]
+  out = {}
+  for t in lora.targets:
+    a, b = _kernel_path(t)
+    fan_in, fan_out = _in_out(layers[a][b].shape[1:], t)
+    out[t] = {"a": jax.ShapeDtypeStruct((model.num_layers, fan_in, lora.rank), jnp.float32),
+              "b": jax.ShapeDtypeStruct((model.num_layers, lora.rank, fan_out), jnp.float32)}
+  return out
+
+
+def head_config(model: ModelConfig) -> heads.HeadConfig:
+  return TrainConfig().head_config(LABELS, model.hidden_size)
+
+
+def abstract_params(model: ModelConfig, mode: str, lora: Optional[LoraConfig] = None,
+                    frozen_dtype: Any = jnp.bfloat16) -> dict:
+  """ShapeDtypeStructs of the params `mode` trains with: {"backbone", "head"} and, for lora, "lora"."""
+  params = {"backbone": storage.abstract_params(model, jnp.float32 if mode == "full" else frozen_dtype),
+            "head": jax.eval_shape(lambda: heads.init_head(head_config(model), jax.random.PRNGKey(0)))}
+  if mode == "lora":
+    params["lora"] = lora_shapes(model, lora)
+  return params
+
+
+def init_params(model: ModelConfig, mode: str, key: jax.Array, lora: Optional[LoraConfig] = None,
+                frozen_dtype: Any = jnp.bfloat16) -> dict:
+  """Random params of abstract_params' shapes (backbone N(0, 0.02); LoRA A N(0, 1/in), B zero, as usual)."""
+  shapes = abstract_params(model, mode, lora, frozen_dtype)
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+  keys = jax.random.split(key, len(leaves))
+
+  def init(path, x, k):
+    names = [getattr(p, "key", "") for p in path]
+    if names[0] == "lora":
+      return (jnp.zeros(x.shape, x.dtype) if names[-1] == "b"
+              else jax.random.normal(k, x.shape, x.dtype) / np.sqrt(x.shape[1]))
+    if names[-1].endswith("norm") or "scale" in names[-1]:
+      return jnp.ones(x.shape, x.dtype)
+    return (0.02 * jax.random.normal(k, x.shape, jnp.float32)).astype(x.dtype)
+  return jax.tree_util.tree_unflatten(treedef, [init(p, x, k) for (p, x), k in zip(leaves, keys)])
+
+
+def trainable(params: dict, mode: str) -> dict:
+  """True on the leaves the optimizer updates: all (full), adapters and head (lora), head (head)."""
+  return {k: jax.tree_util.tree_map(lambda _, on=(k != "backbone" or mode == "full"): on, v)
+          for k, v in params.items()}
+
+
+def make_train_optimizer(params: dict, mode: str, total_steps: int = 1000) -> optax.GradientTransformation:
+  """The head trainer's clip + AdamW schedule on the trainable leaves; frozen leaves keep no state."""
+  optimizer, _ = make_optimizer(TrainConfig(), total_steps)
+  labels = jax.tree_util.tree_map(lambda on: "train" if on else "frozen", trainable(params, mode))
+  return optax.multi_transform({"train": optimizer, "frozen": optax.set_to_zero()}, labels)
+
+
+# --- the forward and the loss ---------------------------------------------------------------------
+def _merge_layer(layer_params: dict, lora_layer: dict, scale: float) -> dict:
+  """One layer's params with each adapted kernel replaced by W + scale * A @ B (in W's dtype)."""
+  out = jax.tree_util.tree_map(lambda x: x, layer_params)
+  for t, ab in lora_layer.items():
+    a, b = _kernel_path(t)
+    w = layer_params[a][b]
+    delta = (scale * ab["a"] @ ab["b"]).reshape(w.shape)
+    out[a] = dict(out[a], **{b: (w.astype(jnp.float32) + delta).astype(w.dtype)})
+  return out
+
+
+def _lora_hidden(decoder: Decoder, params: dict, lora: LoraConfig, tokens_BxT, positions_BxT, layout, remat: bool):
+  """Final hidden states [B, T, D] with the adapters merged per layer inside the scan."""
+  cfg = decoder.config
+  backbone = params["backbone"]
+  layer = DecoderLayer(cfg, decoder.attend, decoder.dtype, decoder.param_dtype, PRECISIONS[decoder.precision])
+  scale = lora.alpha / lora.rank
+
+  def body(x_BxTxD, per_layer):
+    layer_params, lora_layer, is_local = per_layer
+    merged = _merge_layer(layer_params, lora_layer, scale)
+    return layer.apply({"params": merged}, x_BxTxD, positions_BxT, layout, None, is_local)[0], None
+
+  body = jax.checkpoint(body, prevent_cse=False) if remat else body
+  x_BxTxD = decoder.apply({"params": backbone}, tokens_BxT, method=lambda m, t: m.embed(t))
+  xs = (backbone["layers"], params["lora"], jnp.asarray(cfg.layer_is_local))
+  x_BxTxD, _ = jax.lax.scan(body, x_BxTxD, xs)
+  return decoder.apply({"params": backbone}, x_BxTxD, method=lambda m, x: m.final_norm(x))
+
+
+def features(decoder: Decoder, params: dict, batch: dict, mode: str, lora: Optional[LoraConfig] = None,
+             remat: bool = True):
+  """h [B, N, D] (float32) at the score rows and the label log-probs [B, N, K] of one packed forward."""
+  backbone = params["backbone"]
+  if mode == "head":
+    backbone = jax.lax.stop_gradient(backbone)
+  if mode == "lora":
+    hidden_BxTxD = _lora_hidden(decoder, params, lora, batch["tokens"], batch["positions"], batch["layout"], remat)
+  else:
+    hidden_BxTxD, _ = decoder.apply({"params": backbone}, batch["tokens"], batch["positions"], batch["layout"])
+  h_BxNxD = jnp.take_along_axis(hidden_BxTxD, batch["score_index"][..., None], axis=1).astype(jnp.float32)
+  return h_BxNxD, label_logprobs(decoder, backbone, h_BxNxD, jnp.asarray(LABELS, jnp.int32))
+
+
+def make_loss_fn(decoder: Decoder, mode: str, lora: Optional[LoraConfig] = None, remat: bool = True) -> Callable:
+  """loss_fn(params, batch, rng) -> (loss, aux): the head trainer's listwise loss on the packed forward."""
+  head_cfg = head_config(decoder.config)
+
+  def loss_fn(params, batch, rng):
+    del rng
+    h, lp = features(decoder, params, batch, mode, lora, remat)
+    logits = jnp.where(batch["mask"], heads.relevance(heads.apply_head(head_cfg, params["head"], h, lp)), MASK_LOGIT)
+    return batch_loss("listwise", logits, batch["grades"], batch["mask"]), {}
+  return loss_fn
+
+
+def make_decoder(model: ModelConfig, attend: Callable, mode: str, dtype: Any, remat: bool,
+                 precision: str = "default") -> Decoder:
+  """The Decoder the step applies: compute in `dtype`; full mode rematerializes each scanned layer itself."""
+  return Decoder(model, attend, dtype=dtype, param_dtype=jnp.float32, precision=precision,
+                 remat=remat and mode == "full")
+
+
+# --- the step ---------------------------------------------------------------------------------------
+def _split(batch: Any, parts: int) -> Any:
+  return jax.tree_util.tree_map(lambda x: x.reshape(parts, x.shape[0] // parts, *x.shape[1:]), batch)
+
+
+def train_step(state: TrainState, batch: Any, *, loss_fn: Callable, optimizer: optax.GradientTransformation,
+               grad_accum_steps: int = 1) -> tuple[TrainState, dict]:
+  """One optimizer update; with grad_accum_steps > 1 the batch's leading axis is split into that many
+  micro-batches whose gradients are averaged."""
+  rng, step_rng = jax.random.split(state.rng)
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  if grad_accum_steps == 1:
+    (loss, _), grads = grad_fn(state.params, batch, step_rng)
+  else:
+    def micro(acc, mb):
+      (l, _), g = grad_fn(state.params, mb, step_rng)
+      return jax.tree_util.tree_map(jnp.add, acc, (l, g)), None
+    zeros = (jnp.zeros((), jnp.float32), jax.tree_util.tree_map(jnp.zeros_like, state.params))
+    (loss, grads), _ = jax.lax.scan(micro, zeros, _split(batch, grad_accum_steps))
+    loss, grads = jax.tree_util.tree_map(lambda x: x / grad_accum_steps, (loss, grads))
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  new = state.replace(params=params, opt_state=opt_state, step=state.step + 1, rng=rng)
+  return new, {"loss": loss, "grad_norm": optax.global_norm(grads)}
+
+
+def make_state(params: Any, optimizer: optax.GradientTransformation, seed: int = 0) -> TrainState:
+  return TrainState(params, optimizer.init(params), jnp.int32(0), jnp.int32(0), jnp.int32(0),
+                    jax.random.PRNGKey(seed))
+
+
+# --- batches ------------------------------------------------------------------------------------------
+def synthetic_batch(batch: int, query_len: int, num_items: int, item_len: int, vocab_size: int,
+                    geometry: Optional[tuple[int, int, int]] = None, seed: int = 0) -> dict:
+  """`batch` queries of random tokens, one packed row each, at (P, L, N) `geometry` (default: exact)."""
+  rng = np.random.default_rng(seed)
+  p, l, n = geometry or (query_len, item_len, num_items)
+  reqs = [make_request(rng.integers(3, vocab_size, query_len).tolist(),
+                       rng.integers(3, vocab_size, (num_items, item_len)).tolist(), list(LABELS), False, False,
+                       None, vocab_size) for _ in range(batch)]
+  plan = plan_packed(reqs, (p, l, n))
+  grades = rng.integers(0, 3, (batch, n)).astype(np.float32)
+  grades[:, 0] = np.maximum(grades[:, 0], 1)  # every query has a relevant item (the listwise loss weighs it)
+  return dict(plan.batch, mask=jnp.asarray(plan.mask_QxN), grades=jnp.asarray(grades * plan.mask_QxN))
+
+
+def batch_shapes(batch: int, prefix_len: int, slot_len: int, num_slots: int) -> dict:
+  """ShapeDtypeStructs of a batch of `batch` packed rows (what synthetic_batch builds), unplaced."""
+  from layers.kernels import SegmentLayout  # pylint: disable=g-import-not-at-top
+  t = prefix_len + slot_len * num_slots
+  sds = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
+  layout = SegmentLayout(sds((batch,)), sds((batch, num_slots)), prefix_len, slot_len, num_slots)
+  return {"tokens": sds((batch, t)), "positions": sds((batch, t)), "layout": layout,
+          "score_index": sds((batch, num_slots)), "mask": sds((batch, num_slots), jnp.bool_),
+          "grades": sds((batch, num_slots), jnp.float32)}
+
+
+def jit_step(loss_fn: Callable, optimizer: optax.GradientTransformation, grad_accum_steps: int = 1,
+             **jit_kwargs) -> Callable:
+  """train_step jitted with the state donated (the update happens in place)."""
+  return jax.jit(functools.partial(train_step, loss_fn=loss_fn, optimizer=optimizer,
+                                   grad_accum_steps=grad_accum_steps), donate_argnums=0, **jit_kwargs)

@@ -1,0 +1,156 @@
+"""The training fit report: the step's cost model, the step itself on CPU, and real TPU compiles.
+
+Tests marked `tpu_aot` compile the training step with libtpu for described TPU topologies; nothing
+runs on a TPU.
+"""
+
+import importlib.util
+import math
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from layers.config import ModelConfig
+from layers.kernels import get_kernel
+from maxscore.bench import compile_report, train_compile
+from maxscore.bench import train_program as tp
+from maxscore.config import load_config
+from maxscore.scoring import cost_model
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("_script_compile_check_train", REPO / "scripts" / "compile_check.py")
+compile_check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(compile_check)
+
+# tiny-qwen3 widened so TPU tile padding of its small arrays is negligible next to the weights.
+WIDE = ("dtype=bfloat16", "weight_dtype=bfloat16", "vocab_size=8192", "hidden_size=256", "head_dim=128",
+        "mlp_dim=1024")
+GEOMETRY = "60x8x16"
+
+
+# --- the cost model ---------------------------------------------------------------------------------
+def test_step_flops_multipliers():
+  cfg = ModelConfig(vocab_size=50, hidden_size=8, num_layers=3, num_heads=2, num_kv_heads=1, head_dim=4, mlp_dim=16)
+  b, p, l, n = 2, 11, 3, 5
+  fwd = cost_model.program_flops(cfg, b, p, l, n)
+  full = train_compile.step_flops(cfg, b, p, l, n, "full")
+  assert full["forward"] == fwd
+  # 6N-style: forward + backward (2x) + one remat forward of the layers; the lm_head is not rematerialized.
+  assert full["total"] == 4 * fwd - full["lm_head"] / 3
+  assert train_compile.step_flops(cfg, b, p, l, n, "full", remat=False)["total"] == 3 * fwd
+  assert train_compile.step_flops(cfg, b, p, l, n, "head")["total"] == fwd
+  lora = train_compile.step_flops(cfg, b, p, l, n, "lora", lora=tp.LoraConfig(rank=2, alpha=4.0))
+  assert fwd < lora["total"] - lora["adapters"] < full["total"] and lora["adapters"] > 0
+  assert lora["dense"] == 3 * full["dense"] / 4  # no weight gradients for the frozen base
+
+
+def test_bad_train_options_name_the_field():
+  for kwargs, field in [(dict(train="fine"), "train="), (dict(train="lora", lora_targets=("q", "qkv")), "gate"),
+                        (dict(train="lora", lora_rank=0), "lora_rank"), (dict(train="full", remat="some"), "remat"),
+                        (dict(train="full", batch_size=6, grad_accum_steps=4), "grad_accum_steps")]:
+    with pytest.raises(ValueError, match=field):
+      train_compile.TrainCompileOptions(**kwargs).validate()
+
+
+# --- the step on CPU -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny():
+  cfg = load_config({"model_name": "tiny-qwen3"}).model
+  return cfg, tp.synthetic_batch(2, 7, 3, 4, cfg.vocab_size, geometry=(8, 4, 4))
+
+
+def _steps(cfg, batch, mode, lora=None, n=2, accum=1):
+  """n steps of `mode`; the losses, or with accum != 1 (-1: one batch) (loss, grad norm) per step."""
+  params = tp.init_params(cfg, mode, jax.random.PRNGKey(0), lora, frozen_dtype=jnp.float32)
+  decoder = tp.make_decoder(cfg, get_kernel("shared_prefix"), mode, jnp.float32, True, "highest")
+  optimizer = tp.make_train_optimizer(params, mode)
+  step = tp.jit_step(tp.make_loss_fn(decoder, mode, lora), optimizer, max(accum, 1))
+  state, metrics = tp.make_state(params, optimizer), []
+  before = jax.tree_util.tree_map(np.asarray, params)
+  for _ in range(n):
+    state, m = step(state, batch)
+    metrics.append((float(m["loss"]), float(m["grad_norm"])))
+  return before, state, [loss for loss, _ in metrics] if accum == 1 else metrics
+
+
+@pytest.mark.slow
+def test_lora_and_head_steps_train_only_their_params(tiny):
+  cfg, batch = tiny
+  lora = tp.LoraConfig(rank=4, alpha=8.0)
+  _, _, full_losses = _steps(cfg, batch, "full", n=1)
+  for mode in ("lora", "head"):
+    before, state, losses = _steps(cfg, batch, mode, lora if mode == "lora" else None, n=3)
+    # B starts at zero: the first loss is the plain model's.
+    assert losses[0] == pytest.approx(full_losses[0], abs=1e-6)
+    after = jax.tree_util.tree_map(np.asarray, state.params)
+    for a, b in zip(jax.tree_util.tree_leaves(before["backbone"]), jax.tree_util.tree_leaves(after["backbone"])):
+      assert a.tobytes() == b.tobytes()  # the frozen base is bit-identical
+    assert not np.array_equal(before["head"]["b"], after["head"]["b"])
+    if mode == "lora":
+      assert not np.array_equal(before["lora"]["q"]["b"], after["lora"]["q"]["b"])
+    # no optimizer state for frozen leaves
+    opt_bytes = sum(x.size for x in jax.tree_util.tree_leaves(state.opt_state))
+    trainable = sum(x.size for k, v in after.items() if k != "backbone" for x in jax.tree_util.tree_leaves(v))
+    assert opt_bytes <= 2 * trainable + 8
+
+
+@pytest.mark.slow
+def test_grad_accumulation_matches_one_batch(tiny):
+  """Two micro-batches of one query each: the same loss and gradient norm as the whole batch, step by step."""
+  cfg, batch = tiny
+  _, _, whole = _steps(cfg, batch, "full", n=3, accum=-1)
+  _, _, split = _steps(cfg, batch, "full", n=3, accum=2)
+  np.testing.assert_allclose(np.asarray(whole), np.asarray(split), rtol=1e-5)
+
+
+# --- real TPU compiles ------------------------------------------------------------------------------
+def _report(topology, mode, *overrides, batch_size=4):
+  opts = compile_report.CompileOptions(topology=topology, model="tiny-qwen3", geometries=(GEOMETRY,),
+                                       overrides=WIDE + overrides)
+  train = train_compile.TrainCompileOptions(train=mode, batch_size=batch_size, lora_rank=8, max_batch_size=0)
+  return train_compile.run(opts, train.validate())
+
+
+@pytest.mark.tpu_aot
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_train_step_compiles_fits_and_shards_with_fsdp(mode):
+  one = _report("v6e:1x1", mode)
+  four = _report("v6e:2x2", mode, "ici_fsdp_parallelism=4")
+  assert four["mesh"] == dict(data=1, fsdp=4, tensor=1)
+  for r in (one, four):
+    (s,) = r["steps"]
+    assert s["error"] is None and s["fits"] and r["fits"], s
+    assert 0 < s["hbm_bytes"] < s["hbm_capacity"] and s["roofline_s"] > 0 and s["tokens_per_s"] > 0
+  s1, s4 = one["steps"][0], four["steps"][0]
+  m1, m4 = s1["memory"], s4["memory"]
+  cfg = load_config({"model_name": "tiny-qwen3", **{k: int(v) for k, v in (o.split("=") for o in WIDE[2:])}}).model
+  if mode == "full":  # f32 master weights, Adam mu and nu
+    assert m1["params"] > 4 * cfg.num_params() and m1["optimizer"] >= 2 * 4 * cfg.num_params()
+  else:  # frozen bf16 base, state only for the adapters and the head
+    assert 2 * cfg.num_params() <= m1["params"] < 2.2 * cfg.num_params() and m1["optimizer"] < 0.2 * m1["params"]
+  # fsdp=4 splits the embed axis of every backbone weight: per-chip params, optimizer state and the total shrink.
+  assert m4["params"] < 0.3 * m1["params"] and s4["hbm_bytes"] < s1["hbm_bytes"]
+  if mode == "full":
+    assert m4["optimizer"] < 0.3 * m1["optimizer"]
+  # the cost model's work is split over the 4 chips (batch over fsdp)
+  assert s4["flops_per_device"] == pytest.approx(s1["flops_per_device"] / 4)
+
+
+@pytest.mark.tpu_aot
+def test_script_bad_train_flags_are_one_line_errors(capsys, tmp_path):
+  out = tmp_path / "r.json"
+  for args, words in [(["--train=lora", "--lora_targets=q,qkv"], ["lora_targets", "gate"]),
+                      (["--train=full", "--topology=v6e:2x2", "--batch_size=6", "ici_fsdp_parallelism=4"],
+                       ["batch_size=6", "data x fsdp", "4"]),
+                      (["--train=full", "--geometries=60x8x16x4"], ["--batch_size"]),
+                      (["--train=full", "attention=splash"], ["attention", "backward"])]:
+    with pytest.raises(SystemExit) as e:
+      compile_check.run(["compile_check", "--model=tiny-qwen3", f"--output_json={out}", *args])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith("error:") and "\n" not in err, err
+    assert all(w in err for w in words), err
+  assert not out.exists()
