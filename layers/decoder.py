@@ -119,7 +119,7 @@ class Decoder(nn.Module):
   def label_logits(self, h_xD: jax.Array, ids_K: jax.Array) -> jax.Array:
     """`logits` at vocabulary ids [K] only: [..., K] from the K lm_head rows (gathered), soft-capped alike.
 
-    Scores that need no vocabulary log-sum-exp (DESIGN.md section 3) read just these, skipping the
+    Scores that need no vocabulary log-sum-exp (docs/ARCHITECTURE.md section 3) read just these, skipping the
     [D, V] product."""
     if self.config.tie_word_embeddings:
       logits = self.embed.attend_rows(h_xD, ids_K)

@@ -1,4 +1,4 @@
-"""Logical axis names -> mesh axes: the one partitioning table (DESIGN.md section 8).
+"""Logical axis names -> mesh axes: the one partitioning table (docs/ARCHITECTURE.md section 8).
 
 Parameters carry logical names (`nn.with_logical_partitioning` in layers/*.py) and
 activations are constrained with `nn.with_logical_constraint`; `RULES` maps both onto the

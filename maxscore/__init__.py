@@ -1,4 +1,4 @@
-"""maxscore: fast LLM reranker scoring in JAX (see DESIGN.md for the contract)."""
+"""maxscore: fast LLM reranker scoring in JAX (docs/ARCHITECTURE.md describes the design)."""
 
 from maxscore import jax_platform as _platform
 

@@ -27,7 +27,7 @@ from maxscore.files import safety
 
 
 def fail(error: BaseException, code: int = 2) -> NoReturn:
-  """Prints `error` as one line on stderr and exits with `code` (DESIGN.md section 9)."""
+  """Prints `error` as one line on stderr and exits with `code` (docs/ARCHITECTURE.md section 9)."""
   print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
   sys.exit(code)
 
@@ -152,7 +152,7 @@ class _LogFile(logging.handlers.WatchedFileHandler):
 class _LogAfterClaim(logging.Handler):
   """Keeps the records in memory until this run claims the log's directory (`safety.claim`, after every
   check on its outputs passed), then writes them and every later one to the log file. A refused run
-  thus never creates the directory nor touches an earlier run's log (DESIGN.md section 9)."""
+  thus never creates the directory nor touches an earlier run's log (docs/ARCHITECTURE.md section 9)."""
 
   def __init__(self, path: pathlib.Path, capacity: int = 100_000):
     super().__init__()

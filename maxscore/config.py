@@ -39,7 +39,7 @@ class RuntimeConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ScoringConfig:
-  """What a score is (DESIGN.md section 1) and which algorithm computes it."""
+  """What a score is (docs/ARCHITECTURE.md section 1) and which algorithm computes it."""
   separator_token_id: Optional[int] = None
   label_token_ids: tuple[int, ...] = ()
   apply_softmax: bool = False
@@ -54,7 +54,7 @@ class ScoringConfig:
 
 @dataclasses.dataclass(frozen=True)
 class KernelConfig:
-  """Attention kernel choice and its block sizes (DESIGN.md section 4)."""
+  """Attention kernel choice and its block sizes (docs/ARCHITECTURE.md section 4)."""
   attention: Literal["reference", "shared_prefix", "splash", "pallas_gpu", "auto"] = "auto"
   max_reference_len: int = 8192
   splash_block_q: int = 512
@@ -66,7 +66,7 @@ class KernelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class BucketConfig:
-  """Static shapes that bound the number of compilations (DESIGN.md section 5)."""
+  """Static shapes that bound the number of compilations (docs/ARCHITECTURE.md section 5)."""
   prefix_buckets: tuple[int, ...] = (16, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512, 640, 768, 896,
       1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192, 10240, 12288, 14336, 16384,
       20480, 24576, 28672, 32768)
@@ -80,7 +80,7 @@ class BucketConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-  """Device mesh shape (DESIGN.md section 8); -1 fills with the remaining devices."""
+  """Device mesh shape (docs/ARCHITECTURE.md section 8); -1 fills with the remaining devices."""
   ici_data_parallelism: int = -1
   ici_fsdp_parallelism: int = 1
   ici_tensor_parallelism: int = 1

@@ -7,7 +7,7 @@
   python scripts/bench.py --query_len=200 --num_items=50 --item_len=10 --num_layers=1 matmul_precision=default
 
 Every flag is a key of configs/bench.yml; trailing `key=value` arguments override configs/base.yml keys. See maxscore/bench/ for
-what each figure means (model FLOPs follow DESIGN.md section 3).
+what each figure means (model FLOPs follow docs/ARCHITECTURE.md section 3).
 """
 
 import dataclasses

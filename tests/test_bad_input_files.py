@@ -1,4 +1,4 @@
-"""Broken files are one line (DESIGN.md section 9): every script turns a missing, unreadable, corrupt
+"""Broken files are one line (docs/ARCHITECTURE.md section 9): every script turns a missing, unreadable, corrupt
 or malformed input into one `error:` line naming the file (and line) and exit 2; a real bug keeps
 its traceback. Data loaders fed random bytes raise only DataError."""
 

@@ -1,4 +1,4 @@
-"""Nothing lost, nothing mixed (DESIGN.md section 9): outputs never replace inputs or foreign files,
+"""Nothing lost, nothing mixed (docs/ARCHITECTURE.md section 9): outputs never replace inputs or foreign files,
 --overwrite removes only what maxscore wrote, and a resumed run refuses changed content."""
 
 import dataclasses

@@ -1,4 +1,4 @@
-"""Scores that need no vocabulary normalizer read only the K label rows of the lm_head (DESIGN.md section 3).
+"""Scores that need no vocabulary normalizer read only the K label rows of the lm_head (docs/ARCHITECTURE.md section 3).
 
 Oracle: the same scorer's full-vocabulary path (label log-probs through the [D, V] lm_head and its
 log-sum-exp, finalized the same way). Tied and untied lm_heads and a soft-capped (Gemma 2 style) one

@@ -34,7 +34,7 @@ def _setup(targets=None):
 
 
 def _packed_batch():
-  """The one request as a packed row (DESIGN.md section 2), and the item labels."""
+  """The one request as a packed row (docs/ARCHITECTURE.md section 2), and the item labels."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from layers.kernels import SegmentLayout
   from maxscore.scoring import layout as layout_lib

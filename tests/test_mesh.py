@@ -1,4 +1,4 @@
-"""Sharded meshes and multi-process runs (DESIGN.md section 8).
+"""Sharded meshes and multi-process runs (docs/ARCHITECTURE.md section 8).
 
 Several devices need XLA_FLAGS before jax is imported, and conftest.py pins the test
 process to one, so the multi-device checks run this file as a script in subprocesses:

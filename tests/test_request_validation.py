@@ -1,4 +1,4 @@
-"""Strict request types (DESIGN.md sections 1 and 9): every bad value is a ScoreInputError naming the
+"""Strict request types (docs/ARCHITECTURE.md sections 1 and 9): every bad value is a ScoreInputError naming the
 field; every good request is scored; one bad line of a request file never costs the other lines."""
 
 import json

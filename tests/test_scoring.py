@@ -1,4 +1,4 @@
-"""The scoring contract (DESIGN.md section 1): every algorithm computes the same scores, equal to HF."""
+"""The scoring contract (docs/ARCHITECTURE.md section 1): every algorithm computes the same scores, equal to HF."""
 
 import numpy as np
 import pytest

@@ -1,6 +1,6 @@
 """Sliding windows and logit soft-capping in every attention kernel, against the dense reference.
 
-The reference's window is checked against the serial definition (DESIGN.md section 1): a query
+The reference's window is checked against the serial definition (docs/ARCHITECTURE.md section 1): a query
 token sees a key only within W serial positions, the packed layout keeping serial positions.
 Windows: shorter than the prefix and an item, equal to the item slot, equal to the prefix.
 """

@@ -4,7 +4,7 @@
                                                geometries=("2000x500x20",), overrides=("dtype=bfloat16",)))
     print(compile_report.summary(report))
 
-DESIGN.md section 10. The Scorer holds abstract params (ShapeDtypeStructs with their logical-axis
+docs/ARCHITECTURE.md section 10. The Scorer holds abstract params (ShapeDtypeStructs with their logical-axis
 shardings) on the data-group mesh process 0 of a job on that topology would use, and its
 warmup lowers and compiles with the real TPU compiler (Mosaic for splash), or for a GPU with
 XLA's CUDA compiler from a target description (chips.gpu_target_config: Triton for pallas_gpu,
@@ -141,7 +141,7 @@ def describe_gpus(topology: str, chip: chips.Chip, count: int) -> list:
 
 
 def target_mesh(mesh_cfg: MeshConfig, devices: Sequence[Any]) -> Mesh:
-  """The mesh process 0 of a job on `devices` scores with: its data group (DESIGN.md section 8)."""
+  """The mesh process 0 of a job on `devices` scores with: its data group (docs/ARCHITECTURE.md section 8)."""
   return mesh_lib.data_group(mesh_lib.create_mesh(mesh_cfg, devices), process_index=0).mesh
 
 

@@ -4,7 +4,7 @@
                                               overrides=("dtype=bfloat16",)), TrainCompileOptions(train="full"))
     print(train_compile.summary(report))
 
-DESIGN.md sections 10 and 12. The step (maxscore/bench/train_program.py: forward, backward and the
+docs/ARCHITECTURE.md sections 10 and 12. The step (maxscore/bench/train_program.py: forward, backward and the
 clip + AdamW update, float32 master weights and Adam state, compute in the config's `dtype`) is
 lowered with the params and optimizer state laid out by the logical-axis rules (layers/sharding.py)
 on the whole training mesh (ici_* and dcn_* data/fsdp/tensor), the global batch split over data x

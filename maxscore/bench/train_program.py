@@ -4,7 +4,7 @@
     step = make_step(model, attend, "full", optimizer, dtype=jnp.bfloat16)
     state, metrics = step(make_state(params, optimizer), synthetic_batch(4, 100, 10, 20))
 
-One query per packed row (DESIGN.md section 2), as backbone fine-tuning in maxscore/heads/train.py
+One query per packed row (docs/ARCHITECTURE.md section 2), as backbone fine-tuning in maxscore/heads/train.py
 builds it; the loss is that trainer's (the score head on the label log-probs, listwise over the
 row's items). Modes:
 
@@ -15,16 +15,16 @@ row's items). Modes:
 - `head`: the frozen backbone's forward (no backward through it) feeds the head, which alone trains.
 
 Frozen leaves get no optimizer state (optax.multi_transform with set_to_zero, driven by a boolean
-"trainable" pytree). `TrainState`, `train_step` and the LoRA pieces below are small local forms of
-maxscore/training (state, step) and maxscore/training/lora.py, with the same signatures, so the
-shared ones replace them where those modules exist.
+"trainable" pytree). The state and the step are the trainer's (maxscore/training). The LoRA form here
+merges adapters inside the scan rather than running layers/lora.py's adapter einsums, so it also
+computes the frozen kernels' gradients: its compiled memory and its time bound the real LoRA step
+from above.
 """
 
 import dataclasses
 import functools
 from typing import Any, Callable, Optional
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,6 +37,8 @@ from maxscore.heads import score_heads as heads
 from maxscore.heads.features import plan_packed
 from maxscore.heads.losses import MASK_LOGIT, batch_loss
 from maxscore.heads.train import make_optimizer
+from maxscore.training.state import TrainState
+from maxscore.training.trainer import train_step
 from maxscore.heads.train_config import TrainConfig
 from maxscore.scoring.requests import make_request
 from maxscore.scoring.runner import label_logprobs
@@ -60,17 +62,6 @@ class LoraConfig:
     if self.rank < 1:
       raise ValueError(f"lora_rank={self.rank} must be >= 1 for train=lora")
     return self
-
-
-@flax.struct.dataclass
-class TrainState:
-  """Params, optimizer state, step and data position: what a training step carries."""
-  params: Any
-  opt_state: Any
-  step: jax.Array
-  epoch: jax.Array
-  index: jax.Array
-  rng: jax.Array
 
 
 # --- params -------------------------------------------------------------------------------------
@@ -207,31 +198,6 @@ def make_decoder(model: ModelConfig, attend: Callable, mode: str, dtype: Any, re
 
 
 # --- the step ---------------------------------------------------------------------------------------
-def _split(batch: Any, parts: int) -> Any:
-  return jax.tree_util.tree_map(lambda x: x.reshape(parts, x.shape[0] // parts, *x.shape[1:]), batch)
-
-
-def train_step(state: TrainState, batch: Any, *, loss_fn: Callable, optimizer: optax.GradientTransformation,
-               grad_accum_steps: int = 1) -> tuple[TrainState, dict]:
-  """One optimizer update; with grad_accum_steps > 1 the batch's leading axis is split into that many
-  micro-batches whose gradients are averaged."""
-  rng, step_rng = jax.random.split(state.rng)
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-  if grad_accum_steps == 1:
-    (loss, _), grads = grad_fn(state.params, batch, step_rng)
-  else:
-    def micro(acc, mb):
-      (l, _), g = grad_fn(state.params, mb, step_rng)
-      return jax.tree_util.tree_map(jnp.add, acc, (l, g)), None
-    zeros = (jnp.zeros((), jnp.float32), jax.tree_util.tree_map(jnp.zeros_like, state.params))
-    (loss, grads), _ = jax.lax.scan(micro, zeros, _split(batch, grad_accum_steps))
-    loss, grads = jax.tree_util.tree_map(lambda x: x / grad_accum_steps, (loss, grads))
-  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  new = state.replace(params=params, opt_state=opt_state, step=state.step + 1, rng=rng)
-  return new, {"loss": loss, "grad_norm": optax.global_norm(grads)}
-
-
 def make_state(params: Any, optimizer: optax.GradientTransformation, seed: int = 0) -> TrainState:
   return TrainState(params, optimizer.init(params), jnp.int32(0), jnp.int32(0), jnp.int32(0),
                     jax.random.PRNGKey(seed))

@@ -1,5 +1,5 @@
 """Benchmark workloads: random /v1/score requests, one algorithm timed on them, warmup latency and
-mixed shapes. Model FLOPs come from the cost model (DESIGN.md section 3); serial repeats the query
+mixed shapes. Model FLOPs come from the cost model (docs/ARCHITECTURE.md section 3); serial repeats the query
 per item, so its own FLOPs are reported beside the request's. Compile time is excluded from the warm
 timings and reported separately."""
 

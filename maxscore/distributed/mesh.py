@@ -1,4 +1,4 @@
-"""Device meshes, multi-process start-up, and how an eval is split across processes (DESIGN.md section 8).
+"""Device meshes, multi-process start-up, and how an eval is split across processes (docs/ARCHITECTURE.md section 8).
 
     initialize_distributed()                  # first thing in main(): flags, env, or SLURM/TPU auto-detect
     group = my_group(config.mesh)             # this process's data group

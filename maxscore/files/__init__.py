@@ -3,7 +3,7 @@
 Every output maxscore writes goes through `safety` (written under a temporary name and renamed
 into place; never equal to or inside an input; only directories carrying maxscore's marker are
 ever removed), and every resumable run compares its `identity` with the one stored beside its
-results (DESIGN.md section 9).
+results (docs/ARCHITECTURE.md section 9).
 """
 
 from maxscore.files.safety import (MARKER, atomic_output, atomic_write_text, is_owned, mark_owned,

@@ -67,7 +67,7 @@ def with_path(error: OSError, path: os.PathLike) -> OSError:
 
 # --- claimed directories ----------------------------------------------------------------------------
 # Directories whose run has passed every check on its outputs: what waited for that (the run's log file,
-# cli.py) may now be written there. Nothing is created before (DESIGN.md section 9).
+# cli.py) may now be written there. Nothing is created before (docs/ARCHITECTURE.md section 9).
 _CLAIMED: dict[pathlib.Path, int] = {}  # directory -> the number of its latest claim
 _CLAIMS = [0]
 

@@ -7,7 +7,7 @@ score positions and, from them and the lm_head, the label log-probs lp [N, K]. T
 [queries, N_max, ...] with masks, kept in memory and, with a cache path, in an npz file that a later
 run (same model, prompts and data) reads instead.
 
-train_backbone: every query in one packed row of a fixed (P, L, N) geometry per split (DESIGN.md
+train_backbone: every query in one packed row of a fixed (P, L, N) geometry per split (docs/ARCHITECTURE.md
 section 2), through a Decoder whose layers may be rematerialized (`Decoder(remat=True)`).
 """
 

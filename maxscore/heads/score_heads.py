@@ -1,6 +1,6 @@
 """Score heads: small trainable maps from what the scorer reads at an item's score position to its scores.
 
-A head sees the two things DESIGN.md section 1 computes at each item's score position: the
+A head sees the two things docs/ARCHITECTURE.md section 1 computes at each item's score position: the
 final-norm hidden state `h` [D] and the label log-probs `lp` [K] (full-vocabulary log_softmax
 of the lm_head logits, at the label ids). It returns new label log-probs `lp'` [K], which
 `score()` finalizes exactly as without a head: `softmax(lp')` when apply_softmax, else `exp(lp')`.
@@ -26,7 +26,7 @@ of the lm_head logits, at the label ids). It returns new label log-probs `lp'` [
 Init: every lm_labels delta starts at exactly zero (W, B, b zeros; A random); linear is all zeros
 and mlp's output layer is zeros, so an untrained linear/mlp head scores every item equally.
 Training computes lp from h through the lm_head (train.py); scoring takes the scorer's own lp: the
-two agree within 1e-5 (DESIGN.md section 1), and at zero delta scoring is the scorer bit for bit.
+two agree within 1e-5 (docs/ARCHITECTURE.md section 1), and at zero delta scoring is the scorer bit for bit.
 
 A head lives in a checkpoint directory next to the backbone:
   <ckpt>/head/head.json   {"format_version", "config": HeadConfig fields, "info": provenance}

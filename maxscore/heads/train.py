@@ -29,7 +29,7 @@ state, step, optimizer, data order, checkpoints, metrics log and the mesh are th
 6. `export_dir`: a copy of the base checkpoint with the head in head/ (heads.export_checkpoint).
 
 `train_backbone=True` trains the decoder params together with the head, through the packed
-layout (DESIGN.md section 2) with each scanned layer rematerialized in the backward pass (`remat`;
+layout (docs/ARCHITECTURE.md section 2) with each scanned layer rematerialized in the backward pass (`remat`;
 `compute_dtype`/`param_dtype` for bf16 activations on f32 master weights). With
 `match_loss_weight` > 0 the loss adds that weight times two auxiliary losses (`losses.probe_bce`):
 a linear probe on every candidate token's hidden state predicts whether the token occurs in the query,

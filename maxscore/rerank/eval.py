@@ -65,7 +65,7 @@ def _log_odds(scores_NxK: np.ndarray) -> np.ndarray:
 
 # name -> (apply_softmax, ranking score from the [N, K] scores). log_odds reads the label softmax:
 # log p0 - log p1 is the same with or without it (the vocabulary log-sum-exp cancels), the softmax
-# needs only the label rows of the lm_head (DESIGN.md section 3), and its probabilities are at
+# needs only the label rows of the lm_head (docs/ARCHITECTURE.md section 3), and its probabilities are at
 # least the full-vocabulary ones, so they underflow no earlier. raw_logit (apply_softmax None)
 # ranks by the first label's raw lm_head logit (Scorer.label_logits), as FlagEmbedding's LLM
 # rerankers do; it can order items differently from p_first (the vocabulary log-sum-exp varies).
@@ -318,7 +318,7 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
   `dev` (the dev split, for fusion_alpha=dev): its queries are scored too, into the same results.jsonl,
   and only tune the fusion's alpha; the reported metrics are `dataset`'s alone.
 
-  Multi-process (DESIGN.md section 8): every process calls this with the same arguments; process 0
+  Multi-process (docs/ARCHITECTURE.md section 8): every process calls this with the same arguments; process 0
   owns results.jsonl and the outputs, each data group scores a strided slice of the remaining
   queries, and records reach process 0 every `gather_every` queries. Non-zero processes return None.
   """

@@ -1,7 +1,7 @@
 """Prompt templates for reranking: a query side (the shared prefix) and an item side.
 
 Everything that depends only on the query sits in the query side, so a query's candidates
-share one prefix (DESIGN.md section 1: seq_i = Q + I_i). Each side is a list of segments,
+share one prefix (docs/ARCHITECTURE.md section 1: seq_i = Q + I_i). Each side is a list of segments,
 each tokenized on its own and concatenated: that reproduces how reference implementations
 tokenize (Qwen3-Reranker encodes its system prefix, the `<Instruct>...<Document>: doc` pair
 and its assistant suffix separately). The split between sides sits before the space that

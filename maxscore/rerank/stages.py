@@ -1,5 +1,5 @@
 """The three runs an eval reports on the same queries and depth: the first stage, the reranked run and
-(when asked) their fusion, each tested against the first stage (DESIGN.md section 11).
+(when asked) their fusion, each tested against the first stage (docs/ARCHITECTURE.md section 11).
 
     result = stages.evaluate(qrels, queries, reranked, base, cfg, dev)   # fused run, metrics, tests
     print("\\n".join(stages.table(result)))

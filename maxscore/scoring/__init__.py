@@ -1,6 +1,6 @@
 """Scoring: requests, the packed layout, algorithms, the selector, the prefix cache and `Scorer`.
 
-DESIGN.md sections 1-5. `Scorer` is the entry; the rest is what it is built from.
+docs/ARCHITECTURE.md sections 1-5. `Scorer` is the entry; the rest is what it is built from.
 """
 
 from maxscore.scoring.requests import TokenRequest, make_request, parse_multi_item_sequence

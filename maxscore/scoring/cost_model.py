@@ -1,4 +1,4 @@
-"""The cost model (DESIGN.md section 3): model FLOPs of a scoring request, by algorithm.
+"""The cost model (docs/ARCHITECTURE.md section 3): model FLOPs of a scoring request, by algorithm.
 
 All algorithms but serial do the same dense work (`2 * non_embedding_params * tokens`); they
 differ in attention pairs. A sliding-window layer counts only the pairs within its window W
@@ -72,7 +72,7 @@ def program_flops(model_cfg: ModelConfig, batch: int, prefix_len: int, slot_len:
 
 def model_flops(model_cfg: ModelConfig, query_len: int, item_lens: Sequence[int], algorithm: str = "packed",
                 separator: bool = True, lm_head_cols: Optional[int] = None) -> dict[str, Any]:
-  """Model FLOPs of one request (DESIGN.md cost model), split into dense, attention and lm_head.
+  """Model FLOPs of one request (docs/ARCHITECTURE.md section 3, cost model), split into dense, attention and lm_head.
 
   `algorithm="serial"` gives serial's own work (the query once per item); anything else the
   shared-prefix work that packed and prefill_extend both do. `serial_total` and `flop_ratio`

@@ -1,4 +1,4 @@
-"""Packed, serial and extend layouts in token space (pure numpy; DESIGN.md section 2).
+"""Packed, serial and extend layouts in token space (pure numpy; docs/ARCHITECTURE.md section 2).
 
 A packed row is `[prefix: Q + s padded to P][item 1: L] ... [item N: L]`. Items sit in fixed
 slots so the attention mask is a function of (P, L) plus validity counts. Items whose
@@ -135,7 +135,7 @@ def pack_rows(rows: Sequence[RowSpec], prefix_len: int, slot_len: int, num_slots
       tokens[b, start:start + len(toks)] = toks
       positions[b, start:start + slot_len] = p + np.arange(slot_len)
       slot_valid[b, n] = len(toks)
-      # An empty item reads the last prefix token (DESIGN.md section 2).
+      # An empty item reads the last prefix token (docs/ARCHITECTURE.md section 2).
       score_index[b, n] = start + len(toks) - 1 if toks else (p - 1 if prefix_len else -1)
       req[b, n], item[b, n] = row.request, i
   return PackedBatch(tokens, positions, prefix_valid, slot_valid, score_index, req, item,

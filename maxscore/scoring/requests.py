@@ -1,7 +1,7 @@
 """Score requests: validation into token ids, and the sglang multi-item format parser.
 
 Everything a caller can get wrong is checked here, once, and raised as ScoreInputError
-naming the field, the offending value and the limit (DESIGN.md section 9).
+naming the field, the offending value and the limit (docs/ARCHITECTURE.md section 9).
 """
 
 import dataclasses
@@ -28,7 +28,7 @@ class TokenRequest:
     return self.query + ((self.separator,) if self.separator is not None else ())
 
   def serial_sequence(self, i: int) -> tuple[int, ...]:
-    """seq_i of DESIGN.md section 1 (item-first puts the item before the separator and query)."""
+    """seq_i of docs/ARCHITECTURE.md section 1 (item-first puts the item before the separator and query)."""
     sep = (self.separator,) if self.separator is not None else ()
     if self.item_first:
       return self.items[i] + sep + self.query
@@ -136,7 +136,7 @@ def make_request(query: Any, items: Any, label_token_ids: Optional[Sequence[int]
                  max_item_tokens: int = 1 << 62) -> TokenRequest:
   """Validates one /v1/score-shaped request and converts it to token ids.
 
-  An empty query is valid (seq_i = [s] + I_i, DESIGN.md section 1); only a sequence with no token at
+  An empty query is valid (seq_i = [s] + I_i, docs/ARCHITECTURE.md section 1); only a sequence with no token at
   all is refused. Every violation is a ScoreInputError naming the field, the value and what is allowed."""
   q = _encode("query", query, tokenizer, vocab_size)
   toks = tuple(_encode(f"items[{i}]", x, tokenizer, vocab_size) for i, x in enumerate(_items(items)))

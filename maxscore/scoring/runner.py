@@ -1,6 +1,6 @@
 """Jitted model entry points that the scoring algorithms share.
 
-Every entry point ends in the scoring primitive of DESIGN.md section 1: gather the final
+Every entry point ends in the scoring primitive of docs/ARCHITECTURE.md section 1: gather the final
 hidden states at the score indices only, apply the lm_head to those rows only, float32
 log_softmax over the full vocabulary, pick the label ids -- or, where the score needs no
 vocabulary normalizer (OUTPUTS "logits"), only the K label rows of the lm_head. Shapes come from buckets, so the
@@ -9,7 +9,7 @@ set of compiled executables is bounded; `compiled_shapes` records which were bui
 Params may also be abstract (`jax.ShapeDtypeStruct`s, e.g. checkpoints.storage.abstract_params)
 with a mesh over devices that cannot hold data (a TPU topology described on a CPU host): such a
 runner only lowers and compiles (`compile_only`), and `programs` keeps each executable with
-its geometry so compile reports can read its memory and cost (DESIGN.md section 10).
+its geometry so compile reports can read its memory and cost (docs/ARCHITECTURE.md section 10).
 """
 
 import collections

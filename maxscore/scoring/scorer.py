@@ -1,4 +1,4 @@
-"""The public entry: `Scorer` computes DESIGN.md section 1's scores with any algorithm.
+"""The public entry: `Scorer` computes docs/ARCHITECTURE.md section 1's scores with any algorithm.
 
     scorer = Scorer.from_checkpoint("ckpt/")             # or Scorer.from_config(load_config(...))
     result = scorer.score("what is jax?", ["doc a", "doc b"], label_token_ids=[9454, 2753])
@@ -58,7 +58,7 @@ def finalize_scores(label_logprobs: np.ndarray, apply_softmax: bool) -> np.ndarr
 
 def score_output(apply_softmax: bool) -> str:
   """The runner output (runner.OUTPUTS) a score needs: label logits alone (the K label rows of the lm_head)
-  when the labels' softmax is taken, else the full-vocabulary label log-probs (DESIGN.md section 3)."""
+  when the labels' softmax is taken, else the full-vocabulary label log-probs (docs/ARCHITECTURE.md section 3)."""
   return "logits" if apply_softmax else "logprobs"
 
 
@@ -153,7 +153,7 @@ class Scorer:
   def score(self, query: Any, items: Any, label_token_ids: Optional[Sequence[int]] = None,
             apply_softmax: Optional[bool] = None, item_first: bool = False, algorithm: Optional[str] = None,
             separator_token_id: Any = "config") -> ScoreResult:
-    """Scores `items` for `query` (text or token ids); see DESIGN.md section 1 for the semantics."""
+    """Scores `items` for `query` (text or token ids); see docs/ARCHITECTURE.md section 1 for the semantics."""
     req = self.make_request(query, items, label_token_ids, apply_softmax, item_first, separator_token_id)
     return self.score_requests([req], algorithm=algorithm)[0]
 

@@ -1,6 +1,6 @@
 """Picks the algorithm for a request from its geometry, the kernel and the backend.
 
-Cost model (DESIGN.md section 3): packed and prefill_extend do the same dense work for one
+Cost model (docs/ARCHITECTURE.md section 3): packed and prefill_extend do the same dense work for one
 row (2 * non_embedding_params * tokens); packed needs one dispatch, but recomputes the
 prefix in every row, and a dense reference mask costs T^2. prefill_extend pays the prefix
 once (or never, on a cache hit) and one dispatch per chunk. Serial recomputes the query

@@ -1,4 +1,4 @@
-"""The HTTP server (DESIGN.md section 13): sglang's /v1/score and Cohere/Jina /v1/rerank over the Scorer,
+"""The HTTP server (docs/ARCHITECTURE.md section 13): sglang's /v1/score and Cohere/Jina /v1/rerank over the Scorer,
 with dynamic batching on one worker thread, Prometheus /metrics and a drained shutdown.
 
     service = ScoringService(scorer, ServeConfig(), RerankPrompt())

@@ -1,4 +1,4 @@
-"""The HTTP front end (DESIGN.md section 13): FastAPI routes over a ScoringService, served by uvicorn.
+"""The HTTP front end (docs/ARCHITECTURE.md section 13): FastAPI routes over a ScoringService, served by uvicorn.
 
     POST /v1/score                 sglang's /v1/score (the numbers of Scorer.score)
     POST /v1/rerank, /rerank, /v2/rerank   Cohere/Jina rerank (the eval's ranking)

@@ -1,4 +1,4 @@
-"""One trainer for score heads, adapters, whole models and LM pretraining (DESIGN.md section 12).
+"""One trainer for score heads, adapters, whole models and LM pretraining (docs/ARCHITECTURE.md section 12).
 
 `trainer` holds the top-level `init`, `train_step`, `restore` and `loop` (and `start`, which resumes or
 starts a run in a workdir); `state` the TrainState; `optimizer` the clip + AdamW schedule; `partition`

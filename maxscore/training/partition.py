@@ -1,4 +1,4 @@
-"""Where the training state and batches live on the mesh (DESIGN.md sections 8 and 12).
+"""Where the training state and batches live on the mesh (docs/ARCHITECTURE.md sections 8 and 12).
 
 Decoder params take their NamedShardings from the logical-axis rules of layers/sharding.py (the
 ones scoring uses); every other param (a score head, probes) is replicated. Optimizer-state leaves

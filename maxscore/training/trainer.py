@@ -1,4 +1,4 @@
-"""One trainer for score heads, backbone fine-tuning and LM pretraining (DESIGN.md section 12).
+"""One trainer for score heads, backbone fine-tuning and LM pretraining (docs/ARCHITECTURE.md section 12).
 
     run = start(workdir, keep, params, param_shardings, optimizer, data_key, mesh, fingerprint)
     step_fn = jit_train_step(loss_fn, optimizer, run.shardings, mesh, grad_accum_steps)

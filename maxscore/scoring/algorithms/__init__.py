@@ -1,4 +1,4 @@
-"""Scoring algorithms (DESIGN.md section 3), each `run(ctx, requests) -> [label log-probs [N_i, K]]`."""
+"""Scoring algorithms (docs/ARCHITECTURE.md section 3), each `run(ctx, requests) -> [label log-probs [N_i, K]]`."""
 
 from maxscore.scoring.algorithms import packed, prefill_extend, serial
 from maxscore.scoring.algorithms.common import AlgorithmContext

@@ -1,4 +1,4 @@
-"""packed: all items of a query in one forward over the segment layout (DESIGN.md section 2)."""
+"""packed: all items of a query in one forward over the segment layout (docs/ARCHITECTURE.md section 2)."""
 
 import jax.numpy as jnp
 import numpy as np
