@@ -299,3 +299,11 @@ def test_lora_trains_only_the_adapters_and_exports_them_merged(lora_one_process)
 def test_lora_two_processes_equal_one_process(lora_one_process, tmp_path):
   _train(tmp_path, *LORA, processes=2)
   _assert_same_run(lora_one_process, tmp_path)
+
+
+def test_training_differentiates_a_kernel_with_a_backward_pass():
+  # splash (TPU) and pallas_gpu (GPU) are forward-only: the training step takes shared_prefix there.
+  assert train_lib.training_kernel("splash") == "shared_prefix"
+  assert train_lib.training_kernel("pallas_gpu") == "shared_prefix"
+  assert train_lib.training_kernel("reference") == "reference"
+  assert train_lib.training_kernel("shared_prefix") == "shared_prefix"

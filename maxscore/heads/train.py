@@ -162,6 +162,19 @@ def prepare(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str
   return prep
 
 
+# Kernels with a backward pass. splash and pallas_gpu are forward-only Pallas kernels, so training on TPU or
+# GPU differentiates shared_prefix instead: the same attention (ARCHITECTURE.md section 4) in plain XLA.
+DIFFERENTIABLE_KERNELS = ("reference", "shared_prefix")
+
+
+def training_kernel(name: str) -> str:
+  """The attention kernel a training step differentiates: `name` when it has a backward pass, else shared_prefix."""
+  if name in DIFFERENTIABLE_KERNELS:
+    return name
+  logging.info("train: attention %s is forward-only; the training step uses shared_prefix", name)
+  return "shared_prefix"
+
+
 def backbone_decoder(cfg: TrainConfig, scorer: Scorer, mesh: Optional[Mesh] = None) -> Optional[Decoder]:
   """The scorer's decoder for training, when the backbone trains: its attention kernel run per shard of
   `mesh` (None: unsharded, for the dev eval on a host copy), compute in `compute_dtype` (default the
@@ -169,7 +182,7 @@ def backbone_decoder(cfg: TrainConfig, scorer: Scorer, mesh: Optional[Mesh] = No
   if not cfg.train_backbone:
     return None
   runner = scorer.runner
-  attend = sharding_lib.shard_kernel(get_kernel(runner.default_kernel, runner.options), mesh)
+  attend = sharding_lib.shard_kernel(get_kernel(training_kernel(runner.default_kernel), runner.options), mesh)
   dtype = DTYPES[cfg.compute_dtype] if cfg.compute_dtype else runner.dtype
   param_dtype = DTYPES[cfg.param_dtype] if cfg.param_dtype else runner.dtype
   decoder = Decoder(scorer.config.model, attend, dtype=dtype, param_dtype=param_dtype, precision=runner.precision,
