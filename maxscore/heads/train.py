@@ -50,6 +50,7 @@ from typing import Any, Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 from jax.sharding import Mesh
 
 from layers import sharding as sharding_lib
