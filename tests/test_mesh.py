@@ -363,4 +363,7 @@ def test_eval_rerank_two_processes_equals_single_process(tmp_path):
     assert (tmp_path / "multi" / name).read_bytes() == (tmp_path / "single" / name).read_bytes(), name
   summary = json.loads((tmp_path / "multi" / "summary.json").read_text())
   assert summary["processes"] == 2 and summary["data_groups"] == 2
-  assert (tmp_path / "multi" / "run.trec").read_text().count("\n") == 8 * 24
+  # Every candidate of the 8 queries reranked: as many lines as the first stage (BM25's top 30, or fewer
+  # where BM25 matched fewer paragraphs).
+  lines = (tmp_path / "multi" / "run.trec").read_text().count("\n")
+  assert lines == (tmp_path / "single" / "first_stage.trec").read_text().count("\n") and 8 * 20 < lines <= 8 * 30
