@@ -111,6 +111,27 @@ def define_entry_flags(fv: flags.FlagValues, entry: str, sections: Mapping[str, 
     fv.register_flag_by_module(sys.argv[0], fv[key])  # listed by the script's --help, as its own flags
 
 
+def define_job_entry_flags(fv: flags.FlagValues, entry: str, sections: Mapping[str, type]) -> None:
+  """The entry's keys as flags, a repeatable --override (configs/base.yml key=value) and the
+  multi-process flags (--coordinator_address, --num_processes, --process_id, ...)."""
+  from maxscore.distributed import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+  define_entry_flags(fv, entry, sections)
+  flags.DEFINE_multi_string("override", [], "key=value config override (repeatable)", flag_values=fv)
+  mesh_lib.define_flags(fv)
+
+
+def join_job(argv: Sequence[str], fv: flags.FlagValues) -> list[str]:
+  """Joins the jax.distributed job the flags describe (single-process when nothing is set; exit 1 when
+  it cannot: before any other JAX call) and returns the scorer overrides: trailing key=value, then
+  --override."""
+  from maxscore.distributed import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+  try:
+    mesh_lib.initialize_from_flags(fv)
+  except mesh_lib.DistributedError as e:
+    fail(e, 1)
+  return list(argv[1:]) + list(fv.override)
+
+
 def _from_flag(tp: Any, value: Any) -> Any:
   """A flag's value in the form the config loader takes (list items parsed as YAML scalars)."""
   base = _unwrap_optional(tp)

@@ -17,7 +17,6 @@ go to <output_dir>/eval_rerank.log (and the console with -v).
 from absl import flags
 
 from maxscore import cli
-from maxscore.distributed import mesh as mesh_lib
 from maxscore.files import safety
 from maxscore.rerank import data, eval as eval_lib, first_stage, metrics, plots
 
@@ -28,17 +27,11 @@ SECTIONS = {"run": eval_lib.EvalRun, "eval": eval_lib.EvalConfig}
 
 def define_flags(fv: flags.FlagValues) -> None:
   """Every key of configs/eval.yml as a flag, plus --override and the multi-process flags."""
-  cli.define_entry_flags(fv, ENTRY, SECTIONS)
-  flags.DEFINE_multi_string("override", [], "key=value config override (repeatable)", flag_values=fv)
-  mesh_lib.define_flags(fv)
+  cli.define_job_entry_flags(fv, ENTRY, SECTIONS)
 
 
 def main(argv, fv: flags.FlagValues = flags.FLAGS):
-  try:
-    mesh_lib.initialize_from_flags(fv)  # before any other JAX call; single-process when nothing is set
-  except mesh_lib.DistributedError as e:
-    cli.fail(e, 1)
-  overrides = list(argv[1:]) + list(fv.override)
+  overrides = cli.join_job(argv, fv)  # before any other JAX call
   with cli.one_line_errors():
     s = cli.entry_from_flags(fv, ENTRY, SECTIONS)
     run, cfg = s["run"], s["eval"]

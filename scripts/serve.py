@@ -13,7 +13,6 @@ import sys
 from absl import flags
 
 from maxscore import cli, serving
-from maxscore.distributed import mesh as mesh_lib
 
 ENTRY = "serve"
 SECTIONS = {"serve": serving.ServeConfig, "prompt": serving.RerankPrompt}
@@ -21,19 +20,14 @@ SECTIONS = {"serve": serving.ServeConfig, "prompt": serving.RerankPrompt}
 
 def define_flags(fv: flags.FlagValues) -> None:
   """Every key of configs/serve.yml as a flag, plus --override and the multi-process flags (refused when > 1)."""
-  cli.define_entry_flags(fv, ENTRY, SECTIONS)
-  flags.DEFINE_multi_string("override", [], "key=value config override (repeatable)", flag_values=fv)
-  mesh_lib.define_flags(fv)
+  cli.define_job_entry_flags(fv, ENTRY, SECTIONS)
 
 
 def main(argv, fv: flags.FlagValues = flags.FLAGS):
-  try:
-    mesh_lib.initialize_from_flags(fv)
-  except mesh_lib.DistributedError as e:
-    cli.fail(e, 1)
+  overrides = cli.join_job(argv, fv)  # before any other JAX call
   with cli.one_line_errors():
     s = cli.entry_from_flags(fv, ENTRY, SECTIONS)
-    serving.run_server(s["serve"], s["prompt"], list(argv[1:]) + list(fv.override),
+    serving.run_server(s["serve"], s["prompt"], overrides,
                        log=lambda line: print(line, file=sys.stderr, flush=True))
 
 

@@ -23,7 +23,6 @@ import json
 from absl import flags
 
 from maxscore import cli
-from maxscore.distributed import mesh as mesh_lib
 from maxscore.heads import train as train_lib
 from maxscore.rerank import data
 from maxscore.rerank.eval import PromptConfig
@@ -35,17 +34,11 @@ SECTIONS = {"run": train_lib.TrainRun, "train": train_lib.TrainConfig, "prompt":
 def define_flags(fv: flags.FlagValues) -> None:
   """Every key of configs/train.yml as a flag, plus repeatable --override for configs/base.yml and the
   multi-process flags."""
-  cli.define_entry_flags(fv, ENTRY, SECTIONS)
-  flags.DEFINE_multi_string("override", [], "key=value config override (repeatable)", flag_values=fv)
-  mesh_lib.define_flags(fv)
+  cli.define_job_entry_flags(fv, ENTRY, SECTIONS)
 
 
 def main(argv, fv: flags.FlagValues = flags.FLAGS):
-  try:
-    mesh_lib.initialize_from_flags(fv)  # before any other JAX call; single-process when nothing is set
-  except mesh_lib.DistributedError as e:
-    cli.fail(e, 1)
-  overrides = list(argv[1:]) + list(fv.override)
+  overrides = cli.join_job(argv, fv)  # before any other JAX call
   with cli.one_line_errors():
     s = cli.entry_from_flags(fv, ENTRY, SECTIONS)
     run = s["run"]
