@@ -11,7 +11,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -45,20 +44,6 @@ def algorithm(qid: int) -> str:
 def score_config(**overrides):
   from maxscore.config import load_config  # pylint: disable=g-import-not-at-top
   return load_config({"attention": "shared_prefix", "separator_token_id": 3, **overrides})
-
-
-def _env(devices: int) -> dict:
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
-  env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-  for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
-    env.pop(k, None)
-  return env
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 # --- subprocess entry points ---------------------------------------------------------------
@@ -169,6 +154,8 @@ from layers.config import ModelConfig  # noqa: E402
 from layers.sharding import MESH_AXES, ShardingError, batch_axes, check_divisible, rules_for_batch  # noqa: E402
 from maxscore.distributed import mesh as mesh_lib  # noqa: E402
 from maxscore.config import MeshConfig  # noqa: E402
+from maxscore.testing.processes import free_port as _free_port  # noqa: E402
+from maxscore.testing.processes import subprocess_env as _env  # noqa: E402
 
 
 def test_mesh_must_match_the_device_count():

@@ -3,11 +3,9 @@ device, 2 host devices and 2 processes (127.0.0.1) that agree within 1e-5 (float
 2 processes wrote resumed by 1, and the one-line errors."""
 
 import json
-import os
 import pathlib
 import re
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -18,6 +16,8 @@ import optax
 import pytest
 
 from maxscore.checkpoints import storage
+from maxscore.testing.processes import free_port as _free_port
+from maxscore.testing.processes import subprocess_env as _env
 from maxscore.heads import score_heads as heads
 from maxscore.heads import train as train_lib
 from maxscore.training import partition, trainer
@@ -100,18 +100,8 @@ def test_train_state_checkpoint_form_is_the_plain_dict():
 
 
 # --- runs ----------------------------------------------------------------------------------------------------
-def _env(devices: int) -> dict:
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
-             PYTHONPATH=str(REPO))
-  for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
-    env.pop(k, None)
-  return env
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 def _train(root, *extra, processes: int = 1, devices: int = 1, expect: int = 0) -> list[str]:

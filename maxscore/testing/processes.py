@@ -1,0 +1,24 @@
+"""Subprocess helpers for tests that start JAX in other processes (host devices, jax.distributed)."""
+
+import os
+import pathlib
+import socket
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def subprocess_env(devices: int) -> dict:
+  """The environment of a child JAX process with `devices` CPU devices, this checkout first on its path,
+  and no inherited jax.distributed settings."""
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+  env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+  for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    env.pop(k, None)
+  return env
+
+
+def free_port() -> int:
+  """A TCP port on 127.0.0.1 that was free a moment ago (for a jax.distributed coordinator)."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
