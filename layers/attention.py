@@ -31,7 +31,7 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxTxD, positions_BxT, layout: SegmentLayout, prefix_kv: Optional[PrefixKV] = None,
-               is_local: Optional[jax.Array] = None):
+               uses_window: Optional[jax.Array] = None):
     cfg = self.config
     d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
@@ -52,8 +52,8 @@ class Attention(nn.Module):
                                   name=name)
       q_BxTxNxH, k_BxTxKxH = norm("q_norm")(q_BxTxNxH), norm("k_norm")(k_BxTxKxH)
     inv_freq = rope_inv_freq(cfg)
-    if cfg.rope_local_theta is not None and is_local is not None:
-      inv_freq = jnp.where(is_local, jnp.asarray(rope_inv_freq(cfg, local=True)), jnp.asarray(inv_freq))
+    if cfg.rope_local_theta is not None and uses_window is not None:
+      inv_freq = jnp.where(uses_window, jnp.asarray(rope_inv_freq(cfg, local=True)), jnp.asarray(inv_freq))
     q_BxTxNxH = apply_rope(q_BxTxNxH, positions_BxT, inv_freq)
     k_BxTxKxH = apply_rope(k_BxTxKxH, positions_BxT, inv_freq)
     if cfg.query_pre_attn_scalar is not None and cfg.query_pre_attn_scalar != h:
@@ -61,7 +61,7 @@ class Attention(nn.Module):
       q_BxTxNxH = (q_BxTxNxH.astype(jnp.float32) * (cfg.attn_scale * h ** 0.5)).astype(q_BxTxNxH.dtype)
     q_BxTxNxH = nn.with_logical_constraint(q_BxTxNxH, ("activation_batch", "activation_length", "activation_heads",
                                                        "head_dim"))
-    out_BxTxNxH = self._attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout, prefix_kv, is_local)
+    out_BxTxNxH = self._attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout, prefix_kv, uses_window)
     w_o = self.param("o", logical(("heads", "head_dim", "embed")), (n, h, d), self.param_dtype)
     out_BxTxD = jnp.einsum("BTNH,NHD->BTD", out_BxTxNxH.astype(self.dtype), w_o.astype(self.dtype),
                            precision=self.precision)
@@ -73,15 +73,15 @@ class Attention(nn.Module):
                                          (d,), self.param_dtype).astype(self.dtype)
     return out_BxTxD, PrefixKV(k_BxTxKxH, v_BxTxKxH)
 
-  def _attend(self, q, k, v, layout, prefix_kv, is_local):
+  def _attend(self, q, k, v, layout, prefix_kv, uses_window):
     """The kernel with this layer's window: static where every layer agrees, else lax.cond on the flag."""
     cfg = self.config
     call = lambda window: self.attend(q, k, v, layout, prefix_kv, window=window, softcap=cfg.attn_logit_softcap)
-    local = cfg.layer_is_local
-    if cfg.window is None or not any(local):
+    windowed = cfg.layer_uses_window
+    if cfg.window is None or not any(windowed):
       return call(None)
-    if all(local):
+    if all(windowed):
       return call(cfg.sliding_window)
-    if is_local is None:
-      raise ValueError(f"layer_pattern={cfg.layer_pattern!r} mixes local and global layers: pass is_local")
-    return jax.lax.cond(is_local, lambda: call(cfg.sliding_window), lambda: call(None))
+    if uses_window is None:
+      raise ValueError(f"layer_pattern={cfg.layer_pattern!r} mixes local and global layers: pass uses_window")
+    return jax.lax.cond(uses_window, lambda: call(cfg.sliding_window), lambda: call(None))

@@ -71,14 +71,14 @@ class ModelConfig:
     return float(self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
   @property
-  def layer_is_local(self) -> tuple[bool, ...]:
+  def layer_uses_window(self) -> tuple[bool, ...]:
     """Per layer: True where it attends within the sliding window."""
     return tuple(self.layer_pattern[i % len(self.layer_pattern)] == "L" for i in range(self.num_layers))
 
   @property
   def window(self) -> Optional[int]:
     """The sliding window if any layer uses one, else None."""
-    return self.sliding_window if any(self.layer_is_local) else None
+    return self.sliding_window if any(self.layer_uses_window) else None
 
   def validate(self) -> "ModelConfig":
     """Checks cross-field constraints; returns self for chaining."""

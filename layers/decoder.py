@@ -43,13 +43,13 @@ class DecoderLayer(nn.Module):
   lora: Optional[LoraConfig] = None
 
   @nn.compact
-  def __call__(self, x_BxTxD, positions_BxT, layout, prefix_kv: Optional[PrefixKV], is_local_: jax.Array):
+  def __call__(self, x_BxTxD, positions_BxT, layout, prefix_kv: Optional[PrefixKV], uses_window: jax.Array):
     cfg = self.config
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     norm = lambda name: RMSNorm(cfg.rms_norm_eps, plus_one=cfg.gemma_style, name=name, **kw)
     h = norm("input_norm")(x_BxTxD)
     attn, kv = Attention(cfg, self.attend, precision=self.precision, lora=self.lora, name="attn", **kw)(
-        h, positions_BxT, layout, prefix_kv, is_local_)
+        h, positions_BxT, layout, prefix_kv, uses_window)
     x_BxTxD = x_BxTxD + (norm("attn_out_norm")(attn) if cfg.sandwich_norm else attn)
     h = norm("post_attn_norm")(x_BxTxD)
     act = "gelu_tanh" if cfg.gemma_style else "silu"
@@ -97,9 +97,9 @@ class Decoder(nn.Module):
     return self.final_norm(x_BxTxD), kv
 
   def run_layers(self, x_BxTxD, positions_BxT, layout: SegmentLayout, prefix_kv: Optional[PrefixKV] = None):
-    """The scanned layer stack on embeddings [B, T, D] (each layer gets its local/global flag)."""
-    is_local_L = jnp.asarray(self.config.layer_is_local)
-    return self.layers(x_BxTxD, positions_BxT, layout, prefix_kv, is_local_L)
+    """The scanned layer stack on embeddings [B, T, D] (each layer gets its sliding-window flag)."""
+    uses_window_L = jnp.asarray(self.config.layer_uses_window)
+    return self.layers(x_BxTxD, positions_BxT, layout, prefix_kv, uses_window_L)
 
   @staticmethod
   def residuals(intermediates) -> jax.Array:

@@ -153,13 +153,13 @@ def _lora_hidden(decoder: Decoder, params: dict, lora: LoraConfig, tokens_BxT, p
   scale = lora.alpha / lora.rank
 
   def body(x_BxTxD, per_layer):
-    layer_params, lora_layer, is_local = per_layer
+    layer_params, lora_layer, uses_window = per_layer
     merged = _merge_layer(layer_params, lora_layer, scale)
-    return layer.apply({"params": merged}, x_BxTxD, positions_BxT, layout, None, is_local)[0], None
+    return layer.apply({"params": merged}, x_BxTxD, positions_BxT, layout, None, uses_window)[0], None
 
   body = jax.checkpoint(body, prevent_cse=False) if remat else body
   x_BxTxD = decoder.apply({"params": backbone}, tokens_BxT, method=lambda m, t: m.embed(t))
-  xs = (backbone["layers"], params["lora"], jnp.asarray(cfg.layer_is_local))
+  xs = (backbone["layers"], params["lora"], jnp.asarray(cfg.layer_uses_window))
   x_BxTxD, _ = jax.lax.scan(body, x_BxTxD, xs)
   return decoder.apply({"params": backbone}, x_BxTxD, method=lambda m, x: m.final_norm(x))
 

@@ -77,16 +77,16 @@ class ConversionError(ValueError):
   """The Hugging Face directory cannot be converted; the message names the file or key."""
 
 
-def _pattern(is_local: list[bool]) -> str:
-  """The shortest G/L string that, cycled, gives the per-layer local flags."""
-  letters = "".join("L" if x else "G" for x in is_local) or "G"
+def _pattern(uses_window: list[bool]) -> str:
+  """The shortest layer_pattern (G: global attention, L: sliding window) that, cycled, gives `uses_window`."""
+  letters = "".join("L" if x else "G" for x in uses_window) or "G"
   for p in range(1, len(letters) + 1):
     if all(letters[i] == letters[i % p] for i in range(len(letters))):
       return letters[:p]
   return letters
 
 
-def _layer_is_local(hf: dict[str, Any], model_type: str, layers: int) -> list[bool]:
+def _layer_uses_window(hf: dict[str, Any], model_type: str, layers: int) -> list[bool]:
   """Per layer: sliding-window attention? From `layer_types`, else each family's default rule."""
   types = hf.get("layer_types")
   if types is not None:
@@ -173,7 +173,7 @@ def model_config_from_hf(hf: dict[str, Any]) -> ModelConfig:
     raise ConversionError(f"config.json rope_type={rope['rope_type']!r} is not supported; supported: default, "
                           "linear, llama3")
   heads, layers = hf["num_attention_heads"], hf["num_hidden_layers"]
-  pattern = _pattern(_layer_is_local(hf, model_type, layers))
+  pattern = _pattern(_layer_uses_window(hf, model_type, layers))
   kw = dict(
       family=family, vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
       num_layers=layers, num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,

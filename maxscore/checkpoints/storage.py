@@ -127,7 +127,8 @@ def write_checkpoint_files(directory: pathlib.Path, params: Any, model: ModelCon
 
 def params_digest(directory: os.PathLike) -> str:
   """The stored params_sha256 of a checkpoint, after checking each parameter file's size against the
-  stored manifest (cheap); checkpoints written before digests existed are hashed now."""
+  stored manifest (cheap); a checkpoint whose maxscore.json holds no digest or manifest has its params hashed
+  now."""
   directory = pathlib.Path(directory)
   meta = _read_meta(directory)
   params_dir = directory / "params"

@@ -48,8 +48,8 @@ def _rates(model_cfg: ModelConfig, lm_head_cols: Optional[int] = None) -> tuple[
 
 def _layer_windows(model_cfg: ModelConfig) -> tuple[tuple[int, Optional[int]], ...]:
   """(number of layers, their window) for the global layers and the sliding-window (local) layers."""
-  local = sum(model_cfg.layer_is_local) if model_cfg.window is not None else 0
-  return (model_cfg.num_layers - local, None), (local, model_cfg.window)
+  windowed = sum(model_cfg.layer_uses_window) if model_cfg.window is not None else 0
+  return (model_cfg.num_layers - windowed, None), (windowed, model_cfg.window)
 
 
 def program_flops(model_cfg: ModelConfig, batch: int, prefix_len: int, slot_len: int, num_slots: int,
