@@ -16,6 +16,7 @@ from typing import Any, Literal, Mapping, Optional, Sequence
 import yaml
 
 from layers.config import ModelConfig
+from layers.kernels import KernelOptions
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
 
@@ -53,15 +54,15 @@ class ScoringConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class KernelConfig:
-  """Attention kernel choice and its block sizes (docs/ARCHITECTURE.md section 4)."""
+class KernelConfig(KernelOptions):
+  """The attention kernel choice, plus the KernelOptions every kernel reads (block sizes, limits,
+  interpret mode; layers/kernels/base.py) as keys of their own (docs/ARCHITECTURE.md section 4)."""
   attention: Literal["reference", "shared_prefix", "splash", "pallas_gpu", "auto"] = "auto"
-  max_reference_len: int = 8192
-  splash_block_q: int = 512
-  splash_block_kv: int = 512
-  gpu_block_q: int = 64
-  gpu_block_kv: int = 64
-  kernel_interpret: bool = False
+
+  def options(self) -> KernelOptions:
+    """The kernel settings without the choice: bound kernels compare equal whether `attention` named them or
+    auto picked them."""
+    return KernelOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(KernelOptions)})
 
 
 @dataclasses.dataclass(frozen=True)

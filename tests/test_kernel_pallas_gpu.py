@@ -38,7 +38,7 @@ def _check(p, n, l, group, blocks, h=16, prefix_kv=False, seed=0):
   t = layout.row_len - (p if prefix_kv else 0)
   q, k, v = _qkv(rng, b, t, kh * group, kh, h)
   pkv = PrefixKV(*_qkv(rng, 1, p, kh, kh, h)[1:]) if prefix_kv else None
-  options = KernelOptions(gpu_block_q=blocks[0], gpu_block_kv=blocks[1], interpret=True)
+  options = KernelOptions(gpu_block_q=blocks[0], gpu_block_kv=blocks[1], kernel_interpret=True)
   out = np.asarray(_pallas(q, k, v, layout, pkv, options))
   want = np.asarray(reference.attend(q, k, v, layout, pkv, options=options))
   assert out.shape == want.shape and out.dtype == want.dtype
@@ -77,7 +77,7 @@ def test_empty_prefix_row_is_finite():
   rng = np.random.default_rng(3)
   layout = SegmentLayout(jnp.array([0, 4], jnp.int32), jnp.array([[3, 0], [5, 2]], jnp.int32), 8, 5, 2)
   q, k, v = _qkv(rng, 2, layout.row_len, 2, 1, 16)
-  options = KernelOptions(gpu_block_q=8, gpu_block_kv=8, interpret=True)
+  options = KernelOptions(gpu_block_q=8, gpu_block_kv=8, kernel_interpret=True)
   out = np.asarray(_pallas(q, k, v, layout, None, options))
   want = np.asarray(reference.attend(q, k, v, layout, options=options))
   real_BxT = np.asarray(layout.segment_ids()) >= 0
@@ -92,7 +92,7 @@ def test_skipped_blocks_are_never_read():
   q, k, v = _qkv(rng, 1, layout.row_len, 2, 1, 16)
   poison_T = np.zeros(layout.row_len, bool)
   poison_T[16:32] = poison_T[48:64] = True  # prefix padding block; the block of item 2 (segment 2)
-  options = KernelOptions(gpu_block_q=16, gpu_block_kv=16, interpret=True)
+  options = KernelOptions(gpu_block_q=16, gpu_block_kv=16, kernel_interpret=True)
   nan = lambda x: jnp.where(poison_T[None, :, None, None], jnp.nan, x)
   out = np.asarray(_pallas(q, nan(k), nan(v), layout, None, options))
   zero = lambda x: jnp.where(poison_T[None, :, None, None], 0.0, x)
@@ -106,7 +106,7 @@ def test_bfloat16_keeps_dtype():
   rng = np.random.default_rng(4)
   layout = _layout(rng, 2, 17, 6, 3)
   q, k, v = _qkv(rng, 2, layout.row_len, 4, 2, 16, jnp.bfloat16)
-  options = KernelOptions(gpu_block_q=16, gpu_block_kv=16, interpret=True)
+  options = KernelOptions(gpu_block_q=16, gpu_block_kv=16, kernel_interpret=True)
   out = _pallas(q, k, v, layout, None, options)
   want = reference.attend(q, k, v, layout, options=options)
   assert out.dtype == jnp.bfloat16

@@ -11,7 +11,7 @@ from layers.kernels import reference, splash
 from layers.kernels.base import KernelOptions, PrefixKV, SegmentLayout
 
 # Interpret mode needs block_kv to be a multiple of 128; block_q may be small.
-_OPTIONS = KernelOptions(splash_block_q=32, splash_block_kv=128, interpret=True)
+_OPTIONS = KernelOptions(splash_block_q=32, splash_block_kv=128, kernel_interpret=True)
 
 
 def _case(seed, batch, prefix_len, num_slots, slot_len, heads, kv_heads, head_dim=8, with_prefix_kv=False):
@@ -61,7 +61,7 @@ def test_matches_reference(prefix_len, num_slots, slot_len, heads, kv_heads):
 
 def test_skipped_item_tiles_match_reference():
   """Long items: whole kv tiles of earlier items are skipped for later items' q-blocks."""
-  options = KernelOptions(splash_block_q=64, splash_block_kv=128, interpret=True)
+  options = KernelOptions(splash_block_q=64, splash_block_kv=128, kernel_interpret=True)
   stats = splash.block_skip_stats(1, 128, 4, 64, 128)
   causal_tiles = sum((i * 64 + 63) // 128 + 1 for i in range(9))  # 25 of the 9x5 grid
   assert stats["active_blocks"] < causal_tiles
@@ -92,7 +92,7 @@ def test_bfloat16_keeps_dtype():
 @pytest.mark.parametrize("with_prefix_kv", [False, True])
 def test_long_prefix_matches_reference(with_prefix_kv):
   q, k, v, layout, prefix_kv = _case(5, 2, 700, 5, 40, 4, 2, with_prefix_kv=with_prefix_kv)
-  _check(q, k, v, layout, prefix_kv, KernelOptions(splash_block_q=128, splash_block_kv=128, interpret=True))
+  _check(q, k, v, layout, prefix_kv, KernelOptions(splash_block_q=128, splash_block_kv=128, kernel_interpret=True))
 
 
 def test_mask_is_the_layout_rule():

@@ -18,8 +18,8 @@ from layers.kernels import pallas_gpu, reference, shared_prefix, splash
 P, N, L = 8, 3, 5
 OPTIONS = {
     "shared_prefix": KernelOptions(),
-    "splash": KernelOptions(splash_block_q=16, splash_block_kv=128, interpret=True),
-    "pallas_gpu": KernelOptions(gpu_block_q=8, gpu_block_kv=8, interpret=True),
+    "splash": KernelOptions(splash_block_q=16, splash_block_kv=128, kernel_interpret=True),
+    "pallas_gpu": KernelOptions(gpu_block_q=8, gpu_block_kv=8, kernel_interpret=True),
 }
 MODULES = {"shared_prefix": shared_prefix, "splash": splash, "pallas_gpu": pallas_gpu}
 

@@ -100,13 +100,14 @@ class PrefixKV(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class KernelOptions:
-  """Static kernel settings (hashable, so a bound kernel can be a jit static argument)."""
+  """Static kernel settings (hashable, so a bound kernel can be a jit static argument). Each field is also
+  the configs/base.yml key of the same name."""
   max_reference_len: int = 8192
   splash_block_q: int = 512
   splash_block_kv: int = 512
   gpu_block_q: int = 64
   gpu_block_kv: int = 64
-  interpret: bool = False
+  kernel_interpret: bool = False  # run the Pallas kernels in interpret mode (CPU)
 
 
 # name -> module path; each module defines `attend(q, k, v, layout, prefix_kv, *, options)`.

@@ -111,9 +111,9 @@ def attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout: SegmentLayout, prefix_kv: Op
   spos_k_BxS = layout.serial_positions(include_prefix=True)
   k_BxTxKxH, v_BxTxKxH, _ = with_prefix(k_BxTxKxH, v_BxTxKxH, prefix_kv)
   s = k_BxTxKxH.shape[1]
-  bq = _block(options.gpu_block_q, t, "gpu_block_q", options.interpret)
-  bk = _block(options.gpu_block_kv, s, "gpu_block_kv", options.interpret)
-  hp = _block(pl.next_power_of_2(h), h, "head_dim", options.interpret)
+  bq = _block(options.gpu_block_q, t, "gpu_block_q", options.kernel_interpret)
+  bk = _block(options.gpu_block_kv, s, "gpu_block_kv", options.kernel_interpret)
+  hp = _block(pl.next_power_of_2(h), h, "head_dim", options.kernel_interpret)
   tp, sp = -(-t // bq) * bq, -(-s // bk) * bk
   q = _pad(_pad(q_BxTxNxH, 1, tp), 3, hp)
   k = _pad(_pad(k_BxTxKxH, 1, sp), 3, hp).astype(q.dtype)
@@ -147,7 +147,7 @@ def attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout: SegmentLayout, prefix_kv: Op
       out_specs=q_spec,
       out_shape=jax.ShapeDtypeStruct((b, tp, nh, hp), q.dtype),
       compiler_params=plgpu.CompilerParams(num_warps=4 if hp <= 64 else 8, num_stages=2),
-      interpret=options.interpret,
+      interpret=options.kernel_interpret,
       name="packed_flash_forward",
   )(bounds_BxQx4, seg_q_BxT, seg_k_BxS, spos_q_BxT, spos_k_BxS, q, k, v)
   return out[:, :t, :, :h]

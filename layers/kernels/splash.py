@@ -133,7 +133,7 @@ def attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout: SegmentLayout, prefix_kv: Op
       q_BxTxNxH, seg_q_BxT = _rotate_prefix(q_BxTxNxH, shift_B, p), seg_kv_BxS
   block_q, block_kv, q_pad, kv_pad = _geometry(t, offset, options)
   mask = MultiItemMask((q_pad, kv_pad), p, layout.slot_len, offset, window=window)
-  kernel = make_kernel(mask, nh, block_q, block_kv, options.interpret, softcap)
+  kernel = make_kernel(mask, nh, block_q, block_kv, options.kernel_interpret, softcap)
 
   q = (q_BxTxNxH.astype(jnp.float32) * (h ** -0.5)).astype(dtype)
   q_BxNxTxH = _pad_axis1(q, q_pad).transpose(0, 2, 1, 3)

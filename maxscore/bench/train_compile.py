@@ -40,7 +40,7 @@ from maxscore.heads.train_config import TrainError
 from maxscore.distributed import mesh as mesh_lib
 from maxscore.scoring import cost_model
 from maxscore.scoring.layout import bucket
-from maxscore.scoring.runner import DTYPES, kernel_options
+from maxscore.scoring.runner import DTYPES
 
 REMAT = ("per_layer", "none")
 TRAIN_KERNELS = {"auto": "shared_prefix", "shared_prefix": "shared_prefix", "reference": "reference"}
@@ -185,7 +185,7 @@ def make_target(config: Config, mesh: Mesh, chip: chips.Chip, devices_per_chip: 
                      f"{sorted(TRAIN_KERNELS)} (auto = shared_prefix)")
   sharding.check_divisible(config.model, mesh)
   kernel = TRAIN_KERNELS[config.kernel.attention]
-  attend = sharding.shard_kernel(get_kernel(kernel, kernel_options(config.kernel)), mesh)
+  attend = sharding.shard_kernel(get_kernel(kernel, config.kernel.options()), mesh)
   mode, remat = options.train, options.remat == "per_layer"
   decoder = tp.make_decoder(config.model, attend, mode, DTYPES[config.runtime.dtype], remat,
                             config.runtime.matmul_precision)

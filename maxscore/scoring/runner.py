@@ -25,7 +25,7 @@ import numpy as np
 from layers import sharding
 from layers.config import ModelConfig
 from layers.decoder import Decoder
-from layers.kernels import KernelOptions, PrefixKV, SegmentLayout, get_kernel
+from layers.kernels import PrefixKV, SegmentLayout, get_kernel
 from layers.kernels.base import resolve_auto
 from maxscore.config import KernelConfig, RuntimeConfig
 
@@ -72,12 +72,6 @@ def is_abstract(params: Any) -> bool:
 def _spec(x: Any) -> tuple[tuple[int, ...], str]:
   """(shape, dtype name) of an array, host value or ShapeDtypeStruct: what an executable is keyed by."""
   return tuple(np.shape(x)), np.dtype(x.dtype if hasattr(x, "dtype") else np.result_type(x)).name
-
-
-def kernel_options(cfg: KernelConfig) -> KernelOptions:
-  return KernelOptions(max_reference_len=cfg.max_reference_len, splash_block_q=cfg.splash_block_q,
-                       splash_block_kv=cfg.splash_block_kv, gpu_block_q=cfg.gpu_block_q,
-                       gpu_block_kv=cfg.gpu_block_kv, interpret=cfg.kernel_interpret)
 
 
 def label_logprobs(decoder: Decoder, params, hidden_BxNxD, label_ids_K):
@@ -128,7 +122,7 @@ class ModelRunner:
     self.mesh = mesh  # None: one device; else params sharded by layers/sharding.py, inputs placed per call
     self.dtype = DTYPES[runtime.dtype]
     self.precision = runtime.matmul_precision
-    self.options = kernel_options(kernel)
+    self.options = kernel.options()
     # auto resolves for the devices the programs are built for (a described TPU topology: splash).
     platform = None if mesh is None else mesh.devices.flat[0].platform
     self.default_kernel = resolve_auto(platform) if kernel.attention == "auto" else kernel.attention
