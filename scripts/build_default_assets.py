@@ -47,7 +47,7 @@ from maxscore.lm import default_set
 from maxscore.lm import pairs as pairs_lib
 from maxscore.lm import pretrain as pretrain_lib
 from maxscore.rerank import data
-from maxscore.rerank.eval import PromptConfig
+from maxscore.rerank.prompts import PromptConfig
 from maxscore.testing.tokenizers import sample_texts
 
 

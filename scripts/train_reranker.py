@@ -25,7 +25,7 @@ from absl import flags
 from maxscore import cli
 from maxscore.heads import train as train_lib
 from maxscore.rerank import data
-from maxscore.rerank.eval import PromptConfig
+from maxscore.rerank.prompts import PromptConfig
 
 ENTRY = "train"
 SECTIONS = {"run": train_lib.TrainRun, "train": train_lib.TrainConfig, "prompt": PromptConfig}

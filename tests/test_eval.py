@@ -65,7 +65,7 @@ def _outputs(out):
   return {n: (out / n).read_bytes() for n in ("run.trec", "metrics_per_query.jsonl", "metrics.json")}
 
 
-def _check_outputs(out, dataset, metric_names=eval_lib.DEFAULT_METRICS):
+def _check_outputs(out, dataset, metric_names=prompts.DEFAULT_METRICS):
   """run.trec is a well-formed TREC run and every metric file equals metrics.evaluate on it."""
   run = data.read_trec_run(out / "run.trec")
   by_qid = {}

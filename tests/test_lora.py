@@ -133,7 +133,7 @@ def test_unknown_target_is_a_one_line_error_naming_the_valid_ones():
 def test_lora_rank_needs_train_backbone_and_sane_values():
   from maxscore.config import ConfigError, load_entry
   from maxscore.heads.train_config import TrainConfig, TrainError, TrainRun
-  from maxscore.rerank.eval import PromptConfig
+  from maxscore.rerank.prompts import PromptConfig
   with pytest.raises(TrainError, match=r"lora_rank=8 .*train_backbone=true"):
     TrainConfig(lora_rank=8).validate()
   for bad in (dict(lora_rank=-1), dict(lora_rank=4, lora_alpha=0.0), dict(lora_rank=4, lora_targets=())):

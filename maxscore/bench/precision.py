@@ -13,7 +13,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from maxscore.rerank import data, metrics, prompts
-from maxscore.rerank.eval import SCORE_MODES, EvalConfig
+from maxscore.rerank.eval import EvalConfig
+from maxscore.rerank.prompts import SCORE_MODES
 from maxscore.scoring.scorer import Scorer, finalize_scores
 
 

@@ -31,7 +31,6 @@ from maxscore.errors import UnsafeOutputError
 from maxscore.files import identity, safety
 from maxscore.rerank import prompts
 from maxscore.rerank.data import RerankSet
-from maxscore.rerank.eval import PromptConfig
 from maxscore.scoring.layout import RowSpec, bucket, pack_rows
 from maxscore.scoring.runner import label_logprobs, packed_hidden
 from maxscore.scoring.requests import TokenRequest
@@ -69,7 +68,8 @@ class Examples:
     return h.hexdigest()[:16]
 
 
-def make_examples(scorer: Scorer, dataset: RerankSet, prompt: PromptConfig, label_ids: Sequence[int]) -> Examples:
+def make_examples(scorer: Scorer, dataset: RerankSet, prompt: prompts.PromptConfig,
+                  label_ids: Sequence[int]) -> Examples:
   """Token requests for every query with candidates, built as eval builds them."""
   template = prompts.get_template(prompt.template)
   builder = prompts.PromptBuilder(scorer.tokenizer, template, prompt.instruction, prompt.max_query_tokens,

@@ -80,7 +80,8 @@ from maxscore.training.metrics_log import MetricsLog
 from maxscore.training.optimizer import make_optimizer  # noqa: F401  (re-exported)
 from maxscore.rerank import data, metrics, prompts
 from maxscore.rerank.data import RerankSet
-from maxscore.rerank.eval import SCORE_MODES, PromptConfig, build_scorer
+from maxscore.rerank.eval import build_scorer
+from maxscore.rerank.prompts import SCORE_MODES, PromptConfig
 from maxscore.scoring.runner import DTYPES
 from maxscore.scoring.scorer import Scorer, finalize_scores
 

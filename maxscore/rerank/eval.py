@@ -43,7 +43,6 @@ from maxscore.files import identity, safety
 from maxscore.scoring.scorer import Scorer
 from maxscore.training import lora
 
-DEFAULT_METRICS = ("ndcg@10", "mrr@10", "map", "recall@10", "p@10")
 RESULTS_FILE = "results.jsonl"
 OUTPUT_FILES = (RESULTS_FILE, "run.trec", "metrics_per_query.jsonl", "metrics.json", "summary.json",
                 first_stage.RUN_FILE, stages.RUN_FILE)
@@ -54,55 +53,8 @@ ResumeError = errors.ResumeError  # output_dir holds results of a different eval
 RESTART = "pass --overwrite to start over, or use a new --output_dir"
 
 
-def _p_first(scores_NxK: np.ndarray) -> np.ndarray:
-  return scores_NxK[:, 0]
-
-
-def _log_odds(scores_NxK: np.ndarray) -> np.ndarray:
-  with np.errstate(divide="ignore"):
-    return np.log(scores_NxK[:, 0]) - np.log(scores_NxK[:, 1])
-
-
-# name -> (apply_softmax, ranking score from the [N, K] scores). log_odds reads the label softmax:
-# log p0 - log p1 is the same with or without it (the vocabulary log-sum-exp cancels), the softmax
-# needs only the label rows of the lm_head (docs/ARCHITECTURE.md section 3), and its probabilities are at
-# least the full-vocabulary ones, so they underflow no earlier. raw_logit (apply_softmax None)
-# ranks by the first label's raw lm_head logit (Scorer.label_logits), as FlagEmbedding's LLM
-# rerankers do; it can order items differently from p_first (the vocabulary log-sum-exp varies).
-SCORE_MODES = {"p_first": (True, _p_first), "log_odds": (True, _log_odds), "raw_logit": (None, _p_first)}
-
-
 @dataclasses.dataclass(frozen=True)
-class PromptConfig:
-  """How prompts and ranking scores are built from a rerank set (the eval and head training share it)."""
-  template: str = "plain"                  # a name in maxscore.rerank.prompts.TEMPLATES
-  instruction: str = prompts.DEFAULT_INSTRUCTION
-  labels: tuple[str, ...] = ()             # label words or ids; () = the template's default labels
-  score_mode: Literal["p_first", "log_odds", "raw_logit"] = "p_first"
-  max_query_tokens: int = 512              # the query text is cut to this many tokens; 0 = no limit
-  max_item_tokens: int = 512               # each document is cut to this many tokens; 0 = no limit
-  metrics: tuple[str, ...] = DEFAULT_METRICS
-
-  def validate(self):
-    prompts.get_template(self.template)
-    if self.score_mode not in SCORE_MODES:
-      raise data.DataError(f"score_mode={self.score_mode!r} is not one of {sorted(SCORE_MODES)}")
-    labels = self.labels or prompts.TEMPLATES[self.template].default_labels
-    if len(labels) < 2:
-      raise data.DataError(f"score_mode={self.score_mode} needs 2 labels (positive first), got {list(labels)}")
-    for name in ("max_query_tokens", "max_item_tokens"):
-      if getattr(self, name) < 0:
-        raise data.DataError(f"{name}={getattr(self, name)} must be >= 0")
-    for m in self.metrics:
-      try:
-        metrics.canonical_name(m)
-      except ValueError as e:
-        raise data.DataError(str(e)) from None
-    return self
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalConfig(PromptConfig):
+class EvalConfig(prompts.PromptConfig):
   """The eval's own knobs: its prompts, plus the run file's tag and a query limit (the scorer's
   knobs come from configs/base.yml)."""
   run_tag: str = "maxscore"                # last column of run.trec
@@ -261,7 +213,7 @@ def _score_query(scorer: Scorer, builder: prompts.PromptBuilder, q: data.RerankQ
   compiled_before = len(scorer.runner.compiled_shapes)
   query_ids, query_truncated = builder.query(q.query)
   items = [builder.item(text) for _, text in q.candidates]
-  apply_softmax, rank_fn = SCORE_MODES[cfg.score_mode]
+  apply_softmax, rank_fn = prompts.SCORE_MODES[cfg.score_mode]
   scorer.prefix_cache.clear()
   try:
     if apply_softmax is None:

@@ -16,18 +16,25 @@ document last in the user turn so everything before it is the shared prefix.
 
 Truncation is token-level on the fields: a query or document longer than its limit is cut
 to its first `max_*_tokens` tokens (decoded back to text) before it is put in the template.
+
+`PromptConfig` names a template with its labels, score mode (`SCORE_MODES`: the ranking score read from
+the label scores) and truncation: the settings the eval, head training and the server share.
 """
 
 import dataclasses
 import functools
 import json
 import pathlib
-from typing import Optional, Sequence
+from typing import Literal, Optional, Sequence
+
+import numpy as np
 
 from maxscore.errors import ScoreInputError
 from maxscore.checkpoints.tokenizer import Tokenizer
+from maxscore.rerank import data, metrics
 
 DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+DEFAULT_METRICS = ("ndcg@10", "mrr@10", "map", "recall@10", "p@10")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,3 +203,51 @@ class PromptBuilder:
     """(item-side token ids, whether the document was truncated)."""
     doc, truncated = self._truncate(doc, self.max_item_tokens)
     return self._encode(self.template.item_segments, doc=doc), truncated
+
+
+# --- ranking scores and the prompt settings ------------------------------------------------------
+def _p_first(scores_NxK: np.ndarray) -> np.ndarray:
+  return scores_NxK[:, 0]
+
+
+def _log_odds(scores_NxK: np.ndarray) -> np.ndarray:
+  with np.errstate(divide="ignore"):
+    return np.log(scores_NxK[:, 0]) - np.log(scores_NxK[:, 1])
+
+
+# name -> (apply_softmax, ranking score from the [N, K] scores). log_odds reads the label softmax:
+# log p0 - log p1 is the same with or without it (the vocabulary log-sum-exp cancels), the softmax
+# needs only the label rows of the lm_head (docs/ARCHITECTURE.md section 3), and its probabilities are at
+# least the full-vocabulary ones, so they underflow no earlier. raw_logit (apply_softmax None)
+# ranks by the first label's raw lm_head logit (Scorer.label_logits), as FlagEmbedding's LLM
+# rerankers do; it can order items differently from p_first (the vocabulary log-sum-exp varies).
+SCORE_MODES = {"p_first": (True, _p_first), "log_odds": (True, _log_odds), "raw_logit": (None, _p_first)}
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptConfig:
+  """How prompts and ranking scores are built from a rerank set (the eval and head training share it)."""
+  template: str = "plain"                  # a name in TEMPLATES
+  instruction: str = DEFAULT_INSTRUCTION
+  labels: tuple[str, ...] = ()             # label words or ids; () = the template's default labels
+  score_mode: Literal["p_first", "log_odds", "raw_logit"] = "p_first"
+  max_query_tokens: int = 512              # the query text is cut to this many tokens; 0 = no limit
+  max_item_tokens: int = 512               # each document is cut to this many tokens; 0 = no limit
+  metrics: tuple[str, ...] = DEFAULT_METRICS
+
+  def validate(self):
+    get_template(self.template)
+    if self.score_mode not in SCORE_MODES:
+      raise data.DataError(f"score_mode={self.score_mode!r} is not one of {sorted(SCORE_MODES)}")
+    labels = self.labels or TEMPLATES[self.template].default_labels
+    if len(labels) < 2:
+      raise data.DataError(f"score_mode={self.score_mode} needs 2 labels (positive first), got {list(labels)}")
+    for name in ("max_query_tokens", "max_item_tokens"):
+      if getattr(self, name) < 0:
+        raise data.DataError(f"{name}={getattr(self, name)} must be >= 0")
+    for m in self.metrics:
+      try:
+        metrics.canonical_name(m)
+      except ValueError as e:
+        raise data.DataError(str(e)) from None
+    return self

@@ -4,7 +4,7 @@ knobs (ServeConfig) and the /v1/rerank prompt (RerankPrompt, the eval's template
 import dataclasses
 from typing import Literal, Optional
 
-from maxscore.rerank import eval as eval_lib, prompts
+from maxscore.rerank import prompts
 
 
 class ServeError(ValueError):
@@ -56,8 +56,8 @@ class RerankPrompt:
   max_query_tokens: int = 512
   max_item_tokens: int = 512
 
-  def prompt_config(self) -> eval_lib.PromptConfig:
-    return eval_lib.PromptConfig(**dataclasses.asdict(self))
+  def prompt_config(self) -> prompts.PromptConfig:
+    return prompts.PromptConfig(**dataclasses.asdict(self))
 
   def validate(self) -> "RerankPrompt":
     self.prompt_config().validate()

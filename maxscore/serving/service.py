@@ -3,7 +3,7 @@ batch, warmup. No HTTP here (maxscore/serving/app.py puts this behind FastAPI).
 
 /v1/score requests are checked by the Scorer's own validation (Scorer.validate: the same
 ScoreInputError messages as scripts/score.py) and scored as Scorer.score scores them. /v1/rerank
-builds its prompts with the eval's PromptBuilder, labels and SCORE_MODES (maxscore/rerank/eval.py),
+builds its prompts with the eval's PromptBuilder, labels and SCORE_MODES (maxscore/rerank/prompts.py),
 and, as the eval does, clears the prefix cache before each model call, so the algorithm (and every
 float) depends only on the requests' geometry: the server ranks as eval_rerank.py ranks.
 """
@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from maxscore.errors import ScoreInputError
-from maxscore.rerank import eval as eval_lib, prompts
+from maxscore.rerank import prompts
 from maxscore.scoring.requests import TokenRequest, validate_request
 from maxscore.scoring.scorer import REQUEST_FIELDS, ScoreResult
 from maxscore.serving import batching, schemas
@@ -36,7 +36,7 @@ class ScoringService:
   def __init__(self, scorer: Any, cfg: ServeConfig, prompt: RerankPrompt = RerankPrompt()):
     self.scorer, self.cfg, self.prompt = scorer, cfg.validate(), prompt.validate()
     self.model_name = cfg.served_model_name or scorer.model_name
-    self.apply_softmax, self.rank_fn = eval_lib.SCORE_MODES[prompt.score_mode]
+    self.apply_softmax, self.rank_fn = prompts.SCORE_MODES[prompt.score_mode]
     if self.apply_softmax is None and getattr(scorer, "head_config", None) is not None:
       raise ServeError("score_mode=raw_logit ranks by the backbone's raw label logits, which a score head does not "
                        "produce; start with --nouse_head or score_mode=p_first/log_odds")
