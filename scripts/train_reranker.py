@@ -42,10 +42,9 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
   with cli.one_line_errors():
     s = cli.entry_from_flags(fv, ENTRY, SECTIONS)
     run = s["run"]
-    jsonl = run.jsonl if (run.jsonl or run.data_dir or run.run_file) else str(data.DEFAULT_JSONL)
-    train_set = data.load_rerank_set(jsonl, run.data_dir, run.run_file, run.train_split, run.rerank_top_k)
-    dev_set = data.load_rerank_set(jsonl, run.data_dir, run.run_file, run.dev_split, run.rerank_top_k) \
-        if run.dev_split else None
+    sources = data.sources_or_default(run.jsonl, run.data_dir, run.run_file, "train")
+    train_set = data.load_rerank_set(*sources, run.train_split, run.rerank_top_k)
+    dev_set = data.load_rerank_set(*sources, run.dev_split, run.rerank_top_k) if run.dev_split else None
     if run.max_train_queries:
       train_set.queries = train_set.queries[:run.max_train_queries]
     if dev_set is not None and run.max_dev_queries:

@@ -20,7 +20,7 @@ import hashlib
 import json
 import os
 import pathlib
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Literal, Optional, Sequence
 
 import numpy as np
 from absl import logging
@@ -410,6 +410,16 @@ def load_rerank_set(jsonl: Optional[os.PathLike] = None, data_dir: Optional[os.P
   if not data_dir or not run_file:
     raise DataError("a BEIR dataset needs both --data_dir and --run_file (the first-stage run to rerank)")
   return load_beir(data_dir, run_file, split, top_k, skip_bad)
+
+
+def sources_or_default(jsonl: Optional[str], data_dir: Optional[str], run_file: Optional[str],
+                       use: Literal["eval", "train"]) -> tuple[Optional[str], Optional[str], Optional[str]]:
+  """(jsonl, data_dir, run_file) as given, or the embedded default set's when none is given: the eval reranks
+  its BEIR layout with the BM25 run (a real first stage), training reads its JSONL form (whose `split`
+  fields hold train and dev)."""
+  if jsonl or data_dir or run_file:
+    return jsonl, data_dir, run_file
+  return (None, str(DEFAULT_BEIR_DIR), str(DEFAULT_RUN)) if use == "eval" else (str(DEFAULT_JSONL), None, None)
 
 
 def input_paths(rset: RerankSet) -> list[str]:

@@ -140,9 +140,7 @@ def build_scorer(checkpoint_dir: Optional[str] = None, overrides: Sequence[str] 
 def load_data(run: EvalRun, cfg: EvalConfig) -> tuple[RerankSet, Optional[RerankSet]]:
   """(the split to evaluate, the dev split when fusion_alpha=dev tunes on it) from the run's inputs; none
   given = the embedded default (its BEIR layout and BM25 run)."""
-  sources = (run.jsonl, run.data_dir, run.run_file)
-  if not any(sources):
-    sources = (None, str(data.DEFAULT_BEIR_DIR), str(data.DEFAULT_RUN))
+  sources = data.sources_or_default(run.jsonl, run.data_dir, run.run_file, "eval")
   dataset = data.load_rerank_set(*sources, run.split, run.rerank_top_k, run.skip_bad)
   if cfg.fusion != "interpolate" or fusion.parse_alpha(cfg.fusion_alpha) is not None:
     return dataset, None
