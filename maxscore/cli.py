@@ -1,6 +1,9 @@
 """What every absl entry script shares: one-line errors with an exit code, quiet consoles (library INFO
 logs to a file), flags defined from the one config system, and flag parsing for tests.
 
+A script's flags are its entry's keys; trailing `key=value` arguments (argv[1:] after the flags) set
+configs/base.yml keys for the scorer or model it builds.
+
 Each script's settings are typed sections (frozen dataclasses) documented key by key in
 configs/<entry>.yml; `define_entry_flags` turns every key into the familiar absl flag (default and
 help from the YAML, type from the dataclass) and `entry_from_flags` reads them back through the
@@ -9,6 +12,7 @@ same strict loader as configs/base.yml, so a flag and a YAML key are one setting
 
 import collections
 import contextlib
+import json
 import logging
 import logging.handlers
 import os
@@ -112,24 +116,34 @@ def define_entry_flags(fv: flags.FlagValues, entry: str, sections: Mapping[str, 
 
 
 def define_job_entry_flags(fv: flags.FlagValues, entry: str, sections: Mapping[str, type]) -> None:
-  """The entry's keys as flags, a repeatable --override (configs/base.yml key=value) and the
-  multi-process flags (--coordinator_address, --num_processes, --process_id, ...)."""
+  """The entry's keys as flags, and the multi-process flags (--coordinator_address, --num_processes,
+  --process_id, ...)."""
   from maxscore.distributed import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
   define_entry_flags(fv, entry, sections)
-  flags.DEFINE_multi_string("override", [], "key=value config override (repeatable)", flag_values=fv)
   mesh_lib.define_flags(fv)
 
 
-def join_job(argv: Sequence[str], fv: flags.FlagValues) -> list[str]:
+def join_job(fv: flags.FlagValues) -> None:
   """Joins the jax.distributed job the flags describe (single-process when nothing is set; exit 1 when
-  it cannot: before any other JAX call) and returns the scorer overrides: trailing key=value, then
-  --override."""
+  it cannot). Call it before any other JAX call."""
   from maxscore.distributed import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
   try:
     mesh_lib.initialize_from_flags(fv)
   except mesh_lib.DistributedError as e:
     fail(e, 1)
-  return list(argv[1:]) + list(fv.override)
+
+
+def define_report_flags(fv: flags.FlagValues, entry: str, sections: Mapping[str, type]) -> None:
+  """The entry's keys as flags, and --output_json: where a bench or check writes its full report."""
+  define_entry_flags(fv, entry, sections)
+  flags.DEFINE_string("output_json", None, "write the full report here", flag_values=fv)
+
+
+def write_report(fv: flags.FlagValues, report: Any) -> None:
+  """`report` as JSON to --output_json when it is set (a failed write is one line on stderr, exit 2)."""
+  if fv.output_json:
+    with one_line_errors():
+      safety.atomic_write_text(fv.output_json, json.dumps(report, indent=1))
 
 
 def _from_flag(tp: Any, value: Any) -> Any:
@@ -238,7 +252,8 @@ def run_script(main: Callable[[Sequence[str]], Any], define_flags: Optional[Call
                log_dir_flag: Optional[str] = None) -> None:
   """`app.run(main)` with quiet consoles: library INFO lines go to `<flag log_dir_flag>/<script>.log` (written
   only once the run has claimed that directory) and reach stderr only with --verbosity (or -v); warnings,
-  errors, the progress bar and the script's prints always show. --help exits 0."""
+  errors, the progress bar and the script's prints always show. --help exits 0. An int `main` returns is the
+  exit status; anything else it returns (a report, for tests calling it directly) exits 0."""
   if define_flags is not None:
     define_flags(flags.FLAGS)
   script = pathlib.Path(sys.argv[0]).stem
@@ -249,7 +264,8 @@ def run_script(main: Callable[[Sequence[str]], Any], define_flags: Optional[Call
     process = getattr(flags.FLAGS, "process_id", None) if "process_id" in flags.FLAGS else None
     name = f"{script}.process{process}.log" if process else f"{script}.log"  # one file per process
     console_logging(pathlib.Path(log_dir) / name if log_dir else None, verbose, after_claim=True)
-    return main(argv)
+    status = main(argv)
+    return status if isinstance(status, int) else None
 
   argv = _expand_bare_v(sys.argv)
   try:

@@ -11,7 +11,6 @@ what each figure means (model FLOPs follow docs/ARCHITECTURE.md section 3).
 """
 
 import dataclasses
-import json
 
 from absl import flags
 
@@ -25,8 +24,7 @@ SECTIONS = {"bench": benchmark.BenchOptions}
 
 def define_flags(fv: flags.FlagValues) -> None:
   """Every key of configs/bench.yml as a flag, plus --output_json."""
-  cli.define_entry_flags(fv, ENTRY, SECTIONS)
-  flags.DEFINE_string("output_json", None, "write the full report here", flag_values=fv)
+  cli.define_report_flags(fv, ENTRY, SECTIONS)
 
 
 def options_from_flags(fv: flags.FlagValues, overrides) -> benchmark.BenchOptions:
@@ -34,26 +32,20 @@ def options_from_flags(fv: flags.FlagValues, overrides) -> benchmark.BenchOption
   return dataclasses.replace(opts, overrides=opts.overrides + tuple(overrides))
 
 
-def bench(argv, fv: flags.FlagValues) -> dict:
+def main(argv, fv: flags.FlagValues = flags.FLAGS) -> dict:
   """Runs the benchmark the flags describe, prints its table, writes --output_json; returns the report."""
   with cli.one_line_errors():
     options = options_from_flags(fv, argv[1:])
     safety.check_output_file(fv.output_json, [], "--output_json")
     report = benchmark.run_benchmark(options)
   print(benchmark.summary(report))
-  if fv.output_json:
-    with cli.one_line_errors():
-      safety.atomic_write_text(fv.output_json, json.dumps(benchmark.to_json(report), indent=1))
+  cli.write_report(fv, benchmark.to_json(report))
   return report
-
-
-def main(argv, fv: flags.FlagValues = flags.FLAGS) -> None:
-  bench(argv, fv)
 
 
 def run(argv) -> dict:
   """Parses `argv` into fresh flags and runs the benchmark (for tests: no global flag state)."""
-  return cli.run_with_fresh_flags(define_flags, bench, argv)
+  return cli.run_with_fresh_flags(define_flags, main, argv)
 
 
 if __name__ == "__main__":

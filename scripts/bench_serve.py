@@ -19,15 +19,14 @@ SECTIONS = {"load": serve_load.LoadConfig}
 
 
 def define_flags(fv: flags.FlagValues) -> None:
-  """Every key of configs/bench_serve.yml as a flag, plus repeatable --override for configs/base.yml."""
+  """Every key of configs/bench_serve.yml as a flag."""
   cli.define_entry_flags(fv, ENTRY, SECTIONS)
-  flags.DEFINE_multi_string("override", [], "key=value config override (repeatable)", flag_values=fv)
 
 
 def main(argv, fv: flags.FlagValues = flags.FLAGS):
   with cli.one_line_errors():
     cfg = cli.entry_from_flags(fv, ENTRY, SECTIONS)["load"]
-    report = serve_load.run_load(cfg, list(argv[1:]) + list(fv.override))
+    report = serve_load.run_load(cfg, list(argv[1:]))
   print(serve_load.format_report(report))
 
 

@@ -9,13 +9,11 @@ maxscore/bench/train_bench.py.
 """
 
 import dataclasses
-import json
 
 from absl import flags
 
 from maxscore import cli
 from maxscore.bench import train_bench
-from maxscore.files import safety
 
 ENTRY = "bench_train"
 SECTIONS = {"bench": train_bench.TrainBenchOptions}
@@ -23,29 +21,22 @@ SECTIONS = {"bench": train_bench.TrainBenchOptions}
 
 def define_flags(fv: flags.FlagValues) -> None:
   """Every key of configs/bench_train.yml as a flag, plus --output_json."""
-  cli.define_entry_flags(fv, ENTRY, SECTIONS)
-  flags.DEFINE_string("output_json", None, "write the full report here", flag_values=fv)
+  cli.define_report_flags(fv, ENTRY, SECTIONS)
 
 
-def bench(argv, fv: flags.FlagValues) -> dict:
+def main(argv, fv: flags.FlagValues = flags.FLAGS) -> dict:
   """Runs the benchmark the flags describe, prints its table, writes --output_json; returns the report."""
   with cli.one_line_errors():
     opts = cli.entry_from_flags(fv, ENTRY, SECTIONS)["bench"]
     report = train_bench.run(dataclasses.replace(opts, overrides=opts.overrides + tuple(argv[1:])))
   print(train_bench.summary(report), end="")
-  if fv.output_json:
-    with cli.one_line_errors():
-      safety.atomic_write_text(fv.output_json, json.dumps(report, indent=1))
+  cli.write_report(fv, report)
   return report
-
-
-def main(argv, fv: flags.FlagValues = flags.FLAGS) -> None:
-  bench(argv, fv)
 
 
 def run(argv) -> dict:
   """Parses `argv` into fresh flags and runs the benchmark (for tests: no global flag state)."""
-  return cli.run_with_fresh_flags(define_flags, bench, argv)
+  return cli.run_with_fresh_flags(define_flags, main, argv)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ The figures are compile-time bounds, not measurements.
 """
 
 import dataclasses
-import json
 import os
 
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compiling only: a TPU lock held elsewhere is fine
@@ -38,8 +37,7 @@ SECTIONS = {"compile": compile_report.CompileOptions, "train": train_compile.Tra
 
 def define_flags(fv: flags.FlagValues) -> None:
   """Every key of configs/compile.yml as a flag, plus --output_json."""
-  cli.define_entry_flags(fv, ENTRY, SECTIONS)
-  flags.DEFINE_string("output_json", None, "write the full report here", flag_values=fv)
+  cli.define_report_flags(fv, ENTRY, SECTIONS)
 
 
 def options_from_flags(fv: flags.FlagValues, overrides):
@@ -49,7 +47,7 @@ def options_from_flags(fv: flags.FlagValues, overrides):
   return dataclasses.replace(opts, overrides=opts.overrides + tuple(overrides)), sections["train"]
 
 
-def check(argv, fv: flags.FlagValues) -> dict:
+def main(argv, fv: flags.FlagValues = flags.FLAGS) -> dict:
   """Compiles what the flags describe, prints the table, writes --output_json; returns the report."""
   with cli.one_line_errors():
     options, train = options_from_flags(fv, argv[1:])  # every flag checked before minutes of compiling
@@ -57,19 +55,13 @@ def check(argv, fv: flags.FlagValues) -> dict:
     lib = train_compile if train.train else compile_report
     report = train_compile.run(options, train) if train.train else compile_report.run(options)
   print(lib.summary(report), end="")
-  if fv.output_json:
-    with cli.one_line_errors():
-      safety.atomic_write_text(fv.output_json, json.dumps(report, indent=1))
+  cli.write_report(fv, report)
   return report
-
-
-def main(argv, fv: flags.FlagValues = flags.FLAGS) -> None:
-  check(argv, fv)
 
 
 def run(argv) -> dict:
   """Parses `argv` into fresh flags and runs the check (for tests: no global flag state)."""
-  return cli.run_with_fresh_flags(define_flags, check, argv)
+  return cli.run_with_fresh_flags(define_flags, main, argv)
 
 
 if __name__ == "__main__":

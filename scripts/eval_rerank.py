@@ -5,8 +5,7 @@
   python scripts/eval_rerank.py --checkpoint_dir=ckpt/qwen3-reranker-0.6b --template=qwen3_reranker \\
       --data_dir=beir/scifact --run_file=bm25.trec --split=test --rerank_top_k=100 attention=shared_prefix
 
-Every flag is a key of configs/eval.yml; trailing `key=value` arguments (or --override=key=value)
-override configs/base.yml keys.
+Every flag is a key of configs/eval.yml; trailing `key=value` arguments override configs/base.yml keys.
 Input errors print one line and exit 2. A killed run restarted with the same flags resumes. The console
 shows the progress bar, warnings, errors and the summary (first stage, reranked and fused, with deltas and
 p-values against the first stage); library INFO lines
@@ -26,12 +25,12 @@ SECTIONS = {"run": eval_lib.EvalRun, "eval": eval_lib.EvalConfig}
 
 
 def define_flags(fv: flags.FlagValues) -> None:
-  """Every key of configs/eval.yml as a flag, plus --override and the multi-process flags."""
+  """Every key of configs/eval.yml as a flag, plus the multi-process flags."""
   cli.define_job_entry_flags(fv, ENTRY, SECTIONS)
 
 
 def main(argv, fv: flags.FlagValues = flags.FLAGS):
-  overrides = cli.join_job(argv, fv)  # before any other JAX call
+  cli.join_job(fv)  # before any other JAX call
   with cli.one_line_errors():
     s = cli.entry_from_flags(fv, ENTRY, SECTIONS)
     run, cfg = s["run"], s["eval"]
@@ -39,7 +38,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     safety.check_output_dir(run.output_dir, "eval",
                             [*data.input_paths(dataset), *(data.input_paths(dev) if dev else []), run.checkpoint_dir],
                             "--output_dir")  # before loading a model
-    scorer = eval_lib.build_scorer(run.checkpoint_dir, overrides, use_head=run.use_head, adapters_dir=run.adapters_dir)
+    scorer = eval_lib.build_scorer(run.checkpoint_dir, argv[1:], use_head=run.use_head, adapters_dir=run.adapters_dir)
     report = eval_lib.run_eval(scorer, dataset, cfg, run.output_dir, overwrite=run.overwrite,
                                progress=run.progress, fsync=run.fsync, gather_every=run.gather_every, dev=dev)
   if report is not None:  # process 0 writes and reports; the others only score

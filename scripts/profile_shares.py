@@ -24,7 +24,7 @@ def define_flags(fv: flags.FlagValues) -> None:
   cli.define_entry_flags(fv, ENTRY, SECTIONS)
 
 
-def profile_shares(argv, fv: flags.FlagValues) -> dict:
+def main(argv, fv: flags.FlagValues = flags.FLAGS) -> dict:
   """Times every part, prints each one's share of the full forward; returns part -> best seconds."""
   del argv
   with cli.one_line_errors():
@@ -40,13 +40,9 @@ def profile_shares(argv, fv: flags.FlagValues) -> dict:
   return best
 
 
-def main(argv, fv: flags.FlagValues = flags.FLAGS) -> None:
-  profile_shares(argv, fv)
-
-
 def run(argv) -> dict:
   """Parses `argv` into fresh flags and runs the profile (for tests: no global flag state)."""
-  return cli.run_with_fresh_flags(define_flags, profile_shares, argv)
+  return cli.run_with_fresh_flags(define_flags, main, argv)
 
 
 if __name__ == "__main__":

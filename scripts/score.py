@@ -8,7 +8,8 @@ cannot be scored gets {"error": "line N: ..."} on its line and the run goes on; 
 (one summary line on stderr), 0 when every line was scored, 2 when the run is refused. --output may not
 be the input; it is written under a temporary name and renamed into place when the run ends.
 With --score_mode=raw_logit the scores are the labels' raw lm_head logits (what FlagEmbedding-style
-rerankers rank by) instead of probabilities. Every flag is a key of configs/score.yml.
+rerankers rank by) instead of probabilities. Every flag is a key of configs/score.yml; trailing `key=value`
+arguments override configs/base.yml keys (the scorer).
 """
 
 import dataclasses
@@ -45,9 +46,8 @@ SECTIONS = {"score": ScoreOptions}
 
 
 def define_flags(fv: flags.FlagValues) -> None:
-  """Every key of configs/score.yml as a flag, plus repeatable --override for configs/base.yml."""
+  """Every key of configs/score.yml as a flag."""
   cli.define_entry_flags(fv, ENTRY, SECTIONS)
-  flags.DEFINE_multi_string("override", [], "key=value config override (repeatable)", flag_values=fv)
 
 
 def main(argv, fv: flags.FlagValues = flags.FLAGS):
@@ -56,7 +56,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     if not opts.input:
       raise ConfigError("--input is required (a JSONL file of /v1/score requests, or - for stdin)")
     safety.check_output_file(opts.output, [opts.input, opts.checkpoint_dir], "--output")  # before loading a model
-    scorer = eval_lib.build_scorer(opts.checkpoint_dir, list(argv[1:]) + list(fv.override))
+    scorer = eval_lib.build_scorer(opts.checkpoint_dir, argv[1:])
     counts = score_file.score_jsonl(scorer, opts.input, opts.output, opts.batch_size, opts.score_mode == "raw_logit")
   if counts["errors"]:
     print(f"error: {counts['errors']} of {counts['ok'] + counts['errors']} requests failed (see their error "

@@ -3,8 +3,8 @@
   python scripts/serve.py                                   # the embedded default model on 127.0.0.1:8000
   python scripts/serve.py --checkpoint_dir=ckpt/qwen3-reranker-0.6b --template=qwen3_reranker --port=8080
 
-Every flag is a key of configs/serve.yml; trailing `key=value` arguments (or --override=key=value) override
-configs/base.yml keys (the scorer). Bad settings print one line and exit 2; SIGTERM answers the requests in
+Every flag is a key of configs/serve.yml; trailing `key=value` arguments override configs/base.yml keys
+(the scorer). Bad settings print one line and exit 2; SIGTERM answers the requests in
 flight and exits 0. One process: started under jax.distributed with several processes it refuses.
 """
 
@@ -19,15 +19,15 @@ SECTIONS = {"serve": serving.ServeConfig, "prompt": serving.RerankPrompt}
 
 
 def define_flags(fv: flags.FlagValues) -> None:
-  """Every key of configs/serve.yml as a flag, plus --override and the multi-process flags (refused when > 1)."""
+  """Every key of configs/serve.yml as a flag, plus the multi-process flags (refused when > 1)."""
   cli.define_job_entry_flags(fv, ENTRY, SECTIONS)
 
 
 def main(argv, fv: flags.FlagValues = flags.FLAGS):
-  overrides = cli.join_job(argv, fv)  # before any other JAX call
+  cli.join_job(fv)  # before any other JAX call
   with cli.one_line_errors():
     s = cli.entry_from_flags(fv, ENTRY, SECTIONS)
-    serving.run_server(s["serve"], s["prompt"], overrides,
+    serving.run_server(s["serve"], s["prompt"], argv[1:],
                        log=lambda line: print(line, file=sys.stderr, flush=True))
 
 

@@ -6,14 +6,14 @@ adapters with --lora_rank); exports checkpoint + head for eval_rerank.py.
       --run_file=bm25.trec --train_split=train --dev_split=dev --head=lm_labels --delta=full --loss=listwise
   # a pod: one process per host, the state sharded over the mesh (fsdp x tensor), the batch over data x fsdp
   python scripts/train_reranker.py --train_backbone --batch_size=64 --coordinator_address=host0:1234 \\
-      --num_processes=4 --process_id=$ID --override=ici_fsdp_parallelism=4 --override=dcn_data_parallelism=4 ...
+      --num_processes=4 --process_id=$ID ici_fsdp_parallelism=4 dcn_data_parallelism=4 ...
 
 Training data: the JSONL form (records with a `split` field) or BEIR + a first-stage run, as in
 eval_rerank.py. A killed run restarted with the same flags resumes from its last checkpoint and
 ends with the same head, bit for bit. Prints the summary JSON (also <workdir>/summary.json):
 dev metrics before/after, head-training throughput and the share of time in the frozen forward.
-Every flag is a key of configs/train.yml; trailing `key=value` arguments (or --override) set configs/base.yml
-keys, the mesh's ici_/dcn_*_parallelism among them. --coordinator_address, --num_processes and --process_id
+Every flag is a key of configs/train.yml; trailing `key=value` arguments set configs/base.yml keys, the
+mesh's ici_/dcn_*_parallelism among them. --coordinator_address, --num_processes and --process_id
 start a multi-process run as in eval_rerank.py; process 0 writes the metrics, summary and export, every process
 its own checkpoint shards. Input errors exit 2.
 """
@@ -32,13 +32,12 @@ SECTIONS = {"run": train_lib.TrainRun, "train": train_lib.TrainConfig, "prompt":
 
 
 def define_flags(fv: flags.FlagValues) -> None:
-  """Every key of configs/train.yml as a flag, plus repeatable --override for configs/base.yml and the
-  multi-process flags."""
+  """Every key of configs/train.yml as a flag, plus the multi-process flags."""
   cli.define_job_entry_flags(fv, ENTRY, SECTIONS)
 
 
 def main(argv, fv: flags.FlagValues = flags.FLAGS):
-  overrides = cli.join_job(argv, fv)  # before any other JAX call
+  cli.join_job(fv)  # before any other JAX call
   with cli.one_line_errors():
     s = cli.entry_from_flags(fv, ENTRY, SECTIONS)
     run = s["run"]
@@ -50,7 +49,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     if dev_set is not None and run.max_dev_queries:
       dev_set.queries = dev_set.queries[:run.max_dev_queries]
     summary = train_lib.train(s["train"], s["prompt"], run.checkpoint_dir, train_set, dev_set, run.workdir,
-                              overrides=overrides, feature_cache=run.feature_cache, export_dir=run.export_dir,
+                              overrides=argv[1:], feature_cache=run.feature_cache, export_dir=run.export_dir,
                               overwrite=run.overwrite, progress=run.progress, step_delay_s=run.step_delay_s)
   if summary:  # process 0 reports
     print(json.dumps(summary, indent=2))

@@ -114,5 +114,5 @@ def test_readme_command_parses(name, args):
   if name in RUN_LIST_SCRIPTS:  # trailing arguments are runs (`name=path` or a path), not config keys
     assert rest and all(a and not a.startswith("-") for a in rest), rest
     return
-  overrides = [a for a in rest if "=" in a] + [a for a in getattr(fv, "override", None) or []]
+  overrides = [a for a in rest if "=" in a]
   load_config([o for o in overrides if not o.startswith("checkpoint_dir=")])

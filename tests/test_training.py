@@ -204,13 +204,13 @@ def test_lora_rank_without_train_backbone_is_a_one_line_error(tmp_path, capsys):
 @pytest.mark.slow
 def test_mesh_errors_are_one_line(tmp_path, one_device):
   # A global batch that data x fsdp does not divide.
-  err = _script_error(tmp_path, "--batch_size=3", "--override=ici_data_parallelism=2", devices=2)
+  err = _script_error(tmp_path, "--batch_size=3", "ici_data_parallelism=2", devices=2)
   assert "batch_size=3" in err and "data x fsdp = 2 x 1 = 2" in err
   # A resume whose mesh cannot hold the stored shapes (4 attention heads over tensor=3).
   resumed = tmp_path / "resume"
   shutil.copytree(one_device / "work", resumed / "work")
   before = (resumed / "work" / "metrics.jsonl").read_text()
-  err = _train(resumed, "--override=ici_data_parallelism=1", "--override=ici_tensor_parallelism=3", devices=3,
+  err = _train(resumed, "ici_data_parallelism=1", "ici_tensor_parallelism=3", devices=3,
                expect=2)[0].strip().splitlines()
   # The model check (the scorer's, then the trainer's) or the stored-shape check, whichever meets it first.
   assert len(err) == 1 and re.search(r"(does not fit|cannot be split over) the mesh", err[0]), err
