@@ -1,4 +1,5 @@
-"""Shared fixtures: random tiny Hugging Face models (the parity oracle), their converted checkpoints, tokenizers."""
+"""Shared fixtures: random tiny Hugging Face models (the parity oracle), their converted checkpoints, tokenizers,
+and the entry scripts as modules."""
 
 import os
 import pathlib
@@ -8,7 +9,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 import pytest
 
 from maxscore.checkpoints.convert import convert_hf_checkpoint
-from maxscore.testing import hf_models, tokenizers
+from maxscore.testing import hf_models, scripts, tokenizers
 
 # name -> (family, overrides): GQA with 1 and 2 kv heads, tied and untied, biases, Llama-3 rope scaling.
 HF_VARIANTS = {
@@ -47,3 +48,9 @@ def hf_checkpoints(tmp_path_factory):
       cache[name] = (model, hf_dir, convert_hf_checkpoint(hf_dir, root / f"{name}_ckpt"))
     return cache[name]
   return get
+
+
+@pytest.fixture
+def load_script():
+  """scripts/<name>.py as a module: `load_script("eval_rerank").run(argv)` (maxscore/testing/scripts.py)."""
+  return scripts.load_script

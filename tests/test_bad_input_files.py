@@ -2,7 +2,6 @@
 or malformed input into one `error:` line naming the file (and line) and exit 2; a real bug keeps
 its traceback. Data loaders fed random bytes raise only DataError."""
 
-import importlib.util
 import json
 import pathlib
 import shutil
@@ -15,21 +14,13 @@ from hypothesis import strategies as st
 
 from maxscore.checkpoints import storage
 from maxscore.rerank import data, eval as eval_lib
-from maxscore.testing import hf_models
+from maxscore.testing import hf_models, scripts
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 GOOD_LINE = json.dumps({"qid": "q0", "query": "a query", "candidates": [{"docid": "d0", "text": "a doc"}],
                         "qrels": {"d0": 1}})
-
-
-def _script(name):
-  spec = importlib.util.spec_from_file_location(f"_badfiles_{name}", REPO / "scripts" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-eval_rerank, score_script, convert_script = _script("eval_rerank"), _script("score"), _script("convert_hf_checkpoint")
+eval_rerank, score_script = scripts.load_script("eval_rerank"), scripts.load_script("score")
+convert_script = scripts.load_script("convert_hf_checkpoint")
 
 
 def _one_line_exit_2(capsys, script, argv, expected):
@@ -153,7 +144,7 @@ def test_data_loaders_on_random_bytes_and_truncated_files_raise_only_data_errors
 
 
 # --- plot_runs: nothing to plot, or a plot that would mislead --------------------------------------------
-plot_runs = _script("plot_runs")
+plot_runs = scripts.load_script("plot_runs")
 
 
 def _eval_dir(d, k, data_source, model="m"):
@@ -200,15 +191,15 @@ def test_plot_output_is_written_in_the_format_its_suffix_names(tmp_path, capsys)
 # --- compile_check: every flag checked before any compile --------------------------------------------------
 @pytest.mark.parametrize("flag,key", [("--geometries=", "geometries"), ("--search=foo", "search"),
                                       ("--algorithms=bogus", "algorithms")])
-def test_compile_check_bad_flags_are_one_line_before_any_compile(capsys, monkeypatch, flag, key):
+def test_compile_check_bad_flags_are_one_line_before_any_compile(load_script, capsys, monkeypatch, flag, key):
   from maxscore.bench import compile_report
-  compile_check = _script("compile_check")
+  compile_check = load_script("compile_check")
   monkeypatch.setattr(compile_report, "run", lambda *a: pytest.fail("compiled before checking the flags"))
   _one_line_exit_2(capsys, compile_check, ["compile_check.py", flag], key)
 
 
-def test_several_bad_values_are_each_named(capsys):
-  compile_check = _script("compile_check")
+def test_several_bad_values_are_each_named(load_script, capsys):
+  compile_check = load_script("compile_check")
   err = _one_line_exit_2(capsys, compile_check, ["compile_check.py", "--geometries=1x2", "--algorithms=bogus",
                                                  "--num_labels=0"], "")
   assert all(k in err for k in ("geometries", "algorithms", "num_labels"))
@@ -259,8 +250,8 @@ def test_a_query_over_the_largest_prefix_bucket_names_the_query_and_the_flag(tmp
   assert "--max_query_tokens" in err
 
 
-def test_compare_runs_qrels_error_offers_no_flag_it_lacks(tmp_path, capsys):
-  compare_runs = _script("compare_runs")
+def test_compare_runs_qrels_error_offers_no_flag_it_lacks(load_script, tmp_path, capsys):
+  compare_runs = load_script("compare_runs")
   (tmp_path / "qrels.txt").write_text("q0 0 a 1\nbroken\n")
   (tmp_path / "r.trec").write_text("q0 Q0 a 1 1.0 r\n")
   err = _one_line_exit_2(capsys, compare_runs, ["compare_runs.py", str(tmp_path / "r.trec"),

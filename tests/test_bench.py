@@ -1,9 +1,7 @@
 """The benchmark harness: the cost model by hand and against the mask, and both modes end to end on tiny shapes."""
 
-import importlib.util
 import json
 import re
-import pathlib
 
 import jax.numpy as jnp
 import numpy as np
@@ -15,11 +13,9 @@ from layers.kernels.reference import visibility
 from maxscore import bench as benchmark
 from maxscore.scoring import cost_model
 from maxscore.scoring.scorer import Scorer
+from maxscore.testing import scripts
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("_script_bench", REPO / "scripts" / "bench.py")
-bench_script = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_script)
+bench_script = scripts.load_script("bench")
 
 TINY_SCORE = ["bench.py", "--model=tiny-qwen3", "--num_layers=1", "--labels=3,7", "--query_len=40",
               "--num_items=12", "--item_len=6", "--repeats=1", "--serial_items=5"]
@@ -187,10 +183,8 @@ def test_suite_refuses_bad_workloads_in_one_line(flag, message, capsys, tmp_path
   assert re.search(message, capsys.readouterr().err)
 
 
-def test_profile_shares_times_every_part_at_a_given_geometry(capsys):
-  spec = importlib.util.spec_from_file_location("_script_profile", REPO / "scripts" / "profile_shares.py")
-  script = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(script)
+def test_profile_shares_times_every_part_at_a_given_geometry(load_script, capsys):
+  script = load_script("profile_shares")
   best = script.run(["profile_shares.py", "--model=tiny-qwen3", "--num_layers=1", "--query_len=10", "--num_items=5",
                      "--item_len=9", "--repeats=1"])
   printed = capsys.readouterr().out

@@ -4,9 +4,7 @@ Tests marked `tpu_aot` compile with libtpu (the test extra installs it) for desc
 topologies; nothing runs on a TPU. Each asserts compiled + fits + the Mosaic custom call.
 """
 
-import importlib.util
 import math
-import pathlib
 
 import jax
 import numpy as np
@@ -16,11 +14,9 @@ from layers import sharding
 from layers.config import ModelConfig
 from maxscore.bench import chips, compile_report
 from maxscore.scoring import cost_model
+from maxscore.testing import scripts
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("_script_compile_check", REPO / "scripts" / "compile_check.py")
-compile_check = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(compile_check)
+compile_check = scripts.load_script("compile_check")
 
 V6E = chips.CHIPS["v6e"]
 SMALL = dict(dtype="bfloat16", weight_dtype="bfloat16")

@@ -7,16 +7,13 @@ kernel, not a fallback) and the GPU architecture the code was built for.
 """
 
 import importlib.util
-import pathlib
 
 import pytest
 
 from maxscore.bench import chips, compile_report
+from maxscore.testing import scripts
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("_script_compile_check_gpu", REPO / "scripts" / "compile_check.py")
-compile_check = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(compile_check)
+compile_check = scripts.load_script("compile_check")
 
 HAVE_CUDA_PLUGIN = any(importlib.util.find_spec(f"jax_plugins.xla_cuda{v}") for v in (12, 13)) \
     if importlib.util.find_spec("jax_plugins") else False

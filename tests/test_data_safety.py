@@ -2,7 +2,6 @@
 --overwrite removes only what maxscore wrote, and a resumed run refuses changed content."""
 
 import dataclasses
-import importlib.util
 import json
 import os
 import pathlib
@@ -26,16 +25,10 @@ from maxscore.files import identity, safety
 from maxscore.heads import score_heads as heads, train as train_lib
 from maxscore.rerank import data, eval as eval_lib
 from maxscore.scoring import jsonl as score_file
+from maxscore.testing import scripts
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CFG = eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=8)
-
-
-def _script(name):
-  spec = importlib.util.spec_from_file_location(f"_safety_{name}", REPO / "scripts" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 def _tree(directory):
@@ -76,12 +69,12 @@ def two_checkpoints(tmp_path_factory):
 
 
 # --- score.py ------------------------------------------------------------------------------------------
-def test_score_output_equal_to_input_is_refused_and_input_kept(tmp_path, capsys):
+def test_score_output_equal_to_input_is_refused_and_input_kept(load_script, tmp_path, capsys):
   src = tmp_path / "req.jsonl"
   src.write_text('{"query": [1], "items": [[2]], "label_token_ids": [3]}\n')
   before = src.read_bytes()
   with pytest.raises(SystemExit) as e:
-    _script("score").run(["score.py", f"--input={src}", f"--output={src}"])
+    load_script("score").run(["score.py", f"--input={src}", f"--output={src}"])
   assert e.value.code == 2 and src.read_bytes() == before
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "--output" in err[0] and "is the input" in err[0]
@@ -191,9 +184,9 @@ def test_train_export_inside_the_workdir_is_refused_with_where_to_put_it(tmp_pat
                     export_dir=tmp_path / "work" / "export", progress=False)
 
 
-def test_build_output_inside_its_workdir_is_refused_before_anything_is_written(tmp_path, capsys):
+def test_build_output_inside_its_workdir_is_refused_before_anything_is_written(load_script, tmp_path, capsys):
   """The build's output under its workdir (which --overwrite removes) is refused before either exists."""
-  build = _script("build_default_assets")
+  build = load_script("build_default_assets")
   with pytest.raises(SystemExit) as e:
     cli.run_with_fresh_flags(build.define_flags, build.main,
                              ["prog", f"--workdir={tmp_path / 'w'}", f"--output_dir={tmp_path / 'w' / 'assets'}"])
@@ -364,7 +357,7 @@ def _refused(script, argv):
   assert e.value.code == 2
 
 
-EVAL = _script("eval_rerank")
+EVAL = scripts.load_script("eval_rerank")
 
 
 @pytest.mark.slow
@@ -397,8 +390,8 @@ def test_refused_evals_write_no_log_and_create_nothing(tmp_path, script_log, two
   capsys.readouterr()
 
 
-def test_refused_pretraining_leaves_no_directory(tmp_path, script_log):
-  pretrain = _script("pretrain_lm")
+def test_refused_pretraining_leaves_no_directory(load_script, tmp_path, script_log):
+  pretrain = load_script("pretrain_lm")
   export = tmp_path / "model"
   _foreign_dir(export)
   before = _paths(tmp_path)
@@ -408,8 +401,8 @@ def test_refused_pretraining_leaves_no_directory(tmp_path, script_log):
   assert _paths(tmp_path) == before
 
 
-def test_build_output_dir_of_someone_else_is_refused(tmp_path, capsys):
-  build = _script("build_default_assets")
+def test_build_output_dir_of_someone_else_is_refused(load_script, tmp_path, capsys):
+  build = load_script("build_default_assets")
   out = tmp_path / "mine"
   _foreign_dir(out)
   (out / "pydoc_rerank.jsonl").write_text("my own data\n")
@@ -421,8 +414,8 @@ def test_build_output_dir_of_someone_else_is_refused(tmp_path, capsys):
   assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
-def test_head_study_never_writes_over_its_input_nor_into_a_foreign_workdir(tmp_path, capsys):
-  study = _script("head_study")
+def test_head_study_never_writes_over_its_input_nor_into_a_foreign_workdir(load_script, tmp_path, capsys):
+  study = load_script("head_study")
   jsonl = tmp_path / "d.jsonl"
   _tiny_set(jsonl)
   foreign = tmp_path / "foreign"
@@ -443,8 +436,8 @@ def _runs_and_qrels(d):
 
 
 @pytest.mark.parametrize("case", ["foreign_plot_dir", "json_is_latex", "plot_names_collide"])
-def test_compare_runs_outputs_never_replace_each_other_or_foreign_files(tmp_path, case, capsys):
-  compare_runs = _script("compare_runs")
+def test_compare_runs_outputs_never_replace_each_other_or_foreign_files(load_script, tmp_path, case, capsys):
+  compare_runs = load_script("compare_runs")
   d = _runs_and_qrels(tmp_path / "runs")
   runs = [f"base={d / 'base.trec'}", f"a={d / 'x y.trec'}"]
   if case == "foreign_plot_dir":
@@ -463,15 +456,15 @@ def test_compare_runs_outputs_never_replace_each_other_or_foreign_files(tmp_path
 
 
 @pytest.mark.parametrize("what", ["eval", "train", "build"])
-def test_output_dir_that_is_a_file_is_one_line_and_nothing_is_written(tmp_path, what, capsys):
+def test_output_dir_that_is_a_file_is_one_line_and_nothing_is_written(load_script, tmp_path, what, capsys):
   f = tmp_path / "file"
   f.write_text("mine")
   jsonl = tmp_path / "d.jsonl"
   _tiny_set(jsonl)
   argv = {"eval": (EVAL, ["eval_rerank.py", f"--jsonl={jsonl}", "--split=all", f"--output_dir={f}"]),
-          "train": (_script("train_score_head"), ["train_score_head.py", f"--jsonl={jsonl}", "--train_split=all",
+          "train": (load_script("train_score_head"), ["train_score_head.py", f"--jsonl={jsonl}", "--train_split=all",
                                                   "--dev_split=", f"--workdir={f}"]),
-          "build": (_script("build_default_assets"), ["prog", f"--workdir={f}", f"--output_dir={tmp_path / 'o'}"])}
+          "build": (load_script("build_default_assets"), ["prog", f"--workdir={f}", f"--output_dir={tmp_path / 'o'}"])}
   script, args = argv[what]
   for target in (f, f / "under"):
     before = _paths(tmp_path)
@@ -564,13 +557,13 @@ _PROPERTY_SCRIPTS = {}
 @hypothesis.given(st.sampled_from(["score", "compare_runs", "plot_runs", "head_study", "convert_hf_checkpoint",
                                    "train_score_head", "eval_rerank"]),
                   st.integers(0, 2), st.sampled_from(["equal", "inside", "contains"]), st.sampled_from(["", ".png"]))
-def test_no_script_writes_an_output_that_is_holds_or_lies_inside_an_input(tmp_path_factory, capsys, name, which,
-                                                                          relation, suffix):
+def test_no_script_writes_an_output_that_is_holds_or_lies_inside_an_input(load_script, tmp_path_factory, capsys, name,
+                                                                          which, relation, suffix):
   root = tmp_path_factory.mktemp("prop")
   inputs, argv = _inputs(root)[name]
   i = inputs[which % len(inputs)]
   out = {"equal": i, "inside": i / f"sub{suffix}", "contains": i.parent}[relation]
-  script = _PROPERTY_SCRIPTS.setdefault(name, _PROPERTY_SCRIPTS.get(name) or _script(name))
+  script = _PROPERTY_SCRIPTS.setdefault(name, _PROPERTY_SCRIPTS.get(name) or load_script(name))
   before = _paths(root)
   with pytest.raises(SystemExit) as e:
     script.run(argv(out))

@@ -2,7 +2,6 @@
 defaults, flags come from the YAML, bad values are one-line ConfigErrors, and every example command
 in README.md's code blocks parses against its script's flags and the config."""
 
-import importlib.util
 import pathlib
 import re
 import shlex
@@ -15,15 +14,6 @@ from maxscore import cli, config as config_lib
 from maxscore.config import ConfigError, load_config
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-
-
-def _script(name: str):
-  spec = importlib.util.spec_from_file_location(f"script_{name}", REPO / "scripts" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 ENTRY_SCRIPTS = ["bench", "bench_serve", "bench_train", "build_default_assets", "compare_runs", "compile_check",
                  "convert_hf_checkpoint", "eval_rerank", "eval_suite", "head_study", "plot_runs", "pretrain_lm",
                  "profile_shares", "score", "serve", "train_reranker", "train_score_head"]
@@ -34,8 +24,8 @@ def test_every_script_is_an_entry_of_the_one_config_system():
 
 
 @pytest.mark.parametrize("name", ENTRY_SCRIPTS)
-def test_entry_yaml_documents_every_key_with_the_dataclass_default(name):
-  script = _script(name)
+def test_entry_yaml_documents_every_key_with_the_dataclass_default(load_script, name):
+  script = load_script(name)
   path = config_lib.CONFIG_DIR / f"{script.ENTRY}.yml"
   values, comments = yaml.safe_load(path.read_text()), config_lib.read_comments(path)
   loaded = config_lib.load_entry(script.ENTRY, script.SECTIONS)
@@ -46,8 +36,8 @@ def test_entry_yaml_documents_every_key_with_the_dataclass_default(name):
 
 
 @pytest.mark.parametrize("name", ENTRY_SCRIPTS)
-def test_flags_are_the_yaml_keys(name):
-  script = _script(name)
+def test_flags_are_the_yaml_keys(load_script, name):
+  script = load_script(name)
   fv = flags.FlagValues()
   script.define_flags(fv)
   fv(["prog"])
@@ -60,8 +50,8 @@ def test_flags_are_the_yaml_keys(name):
     (["--learning_rate=-1"], "learning_rate=-1.0 must be > 0"),
     (["--max_train_queries=-2"], "max_train_queries=-2 must be >= 0"),
 ])
-def test_bad_entry_value_is_a_config_error(argv, message):
-  script = _script("train_score_head")
+def test_bad_entry_value_is_a_config_error(load_script, argv, message):
+  script = load_script("train_score_head")
   fv = flags.FlagValues()
   script.define_flags(fv)
   fv(["prog"] + argv)
@@ -69,8 +59,8 @@ def test_bad_entry_value_is_a_config_error(argv, message):
     cli.entry_from_flags(fv, script.ENTRY, script.SECTIONS)
 
 
-def test_unknown_entry_key_names_the_nearest():
-  script = _script("bench")
+def test_unknown_entry_key_names_the_nearest(load_script):
+  script = load_script("bench")
   with pytest.raises(ConfigError, match="did you mean num_items"):
     config_lib.load_entry(script.ENTRY, script.SECTIONS, {"num_itmes": 3})
 
@@ -103,9 +93,9 @@ def test_readme_has_example_commands():
 
 
 @pytest.mark.parametrize("name, args", README_COMMANDS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(README_COMMANDS)])
-def test_readme_command_parses(name, args):
+def test_readme_command_parses(load_script, name, args):
   """Its flags exist and take their values; trailing key=value arguments are valid config keys."""
-  script = _script(name)
+  script = load_script(name)
   fv = flags.FlagValues()
   script.define_flags(fv)
   rest = fv(["prog"] + args, known_only=False)[1:]

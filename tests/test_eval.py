@@ -1,7 +1,6 @@
 """The eval pipeline end to end: scripts' main, outputs checked against metrics, resume, errors, score.py."""
 
 import dataclasses
-import importlib.util
 import json
 import os
 import pathlib
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 
 from maxscore.rerank import data, eval as eval_lib, fusion, metrics, prompts
+from maxscore.testing import scripts
 from maxscore.testing.tokenizers import sample_texts
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -21,17 +21,8 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 # cut to 24 tokens.
 EVAL_FLAGS = ["--max_query_tokens=4", "--max_item_tokens=24", "--noprogress"]
 CFG = eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=24)
-
-
-def _script(name):
-  spec = importlib.util.spec_from_file_location(f"_script_{name}", REPO / "scripts" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-eval_rerank = _script("eval_rerank")
-score_script = _script("score")
+eval_rerank = scripts.load_script("eval_rerank")
+score_script = scripts.load_script("score")
 
 
 def _dataset(path, num_queries, seed=0):

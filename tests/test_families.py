@@ -109,10 +109,8 @@ def test_converted_config_keeps_the_family_options(hf_checkpoints):
   assert cfg.rope_local_theta == 10000.0 and cfg.rope_theta == 1e6 and cfg.rope_scaling_type == "linear"
 
 
-def test_eval_rerank_bge_template_raw_logit_end_to_end(tmp_path, hf_tokenizer_path):
+def test_eval_rerank_bge_template_raw_logit_end_to_end(load_script, tmp_path, hf_tokenizer_path):
   """scripts/eval_rerank.py --template=bge_gemma --score_mode=raw_logit on a converted Gemma 2 model."""
-  import importlib.util
-  import pathlib
   from maxscore.checkpoints.convert import convert_hf_checkpoint
   from maxscore.rerank import prompts
   from maxscore.testing.hf_models import make_hf_model, save_hf_model
@@ -123,10 +121,7 @@ def test_eval_rerank_bge_template_raw_logit_end_to_end(tmp_path, hf_tokenizer_pa
               "qrels": {"d0": 1}} for i, q in enumerate(["how to sort a list", "memory management"])]
   data_path = tmp_path / "set.jsonl"
   data_path.write_text("".join(json.dumps(r) + "\n" for r in records))
-  spec = importlib.util.spec_from_file_location("_eval_rerank", pathlib.Path(__file__).parent.parent / "scripts" /
-                                                "eval_rerank.py")
-  script = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(script)
+  script = load_script("eval_rerank")
   out = tmp_path / "out"
   script.run(["eval_rerank.py", f"--jsonl={data_path}", "--split=all", f"--checkpoint_dir={ckpt}",
               "--template=bge_gemma", "--score_mode=raw_logit", f"--output_dir={out}", "--noprogress",
@@ -157,15 +152,11 @@ def test_layer_pattern_from_configs_without_layer_types(hf, pattern, window):
   assert (cfg.layer_pattern, cfg.window) == (pattern, window)
 
 
-def test_score_script_raw_logit_mode(tmp_path, hf_checkpoints):
+def test_score_script_raw_logit_mode(load_script, tmp_path, hf_checkpoints):
   """scripts/score.py --score_mode=raw_logit answers with the labels' raw logits; through a score head (the
   embedded default has one) it is an error line, as a head gives log-probs."""
-  import importlib.util
-  import pathlib
   from maxscore.rerank import eval as eval_lib
-  spec = importlib.util.spec_from_file_location("_score", pathlib.Path(__file__).parent.parent / "scripts" / "score.py")
-  script = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(script)
+  script = load_script("score")
   request = {"query": [10, 11, 12], "items": [[13, 14], [], [7]], "label_token_ids": [4, 5], "apply_softmax": True}
   src, dst = tmp_path / "req.jsonl", tmp_path / "resp.jsonl"
   src.write_text(json.dumps(request) + "\n")

@@ -2,7 +2,6 @@
 first stage (ranx), alpha tuned on dev only, and the multi-dataset suite table."""
 
 import dataclasses
-import importlib.util
 import json
 import math
 import pathlib
@@ -16,15 +15,7 @@ from maxscore import config as config_lib
 from maxscore.rerank import bm25, data, eval as eval_lib, fusion, metrics
 from maxscore.testing.tokenizers import sample_texts
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
 CFG = eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=24)
-
-
-def _script(name):
-  spec = importlib.util.spec_from_file_location(f"_script_{name}", REPO / "scripts" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 # --- BM25 ---------------------------------------------------------------------------------------
@@ -69,8 +60,8 @@ def test_first_stage_run_is_the_top_k_over_the_whole_corpus():
 
 
 @pytest.mark.slow
-def test_shipped_default_data_equals_a_rebuild():
-  build = _script("build_default_assets")
+def test_shipped_default_data_equals_a_rebuild(load_script):
+  build = load_script("build_default_assets")
   opts = config_lib.load_entry(build.ENTRY, build.SECTIONS)["assets"]
   with tempfile.TemporaryDirectory() as tmp:
     built = build.rerank_data(opts, build.layout_tokenizer(tmp, opts))
@@ -212,8 +203,8 @@ def test_alpha_dev_without_a_dev_split_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.slow
-def test_suite_reports_the_good_dataset_and_the_broken_one(tmp_path, capsys):
-  suite_script = _script("eval_suite")
+def test_suite_reports_the_good_dataset_and_the_broken_one(load_script, tmp_path, capsys):
+  suite_script = load_script("eval_suite")
   good = _beir(tmp_path / "good", seed=5, splits=("test",), per_split=4)
   broken = _beir(tmp_path / "broken", seed=6, splits=("test",))
   (broken / "bm25.trec").write_text("q0 Q0 missing-doc 1 3.0 bm25\n")
@@ -248,8 +239,8 @@ def test_suite_holm_adjusts_across_datasets():
 
 @pytest.mark.parametrize("args, field", [(["--fusion_alpha=1.5"], "fusion_alpha"), (["--rrf_k=0"], "rrf_k"),
                                          (["--datasets=nameless"], "datasets")])
-def test_bad_settings_are_one_line_and_exit_2(tmp_path, capsys, args, field):
-  script = _script("eval_suite" if field == "datasets" else "eval_rerank")
+def test_bad_settings_are_one_line_and_exit_2(load_script, tmp_path, capsys, args, field):
+  script = load_script("eval_suite" if field == "datasets" else "eval_rerank")
   with pytest.raises(SystemExit) as e:
     script.run(["x.py", f"--output_dir={tmp_path / 'o'}", *args])
   assert e.value.code == 2

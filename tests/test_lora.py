@@ -144,11 +144,8 @@ def test_lora_rank_needs_train_backbone_and_sane_values():
     load_entry("train", {"run": TrainRun, "train": TrainConfig, "prompt": PromptConfig}, {"lora_rank": 8})
 
 
-def test_train_script_refuses_lora_settings_in_one_line_before_writing(tmp_path, capsys):
-  import importlib.util
-  spec = importlib.util.spec_from_file_location("_train_script", ROOT / "scripts" / "train_score_head.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+def test_train_script_refuses_lora_settings_in_one_line_before_writing(load_script, tmp_path, capsys):
+  module = load_script("train_score_head")
   for flags, needle in ((["--lora_rank=4"], "train_backbone=true"),
                         (["--train_backbone", "--lora_rank=4", "--lora_targets=q,qkv"], "valid targets")):
     with pytest.raises(SystemExit) as e:
@@ -158,11 +155,8 @@ def test_train_script_refuses_lora_settings_in_one_line_before_writing(tmp_path,
   assert not (tmp_path / "w").exists()
 
 
-def test_eval_script_refuses_a_bad_adapters_dir_in_one_line(tmp_path, capsys):
-  import importlib.util
-  spec = importlib.util.spec_from_file_location("_eval_script", ROOT / "scripts" / "eval_rerank.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+def test_eval_script_refuses_a_bad_adapters_dir_in_one_line(load_script, tmp_path, capsys):
+  module = load_script("eval_rerank")
   with pytest.raises(SystemExit) as e:
     module.run(["prog", f"--adapters_dir={tmp_path}", f"--output_dir={tmp_path / 'o'}", "--noprogress"])
   err = capsys.readouterr().err.strip().splitlines()

@@ -2,7 +2,6 @@
 as the metrics oracle), the compare script, PNG plots, and quiet script consoles."""
 
 import fractions
-import importlib.util
 import itertools
 import json
 import logging
@@ -22,13 +21,6 @@ from maxscore import cli
 from maxscore.rerank import compare, plots, significance
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-
-
-def _script(name):
-  spec = importlib.util.spec_from_file_location(f"_script_{name}", REPO / "scripts" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 def _metric_like_pairs(seed, n):
@@ -156,7 +148,7 @@ def _write_run(path, run):
   return path
 
 
-def test_compare_script_outputs_and_one_line_refusal(tmp_path, capsys):
+def test_compare_script_outputs_and_one_line_refusal(load_script, tmp_path, capsys):
   qrels, runs = _collection(num_runs=2)
   (tmp_path / "qrels.txt").write_text("".join(f"{q} 0 {d} {g}\n" for q, docs in qrels.items()
                                               for d, g in docs.items()))
@@ -164,7 +156,7 @@ def test_compare_script_outputs_and_one_line_refusal(tmp_path, capsys):
   eval_dir = tmp_path / "evalb"
   eval_dir.mkdir()
   _write_run(eval_dir / "run.trec", runs["r1"])
-  script = _script("compare_runs")
+  script = load_script("compare_runs")
   script.run(["compare_runs.py", str(a), f"b={eval_dir}", f"--qrels={tmp_path / 'qrels.txt'}",
               f"--output_json={tmp_path / 'c.json'}", f"--plot_dir={tmp_path / 'plots'}", "--metrics=ndcg@10"])
   out = capsys.readouterr().out
@@ -228,7 +220,7 @@ def test_console_logging_sends_info_to_the_file_only(tmp_path, capfd):
   assert cli._expand_bare_v(["x.py", "-v", "0"]) == ["x.py", "-v", "0"]
 
 
-def test_plot_runs_script_depth_from_eval_dirs(tmp_path, capsys):
+def test_plot_runs_script_depth_from_eval_dirs(load_script, tmp_path, capsys):
   qrels, runs = _collection(num_runs=1)
   for k in (3, 6):
     d = tmp_path / f"k{k}"
@@ -239,7 +231,7 @@ def test_plot_runs_script_depth_from_eval_dirs(tmp_path, capsys):
         "ndcg_cut_10": k / 20}}))
   assert compare.depth_series({"a": [tmp_path / "k6", tmp_path / "k3"]}, "ndcg@10") == {
       "a": [(3, 0.3), (6, 0.6)], "first stage": [(3, 0.15), (6, 0.3)]}
-  script = _script("plot_runs")
+  script = load_script("plot_runs")
   script.run(["plot_runs.py", "depth", f"a={tmp_path / 'k3'},{tmp_path / 'k6'}", f"--output={tmp_path / 'd.png'}"])
   assert _png_size(tmp_path / "d.png") == (800, 450)
   with pytest.raises(SystemExit) as e:

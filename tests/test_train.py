@@ -226,10 +226,8 @@ def test_kill_and_resume_is_bit_exact(tmp_path):
   assert len(_checkpoints(tmp_path / "a")) == 2  # keep_checkpoints
 
 
-def test_script_input_errors(tmp_path):
-  script = importlib.util.spec_from_file_location("_train_script", REPO / "scripts" / "train_score_head.py")
-  module = importlib.util.module_from_spec(script)
-  script.loader.exec_module(module)
+def test_script_input_errors(load_script, tmp_path):
+  module = load_script("train_score_head")
   with pytest.raises(SystemExit) as e:
     module.run(["prog", f"--workdir={tmp_path}", "--batch_size=0"])
   assert e.value.code == 2
@@ -252,11 +250,9 @@ def _write_beir(d, run, splits):
                          for r, (doc, _) in enumerate(q.candidates, 1)))
 
 
-def test_beir_and_jsonl_training_data_train_the_same_head(tmp_path):
+def test_beir_and_jsonl_training_data_train_the_same_head(load_script, tmp_path):
   """train_score_head.py on BEIR + run equals the same queries in the JSONL form, bit for bit."""
-  script = importlib.util.spec_from_file_location("_train_script_beir", REPO / "scripts" / "train_score_head.py")
-  module = importlib.util.module_from_spec(script)
-  script.loader.exec_module(module)
+  module = load_script("train_score_head")
   _write_beir(tmp_path / "beir", tmp_path / "run.trec", {"train": _split("train", 6), "dev": _split("dev", 3)})
   flags_ = [f for f in SCRIPT_FLAGS if not f.startswith("--max_")] + ["--max_query_tokens=8", "--max_item_tokens=24",
                                                                       "--num_epochs=1"]
@@ -391,10 +387,8 @@ def test_head_study_small(tmp_path):
     head_study.study(None, None, ["nope"], [0], tmp_path)
 
 
-def test_head_study_script_input_errors(tmp_path, capsys):
-  spec = importlib.util.spec_from_file_location("_head_study_script", REPO / "scripts" / "head_study.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+def test_head_study_script_input_errors(load_script, tmp_path, capsys):
+  module = load_script("head_study")
   with pytest.raises(SystemExit) as e:
     module.run(["prog", f"--workdir={tmp_path}", "--specs=nope"])
   assert e.value.code == 2 and "nope" in capsys.readouterr().err

@@ -4,9 +4,7 @@ Tests marked `tpu_aot` compile the training step with libtpu for described TPU t
 runs on a TPU.
 """
 
-import importlib.util
 import math
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -19,11 +17,9 @@ from maxscore.bench import compile_report, train_compile
 from maxscore.bench import train_program as tp
 from maxscore.config import load_config
 from maxscore.scoring import cost_model
+from maxscore.testing import scripts
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("_script_compile_check_train", REPO / "scripts" / "compile_check.py")
-compile_check = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(compile_check)
+compile_check = scripts.load_script("compile_check")
 
 # tiny-qwen3 widened so TPU tile padding of its small arrays is negligible next to the weights.
 WIDE = ("dtype=bfloat16", "weight_dtype=bfloat16", "vocab_size=8192", "hidden_size=256", "head_dim=128",

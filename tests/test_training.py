@@ -189,11 +189,8 @@ def _script_error(tmp_path, *extra, devices: int = 1) -> str:
   return err[0]
 
 
-def test_lora_rank_without_train_backbone_is_a_one_line_error(tmp_path, capsys):
-  script = REPO / "scripts" / "train_reranker.py"
-  spec = __import__("importlib.util").util.spec_from_file_location("_train_reranker", script)
-  module = __import__("importlib.util").util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+def test_lora_rank_without_train_backbone_is_a_one_line_error(load_script, tmp_path, capsys):
+  module = load_script("train_reranker")
   with pytest.raises(SystemExit) as e:
     module.run(["x", f"--workdir={tmp_path / 'work'}", "--lora_rank=8", "--noprogress"])
   err = capsys.readouterr().err.strip().splitlines()
