@@ -10,7 +10,7 @@ import pytest
 from layers.config import ModelConfig
 from layers.kernels import SegmentLayout
 from layers.kernels.reference import visibility
-from maxscore import bench as benchmark
+from maxscore import bench as benchmark, config as config_lib
 from maxscore.scoring import cost_model
 from maxscore.scoring.scorer import Scorer
 from maxscore.testing import scripts
@@ -68,10 +68,24 @@ def test_score_mode_end_to_end(small_peak, tmp_path, capsys):
   rows = {r["algorithm"]: r for r in report["rows"]}
   assert set(rows) == {"serial", "packed", "prefill_extend", "auto", "hf_prefix_reuse"}
   assert len(report["load_before"]) == len(report["load_after"]) == 3 and "load average" in printed
+  # The FLOPs are the cost model's for the geometry: P = 40 + separator, 12 items of 6, full-vocabulary lm_head.
+  model = config_lib.model_config_from_dict(report["workload"]["model_config"])
+  assert report["flops"] == cost_model.model_flops(model, 40, [6] * 12, "packed", separator=True)
+  peak = report["peak"]["flops_per_s"]
   for name, r in rows.items():
     assert r["items_per_s"] > 0 and r["best_s"] > 0 and 0 < r["pct_peak"], name
+    assert r["items_per_s"] == pytest.approx(r["items_timed"] / r["best_s"]), name
     assert r["ms_per_request"] == pytest.approx(1e3 * r["best_s"] * 12 / r["items_timed"])
+    # FLOP/s: the timed items' share of one request's FLOPs over the best time, and its share of the peak.
+    assert r["flops_per_s"] == pytest.approx(r["flops_per_request"] * r["items_timed"] / 12 / r["best_s"]), name
+    assert r["pct_peak"] == pytest.approx(100 * r["flops_per_s"] / peak), name
+    assert r["x_serial"] == pytest.approx(r["items_per_s"] / rows["serial"]["items_per_s"]), name
+    assert r["x_hf"] == pytest.approx(r["items_per_s"] / rows["hf_prefix_reuse"]["items_per_s"]), name
     assert r["name"].split("[")[0] in printed or r["name"] in printed
+  for name in ("serial", "packed", "prefill_extend"):
+    assert rows[name]["picked"] == [name]  # each row times the algorithm it names
+  assert rows["auto"]["picked"] == [report["selector"]["algorithm"]]
+  assert rows["hf_prefix_reuse"]["flops_per_request"] == report["flops"]["total"]
   assert rows["serial"]["subset"] and rows["serial"]["items_timed"] == 5 and not rows["packed"]["subset"]
   assert rows["packed"]["flops_per_request"] == report["flops"]["total"]
   assert rows["serial"]["flops_per_request"] == pytest.approx(report["flops"]["serial_total"])
@@ -82,7 +96,9 @@ def test_score_mode_end_to_end(small_peak, tmp_path, capsys):
   assert rows["auto"]["picked"] and rows["auto"]["model_executables"] == 0  # reuses what packed compiled
   checks = report["checks"]
   assert checks["hf_agrees_1e4"] and checks["hf_max_abs_logprob_diff"] < 1e-4
-  assert max(next(iter(v for k, v in checks.items() if k.startswith("max_abs"))).values()) < 1e-5
+  vs_serial = next(iter(v for k, v in checks.items() if k.startswith("max_abs")))
+  assert set(vs_serial) == {"packed[shared_prefix]", "prefill_extend[shared_prefix]", "auto[shared_prefix]"}
+  assert max(vs_serial.values()) < 1e-5
   assert report["flops"]["flop_ratio"] > 1 and report["peak"]["flops_per_s"] > 0
 
 
@@ -120,8 +136,15 @@ def test_kernels_mode_small(small_peak, tmp_path, capsys):
   report = json.loads(out.read_text())
   rows = {r["name"]: r for r in report["rows"]}
   assert report["geometry"]["row_len"] == 41 + 30
+  # Useful FLOPs: 4 x heads x head_dim per visible (query, key) pair; reference computes the whole T x T square.
+  useful = 4 * 4 * 16 * cost_model.attention_pairs(41, [5] * 6)
+  assert report["useful_attention_flops"] == useful
+  assert rows["reference"]["executed_flops"] == 4 * 4 * 16 * 71 * 71
+  assert rows["shared_prefix"]["executed_flops"] == useful
   for name in ("shared_prefix", "reference"):
     assert rows[name]["status"] == "run" and rows[name]["best_s"] > 0 and rows[name]["memory"]["temp_bytes"] > 0
+    assert rows[name]["flops"] == useful and rows[name]["flops_per_s"] == pytest.approx(useful / rows[name]["best_s"])
+    assert rows[name]["pct_peak"] == pytest.approx(100 * rows[name]["flops_per_s"] / report["peak"]["flops_per_s"])
   assert rows["shared_prefix"]["max_abs_diff_vs_reference"] < 2e-5
   for name in ("splash(128/128)", "pallas_gpu(64/64)"):
     r = rows[name]
