@@ -373,8 +373,20 @@ def convert_hf_checkpoint(hf_dir: os.PathLike, output_dir: os.PathLike, dtype: s
                           overwrite: bool = False) -> pathlib.Path:
   """Converts a Hugging Face directory of a supported family into a self-describing maxscore checkpoint.
 
-  `output_dir` may not be (or lie inside) `hf_dir`; an existing one is replaced only with `overwrite`
-  and only when maxscore wrote it (maxscore/files/safety.py)."""
+  Args:
+    hf_dir: the Hugging Face model directory (config.json, safetensors weights, tokenizer files).
+    output_dir: the new checkpoint directory; it may not be (or lie inside) `hf_dir`.
+    dtype: float32 or bfloat16, the stored weights' dtype.
+    overwrite: replace an existing `output_dir`, only when maxscore wrote it (maxscore/files/safety.py).
+
+  Returns:
+    The checkpoint directory: params/, maxscore.json (model config and params digest) and, when `hf_dir` has
+    a tokenizer, tokenizer/.
+
+  Raises:
+    ConversionError: an unsupported family or setting, a missing or unreadable file, or a tensor with NaN/Inf.
+    UnsafeOutputError: `output_dir` exists and was not written by maxscore, or exists without `overwrite`.
+  """
   hf_dir = pathlib.Path(hf_dir)
   if dtype not in DTYPES:
     raise ConversionError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")

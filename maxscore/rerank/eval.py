@@ -260,17 +260,52 @@ def _resume_state(scorer, cfg, label_ids, queries, out: pathlib.Path, overwrite:
   return done
 
 
+def _agreed_resume_state(scorer, cfg, label_ids, queries, out: pathlib.Path, overwrite: bool,
+                         inputs: Sequence[Any]) -> dict[str, dict]:
+  """`_resume_state` on process 0 ({} on the others); an error there is raised in every process."""
+  done, error = {}, None
+  if jax.process_index() == 0:
+    try:
+      done = _resume_state(scorer, cfg, label_ids, queries, out, overwrite, inputs)
+    except (ResumeError, errors.UnsafeOutputError, OSError) as e:
+      error = e
+  message = mesh_lib.broadcast_from_process0(None if error is None else str(error))
+  if error is not None:
+    raise error
+  if message is not None:  # the other processes stop with process 0's error
+    raise ResumeError(message)
+  return done
+
+
 def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os.PathLike, *,
              overwrite: bool = False, progress: bool = True, fsync: bool = False,
              gather_every: int = 1, dev: Optional[RerankSet] = None) -> Optional[EvalReport]:
   """Scores every query not already in output_dir/results.jsonl, then writes the final outputs.
 
-  `dev` (the dev split, for fusion_alpha=dev): its queries are scored too, into the same results.jsonl,
-  and only tune the fusion's alpha; the reported metrics are `dataset`'s alone.
-
   Multi-process (docs/ARCHITECTURE.md section 8): every process calls this with the same arguments; process 0
   owns results.jsonl and the outputs, each data group scores a strided slice of the remaining
-  queries, and records reach process 0 every `gather_every` queries. Non-zero processes return None.
+  queries, and records reach process 0 every `gather_every` queries.
+
+  Args:
+    scorer: the model that scores each query's candidates (one `Scorer.score` call per query).
+    dataset: the queries, their first-stage candidates and qrels.
+    cfg: prompts, labels, score mode, metrics, fusion and the query limit.
+    output_dir: where results.jsonl (the resume state) and the outputs go; a directory of maxscore's own.
+    overwrite: start over instead of resuming from results.jsonl.
+    progress: show a progress bar (process 0).
+    fsync: fsync results.jsonl after every query (its records then survive power loss).
+    gather_every: queries each data group scores between gathers to process 0.
+    dev: the dev split for fusion_alpha=dev: its queries are scored into the same results.jsonl and only
+      tune the fusion's alpha; the reported metrics are `dataset`'s alone.
+
+  Returns:
+    On process 0 the EvalReport (mean and per-query metrics, summary, first-stage and fused comparison);
+    None on the other processes.
+
+  Raises:
+    ResumeError: results.jsonl was written by a different eval (scorer, prompts or data).
+    UnsafeOutputError: output_dir is not maxscore's, or an output would overwrite an input.
+    ScoreInputError: a query cannot be scored (named, with the flags that cut it).
   """
   cfg.validate()
   wall_start = time.perf_counter()
@@ -284,19 +319,8 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
                                   cfg.max_item_tokens)
   queries = dataset.queries[:cfg.max_queries] if cfg.max_queries else dataset.queries
   dev_queries = stages.dev_queries(queries, dev, cfg.fusion, cfg.fusion_alpha, cfg.max_queries)
-  done, error = {}, None
-  if lead:
-    try:
-      inputs = [*data.input_paths(dataset), scorer.config.runtime.checkpoint_dir,
-                getattr(scorer.tokenizer, "path", None)]
-      done = _resume_state(scorer, cfg, label_ids, queries + dev_queries, out, overwrite, inputs)
-    except (ResumeError, errors.UnsafeOutputError, OSError) as e:
-      error = e
-  message = mesh_lib.broadcast_from_process0(None if error is None else str(error))
-  if error is not None:
-    raise error
-  if message is not None:  # the other processes stop with process 0's error
-    raise ResumeError(message)
+  inputs = [*data.input_paths(dataset), scorer.config.runtime.checkpoint_dir, getattr(scorer.tokenizer, "path", None)]
+  done = _agreed_resume_state(scorer, cfg, label_ids, queries + dev_queries, out, overwrite, inputs)
   safety.claim(out)  # every check passed: the run's log may now be written there
   done_ids = set(mesh_lib.broadcast_from_process0(sorted(done) if lead else None))
   todo = [q for q in queries + dev_queries if q.qid not in done_ids and q.candidates]

@@ -153,7 +153,26 @@ class Scorer:
   def score(self, query: Any, items: Any, label_token_ids: Optional[Sequence[int]] = None,
             apply_softmax: Optional[bool] = None, item_first: bool = False, algorithm: Optional[str] = None,
             separator_token_id: Any = "config") -> ScoreResult:
-    """Scores `items` for `query` (text or token ids); see docs/ARCHITECTURE.md section 1 for the semantics."""
+    """Scores `items` for `query`: the label tokens' probabilities after each seq_i = Q + [s] + I_i
+    (docs/ARCHITECTURE.md section 1).
+
+    Args:
+      query: the query Q, as text (through the tokenizer) or a list of token ids.
+      items: the N items I_i, each text or a list of token ids.
+      label_token_ids: the K token ids whose probabilities are the scores; None = the config's.
+      apply_softmax: True normalizes over the K labels (each row sums to 1), False gives the full-vocabulary
+        probabilities; None = the config's.
+      item_first: score I_i + [s] + Q instead (nothing is shared between items: computed serially).
+      algorithm: serial, packed, prefill_extend or auto; None = the config's. They agree to 1e-5.
+      separator_token_id: the token [s] between query and item; None for none, "config" = the config's.
+
+    Returns:
+      ScoreResult: scores [N, K] float32, the algorithm that computed them, and token usage (prompt_tokens,
+      processed_tokens, total_tokens).
+
+    Raises:
+      ScoreInputError: a field is invalid or the request is too large (the message names the field).
+    """
     req = self.make_request(query, items, label_token_ids, apply_softmax, item_first, separator_token_id)
     return self.score_requests([req], algorithm=algorithm)[0]
 
@@ -162,7 +181,19 @@ class Scorer:
     return self.make_request(**validate_request(request, REQUEST_FIELDS))
 
   def score_batch(self, requests: Sequence[Mapping[str, Any]], algorithm: Optional[str] = None) -> list[ScoreResult]:
-    """Scores many /v1/score-shaped dicts; requests with equal shapes share forwards."""
+    """Scores many /v1/score-shaped requests; requests with equal shapes share forwards.
+
+    Args:
+      requests: dicts {query, items, label_token_ids?, apply_softmax?, item_first?} as in `score` (absent
+        fields take the config's values).
+      algorithm: serial, packed, prefill_extend or auto for every request; None = the config's.
+
+    Returns:
+      One ScoreResult per request, in order, as `score` returns it.
+
+    Raises:
+      ScoreInputError: a request is invalid (the message names its index and field); nothing is scored.
+    """
     return self.score_requests(validate_batch(requests, self.validate), algorithm=algorithm)
 
   def choose(self, req: TokenRequest, algorithm: Optional[str] = None) -> selector.Choice:
