@@ -1,8 +1,8 @@
 """What every absl entry script shares: one-line errors with an exit code, quiet consoles (library INFO
 logs to a file), flags defined from the one config system, and flag parsing for tests.
 
-A script's flags are its entry's keys; trailing `key=value` arguments (argv[1:] after the flags) set
-configs/base.yml keys for the scorer or model it builds.
+A script that builds a scorer or model takes configs/base.yml keys one way: as trailing `key=value`
+arguments (the argv[1:] absl leaves once it has parsed the flags).
 
 Each script's settings are typed sections (frozen dataclasses) documented key by key in
 configs/<entry>.yml; `define_entry_flags` turns every key into the familiar absl flag (default and
