@@ -131,6 +131,7 @@ class ModelRunner:
     self.options = kernel_options(kernel)
     # auto resolves for the devices the programs are built for (a described TPU topology: splash).
     platform = None if mesh is None else mesh.devices.flat[0].platform
+    self.platform = platform or jax.default_backend()  # where the programs run (or are compiled for)
     self.default_kernel = resolve_auto(platform) if kernel.attention == "auto" else kernel.attention
     self.abstract = is_abstract(params)
     wdtype = DTYPES[runtime.weight_dtype]

@@ -1,7 +1,7 @@
 """What every algorithm receives, and helpers they share."""
 
 import dataclasses
-from typing import Iterator, Sequence
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -20,6 +20,7 @@ class AlgorithmContext:
   scoring: ScoringConfig
   prefix_cache: PrefixCache
   max_tokens_per_forward: int = 1 << 16
+  max_stacked_tokens: Optional[int] = None  # most tokens in a forward of several stacked rows (None: no bound)
   output: str = "logprobs"  # "logprobs" / "logits": label log-probs / raw logits [N, K]; "hidden": [N, D]
 
 
