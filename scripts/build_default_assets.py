@@ -46,9 +46,9 @@ from maxscore.lm import corpus as corpus_lib
 from maxscore.lm import default_set
 from maxscore.lm import pairs as pairs_lib
 from maxscore.lm import pretrain as pretrain_lib
+from maxscore.lm import tokenizer_training
 from maxscore.rerank import data
 from maxscore.rerank.eval import PromptConfig
-from maxscore.testing.tokenizers import sample_texts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +125,8 @@ def rerank_data(o: AssetOptions, tok) -> default_set.DefaultSet:
 
 def layout_tokenizer(directory, o: AssetOptions):
   """The fixed tokenizer that cuts the rerank set's paragraphs (trained on the topics, in `directory`)."""
-  tok = load_tokenizer(corpus_lib.train_tokenizer(directory, sample_texts(), o.layout_vocab_size))
+  tok = load_tokenizer(tokenizer_training.train_sentencepiece(pathlib.Path(directory) / "tokenizer",
+                                                             tokenizer_training.sample_texts(), o.layout_vocab_size))
   for label in ("Yes", "No"):
     tok.label_id(label)  # raises unless a single token
   return tok

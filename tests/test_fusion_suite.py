@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from maxscore import config as config_lib
+from maxscore.lm.tokenizer_training import sample_texts
 from maxscore.rerank import bm25, data, eval as eval_lib, fusion, metrics
-from maxscore.testing.tokenizers import sample_texts
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CFG = eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=24)
