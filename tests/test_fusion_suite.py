@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from maxscore import config as config_lib
+from maxscore.lm import assets
 from maxscore.lm.tokenizer_training import sample_texts
 from maxscore.rerank import bm25, data, eval as eval_lib, fusion, metrics
 
@@ -73,7 +74,7 @@ def test_shipped_default_data_equals_a_rebuild():
   build = _script("build_default_assets")
   opts = config_lib.load_entry(build.ENTRY, build.SECTIONS)["assets"]
   with tempfile.TemporaryDirectory() as tmp:
-    built = build.rerank_data(opts, build.layout_tokenizer(tmp, opts))
+    built = assets.rerank_data(opts, assets.layout_tokenizer(tmp, opts))
   shipped = [json.loads(l) for l in data.DEFAULT_JSONL.read_text(encoding="utf-8").splitlines()]
   assert built.records == shipped
   files = {p.relative_to(data.DEFAULT_BEIR_DIR).as_posix() for p in data.DEFAULT_BEIR_DIR.rglob("*") if p.is_file()}
