@@ -10,14 +10,12 @@ import pytest
 
 from maxscore.checkpoints import storage
 from maxscore.checkpoints.tokenizer import load_tokenizer
-from maxscore.heads import study
 from maxscore.lm import corpus as corpus_lib
 from maxscore.lm import pairs as pairs_lib
 from maxscore.lm import pretrain as pretrain_lib
 from maxscore.lm import tokenizer_training
 from maxscore.rerank import bm25
 from maxscore.rerank import data
-from maxscore.rerank.bm25 import BM25Index
 
 TOKENIZER = data.DEFAULT_CHECKPOINT / "tokenizer" / "tokenizer.model"
 TINY = dict(model_name="tiny-qwen3", sources=("pydoc",), pydoc_repeats=1, seq_len=32, batch_size=4, num_steps=6,
@@ -116,15 +114,6 @@ def test_unigram_baseline_is_add_one_counts():
   held = np.asarray([[0, 1, 3]])
   p = np.asarray([1, 3, 2, 1]) / 7  # targets 1, 1, 2 counted, +1 each over a vocabulary of 4
   assert pretrain_lib.unigram_nll(train, held, 4) == pytest.approx(-(np.log(p[1]) + np.log(p[3])) / 2)
-
-
-def test_bm25_index_scores_equal_the_head_study_reference():
-  s = data.load_jsonl(data.DEFAULT_JSONL, "test")
-  s.queries = s.queries[:1]
-  q = s.queries[0]
-  ref = study.bm25_run(s)[q.qid]
-  got = BM25Index([t for _, t in q.candidates]).scores(q.query)
-  np.testing.assert_allclose(got, [ref[d] for d, _ in q.candidates], rtol=1e-12)
 
 
 def test_tokenizer_files_are_the_same_in_any_directory(tmp_path):

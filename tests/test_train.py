@@ -378,9 +378,3 @@ def test_head_study_script_input_errors(tmp_path, capsys):
     module.run(["prog", f"--workdir={tmp_path}", "--specs=nope"])
   assert e.value.code == 2 and "nope" in capsys.readouterr().err
 
-
-def test_bm25_reference_ranks_matching_documents_first():
-  s = data.RerankSet([data.RerankQuery("q", "for loops", (("a", "while statements loop"), ("b", "the for loops"),
-                                                            ("c", "nothing here")))], {"q": {"b": 1}}, {})
-  run = head_study.bm25_run(s)["q"]
-  assert run["b"] > run["a"] == run["c"] == 0.0
