@@ -8,6 +8,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 import pytest
 
 from maxscore.checkpoints.convert import convert_hf_checkpoint
+from maxscore.lm.tokenizer_training import sample_texts, train_sentencepiece
 from maxscore.testing import hf_models, tokenizers
 
 # name -> (family, overrides): GQA with 1 and 2 kv heads, tied and untied, biases, Llama-3 rope scaling.
@@ -25,12 +26,12 @@ FAMILY_VARIANTS = {name: (name, {}) for name in ("gemma", "gemma2", "gemma3", "q
 
 @pytest.fixture(scope="session")
 def sp_tokenizer_path(tmp_path_factory) -> pathlib.Path:
-  return tokenizers.train_sentencepiece(tmp_path_factory.mktemp("sp") / "tok", tokenizers.sample_texts(), 512)
+  return train_sentencepiece(tmp_path_factory.mktemp("sp") / "tok", sample_texts(), 512)
 
 
 @pytest.fixture(scope="session")
 def hf_tokenizer_path(tmp_path_factory) -> pathlib.Path:
-  return tokenizers.train_hf_bpe(tmp_path_factory.mktemp("hf_tok") / "tokenizer.json", tokenizers.sample_texts(), 512)
+  return tokenizers.train_hf_bpe(tmp_path_factory.mktemp("hf_tok") / "tokenizer.json", sample_texts(), 512)
 
 
 @pytest.fixture(scope="session")

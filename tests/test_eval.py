@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pytest
 
+from maxscore.lm.tokenizer_training import sample_texts
 from maxscore.rerank import data, eval as eval_lib, fusion, metrics, prompts
-from maxscore.testing.tokenizers import sample_texts
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # Every test query has the same geometry (one packed shape): a query cut to 4 tokens, 8 candidates

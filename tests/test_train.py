@@ -8,7 +8,6 @@ import math
 import os
 import pathlib
 import signal
-import struct
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from maxscore.checkpoints import storage as checkpointing
 from maxscore.heads import features, losses, study as head_study, score_heads as heads, train as train_lib
 from maxscore.rerank import data, eval as eval_lib
 from maxscore.scoring.requests import TokenRequest
+from maxscore.testing.tensorboard_events import tensorboard_scalars
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # A small slice of the embedded default: 6 train and 3 dev queries, documents cut to 24 tokens.
@@ -37,27 +37,6 @@ def _split(name, n):
   s = data.load_jsonl(data.DEFAULT_JSONL, split=name)
   s.queries = s.queries[:n]
   return s
-
-
-def _tensorboard_scalars(logdir) -> dict[tuple[str, int], float]:
-  """{(tag, step): value} of the event files: records in the TFRecord framing (u64 length, u32 crc,
-  Event proto, u32 crc), in time order; a SessionLog START at step s discards earlier events at
-  steps >= s, as TensorBoard does."""
-  from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
-  events = []
-  for path in pathlib.Path(logdir).glob("events.out.tfevents.*"):
-    buf, pos = path.read_bytes(), 0
-    while pos < len(buf):
-      (n,) = struct.unpack("<Q", buf[pos:pos + 8])
-      events.append(event_pb2.Event.FromString(buf[pos + 12:pos + 12 + n]))
-      pos += 12 + n + 4
-  scalars = {}
-  for ev in sorted(events, key=lambda e: e.wall_time):
-    if ev.HasField("session_log") and ev.session_log.status == event_pb2.SessionLog.START:
-      scalars = {k: v for k, v in scalars.items() if k[1] < ev.step}
-    for v in ev.summary.value:
-      scalars[(v.tag, ev.step)] = v.simple_value
-  return scalars
 
 
 # --- losses on tiny inputs -------------------------------------------------------------------------
@@ -141,7 +120,7 @@ def test_summary_reports_metrics_and_throughput(frozen_run):
   assert [l["step"] for l in lines if l["kind"] == "train"] == list(range(1, 10))
   assert all(np.isfinite(l["loss"]) for l in lines if l["kind"] == "train")
   # The same scalars in TensorBoard event files.
-  tb = _tensorboard_scalars(root / "work" / "tensorboard")
+  tb = tensorboard_scalars(root / "work" / "tensorboard")
   assert sorted(s for tag, s in tb if tag == "train/loss") == list(range(1, 10))
   assert sorted(s for tag, s in tb if tag == "eval/ndcg_cut_10") == [0, 2, 4, 6, 8, 9]
   for l in lines:
@@ -222,7 +201,7 @@ def test_kill_and_resume_is_bit_exact(tmp_path):
   # metrics.jsonl reads as one uninterrupted run.
   assert (tmp_path / "a" / "metrics.jsonl").read_text() == (tmp_path / "b" / "metrics.jsonl").read_text()
   # TensorBoard too: the resumed run rewrote the event files from the kept metrics lines.
-  assert _tensorboard_scalars(tmp_path / "a" / "tensorboard") == _tensorboard_scalars(tmp_path / "b" / "tensorboard")
+  assert tensorboard_scalars(tmp_path / "a" / "tensorboard") == tensorboard_scalars(tmp_path / "b" / "tensorboard")
   assert len(_checkpoints(tmp_path / "a")) == 2  # keep_checkpoints
 
 
@@ -399,9 +378,3 @@ def test_head_study_script_input_errors(tmp_path, capsys):
     module.run(["prog", f"--workdir={tmp_path}", "--specs=nope"])
   assert e.value.code == 2 and "nope" in capsys.readouterr().err
 
-
-def test_bm25_reference_ranks_matching_documents_first():
-  s = data.RerankSet([data.RerankQuery("q", "for loops", (("a", "while statements loop"), ("b", "the for loops"),
-                                                            ("c", "nothing here")))], {"q": {"b": 1}}, {})
-  run = head_study.bm25_run(s)["q"]
-  assert run["b"] > run["a"] == run["c"] == 0.0

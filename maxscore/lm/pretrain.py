@@ -48,6 +48,7 @@ from maxscore import training as train_lib
 from maxscore.config import MeshConfig
 from maxscore.training import checkpoint, partition, trainer
 from maxscore.lm import corpus as corpus_lib
+from maxscore.lm import tokenizer_training
 from maxscore.rerank import data
 
 FORMAT_VERSION = 1
@@ -250,7 +251,8 @@ def pretrain(cfg: PretrainConfig, tokenizer_path: Optional[os.PathLike], train_t
     if not tokenizer_texts:
       raise train_lib.TrainError("no tokenizer_path and no tokenizer_texts to train one on")
     t = time.perf_counter()
-    tokenizer_path = corpus_lib.train_tokenizer(workdir / "tokenizer", tokenizer_texts, vocab_size)
+    tokenizer_path = tokenizer_training.train_sentencepiece(workdir / "tokenizer" / "tokenizer", tokenizer_texts,
+                                                            vocab_size)
     logging.info("pretrain: trained %s in %.1f s", tokenizer_path, time.perf_counter() - t)
   tok = load_tokenizer(tokenizer_path)
   model = cfg.model(tok.vocab_size)
