@@ -23,7 +23,7 @@ from maxscore.checkpoints import storage
 from maxscore.checkpoints.convert import convert_hf_checkpoint
 from maxscore.errors import ResumeError, UnsafeOutputError
 from maxscore.files import identity, safety
-from maxscore.heads import score_heads as heads, train as train_lib
+from maxscore.heads import head, head_storage, train as train_lib
 from maxscore.rerank import data, eval as eval_lib
 from maxscore.scoring import jsonl as score_file
 
@@ -155,13 +155,13 @@ def test_convert_overwrite_refuses_an_unrelated_directory_and_replaces_its_own(h
 
 
 def test_export_refuses_an_existing_foreign_directory_even_with_overwrite(tmp_path):
-  cfg = heads.HeadConfig(kind="lm_labels", label_token_ids=(4, 5), hidden_size=128, delta="none")
-  params = heads.init_head(cfg, jax.random.PRNGKey(0))
+  cfg = head.HeadConfig(kind="lm_labels", label_token_ids=(4, 5), hidden_size=128, delta="none")
+  params = head.init_head(cfg, jax.random.PRNGKey(0))
   target = tmp_path / "existing"
   before = _foreign_dir(target)
   for overwrite in (False, True):
     with pytest.raises(UnsafeOutputError, match="not written by maxscore"):
-      heads.export_checkpoint(data.DEFAULT_CHECKPOINT, target, cfg, params, overwrite=overwrite)
+      head_storage.export_checkpoint(data.DEFAULT_CHECKPOINT, target, cfg, params, overwrite=overwrite)
   assert _tree(target) == before
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from layers.decoder import Decoder
 from maxscore.checkpoints import storage as checkpointing
-from maxscore.heads import features, losses, study as head_study, score_heads as heads, train as train_lib
+from maxscore.heads import features, head_storage, losses, study as head_study, train as train_lib
 from maxscore.rerank import data, eval as eval_lib
 from maxscore.scoring.requests import TokenRequest
 
@@ -127,7 +127,7 @@ def test_frozen_backbone_gets_no_updates(frozen_run):
   exported = checkpointing.restore_checkpoint(root / "export").params
   for a, b in zip(jax.tree_util.tree_leaves(base), jax.tree_util.tree_leaves(exported)):
     np.testing.assert_array_equal(a, b)
-  assert (root / "export" / "tokenizer").is_dir() and heads.has_head(root / "export")
+  assert (root / "export" / "tokenizer").is_dir() and head_storage.has_head(root / "export")
 
 
 def test_summary_reports_metrics_and_throughput(frozen_run):
@@ -188,7 +188,7 @@ def _checkpoints(workdir):
 
 
 def _head_params(export):
-  _, params, _ = heads.load_head(export)
+  _, params, _ = head_storage.load_head(export)
   return {k: np.asarray(v) for k, v in params.items()}
 
 

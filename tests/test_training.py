@@ -18,7 +18,7 @@ import pytest
 from maxscore.checkpoints import storage
 from maxscore.testing.processes import free_port as _free_port
 from maxscore.testing.processes import subprocess_env as _env
-from maxscore.heads import score_heads as heads
+from maxscore.heads import head_storage
 from maxscore.heads import train as train_lib
 from maxscore.training import partition, trainer
 from maxscore.training.state import TrainState, fresh
@@ -127,7 +127,7 @@ def _losses(root, key: str = "loss") -> list[float]:
 
 
 def _final_params(export) -> list[np.ndarray]:
-  _, head, _ = heads.load_head(export)
+  _, head, _ = head_storage.load_head(export)
   return [np.asarray(x, np.float32) for x in jax.tree_util.tree_leaves((storage.restore_checkpoint(export).params,
                                                                           head))]
 

@@ -10,7 +10,7 @@ state, step, optimizer, data order, checkpoints, metrics log and the mesh are th
    positions) are computed ONCE, without gradients, by the scorer's own fast path and optionally
    cached in an npz (maxscore/heads/features.py).
 3. Each step takes `batch_size` queries in an order drawn per epoch from PRNG(seed, epoch); the
-   head maps (h, lp) to label log-probs, `heads.relevance` to one ranking logit per item, and the
+   head maps (h, lp) to label log-probs, `head.relevance` to one ranking logit per item, and the
    loss compares each query's logits with its graded qrels: `listwise` softmax cross-entropy
    against the normalized gains (default), `pairwise` logistic over pairs with different grades,
    or `pointwise` binary cross-entropy (relevant = grade >= 1). Optimizer: clip_by_global_norm
@@ -26,7 +26,7 @@ state, step, optimizer, data order, checkpoints, metrics log and the mesh are th
    resumes from are dropped first, so the file reads as one uninterrupted run. The same scalars go
    to TensorBoard event files in `<workdir>/tensorboard` (tensorboardX: flax.metrics.tensorboard
    would need tensorflow), which a resumed run rewrites from the kept lines.
-6. `export_dir`: a copy of the base checkpoint with the head in head/ (heads.export_checkpoint).
+6. `export_dir`: a copy of the base checkpoint with the head in head/ (head_storage.export_checkpoint).
 
 `train_backbone=True` trains the decoder params together with the head, through the packed
 layout (docs/ARCHITECTURE.md section 2) with each scanned layer rematerialized in the backward pass (`remat`;
@@ -60,8 +60,7 @@ from maxscore import config as config_lib
 from maxscore.config import MeshConfig
 from maxscore.distributed import mesh as mesh_lib
 from maxscore.files import identity, safety
-from maxscore.heads import features
-from maxscore.heads import score_heads as heads
+from maxscore.heads import features, head, head_storage
 from maxscore.heads.features import (
   Examples,
   load_or_extract,
@@ -87,13 +86,13 @@ from maxscore.scoring.scorer import Scorer, finalize_scores
 FORMAT_VERSION = 1
 
 
-def evaluate_split(cfg_head: heads.HeadConfig, params, hidden, logprobs, examples: Examples,
+def evaluate_split(cfg_head: head.HeadConfig, params, hidden, logprobs, examples: Examples,
                    prompt: PromptConfig) -> dict[str, float]:
   """Metrics of the ranking eval would compute from the head's scores (score_mode of `prompt`)."""
   apply_softmax, rank_fn = SCORE_MODES[prompt.score_mode]
   if apply_softmax is None:
     raise ValueError("score_mode=raw_logit needs raw lm_head logits; a score head gives log-probs (use p_first)")
-  new_lp = np.asarray(heads.jit_apply(cfg_head)(params, hidden, logprobs))
+  new_lp = np.asarray(head.jit_apply(cfg_head)(params, hidden, logprobs))
   run = {}
   for i, (qid, docids) in enumerate(zip(examples.qids, examples.docids)):
     scores = np.asarray(rank_fn(finalize_scores(new_lp[i, :len(docids)], apply_softmax)), np.float32)
@@ -126,7 +125,7 @@ class Prepared:
   examples with their frozen features (or packed plans when the backbone trains too)."""
   scorer: Scorer
   label_ids: tuple[int, ...]
-  head_cfg: heads.HeadConfig
+  head_cfg: head.HeadConfig
   examples: dict[str, Examples]
   grids: dict[str, tuple[np.ndarray, np.ndarray]]
   feats: Optional[dict] = None       # frozen features per split
@@ -199,7 +198,7 @@ def _lora(cfg: TrainConfig) -> Optional[lora_lib.LoraConfig]:
 def init_params(cfg: TrainConfig, prep: Prepared) -> dict[str, Any]:
   """Head params (and the backbone's when it trains, in param_dtype; the match probes when on)."""
   init_key, _ = jax.random.split(jax.random.PRNGKey(cfg.seed))
-  params = {"head": heads.init_head(prep.head_cfg, init_key)}
+  params = {"head": head.init_head(prep.head_cfg, init_key)}
   if cfg.train_backbone:
     cast = (lambda x: jnp.asarray(x, DTYPES[cfg.param_dtype])) if cfg.param_dtype else jnp.asarray
     params["backbone"] = jax.tree_util.tree_map(cast, prep.scorer.runner.params)
@@ -226,7 +225,7 @@ def param_shardings(cfg: TrainConfig, params: dict[str, Any], prep: Prepared, me
   return out
 
 
-def make_loss_fn(cfg: TrainConfig, head_cfg: heads.HeadConfig, decoder: Optional[Decoder], labels_K: jax.Array):
+def make_loss_fn(cfg: TrainConfig, head_cfg: head.HeadConfig, decoder: Optional[Decoder], labels_K: jax.Array):
   """loss_fn(params, batch, rng) -> (loss, parts); `parts` holds the ranking and token-match losses when
   match_loss_weight > 0 (else it is empty)."""
 
@@ -251,7 +250,7 @@ def make_loss_fn(cfg: TrainConfig, head_cfg: heads.HeadConfig, decoder: Optional
       h, lp = features(params["backbone"], batch, False)
     else:
       h, lp = batch["hidden"], batch["logprobs"]
-    logits = jnp.where(batch["mask"], heads.relevance(heads.apply_head(head_cfg, params["head"], h, lp)), MASK_LOGIT)
+    logits = jnp.where(batch["mask"], head.relevance(head.apply_head(head_cfg, params["head"], h, lp)), MASK_LOGIT)
     if cfg.match_loss_weight:
       coverage = logits if cfg.coverage_on == "score" else probe_logits(params["match_probe"]["coverage"], h)
       parts["coverage_loss"] = batch_loss("pairwise", coverage, batch["coverage"], batch["mask"])
@@ -412,9 +411,9 @@ def export(cfg: TrainConfig, prep: Prepared, summary: dict[str, Any], final, exp
   if backbone is not None and _lora(cfg) is not None:
     backbone = jax.device_get(lora_lib.merge(backbone, _lora(cfg)))  # W + alpha / rank * A @ B
   again = safety.exported_by(export_dir, workdir)
-  return str(heads.export_checkpoint(prep.scorer.config.runtime.checkpoint_dir, export_dir, prep.head_cfg,
-                                     jax.device_get(final["head"]), info, backbone, overwrite=overwrite or again,
-                                     workdir=str(workdir)))
+  return str(head_storage.export_checkpoint(prep.scorer.config.runtime.checkpoint_dir, export_dir, prep.head_cfg,
+                                            jax.device_get(final["head"]), info, backbone,
+                                            overwrite=overwrite or again, workdir=str(workdir)))
 
 
 def _prepare_outputs(workdir: pathlib.Path, export_dir: Optional[os.PathLike], overwrite: bool,

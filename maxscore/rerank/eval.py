@@ -33,7 +33,7 @@ import numpy as np
 from absl import logging
 from tqdm import tqdm
 
-from maxscore.heads import score_heads as heads
+from maxscore.heads import head_scorer, head_storage
 from maxscore.rerank import data, first_stage, fusion, metrics, prompts, stages
 from maxscore.distributed import mesh as mesh_lib
 from maxscore.config import load_config, parse_override, to_flat_dict
@@ -178,10 +178,10 @@ def build_scorer(checkpoint_dir: Optional[str] = None, overrides: Sequence[str] 
                                    "checkpoint_dir=none")
     return Scorer.from_config(load_config(over))
   if not adapters_dir:
-    return heads.load_scorer(checkpoint_dir, use_head=use_head, **over)
+    return head_scorer.load_scorer(checkpoint_dir, use_head=use_head, **over)
   scorer = lora.load_scorer(checkpoint_dir, adapters_dir, **over)
-  if use_head and heads.has_head(checkpoint_dir):
-    return heads.HeadScorer(scorer, *heads.load_head(checkpoint_dir))
+  if use_head and head_storage.has_head(checkpoint_dir):
+    return head_scorer.HeadScorer(scorer, *head_storage.load_head(checkpoint_dir))
   return scorer
 
 
