@@ -42,6 +42,7 @@ from maxscore import errors
 from maxscore.checkpoints.tokenizer import load_tokenizer
 from maxscore.files import safety
 from maxscore.heads import train as train_lib
+from maxscore.heads import train_config
 from maxscore.lm import corpus as corpus_lib
 from maxscore.lm import default_set
 from maxscore.lm import pairs as pairs_lib
@@ -90,9 +91,9 @@ class AssetOptions:
     bad = [f"{k}={getattr(self, k)} must be >= {v}" for k, v in at_least.items() if getattr(self, k) < v]
     if self.max_tokens < self.min_tokens:
       bad.append(f"max_tokens={self.max_tokens} must be >= min_tokens={self.min_tokens}")
-    bad += [f"{k}={getattr(self, k)!r} must be one of {list(train_lib.COVERAGE_ON)}"
+    bad += [f"{k}={getattr(self, k)!r} must be one of {list(train_config.COVERAGE_ON)}"
             for k in ("finetune_coverage_on", "finetune_full_coverage_on")
-            if getattr(self, k) not in train_lib.COVERAGE_ON]
+            if getattr(self, k) not in train_config.COVERAGE_ON]
     if bad:
       raise ValueError("; ".join(bad))
     return self
@@ -192,10 +193,10 @@ def _finetune_full(o: AssetOptions, work: pathlib.Path, jsonl: pathlib.Path, pai
 def _finetune_stage(o: AssetOptions, work: pathlib.Path, jsonl: pathlib.Path, pairs: pathlib.Path, base: str,
                     run: str, export: str, steps: int, learning_rate: float, warmup_steps: int,
                     max_item_tokens: int, coverage_on: str) -> dict:
-  cfg = train_lib.TrainConfig(train_backbone=True, loss="listwise", batch_size=o.finetune_batch_size,
-                              num_steps=steps, learning_rate=learning_rate, warmup_steps=warmup_steps,
-                              eval_every=50, save_every=50, log_every=10, seed=o.seed,
-                              match_loss_weight=o.finetune_match_weight, coverage_on=coverage_on)
+  cfg = train_config.TrainConfig(train_backbone=True, loss="listwise", batch_size=o.finetune_batch_size,
+                                 num_steps=steps, learning_rate=learning_rate, warmup_steps=warmup_steps,
+                                 eval_every=50, save_every=50, log_every=10, seed=o.seed,
+                                 match_loss_weight=o.finetune_match_weight, coverage_on=coverage_on)
   return train_lib.train(cfg, PromptConfig(max_item_tokens=max_item_tokens), str(work / base),
                          data.load_jsonl(pairs, "train"), data.load_jsonl(jsonl, "dev"), work / run,
                          export_dir=work / export)

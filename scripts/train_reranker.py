@@ -24,11 +24,12 @@ from absl import flags
 
 from maxscore import cli
 from maxscore.heads import train as train_lib
+from maxscore.heads.train_config import TrainConfig, TrainRun
 from maxscore.rerank import data
 from maxscore.rerank.eval import PromptConfig
 
 ENTRY = "train"
-SECTIONS = {"run": train_lib.TrainRun, "train": train_lib.TrainConfig, "prompt": PromptConfig}
+SECTIONS = {"run": TrainRun, "train": TrainConfig, "prompt": PromptConfig}
 
 
 def define_flags(fv: flags.FlagValues) -> None:

@@ -36,7 +36,7 @@ from maxscore.checkpoints import storage
 from maxscore.heads import head
 from maxscore.heads.features import plan_packed
 from maxscore.heads.losses import MASK_LOGIT, batch_loss
-from maxscore.heads.train import make_optimizer
+from maxscore.training.optimizer import make_optimizer
 from maxscore.training.state import TrainState
 from maxscore.training.trainer import train_step
 from maxscore.heads.train_config import TrainConfig

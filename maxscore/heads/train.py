@@ -59,6 +59,7 @@ from layers.kernels import get_kernel
 from maxscore import config as config_lib
 from maxscore.config import MeshConfig
 from maxscore.distributed import mesh as mesh_lib
+from maxscore.errors import TrainError
 from maxscore.files import identity, safety
 from maxscore.heads import features, head, head_storage
 from maxscore.heads.features import (
@@ -70,13 +71,11 @@ from maxscore.heads.features import (
   plan_packed,
 )
 from maxscore.heads.losses import MASK_LOGIT, batch_loss, probe_bce, probe_logits
-from maxscore.heads.train_config import (COVERAGE_ON, LORA_TARGETS, TrainConfig, TrainError,  # noqa: F401  (re-exported)
-                                         TrainRun)
+from maxscore.heads.train_config import LORA_TARGETS, TrainConfig
 from maxscore.training import checkpoint, partition, trainer
 from maxscore.training import lora as lora_lib
-from maxscore.training.errors import ResumeError  # noqa: F401  (re-exported)
 from maxscore.training.metrics_log import MetricsLog
-from maxscore.training.optimizer import make_optimizer  # noqa: F401  (re-exported)
+from maxscore.training.optimizer import make_optimizer
 from maxscore.rerank import data, metrics, prompts
 from maxscore.rerank.data import RerankSet
 from maxscore.rerank.eval import SCORE_MODES, PromptConfig, build_scorer

@@ -5,9 +5,9 @@ import dataclasses
 from typing import Literal, Optional, Sequence
 
 from layers.lora import TARGETS
+from maxscore.errors import TrainError
 from maxscore.heads.head import HEADS, HeadConfig
 from maxscore.heads.losses import LOSSES
-from maxscore.training.errors import TrainError  # noqa: F401  (re-exported)
 
 
 LORA_TARGETS = TARGETS  # the projections LoRA can adapt (layers/lora.py)

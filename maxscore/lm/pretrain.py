@@ -46,6 +46,7 @@ from maxscore.checkpoints.tokenizer import load_tokenizer
 from maxscore.files import identity, safety
 from maxscore import training as train_lib
 from maxscore.config import MeshConfig
+from maxscore.errors import TrainError
 from maxscore.training import checkpoint, partition, trainer
 from maxscore.lm import corpus as corpus_lib
 from maxscore.rerank import data
@@ -76,15 +77,15 @@ class PretrainConfig:
   def validate(self) -> "PretrainConfig":
     for name in ("seq_len", "batch_size", "num_steps", "log_every", "keep_checkpoints", "pydoc_repeats"):
       if getattr(self, name) < 1:
-        raise train_lib.TrainError(f"{name}={getattr(self, name)} must be >= 1")
+        raise TrainError(f"{name}={getattr(self, name)} must be >= 1")
     for name in ("warmup_steps", "eval_every", "save_every"):
       if getattr(self, name) < 0:
-        raise train_lib.TrainError(f"{name}={getattr(self, name)} must be >= 0")
+        raise TrainError(f"{name}={getattr(self, name)} must be >= 0")
     if self.learning_rate <= 0 or self.seq_len < 2:
-      raise train_lib.TrainError(f"learning_rate={self.learning_rate} must be > 0 and seq_len={self.seq_len} >= 2")
+      raise TrainError(f"learning_rate={self.learning_rate} must be > 0 and seq_len={self.seq_len} >= 2")
     unknown = [s for s in self.sources if s not in corpus_lib.SOURCES]
     if unknown or not self.sources:
-      raise train_lib.TrainError(f"sources={list(self.sources)}: need one or more of {list(corpus_lib.SOURCES)}")
+      raise TrainError(f"sources={list(self.sources)}: need one or more of {list(corpus_lib.SOURCES)}")
     return self
 
   def model(self, vocab_size: int) -> ModelConfig:
@@ -109,8 +110,8 @@ class PretrainRun:
 
   def validate(self) -> "PretrainRun":
     if self.vocab_size < 256 or self.tokenizer_chars < 1 or self.step_delay_s < 0:
-      raise train_lib.TrainError(f"need vocab_size >= 256, tokenizer_chars >= 1, step_delay_s >= 0; got "
-                                 f"{self.vocab_size}, {self.tokenizer_chars}, {self.step_delay_s}")
+      raise TrainError(f"need vocab_size >= 256, tokenizer_chars >= 1, step_delay_s >= 0; got "
+                       f"{self.vocab_size}, {self.tokenizer_chars}, {self.step_delay_s}")
     return self
 
 
@@ -248,7 +249,7 @@ def pretrain(cfg: PretrainConfig, tokenizer_path: Optional[os.PathLike], train_t
   _prepare_outputs(workdir, export_dir, overwrite, [tokenizer_path] if tokenizer_path else [])
   if tokenizer_path is None:
     if not tokenizer_texts:
-      raise train_lib.TrainError("no tokenizer_path and no tokenizer_texts to train one on")
+      raise TrainError("no tokenizer_path and no tokenizer_texts to train one on")
     t = time.perf_counter()
     tokenizer_path = corpus_lib.train_tokenizer(workdir / "tokenizer", tokenizer_texts, vocab_size)
     logging.info("pretrain: trained %s in %.1f s", tokenizer_path, time.perf_counter() - t)
@@ -257,8 +258,8 @@ def pretrain(cfg: PretrainConfig, tokenizer_path: Optional[os.PathLike], train_t
   rows = token_rows(tok, train_texts, cfg.seq_len)
   held = token_rows(tok, held_out_texts, cfg.seq_len)
   if len(rows) < cfg.batch_size:
-    raise train_lib.TrainError(f"the training text fills {len(rows)} rows of seq_len={cfg.seq_len}, fewer than "
-                               f"batch_size={cfg.batch_size}")
+    raise TrainError(f"the training text fills {len(rows)} rows of seq_len={cfg.seq_len}, fewer than "
+                     f"batch_size={cfg.batch_size}")
   decoder = make_decoder(model)
   optimizer, schedule = train_lib.make_optimizer(cfg, cfg.num_steps)
   init_key, data_key = jax.random.split(jax.random.PRNGKey(cfg.seed))

@@ -50,7 +50,6 @@ OUTPUT_FILES = (RESULTS_FILE, "run.trec", "metrics_per_query.jsonl", "metrics.js
 FORMAT_VERSION = 1
 
 
-ResumeError = errors.ResumeError  # output_dir holds results of a different eval
 RESTART = "pass --overwrite to start over, or use a new --output_dir"
 
 
@@ -243,7 +242,7 @@ def _load_results(path: pathlib.Path, header: Mapping[str, Any]) -> dict[str, di
       if rec is not None and not (isinstance(rec, dict) and {"qid", "digest", "docids", "scores"} <= set(rec)):
         raise ValueError("not a result record")
     except (ValueError, RecursionError):
-      raise ResumeError(f"{path}:{i}: corrupt line in the middle of the results; {RESTART}") from None
+      raise errors.ResumeError(f"{path}:{i}: corrupt line in the middle of the results; {RESTART}") from None
     if rec is not None:
       done[rec["qid"]] = rec
       good_bytes += len(line) + 1
@@ -305,8 +304,8 @@ def _resume_state(scorer, cfg, label_ids, queries, out: pathlib.Path, overwrite:
   done = _load_results(results_path, _fingerprint(scorer, cfg, label_ids))
   for q in queries:
     if q.qid in done and done[q.qid]["digest"] != q.digest():
-      raise ResumeError(f"{results_path} has query {q.qid!r} scored on other text or candidates "
-                        f"(changed: data); {RESTART}")
+      raise errors.ResumeError(f"{results_path} has query {q.qid!r} scored on other text or candidates "
+                               f"(changed: data); {RESTART}")
   return done
 
 
@@ -340,13 +339,13 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
       inputs = [*data.input_paths(dataset), scorer.config.runtime.checkpoint_dir,
                 getattr(scorer.tokenizer, "path", None)]
       done = _resume_state(scorer, cfg, label_ids, queries + dev_queries, out, overwrite, inputs)
-    except (ResumeError, errors.UnsafeOutputError, OSError) as e:
+    except (errors.ResumeError, errors.UnsafeOutputError, OSError) as e:
       error = e
   message = mesh_lib.broadcast_from_process0(None if error is None else str(error))
   if error is not None:
     raise error
   if message is not None:  # the other processes stop with process 0's error
-    raise ResumeError(message)
+    raise errors.ResumeError(message)
   safety.claim(out)  # every check passed: the run's log may now be written there
   done_ids = set(mesh_lib.broadcast_from_process0(sorted(done) if lead else None))
   todo = [q for q in queries + dev_queries if q.qid not in done_ids and q.candidates]

@@ -7,10 +7,8 @@ metrics.jsonl and TensorBoard; `lora` the LoRA adapters (configs, trainable mask
 loss, data, eval and export.
 """
 
-from maxscore.training.errors import ResumeError, TrainError
 from maxscore.training.optimizer import make_optimizer
 from maxscore.training.state import TrainState
 from maxscore.training.trainer import init, loop, restore, start, train_step
 
-__all__ = ["ResumeError", "TrainError", "TrainState", "init", "loop", "make_optimizer", "restore", "start",
-           "train_step"]
+__all__ = ["TrainState", "init", "loop", "make_optimizer", "restore", "start", "train_step"]
