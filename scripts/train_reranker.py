@@ -53,7 +53,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
       dev_set.queries = dev_set.queries[:run.max_dev_queries]
     summary = train_lib.train(s["train"], s["prompt"], run.checkpoint_dir, train_set, dev_set, run.workdir,
                               overrides=overrides, feature_cache=run.feature_cache, export_dir=run.export_dir,
-                              overwrite=run.overwrite, progress=run.progress, step_delay_s=run.step_delay_s)
+                              overwrite=run.overwrite, progress=run.progress)
   if summary:  # process 0 reports
     print(json.dumps(summary, indent=2))
 

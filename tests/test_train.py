@@ -26,6 +26,7 @@ from maxscore.heads.train_config import TrainConfig
 from maxscore.rerank import data, eval as eval_lib
 from maxscore.scoring.requests import TokenRequest
 from maxscore.training.optimizer import make_optimizer
+from maxscore.training.trainer import TEST_STEP_DELAY_ENV
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # A small slice of the embedded default: 6 train and 3 dev queries, documents cut to 24 tokens.
@@ -203,7 +204,7 @@ def test_kill_and_resume_is_bit_exact(tmp_path):
   assert done.returncode == 0, done.stderr[-3000:]
   # The same run, slowed down and killed (SIGKILL: no cleanup) once a checkpoint past step 2 exists.
   cmd, env = _script(tmp_path / "b", cache, tmp_path / "b_export")
-  proc = subprocess.Popen(cmd + ["--step_delay_s=0.5"], env=env, stdout=subprocess.DEVNULL,
+  proc = subprocess.Popen(cmd, env={**env, TEST_STEP_DELAY_ENV: "0.5"}, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
   deadline = time.time() + 240
   while time.time() < deadline and proc.poll() is None and not any(s >= 4 for s in _checkpoints(tmp_path / "b")):

@@ -314,7 +314,7 @@ def _trainable(cfg: TrainConfig, params: dict[str, Any]) -> Optional[Any]:
 def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str], train_set: RerankSet,
           dev_set: Optional[RerankSet], workdir: os.PathLike, *, overrides: Sequence[str] = (),
           feature_cache: Optional[os.PathLike] = None, export_dir: Optional[os.PathLike] = None,
-          overwrite: bool = False, progress: bool = True, step_delay_s: float = 0.0) -> dict[str, Any]:
+          overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
   """Trains (or resumes) a score head (and the backbone with train_backbone) on the config mesh; writes
   checkpoints, metrics.jsonl and summary.json in `workdir` and the exported checkpoint in `export_dir`
   (process 0). Returns the summary."""
@@ -346,7 +346,7 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
                                    sharding_lib.rules_for_batch(cfg.batch_size // cfg.grad_accum_steps, mesh))
   save = lambda step, state: checkpoint.save(run.manager, step, state, fingerprint)
   settings = trainer.LoopSettings(total_steps, cfg.batch_size, prep.num_train, cfg.log_every, cfg.eval_every,
-                                  cfg.save_every, max(1, total_steps // 10), "train", progress, step_delay_s)
+                                  cfg.save_every, max(1, total_steps // 10), "train", progress)
   hooks = trainer.Hooks(lambda idx: make_batch(prep, idx), trainer.placer(run.shardings, mesh, cfg.batch_size),
                         lambda params: dev_metrics(cfg, prompt, prep, decoder, labels_K, params), save, run.log,
                         schedule, partition.local_rows(cfg.batch_size, mesh))

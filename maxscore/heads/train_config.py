@@ -122,12 +122,9 @@ class TrainRun:
   feature_cache: Optional[str] = None
   overwrite: bool = False
   progress: bool = True
-  step_delay_s: float = 0.0                # tests: sleep after every step so a supervisor can kill mid-run
 
   def validate(self) -> "TrainRun":
     for name in ("rerank_top_k", "max_train_queries", "max_dev_queries"):
       if getattr(self, name) < 0:
         raise TrainError(f"{name}={getattr(self, name)} must be >= 0")
-    if self.step_delay_s < 0:
-      raise TrainError(f"step_delay_s={self.step_delay_s} must be >= 0")
     return self

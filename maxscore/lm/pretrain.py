@@ -106,12 +106,11 @@ class PretrainRun:
   export_dir: Optional[str] = None
   overwrite: bool = False
   progress: bool = True
-  step_delay_s: float = 0.0
 
   def validate(self) -> "PretrainRun":
-    if self.vocab_size < 256 or self.tokenizer_chars < 1 or self.step_delay_s < 0:
-      raise TrainError(f"need vocab_size >= 256, tokenizer_chars >= 1, step_delay_s >= 0; got "
-                       f"{self.vocab_size}, {self.tokenizer_chars}, {self.step_delay_s}")
+    if self.vocab_size < 256 or self.tokenizer_chars < 1:
+      raise TrainError(f"need vocab_size >= 256 and tokenizer_chars >= 1; got {self.vocab_size}, "
+                       f"{self.tokenizer_chars}")
     return self
 
 
@@ -129,7 +128,7 @@ def run_pretraining(run: PretrainRun, cfg: PretrainConfig) -> dict[str, Any]:
       corpus_lib.held_out_text(corpus_lib.pydoc_sections(), held), run.workdir,
       tokenizer_texts=corpus_lib.tokenizer_texts(corpus, run.tokenizer_chars) if not run.tokenizer_path else (),
       vocab_size=run.vocab_size, export_dir=run.export_dir, overwrite=run.overwrite, progress=run.progress,
-      step_delay_s=run.step_delay_s, info=info)
+      info=info)
 
 
 # --- data ------------------------------------------------------------------------------------------
@@ -238,7 +237,7 @@ def _prepare_outputs(workdir: pathlib.Path, export_dir, overwrite: bool, inputs)
 def pretrain(cfg: PretrainConfig, tokenizer_path: Optional[os.PathLike], train_texts: Sequence[str],
              held_out_texts: Sequence[str], workdir: os.PathLike, *, tokenizer_texts: Sequence[str] = (),
              vocab_size: int = 3072, export_dir: Optional[os.PathLike] = None, overwrite: bool = False,
-             progress: bool = True, step_delay_s: float = 0.0, info: Optional[dict] = None) -> dict[str, Any]:
+             progress: bool = True, info: Optional[dict] = None) -> dict[str, Any]:
   """Pretrains (or resumes) a decoder on `train_texts`; returns the summary (also <workdir>/summary.json).
 
   `tokenizer_path` None: a sentencepiece tokenizer of `vocab_size` is trained on `tokenizer_texts` into
@@ -274,7 +273,7 @@ def pretrain(cfg: PretrainConfig, tokenizer_path: Optional[os.PathLike], train_t
   evaluate = make_held_out_nll(decoder, held, cfg.batch_size) if len(held) else lambda p: None
   save = lambda s, st: checkpoint.save(run.manager, s, st, fingerprint)
   settings = trainer.LoopSettings(cfg.num_steps, cfg.batch_size, len(rows), cfg.log_every, cfg.eval_every,
-                                  cfg.save_every, max(1, cfg.num_steps // 20), "pretrain", progress, step_delay_s)
+                                  cfg.save_every, max(1, cfg.num_steps // 20), "pretrain", progress)
   hooks = trainer.Hooks(lambda idx: ({"rows": rows[np.where(idx >= 0, idx, 0)], "valid": idx >= 0}, 0),
                         trainer.placer(run.shardings, mesh, cfg.batch_size), lambda p: _held_out(evaluate, p), save,
                         run.log, schedule, partition.local_rows(cfg.batch_size, mesh))

@@ -34,6 +34,10 @@ from maxscore.training import checkpoint, partition
 from maxscore.training.metrics_log import MetricsLog, NullLog
 from maxscore.training.state import TrainState, fresh
 
+# Test-only, not a setting: seconds `loop` sleeps after every step, so a test can kill a run between two
+# checkpoints (tests/test_train.py). Nothing else sets it.
+TEST_STEP_DELAY_ENV = "MAXSCORE_TEST_STEP_DELAY_S"
+
 
 def abstract_state(params: Any, optimizer: optax.GradientTransformation, data_key: jax.Array) -> TrainState:
   """The state's shapes and dtypes (no arrays allocated): what restore and compile-only programs need."""
@@ -167,7 +171,6 @@ class LoopSettings:
   progress_every: int
   name: str = "train"
   progress: bool = True
-  step_delay_s: float = 0.0
 
 
 @dataclasses.dataclass
@@ -203,6 +206,7 @@ def _log_eval(hooks: Hooks, step: int, params, timing: Timing) -> None:
 
 def loop(s: LoopSettings, state: TrainState, step_fn: Callable, hooks: Hooks) -> tuple[TrainState, Timing]:
   """Steps from the state's step to `total_steps`: train lines, evals and checkpoints on their cadence."""
+  delay_s = float(os.environ.get(TEST_STEP_DELAY_ENV) or 0)
   timing = Timing()
   step = int(state.step)
   if step == 0:
@@ -234,8 +238,8 @@ def loop(s: LoopSettings, state: TrainState, step_fn: Callable, hooks: Hooks) ->
       hooks.save(step, state)
     if s.progress and step % s.progress_every == 0:
       logging.info("%s: step %d/%d loss %.4f", s.name, step, s.total_steps, loss)
-    if s.step_delay_s:
-      time.sleep(s.step_delay_s)
+    if delay_s > 0:
+      time.sleep(delay_s)
   return state, timing
 
 
