@@ -100,15 +100,16 @@ def evaluate_split(cfg_head: head.HeadConfig, params, hidden, logprobs, examples
   return metrics.aggregate(per_query) if per_query else {}
 
 
-# Settings added after runs were first written, with the behaviour from before they existed: recorded
-# only when they differ from it, so that a run written before them still resumes.
-_LATER_SETTINGS = {"coverage_on": "probe", "lora_rank": 0, "lora_alpha": 16.0, "lora_targets": LORA_TARGETS,
-                   "grad_accum_steps": 1, "compute_dtype": None, "param_dtype": None, "remat": "per_layer"}
+# Settings a run's identity names only when they differ from these values: an identity that does not name one
+# stands for that setting at its value here (the TrainConfig default).
+_IDENTITY_DEFAULTS = {"coverage_on": "probe", "lora_rank": 0, "lora_alpha": 16.0, "lora_targets": LORA_TARGETS,
+                      "grad_accum_steps": 1, "compute_dtype": None, "param_dtype": None, "remat": "per_layer"}
 
 
 def train_identity(cfg: TrainConfig) -> dict:
   """The training settings a resumed run must match."""
-  return {k: v for k, v in dataclasses.asdict(cfg).items() if not (k in _LATER_SETTINGS and v == _LATER_SETTINGS[k])}
+  return {k: v for k, v in dataclasses.asdict(cfg).items()
+          if not (k in _IDENTITY_DEFAULTS and v == _IDENTITY_DEFAULTS[k])}
 
 
 def _run_fingerprint(cfg: TrainConfig, prompt: PromptConfig, scorer: Scorer, examples: dict[str, Examples]) -> dict:
@@ -409,10 +410,10 @@ def export(cfg: TrainConfig, prep: Prepared, summary: dict[str, Any], final, exp
   backbone = jax.device_get(final["backbone"]) if cfg.train_backbone else None
   if backbone is not None and _lora(cfg) is not None:
     backbone = jax.device_get(lora_lib.merge(backbone, _lora(cfg)))  # W + alpha / rank * A @ B
-  again = safety.exported_by(export_dir, workdir)
+  ours = safety.exported_by(export_dir, workdir)  # this workdir's earlier (or killed) run wrote it
   return str(head_storage.export_checkpoint(prep.scorer.config.runtime.checkpoint_dir, export_dir, prep.head_cfg,
                                             jax.device_get(final["head"]), info, backbone,
-                                            overwrite=overwrite or again, workdir=str(workdir)))
+                                            overwrite=overwrite or ours, workdir=str(workdir)))
 
 
 def _prepare_outputs(workdir: pathlib.Path, export_dir: Optional[os.PathLike], overwrite: bool,

@@ -291,10 +291,10 @@ def pretrain(cfg: PretrainConfig, tokenizer_path: Optional[os.PathLike], train_t
   if len(held) and cfg.seq_len >= 4:
     summary["held_out_copy_probe"] = copy_probe(decoder, final, held[:64], min(64, cfg.seq_len // 2))
   if export_dir:
-    again = safety.exported_by(export_dir, workdir)
+    ours = safety.exported_by(export_dir, workdir)  # this workdir's earlier (or killed) run wrote it
     summary["export_dir"] = str(storage.save_checkpoint(
         export_dir, jax.device_get(final), model, tokenizer_files=(tokenizer_path,),
-        overwrite=overwrite or again, workdir=str(workdir)))
+        overwrite=overwrite or ours, workdir=str(workdir)))
   safety.atomic_write_text(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
   return summary
 
