@@ -316,9 +316,32 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
           dev_set: Optional[RerankSet], workdir: os.PathLike, *, overrides: Sequence[str] = (),
           feature_cache: Optional[os.PathLike] = None, export_dir: Optional[os.PathLike] = None,
           overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
-  """Trains (or resumes) a score head (and the backbone with train_backbone) on the config mesh; writes
-  checkpoints, metrics.jsonl and summary.json in `workdir` and the exported checkpoint in `export_dir`
-  (process 0). Returns the summary."""
+  """Trains (or resumes) a score head (and the backbone with train_backbone) on the config mesh.
+
+  Writes checkpoints, metrics.jsonl and summary.json in `workdir` and, on process 0, the exported checkpoint
+  in `export_dir`. A workdir holding this run's checkpoints resumes from the latest.
+
+  Args:
+    cfg: the head, loss, optimizer and loop settings.
+    prompt: how prompts are built and which dev metrics are computed, as the eval does.
+    checkpoint_dir: the backbone checkpoint; None = the embedded default, "none" = a random-init model.
+    train_set: the queries, candidates and qrels to train on.
+    dev_set: the split evaluated every `cfg.eval_every` steps; None = no dev eval.
+    workdir: the run's directory, created, resumed, or (with `overwrite`) replaced.
+    overrides: configs/base.yml `key=value` settings for the scorer and the mesh.
+    feature_cache: an npz of the frozen features, reused when it matches (frozen backbone only).
+    export_dir: where the base checkpoint with the trained head (and backbone) is written; None = no export.
+    overwrite: remove the workdir (and replace export_dir) when maxscore wrote it, instead of resuming.
+    progress: log progress lines.
+
+  Returns:
+    The summary on process 0 (also <workdir>/summary.json: steps, dev metrics before and after, throughput,
+    export_dir); {} on the other processes.
+
+  Raises:
+    TrainError: an invalid setting, or a batch the mesh cannot split.
+    ResumeError: the workdir holds a run with other settings or data.
+  """
   cfg.validate()
   prompt.validate()
   wall_start = time.perf_counter()
@@ -360,14 +383,19 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   step = int(state.step)
   summary = _summary(cfg, prompt, prep, workdir, run.log, step, steps_per_epoch, run.resume_step, final, timing,
                      time.perf_counter() - wall_start)
-  previous = trainer.finished_run_summary(workdir, run.resume_step)
-  if previous and previous.get("throughput"):
-    summary["throughput"] = {**previous["throughput"], "wall_seconds": summary["throughput"]["wall_seconds"] +
-                             (previous["throughput"].get("wall_seconds") or 0.0)}
+  _carry_throughput(summary, trainer.finished_run_summary(workdir, run.resume_step))
   if export_dir:
     summary["export_dir"] = export(cfg, prep, summary, final, export_dir, workdir, overwrite)
   safety.atomic_write_text(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
   return summary
+
+
+def _carry_throughput(summary: dict[str, Any], previous: Optional[dict]) -> None:
+  """A run restarted where its last finished process ended (nothing trained now) keeps that process's
+  throughput, its wall seconds added to this one's."""
+  if previous and previous.get("throughput"):
+    summary["throughput"] = {**previous["throughput"], "wall_seconds": summary["throughput"]["wall_seconds"] +
+                             (previous["throughput"].get("wall_seconds") or 0.0)}
 
 
 def _summary(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, workdir: pathlib.Path, log: MetricsLog,
