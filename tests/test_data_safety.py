@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 from maxscore import cli
 from maxscore.checkpoints import storage
 from maxscore.checkpoints.convert import convert_hf_checkpoint
-from maxscore.errors import ResumeError, UnsafeOutputError
+from maxscore.errors import ResumeError, TrainError, UnsafeOutputError
 from maxscore.files import identity, safety
-from maxscore.heads import score_heads as heads, train as train_lib
+from maxscore.heads import head, head_storage, train as train_lib
+from maxscore.heads.train_config import TrainConfig
 from maxscore.rerank import data, eval as eval_lib
 from maxscore.scoring import jsonl as score_file
 
@@ -155,13 +156,13 @@ def test_convert_overwrite_refuses_an_unrelated_directory_and_replaces_its_own(h
 
 
 def test_export_refuses_an_existing_foreign_directory_even_with_overwrite(tmp_path):
-  cfg = heads.HeadConfig(kind="lm_labels", label_token_ids=(4, 5), hidden_size=128, delta="none")
-  params = heads.init_head(cfg, jax.random.PRNGKey(0))
+  cfg = head.HeadConfig(kind="lm_labels", label_token_ids=(4, 5), hidden_size=128, delta="none")
+  params = head.init_head(cfg, jax.random.PRNGKey(0))
   target = tmp_path / "existing"
   before = _foreign_dir(target)
   for overwrite in (False, True):
     with pytest.raises(UnsafeOutputError, match="not written by maxscore"):
-      heads.export_checkpoint(data.DEFAULT_CHECKPOINT, target, cfg, params, overwrite=overwrite)
+      head_storage.export_checkpoint(data.DEFAULT_CHECKPOINT, target, cfg, params, overwrite=overwrite)
   assert _tree(target) == before
 
 
@@ -170,7 +171,7 @@ def test_train_export_dir_existing_directory_is_kept_without_overwrite(tmp_path)
   before = _foreign_dir(target)
   dataset = _tiny_set(tmp_path / "d.jsonl")
   with pytest.raises(UnsafeOutputError, match="not written by maxscore"):
-    train_lib.train(train_lib.TrainConfig(num_steps=1), CFG, None, dataset, None, tmp_path / "work",
+    train_lib.train(TrainConfig(num_steps=1), CFG, None, dataset, None, tmp_path / "work",
                     export_dir=target, progress=False)
   assert _tree(target) == before
 
@@ -178,8 +179,8 @@ def test_train_export_dir_existing_directory_is_kept_without_overwrite(tmp_path)
 def test_train_export_of_a_random_init_model_is_refused_before_any_work(tmp_path):
   """A random-init model (--checkpoint_dir=none) has no base checkpoint to export beside the weights."""
   dataset = _tiny_set(tmp_path / "d.jsonl")
-  with pytest.raises(train_lib.TrainError, match="--checkpoint_dir=none.*leave out --export_dir"):
-    train_lib.train(train_lib.TrainConfig(num_steps=1), CFG, "none", dataset, None, tmp_path / "work",
+  with pytest.raises(TrainError, match="--checkpoint_dir=none.*leave out --export_dir"):
+    train_lib.train(TrainConfig(num_steps=1), CFG, "none", dataset, None, tmp_path / "work",
                     export_dir=tmp_path / "export", progress=False)
   assert not (tmp_path / "work").exists() and not (tmp_path / "export").exists()
 
@@ -187,7 +188,7 @@ def test_train_export_of_a_random_init_model_is_refused_before_any_work(tmp_path
 def test_train_export_inside_the_workdir_is_refused_with_where_to_put_it(tmp_path):
   dataset = _tiny_set(tmp_path / "d.jsonl")
   with pytest.raises(UnsafeOutputError, match="choose an export path outside it"):
-    train_lib.train(train_lib.TrainConfig(num_steps=1), CFG, None, dataset, None, tmp_path / "work",
+    train_lib.train(TrainConfig(num_steps=1), CFG, None, dataset, None, tmp_path / "work",
                     export_dir=tmp_path / "work" / "export", progress=False)
 
 
@@ -222,7 +223,7 @@ def test_train_workdir_overwrite_refuses_a_directory_maxscore_did_not_write(tmp_
   dataset = _tiny_set(tmp_path / "d.jsonl")
   for overwrite in (True, False):
     with pytest.raises(UnsafeOutputError, match="not written by maxscore"):
-      train_lib.train(train_lib.TrainConfig(num_steps=1), CFG, None, dataset, None, workdir,
+      train_lib.train(TrainConfig(num_steps=1), CFG, None, dataset, None, workdir,
                       overwrite=overwrite, progress=False)
   assert _tree(workdir) == before
 

@@ -10,6 +10,7 @@ import pytest
 
 from maxscore.checkpoints import storage
 from maxscore.checkpoints.tokenizer import load_tokenizer
+from maxscore.errors import ResumeError
 from maxscore.lm import corpus as corpus_lib
 from maxscore.lm import pairs as pairs_lib
 from maxscore.lm import pretrain as pretrain_lib
@@ -93,7 +94,7 @@ def test_pretraining_loss_falls_and_resume_is_bit_exact(texts, uninterrupted, tm
 @pytest.mark.slow
 def test_resume_with_other_settings_is_refused(texts, uninterrupted):
   root, _ = uninterrupted
-  with pytest.raises(pretrain_lib.train_lib.ResumeError, match="learning_rate"):
+  with pytest.raises(ResumeError, match="learning_rate"):
     pretrain_lib.pretrain(pretrain_lib.PretrainConfig(**{**TINY, "learning_rate": 1e-3}), TOKENIZER, *texts,
                           root / "a", progress=False)
 

@@ -36,7 +36,7 @@ from layers.kernels import get_kernel
 from maxscore.bench import chips, compile_report
 from maxscore.bench import train_program as tp
 from maxscore.config import Config
-from maxscore.heads.train_config import TrainError
+from maxscore.errors import TrainError
 from maxscore.distributed import mesh as mesh_lib
 from maxscore.scoring import cost_model
 from maxscore.scoring.layout import bucket

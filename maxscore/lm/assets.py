@@ -43,6 +43,7 @@ from maxscore import errors
 from maxscore.checkpoints.tokenizer import load_tokenizer
 from maxscore.files import safety
 from maxscore.heads import train as train_lib
+from maxscore.heads import train_config
 from maxscore.lm import corpus as corpus_lib
 from maxscore.lm import default_set
 from maxscore.lm import pairs as pairs_lib
@@ -94,9 +95,9 @@ class AssetOptions:
     bad = [f"{k}={getattr(self, k)} must be >= {v}" for k, v in at_least.items() if getattr(self, k) < v]
     if self.max_tokens < self.min_tokens:
       bad.append(f"max_tokens={self.max_tokens} must be >= min_tokens={self.min_tokens}")
-    bad += [f"{k}={getattr(self, k)!r} must be one of {list(train_lib.COVERAGE_ON)}"
+    bad += [f"{k}={getattr(self, k)!r} must be one of {list(train_config.COVERAGE_ON)}"
             for k in ("finetune_coverage_on", "finetune_full_coverage_on")
-            if getattr(self, k) not in train_lib.COVERAGE_ON]
+            if getattr(self, k) not in train_config.COVERAGE_ON]
     if bad:
       raise ValueError("; ".join(bad))
     return self
@@ -262,11 +263,11 @@ def _whole_candidates_stage(options: AssetOptions) -> _FinetuneStage:
 
 def _finetune(options: AssetOptions, work: pathlib.Path, jsonl: pathlib.Path, pairs: pathlib.Path,
               stage: _FinetuneStage) -> dict:
-  config = train_lib.TrainConfig(train_backbone=True, loss="listwise", batch_size=options.finetune_batch_size,
-                                 num_steps=stage.steps, learning_rate=stage.learning_rate,
-                                 warmup_steps=stage.warmup_steps, eval_every=50, save_every=50, log_every=10,
-                                 seed=options.seed, match_loss_weight=options.finetune_match_weight,
-                                 coverage_on=stage.coverage_on)
+  config = train_config.TrainConfig(train_backbone=True, loss="listwise", batch_size=options.finetune_batch_size,
+                                    num_steps=stage.steps, learning_rate=stage.learning_rate,
+                                    warmup_steps=stage.warmup_steps, eval_every=50, save_every=50, log_every=10,
+                                    seed=options.seed, match_loss_weight=options.finetune_match_weight,
+                                    coverage_on=stage.coverage_on)
   return train_lib.train(config, PromptConfig(max_item_tokens=stage.max_item_tokens), str(work / stage.base),
                          data.load_jsonl(pairs, "train"), data.load_jsonl(jsonl, "dev"), work / stage.run,
                          export_dir=work / stage.export)
