@@ -23,10 +23,9 @@ class HeadScorer:
   scorer's (config, tokenizer, runner, prefix_cache, hidden_states, ...), request validation included.
 
   The head scores the labels it was trained for (`label_token_ids=None` in `score()` picks them);
-  a request for any other labels is scored by the backbone exactly as without a head. Forwards:
-  one for linear/mlp (hidden states) and for bias-only lm_labels (label log-probs); two for
-  lm_labels with a hidden-state delta (label log-probs and hidden states), so the log-probs are the scorer's
-  own and a zero delta reproduces them bit for bit.
+  a request for any other labels is scored by the backbone exactly as without a head. One forward
+  per request group: it returns hidden states (linear/mlp), label log-probs (bias-only lm_labels), or
+  both (lm_labels with a hidden-state delta), and a zero delta reproduces the scorer's scores bit for bit.
   """
 
   def __init__(self, scorer: Scorer, cfg: HeadConfig, params: Mapping, info: Optional[Mapping] = None):
@@ -89,9 +88,15 @@ class HeadScorer:
     and the labels' softmax cancels; so the vocabulary log-sum-exp is skipped and a zero delta still
     reproduces the scorer's scores bit for bit."""
     cfg = self.head_config
-    # The scorer's forwards (Scorer._run): per request (output, algorithm name).
-    lps = self.scorer._run(head_reqs, algorithm, output) if cfg.reads_logprobs else None
-    hs = self.scorer._run(head_reqs, algorithm, "hidden") if cfg.reads_hidden else None
+    # The scorer's forwards (Scorer._run): per request (output, algorithm name); one forward for both
+    # outputs when the head reads both ([N, K + D]: the labels' columns, then the hidden state).
+    if cfg.reads_logprobs and cfg.reads_hidden:
+      both = self.scorer._run(head_reqs, algorithm, f"{output}+hidden")
+      k = cfg.num_labels
+      lps, hs = [(x[:, :k], name) for x, name in both], [(x[:, k:], name) for x, name in both]
+    else:
+      lps = self.scorer._run(head_reqs, algorithm, output) if cfg.reads_logprobs else None
+      hs = self.scorer._run(head_reqs, algorithm, "hidden") if cfg.reads_hidden else None
     out = []
     for j, r in enumerate(head_reqs):
       name = (lps or hs)[j][1]
