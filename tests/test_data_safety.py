@@ -334,30 +334,6 @@ def _paths(directory):
           for p in sorted(directory.rglob("*"))}
 
 
-@pytest.fixture
-def script_log():
-  """Installs a script's log as cli.run_script does (held until the run claims its directory); removed after."""
-  import logging
-  from absl import logging as absl_logging
-  root, absl_handler = logging.getLogger(), absl_logging.get_absl_handler()
-  saved, handlers = (root.level, absl_handler.level, absl_handler in root.handlers), []
-
-  def install(path):  # one run, one handler: as a script's process
-    while handlers:
-      h = handlers.pop()
-      root.removeHandler(h)
-      h.close()
-    handlers.append(cli.console_logging(path, after_claim=True))
-  yield install
-  for h in handlers:
-    root.removeHandler(h)
-    h.close()
-  root.setLevel(saved[0])
-  absl_handler.setLevel(saved[1])
-  if not saved[2]:
-    root.removeHandler(absl_handler)
-
-
 def _refused(script, argv):
   with pytest.raises(SystemExit) as e:
     script.run(argv)
