@@ -1,5 +1,6 @@
 """Shared fixtures: random tiny Hugging Face models (the parity oracle), their converted checkpoints, tokenizers,
-and a script's log installed as a script installs it."""
+two checkpoints of the default model that differ only in weights, and a script's log installed as a script
+installs it."""
 
 import logging
 import os
@@ -7,12 +8,16 @@ import pathlib
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 
+import jax
+import numpy as np
 import pytest
 from absl import logging as absl_logging
 
 from maxscore import cli
+from maxscore.checkpoints import storage
 from maxscore.checkpoints.convert import convert_hf_checkpoint
 from maxscore.lm.tokenizer_training import sample_texts, train_sentencepiece
+from maxscore.rerank import data
 from maxscore.testing import hf_models, tokenizers
 
 # name -> (family, overrides): GQA with 1 and 2 kv heads, tied and untied, biases, Llama-3 rope scaling.
@@ -52,6 +57,19 @@ def hf_checkpoints(tmp_path_factory):
       cache[name] = (model, hf_dir, convert_hf_checkpoint(hf_dir, root / f"{name}_ckpt"))
     return cache[name]
   return get
+
+
+@pytest.fixture(scope="session")
+def two_checkpoints(tmp_path_factory):
+  """Two maxscore checkpoints of the default architecture and tokenizer with different weights."""
+  root = tmp_path_factory.mktemp("ckpts")
+  base = storage.restore_checkpoint(data.DEFAULT_CHECKPOINT)
+  tok = data.DEFAULT_CHECKPOINT / "tokenizer" / "tokenizer.model"
+  out = []
+  for name, scale in (("a", 1.0), ("b", 1.01)):
+    params = jax.tree_util.tree_map(lambda x: np.asarray(x) * scale, base.params)
+    out.append(storage.save_checkpoint(root / name, params, base.model, tokenizer_files=(tok,)))
+  return out
 
 
 @pytest.fixture
