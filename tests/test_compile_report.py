@@ -16,7 +16,7 @@ from layers import sharding
 from layers.config import ModelConfig
 from maxscore.bench import chips, compile_report
 from maxscore.scoring import cost_model
-from maxscore.testing.compile_targets import abstract_scorer, assert_compiled
+from maxscore.testing.compile_targets import abstract_scorer, assert_compiled, compile_both_algorithms
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("_script_compile_check", REPO / "scripts" / "compile_check.py")
@@ -103,10 +103,7 @@ def test_script_v6e_1x1_tiny_packed_and_prefill_extend(tmp_path, capsys):
 def test_qwen3_dims_two_layers_v6e_1x1():
   """Qwen3-0.6B's real widths (151936 vocab) at 2 layers: both splash programs compile and fit on one v6e."""
   scorer = abstract_scorer("v6e:1x1", model="qwen3-0.6b", num_layers=2, **SMALL)
-  packed = compile_report.compile_workload(scorer, (500, 64, 16), V6E)
-  _assert_ok(packed, "packed", ["packed_logprobs"])
-  extend = compile_report.compile_workload(scorer, (500, 64, 16), V6E, "prefill_extend")
-  _assert_ok(extend, "prefill_extend", ["prefill", "extend_logprobs"])
+  packed, extend = compile_both_algorithms(scorer, (500, 64, 16), V6E, kernel="splash")
   weights = scorer.config.model.num_params() * 2  # bf16
   assert all(r["memory"]["arguments"] >= weights for r in packed["programs"] + extend["programs"])
 

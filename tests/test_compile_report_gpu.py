@@ -12,7 +12,7 @@ import pathlib
 import pytest
 
 from maxscore.bench import chips, compile_report
-from maxscore.testing.compile_targets import abstract_scorer, assert_compiled
+from maxscore.testing.compile_targets import abstract_scorer, assert_compiled, compile_both_algorithms
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("_script_compile_check_gpu", REPO / "scripts" / "compile_check.py")
@@ -89,10 +89,7 @@ def test_qwen3_dims_two_layers_h100():
   """Qwen3-0.6B's real widths (151936 vocab) at 2 layers: packed and prefill+extend compile and fit on an H100."""
   scorer = abstract_scorer("h100", model="qwen3-0.6b", num_layers=2, **SMALL)
   assert scorer.runner.mesh.devices.flat[0].device_kind == H100.device_kind
-  packed = compile_report.compile_workload(scorer, (500, 64, 16), H100)
-  _assert_ok(packed, "packed", ["packed_logprobs"])
-  extend = compile_report.compile_workload(scorer, (500, 64, 16), H100, "prefill_extend")
-  _assert_ok(extend, "prefill_extend", ["prefill", "extend_logprobs"])
+  packed, extend = compile_both_algorithms(scorer, (500, 64, 16), H100, kernel="pallas_gpu")
   weights = scorer.config.model.num_params() * 2  # bf16
   assert all(r["memory"]["arguments"] >= weights for r in packed["programs"] + extend["programs"])
 

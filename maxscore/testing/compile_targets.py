@@ -3,7 +3,7 @@ runs on it), and what every compiled workload must show."""
 
 from typing import Any
 
-from maxscore.bench import compile_report
+from maxscore.bench import chips, compile_report
 from maxscore.scoring.scorer import Scorer
 
 
@@ -30,3 +30,13 @@ def assert_compiled(workload: dict[str, Any], algorithm: str, entries: list[str]
     assert r["kernel"] == kernel and r["pallas"], r
     assert 0 < r["hbm_bytes"] < r["hbm_capacity"] and r["roofline_s"] > 0, r
   assert workload["items_per_s"] > 0
+
+
+def compile_both_algorithms(scorer: Scorer, geometry: tuple[int, ...], chip: chips.Chip,
+                            kernel: str) -> tuple[dict, dict]:
+  """`geometry` compiled with packed and with prefill_extend, each checked by assert_compiled: (packed, extend)."""
+  packed = compile_report.compile_workload(scorer, geometry, chip)
+  assert_compiled(packed, "packed", ["packed_logprobs"], kernel)
+  extend = compile_report.compile_workload(scorer, geometry, chip, "prefill_extend")
+  assert_compiled(extend, "prefill_extend", ["prefill", "extend_logprobs"], kernel)
+  return packed, extend
