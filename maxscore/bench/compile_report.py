@@ -325,14 +325,19 @@ def gb(x: float) -> str:
   return f"{x / 1e9:.2f}"
 
 
-def topology_line(report: dict[str, Any]) -> str:
-  """The first line of a report's text: where it compiled for, and the chip's HBM, peak and bandwidth."""
+def header_lines(report: dict[str, Any], mesh_name: str, settings: str) -> list[str]:
+  """The head of a report's text: where it compiled for (the chip's HBM, peak and bandwidth); the mesh, the model
+  and `settings`; the report's note; a blank line."""
   c = report["chip"]
   gpu = c["platform"] == "gpu"
   where = (f"GPU {report['topology']}: {report['devices']} GPU(s) on one host" if gpu else
            f"TPU {report['topology']} x{report['num_slices']} slice(s): {report['devices']} devices")
-  return (f"{where} ({c['name']}: {c['hbm_bytes'] / 1e9:.0f} GB HBM, {c['peak_bf16_flops'] / 1e12:.0f} TFLOP/s bf16, "
-          f"{c['hbm_bytes_per_s'] / 1e9:.0f} GB/s per {'GPU' if gpu else 'chip'}; {c['source']})")
+  mesh = " ".join(f"{k}={v}" for k, v in report["mesh"].items())
+  return [f"{where} ({c['name']}: {c['hbm_bytes'] / 1e9:.0f} GB HBM, {c['peak_bf16_flops'] / 1e12:.0f} TFLOP/s bf16, "
+          f"{c['hbm_bytes_per_s'] / 1e9:.0f} GB/s per {'GPU' if gpu else 'chip'}; {c['source']})",
+          f"{mesh_name}: {mesh}; model {report['model']} {report['num_layers']} layers "
+          f"({report['params'] / 1e6:.0f}M params){settings}",
+          f"{report['note']}.", ""]
 
 
 def search_line(what: str, search: dict[str, Any]) -> str:
@@ -371,12 +376,8 @@ def _workload_lines(w: dict[str, Any]) -> list[str]:
 
 def summary(report: dict[str, Any]) -> str:
   """The report as a table: one block per workload, then the largest-fit searches."""
-  mesh = " ".join(f"{k}={v}" for k, v in report["mesh"].items())
-  lines = [topology_line(report),
-           f"scoring mesh (process 0's data group): {mesh}; model {report['model']} {report['num_layers']} layers "
-           f"({report['params'] / 1e6:.0f}M params), dtype={report['dtype']} weight_dtype={report['weight_dtype']}, "
-           f"attention={report['attention']}",
-           f"{report['note']}.", ""]
+  lines = header_lines(report, "scoring mesh (process 0's data group)",
+                       f", dtype={report['dtype']} weight_dtype={report['weight_dtype']}, attention={report['attention']}")
   for w in report["workloads"]:
     lines += _workload_lines(w) + [""]
   for s in report["searches"]:

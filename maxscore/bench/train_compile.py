@@ -316,16 +316,12 @@ def _step_lines(s: dict[str, Any]) -> list[str]:
 
 def summary(report: dict[str, Any]) -> str:
   """The report as text; the last line is FITS or DOES NOT FIT (every geometry at --batch_size)."""
-  mesh = " ".join(f"{k}={v}" for k, v in report["mesh"].items())
   lora = report["lora"]
   mode = report["train"] + (f" (rank {lora['rank']}, alpha {lora['alpha']}, targets {','.join(lora['targets'])})"
                              if lora else "")
-  lines = [compile_report.topology_line(report),
-           f"training mesh: {mesh}; model {report['model']} {report['num_layers']} layers "
-           f"({report['params'] / 1e6:.0f}M params); train={mode}, remat={report['remat']}, compute "
-           f"{report['dtype']}, float32 master weights and Adam state, frozen weights {report['frozen_dtype']}, "
-           f"attention={report['attention']}",
-           f"{report['note']}.", ""]
+  lines = compile_report.header_lines(
+      report, "training mesh", f"; train={mode}, remat={report['remat']}, compute {report['dtype']}, float32 master "
+      f"weights and Adam state, frozen weights {report['frozen_dtype']}, attention={report['attention']}")
   for s in report["steps"]:
     lines += _step_lines(s) + [""]
   if report["search"]:
