@@ -48,8 +48,7 @@ def expected_errors() -> tuple[type[BaseException], ...]:
   from maxscore.checkpoints.tokenizer import TokenizerError
   from maxscore.config import ConfigError
   from maxscore.distributed.mesh import MeshError
-  from maxscore.errors import ResumeError, ScoreInputError, UnsafeOutputError
-  from maxscore.heads.train_config import TrainError
+  from maxscore.errors import ResumeError, ScoreInputError, TrainError, UnsafeOutputError
   from maxscore.rerank.compare import CompareError
   from maxscore.rerank.plots import PlotError
   from maxscore.serving.config import ServeError

@@ -51,6 +51,7 @@ class ScoringConfig:
   prefix_cache_bytes: int = 1 << 30
   max_request_tokens: int = 1 << 20
   max_tokens_per_forward: int = 1 << 16
+  max_stacked_tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,8 +172,9 @@ def _validate(cfg: Config) -> None:
     section = getattr(cfg, _KEY_TO_SECTION[key])
     if getattr(section, key) <= 0:
       raise ConfigError(f"{key}={getattr(section, key)} must be positive")
-  if cfg.scoring.prefix_cache_bytes < 0:
-    raise ConfigError(f"prefix_cache_bytes={cfg.scoring.prefix_cache_bytes} must be >= 0")
+  for key in ("prefix_cache_bytes", "max_stacked_tokens"):
+    if getattr(cfg.scoring, key) < 0:
+      raise ConfigError(f"{key}={getattr(cfg.scoring, key)} must be >= 0")
   if cfg.buckets.length_group_ratio < 1:
     raise ConfigError(f"length_group_ratio={cfg.buckets.length_group_ratio} must be >= 1")
   try:

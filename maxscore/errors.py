@@ -14,4 +14,9 @@ class UnsafeOutputError(ValueError):
 
 
 class ResumeError(ValueError):
-  """An output directory holds the results of a different run; the message says what changed."""
+  """An output directory holds the results of a different run (an eval's, a training's); the message says
+  what changed."""
+
+
+class TrainError(ValueError):
+  """A training setting is invalid, or a run cannot start with it (the batch, the mesh, stored shapes)."""

@@ -24,11 +24,12 @@ from absl import flags
 
 from maxscore import cli
 from maxscore.heads import train as train_lib
+from maxscore.heads.train_config import TrainConfig, TrainRun
 from maxscore.rerank import data
 from maxscore.rerank.prompts import PromptConfig
 
 ENTRY = "train"
-SECTIONS = {"run": train_lib.TrainRun, "train": train_lib.TrainConfig, "prompt": PromptConfig}
+SECTIONS = {"run": TrainRun, "train": TrainConfig, "prompt": PromptConfig}
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -50,7 +51,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
       dev_set.queries = dev_set.queries[:run.max_dev_queries]
     summary = train_lib.train(s["train"], s["prompt"], run.checkpoint_dir, train_set, dev_set, run.workdir,
                               overrides=argv[1:], feature_cache=run.feature_cache, export_dir=run.export_dir,
-                              overwrite=run.overwrite, progress=run.progress, step_delay_s=run.step_delay_s)
+                              overwrite=run.overwrite, progress=run.progress)
   if summary:  # process 0 reports
     print(json.dumps(summary, indent=2))
 

@@ -1,14 +1,23 @@
 """Shared fixtures: random tiny Hugging Face models (the parity oracle), their converted checkpoints, tokenizers,
-and the entry scripts as modules."""
+two checkpoints of the default model that differ only in weights, a script's log installed as a script
+installs it, and the entry scripts as modules."""
 
+import logging
 import os
 import pathlib
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 
+import jax
+import numpy as np
 import pytest
+from absl import logging as absl_logging
 
+from maxscore import cli
+from maxscore.checkpoints import storage
 from maxscore.checkpoints.convert import convert_hf_checkpoint
+from maxscore.lm.tokenizer_training import sample_texts, train_sentencepiece
+from maxscore.rerank import data
 from maxscore.testing import hf_models, scripts, tokenizers
 
 # name -> (family, overrides): GQA with 1 and 2 kv heads, tied and untied, biases, Llama-3 rope scaling.
@@ -26,12 +35,12 @@ FAMILY_VARIANTS = {name: (name, {}) for name in ("gemma", "gemma2", "gemma3", "q
 
 @pytest.fixture(scope="session")
 def sp_tokenizer_path(tmp_path_factory) -> pathlib.Path:
-  return tokenizers.train_sentencepiece(tmp_path_factory.mktemp("sp") / "tok", tokenizers.sample_texts(), 512)
+  return train_sentencepiece(tmp_path_factory.mktemp("sp") / "tok", sample_texts(), 512)
 
 
 @pytest.fixture(scope="session")
 def hf_tokenizer_path(tmp_path_factory) -> pathlib.Path:
-  return tokenizers.train_hf_bpe(tmp_path_factory.mktemp("hf_tok") / "tokenizer.json", tokenizers.sample_texts(), 512)
+  return tokenizers.train_hf_bpe(tmp_path_factory.mktemp("hf_tok") / "tokenizer.json", sample_texts(), 512)
 
 
 @pytest.fixture(scope="session")
@@ -48,6 +57,42 @@ def hf_checkpoints(tmp_path_factory):
       cache[name] = (model, hf_dir, convert_hf_checkpoint(hf_dir, root / f"{name}_ckpt"))
     return cache[name]
   return get
+
+
+@pytest.fixture(scope="session")
+def two_checkpoints(tmp_path_factory):
+  """Two maxscore checkpoints of the default architecture and tokenizer with different weights."""
+  root = tmp_path_factory.mktemp("ckpts")
+  base = storage.restore_checkpoint(data.DEFAULT_CHECKPOINT)
+  tok = data.DEFAULT_CHECKPOINT / "tokenizer" / "tokenizer.model"
+  out = []
+  for name, scale in (("a", 1.0), ("b", 1.01)):
+    params = jax.tree_util.tree_map(lambda x: np.asarray(x) * scale, base.params)
+    out.append(storage.save_checkpoint(root / name, params, base.model, tokenizer_files=(tok,)))
+  return out
+
+
+@pytest.fixture
+def script_log():
+  """install(path) sets up a script's log as cli.run_script does (held until the run claims its directory, unless
+  after_claim=False); the root logger and absl's handler are put back as they were after the test."""
+  root, absl_handler = logging.getLogger(), absl_logging.get_absl_handler()
+  saved, handlers = (root.level, absl_handler.level, absl_handler in root.handlers), []
+
+  def install(path, after_claim=True):  # one run, one handler: as a script's process
+    while handlers:
+      h = handlers.pop()
+      root.removeHandler(h)
+      h.close()
+    handlers.append(cli.console_logging(path, after_claim=after_claim))
+  yield install
+  for h in handlers:
+    root.removeHandler(h)
+    h.close()
+  root.setLevel(saved[0])
+  absl_handler.setLevel(saved[1])
+  if not saved[2]:
+    root.removeHandler(absl_handler)
 
 
 @pytest.fixture

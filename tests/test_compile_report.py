@@ -15,6 +15,7 @@ from layers.config import ModelConfig
 from maxscore.bench import chips, compile_report
 from maxscore.scoring import cost_model
 from maxscore.testing import scripts
+from maxscore.testing.compile_targets import abstract_scorer, assert_compiled, compile_both_algorithms
 
 compile_check = scripts.load_script("compile_check")
 
@@ -69,24 +70,8 @@ def test_chip_table_and_topology_names():
 
 
 # --- real TPU compiles ------------------------------------------------------------------
-def _scorer(topology, num_slices=1, **overrides):
-  options = compile_report.CompileOptions(topology=topology, num_slices=num_slices, model=overrides.pop("model"),
-                                          num_layers=overrides.pop("num_layers", 0),
-                                          overrides=tuple(f"{k}={v}" for k, v in overrides.items()))
-  config = compile_report.build_config(options)
-  devices = compile_report.describe_topology(topology, num_slices)
-  mesh = compile_report.target_mesh(config.mesh, devices)
-  return compile_report.abstract_scorer(config, mesh)
-
-
 def _assert_ok(workload, algorithm, entries):
-  assert workload["error"] is None, workload["error"]
-  assert workload["algorithm"] == algorithm
-  assert sorted({r["entry"] for r in workload["programs"]}) == sorted(entries)
-  assert workload["fits"] and workload["pallas"], workload["programs"]
-  for r in workload["programs"]:
-    assert r["kernel"] == "splash" and 0 < r["hbm_bytes"] < r["hbm_capacity"] and r["roofline_s"] > 0
-  assert workload["items_per_s"] > 0
+  assert_compiled(workload, algorithm, entries, kernel="splash")
 
 
 @pytest.mark.tpu_aot
@@ -113,11 +98,8 @@ def test_script_v6e_1x1_tiny_packed_and_prefill_extend(tmp_path, capsys):
 @pytest.mark.slow
 def test_qwen3_dims_two_layers_v6e_1x1():
   """Qwen3-0.6B's real widths (151936 vocab) at 2 layers: both splash programs compile and fit on one v6e."""
-  scorer = _scorer("v6e:1x1", model="qwen3-0.6b", num_layers=2, **SMALL)
-  packed = compile_report.compile_workload(scorer, (500, 64, 16), V6E)
-  _assert_ok(packed, "packed", ["packed_logprobs"])
-  extend = compile_report.compile_workload(scorer, (500, 64, 16), V6E, "prefill_extend")
-  _assert_ok(extend, "prefill_extend", ["prefill", "extend_logprobs"])
+  scorer = abstract_scorer("v6e:1x1", model="qwen3-0.6b", num_layers=2, **SMALL)
+  packed, extend = compile_both_algorithms(scorer, (500, 64, 16), V6E, kernel="splash")
   weights = scorer.config.model.num_params() * 2  # bf16
   assert all(r["memory"]["arguments"] >= weights for r in packed["programs"] + extend["programs"])
 
@@ -131,7 +113,7 @@ def _param_bytes_per_device(scorer) -> int:
 @pytest.mark.slow
 def test_four_chip_data_by_tensor_mesh_shards_weights():
   """v6e:2x2 as data=2 x tensor=2: compiled, fits, Mosaic inside shard_map; per-chip weights shrink with tensor."""
-  scorer = _scorer("v6e:2x2", model="tiny-qwen3", ici_tensor_parallelism=2, **WIDE)
+  scorer = abstract_scorer("v6e:2x2", model="tiny-qwen3", ici_tensor_parallelism=2, **WIDE)
   assert dict(scorer.runner.mesh.shape) == dict(data=2, fsdp=1, tensor=2)
   _assert_ok(compile_report.compile_workload(scorer, (200, 40, 8, 2), V6E), "packed", ["packed_logprobs"])
   extend = compile_report.compile_workload(scorer, (200, 40, 8), V6E, "prefill_extend")
@@ -139,7 +121,7 @@ def test_four_chip_data_by_tensor_mesh_shards_weights():
   packed_rows = [p for p in scorer.runner.programs.values() if p.entry == "packed_logprobs"]
   assert compile_report.compute_shards(scorer.runner.mesh, packed_rows[0].batch) == 4  # batch 2 over data
 
-  data_only = _scorer("v6e:2x2", model="tiny-qwen3", **WIDE)  # data=4, tensor=1
+  data_only = abstract_scorer("v6e:2x2", model="tiny-qwen3", **WIDE)  # data=4, tensor=1
   assert dict(data_only.runner.mesh.shape) == dict(data=4, fsdp=1, tensor=1)
   prefill_t1 = compile_report.compile_workload(data_only, (200, 40, 8), V6E, "prefill_extend")["programs"]
   by_entry = lambda rows: {r["entry"]: r for r in rows}  # noqa: E731
@@ -157,8 +139,8 @@ def test_four_chip_data_by_tensor_mesh_shards_weights():
 @pytest.mark.tpu_aot
 def test_two_slices_dcn_data_parallel_compiles_process_zeros_group():
   """A pod-shaped job: 2 slices of v6e:2x2 with dcn_data_parallelism=2; process 0 scores on its slice's group."""
-  scorer = _scorer("v6e:2x2", num_slices=2, model="tiny-qwen3", dcn_data_parallelism=2, ici_tensor_parallelism=2,
-                   **SMALL)
+  scorer = abstract_scorer("v6e:2x2", num_slices=2, model="tiny-qwen3", dcn_data_parallelism=2,
+                           ici_tensor_parallelism=2, **SMALL)
   mesh = scorer.runner.mesh
   assert mesh.size == 4 and {d.slice_index for d in mesh.devices.flat} == {0}
   assert dict(mesh.shape) == dict(data=2, fsdp=1, tensor=2)
@@ -171,7 +153,7 @@ def test_two_slices_dcn_data_parallel_compiles_process_zeros_group():
 def test_unknown_topology_and_failed_compile_are_reported():
   with pytest.raises(chips.TopologyError, match="v6e:3x3"):
     compile_report.describe_topology("v6e:3x3")
-  scorer = _scorer("v6e:1x1", model="tiny-qwen3", **SMALL)
+  scorer = abstract_scorer("v6e:1x1", model="tiny-qwen3", **SMALL)
   too_long = scorer.config.buckets.prefix_buckets[-1] + 1
   result = compile_report.compile_workload(scorer, (too_long, 2, 4), V6E)
   assert not result["fits"] and "query" in result["error"] and result["items_per_s"] is None

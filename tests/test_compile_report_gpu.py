@@ -12,6 +12,7 @@ import pytest
 
 from maxscore.bench import chips, compile_report
 from maxscore.testing import scripts
+from maxscore.testing.compile_targets import abstract_scorer, assert_compiled, compile_both_algorithms
 
 compile_check = scripts.load_script("compile_check")
 
@@ -55,24 +56,8 @@ def test_missing_cuda_plugin_is_one_clear_line(monkeypatch):
 
 
 # --- real GPU compiles (no GPU) ---------------------------------------------------------
-def _scorer(topology, **overrides):
-  options = compile_report.CompileOptions(topology=topology, model=overrides.pop("model"),
-                                          num_layers=overrides.pop("num_layers", 0),
-                                          overrides=tuple(f"{k}={v}" for k, v in overrides.items()))
-  config = compile_report.build_config(options)
-  mesh = compile_report.target_mesh(config.mesh, compile_report.describe_topology(topology))
-  return compile_report.abstract_scorer(config, mesh)
-
-
 def _assert_ok(workload, algorithm, entries):
-  assert workload["error"] is None, workload["error"]
-  assert workload["algorithm"] == algorithm
-  assert sorted({r["entry"] for r in workload["programs"]}) == sorted(entries)
-  assert workload["fits"] and workload["pallas"], workload["programs"]
-  for r in workload["programs"]:
-    assert r["kernel"] == "pallas_gpu" and r["pallas"], r
-    assert 0 < r["hbm_bytes"] < r["hbm_capacity"] and r["roofline_s"] > 0
-  assert workload["items_per_s"] > 0
+  assert_compiled(workload, algorithm, entries, kernel="pallas_gpu")
 
 
 @pytest.mark.gpu_aot
@@ -99,12 +84,9 @@ def test_script_h100_tiny_packed_and_prefill_extend(tmp_path, capsys):
 @needs_cuda_plugin
 def test_qwen3_dims_two_layers_h100():
   """Qwen3-0.6B's real widths (151936 vocab) at 2 layers: packed and prefill+extend compile and fit on an H100."""
-  scorer = _scorer("h100", model="qwen3-0.6b", num_layers=2, **SMALL)
+  scorer = abstract_scorer("h100", model="qwen3-0.6b", num_layers=2, **SMALL)
   assert scorer.runner.mesh.devices.flat[0].device_kind == H100.device_kind
-  packed = compile_report.compile_workload(scorer, (500, 64, 16), H100)
-  _assert_ok(packed, "packed", ["packed_logprobs"])
-  extend = compile_report.compile_workload(scorer, (500, 64, 16), H100, "prefill_extend")
-  _assert_ok(extend, "prefill_extend", ["prefill", "extend_logprobs"])
+  packed, extend = compile_both_algorithms(scorer, (500, 64, 16), H100, kernel="pallas_gpu")
   weights = scorer.config.model.num_params() * 2  # bf16
   assert all(r["memory"]["arguments"] >= weights for r in packed["programs"] + extend["programs"])
 
@@ -116,7 +98,7 @@ def test_qwen3_dims_two_layers_h100():
 def test_other_gpu_and_two_gpus_tensor_parallel(topology):
   """An sm_80 target, and two H100s as tensor=2 (the kernel inside the sharded program)."""
   over = dict(ici_tensor_parallelism=2) if topology.endswith(":2") else {}
-  scorer = _scorer(topology, model="tiny-qwen3", **SMALL, **over)
+  scorer = abstract_scorer(topology, model="tiny-qwen3", **SMALL, **over)
   chip, (count,) = chips.parse_topology(topology)
   assert scorer.runner.mesh.size == count and scorer.runner.mesh.shape["tensor"] == count
   assert {d.device_kind for d in scorer.runner.mesh.devices.flat} == {chip.device_kind}
@@ -126,7 +108,7 @@ def test_other_gpu_and_two_gpus_tensor_parallel(topology):
 @pytest.mark.gpu_aot
 @needs_cuda_plugin
 def test_failed_gpu_compile_is_reported():
-  scorer = _scorer("h100", model="tiny-qwen3", **SMALL)
+  scorer = abstract_scorer("h100", model="tiny-qwen3", **SMALL)
   too_long = scorer.config.buckets.prefix_buckets[-1] + 1
   result = compile_report.compile_workload(scorer, (too_long, 2, 4), H100)
   assert not result["fits"] and "query" in result["error"] and result["items_per_s"] is None

@@ -12,9 +12,10 @@ import time
 import numpy as np
 import pytest
 
+from maxscore.errors import ResumeError
+from maxscore.lm.tokenizer_training import sample_texts
 from maxscore.rerank import data, eval as eval_lib, fusion, metrics, prompts
 from maxscore.testing import scripts
-from maxscore.testing.tokenizers import sample_texts
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # Every test query has the same geometry (one packed shape): a query cut to 4 tokens, 8 candidates
@@ -184,7 +185,7 @@ def test_resume_reuses_results_and_refuses_other_settings(scorer, small, tmp_pat
   report = eval_lib.run_eval(scorer, dataset, cfg, part, progress=False)
   assert report.summary["queries_resumed"] == 2
   assert _outputs(part) == _outputs(tmp_path / "full")
-  with pytest.raises(eval_lib.ResumeError, match="label_ids"):
+  with pytest.raises(ResumeError, match="label_ids"):
     eval_lib.run_eval(scorer, dataset, dataclasses.replace(CFG, labels=("No", "Yes")), part,
                       progress=False)
   eval_lib.run_eval(scorer, dataset, dataclasses.replace(CFG, labels=("No", "Yes")), part,

@@ -1,5 +1,5 @@
-"""The IR-style eval: BM25 (bm25s) first stage, the embedded default's BEIR layout, fusion with the
-first stage (ranx), alpha tuned on dev only, and the multi-dataset suite table."""
+"""The IR-style eval: the embedded default's BEIR layout with its BM25 first stage, fusion with the first
+stage (ranx), alpha tuned on dev only, and the multi-dataset suite table (BM25 itself: tests/test_bm25.py)."""
 
 import dataclasses
 import json
@@ -7,56 +7,17 @@ import math
 import pathlib
 import tempfile
 
-import bm25s
 import numpy as np
 import pytest
 
 from maxscore import config as config_lib
-from maxscore.rerank import bm25, data, eval as eval_lib, fusion, metrics
-from maxscore.testing.tokenizers import sample_texts
+from maxscore.lm import assets
+from maxscore.lm.tokenizer_training import sample_texts
+from maxscore.rerank import data, eval as eval_lib, fusion, metrics
 
 CFG = eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=24)
 
 
-# --- BM25 ---------------------------------------------------------------------------------------
-def test_bm25_equals_a_hand_computed_case():
-  docs = ["Apple banana.", "apple cherry cherry cherry", "date"]
-  k1, b = 1.2, 0.75
-  lengths, avg = [2, 4, 1], 7 / 3
-  idf = lambda df: math.log(1 + (3 - df + 0.5) / (df + 0.5))
-  tf_part = lambda tf, dl: tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avg))
-  expected = [idf(2) * tf_part(1, lengths[0]),
-              idf(2) * tf_part(1, lengths[1]) + idf(1) * tf_part(3, lengths[1]),
-              0.0]
-  index = bm25.BM25Index(docs, k1, b)
-  assert index.scores("apple cherry") == pytest.approx(expected, rel=1e-12)
-  assert index.scores("APPLE, cherry!") == pytest.approx(expected, rel=1e-12)   # words: lowercase [a-z]
-  assert index.scores("apple apple") == pytest.approx([2 * idf(2) * tf_part(1, 2), 2 * idf(2) * tf_part(1, 4), 0])
-  assert list(index.scores("unseen words")) == [0, 0, 0]
-  assert index.doc_freq == {"apple": 2, "banana": 1, "cherry": 1, "date": 1}
-  assert index.top_k("apple cherry", 5) == [(1, pytest.approx(expected[1])), (0, pytest.approx(expected[0]))]
-
-
-def test_bm25_equals_the_librarys_lucene_scores_times_k1_plus_1():
-  """bm25s's Lucene variant drops the (k1 + 1) factor of the term weight; the rankings are the same."""
-  docs = [p for p in sample_texts()[:60] if bm25.words(p)]
-  k1, b = 1.5, 0.6
-  lucene = bm25s.BM25(k1=k1, b=b, method="lucene", dtype="float64")
-  lucene.index([bm25.words(d) for d in docs], show_progress=False)
-  index = bm25.BM25Index(docs, k1, b)
-  for query in ("the import statement", "class attribute lookup", "expression value"):
-    ours = index.scores(query)
-    ref = lucene.get_scores([w for w in bm25.words(query) if w in lucene.vocab_dict])
-    np.testing.assert_allclose(ours, (k1 + 1) * ref, rtol=1e-12, atol=1e-12)
-    assert ours.max() > 0
-
-
-def test_first_stage_run_is_the_top_k_over_the_whole_corpus():
-  corpus = {f"d{i}": t for i, t in enumerate(sample_texts()[:40])}
-  run = bm25.first_stage_run(corpus, {"q": "the statement of a module"}, top_k=5)
-  scores = bm25.BM25Index(list(corpus.values())).scores("the statement of a module")
-  assert list(run["q"]) == [f"d{i}" for i in np.argsort(-scores, kind="stable")[:5]]
-  assert list(run["q"].values()) == pytest.approx(sorted(scores, reverse=True)[:5])
 
 
 @pytest.mark.slow
@@ -64,7 +25,7 @@ def test_shipped_default_data_equals_a_rebuild(load_script):
   build = load_script("build_default_assets")
   opts = config_lib.load_entry(build.ENTRY, build.SECTIONS)["assets"]
   with tempfile.TemporaryDirectory() as tmp:
-    built = build.rerank_data(opts, build.layout_tokenizer(tmp, opts))
+    built = assets.rerank_data(opts, assets.layout_tokenizer(tmp, opts))
   shipped = [json.loads(l) for l in data.DEFAULT_JSONL.read_text(encoding="utf-8").splitlines()]
   assert built.records == shipped
   files = {p.relative_to(data.DEFAULT_BEIR_DIR).as_posix() for p in data.DEFAULT_BEIR_DIR.rglob("*") if p.is_file()}

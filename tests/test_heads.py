@@ -8,7 +8,7 @@ import pytest
 
 from maxscore import ScoreInputError
 
-from maxscore.heads import score_heads as heads
+from maxscore.heads import head, head_scorer, head_storage
 from maxscore.rerank import data, eval as eval_lib
 from maxscore.checkpoints.storage import CheckpointError
 
@@ -28,11 +28,11 @@ def labels(scorer):
 
 
 def _cfg(scorer, labels, **kw):
-  return heads.HeadConfig(label_token_ids=labels, hidden_size=scorer.config.model.hidden_size, **kw).validate()
+  return head.HeadConfig(label_token_ids=labels, hidden_size=scorer.config.model.hidden_size, **kw).validate()
 
 
 def _random_params(cfg, seed):
-  params = heads.init_head(cfg, jax.random.PRNGKey(0))
+  params = head.init_head(cfg, jax.random.PRNGKey(0))
   keys = jax.random.split(jax.random.PRNGKey(seed), len(params))
   return {k: 0.5 * jax.random.normal(key, v.shape) for (k, v), key in zip(sorted(params.items()), keys)}
 
@@ -41,10 +41,10 @@ def _random_params(cfg, seed):
                                              ("prefill_extend", "full"), ("serial", "full")])
 def test_lm_labels_zero_delta_is_the_scorer_exactly(scorer, labels, algorithm, delta):
   cfg = _cfg(scorer, labels, delta=delta, rank=4)
-  head_scorer = heads.HeadScorer(scorer, cfg, heads.init_head(cfg, jax.random.PRNGKey(1)))
+  through_head = head_scorer.HeadScorer(scorer, cfg, head.init_head(cfg, jax.random.PRNGKey(1)))
   for apply_softmax in (False, True):
     want = scorer.score(QUERY, ITEMS, list(labels), apply_softmax=apply_softmax, algorithm=algorithm)
-    got = head_scorer.score(QUERY, ITEMS, apply_softmax=apply_softmax, algorithm=algorithm)
+    got = through_head.score(QUERY, ITEMS, apply_softmax=apply_softmax, algorithm=algorithm)
     assert got.scores.dtype == np.float32 and np.array_equal(got.scores, want.scores), (apply_softmax, algorithm)
     assert got.algorithm == want.algorithm and got.usage == want.usage
 
@@ -59,9 +59,9 @@ def test_shift_label_logits_is_the_full_vocabulary_replacement():
   replaced = logits_NxV.astype(np.float64).copy()
   replaced[:, label_ids] += delta_NxK
   want = np.asarray(jax.nn.log_softmax(replaced, axis=-1))[:, label_ids]
-  got = np.asarray(heads.shift_label_logits(jnp.asarray(lp, jnp.float32), jnp.asarray(delta_NxK)))
+  got = np.asarray(head.shift_label_logits(jnp.asarray(lp, jnp.float32), jnp.asarray(delta_NxK)))
   np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
-  np.testing.assert_array_equal(heads.shift_label_logits(jnp.asarray(lp, jnp.float32), jnp.zeros((5, 3))),
+  np.testing.assert_array_equal(head.shift_label_logits(jnp.asarray(lp, jnp.float32), jnp.zeros((5, 3))),
                                 jnp.asarray(lp, jnp.float32))
 
 
@@ -71,14 +71,14 @@ def test_lm_labels_head_scores_match_the_lm_head_computation(scorer, labels, del
   hidden_states with the label logits moved by the delta (within float32 tolerance)."""
   cfg = _cfg(scorer, labels, delta=delta, rank=3)
   params = _random_params(cfg, 2)
-  head_scorer = heads.HeadScorer(scorer, cfg, params)
+  through_head = head_scorer.HeadScorer(scorer, cfg, params)
   h = scorer.hidden_states(QUERY, ITEMS)
   dec = scorer.runner.decoder("reference")
   logits = np.asarray(dec.apply({"params": scorer.runner.params}, h, method=type(dec).logits), np.float64)
   w = np.asarray(params["W"]) if delta == "full" else np.asarray(params["A"]) @ np.asarray(params["B"])
   logits[:, list(labels)] += h @ w + np.asarray(params["b"])
   want = np.exp(np.asarray(jax.nn.log_softmax(logits, axis=-1))[:, list(labels)])
-  got = head_scorer.score(QUERY, ITEMS).scores
+  got = through_head.score(QUERY, ITEMS).scores
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-4)
   # The delta moved the label log-probs (compared as logs: these labels' probabilities can be ~1e-5).
   assert not np.allclose(np.log(got), np.log(scorer.score(QUERY, ITEMS, list(labels)).scores), atol=1e-3)
@@ -89,7 +89,7 @@ def test_lm_labels_head_scores_match_the_lm_head_computation(scorer, labels, del
 def test_linear_and_mlp_heads(scorer, labels, kind, num_outputs):
   cfg = _cfg(scorer, labels, kind=kind, num_outputs=num_outputs, mlp_hidden=16)
   params = _random_params(cfg, 3)
-  head_scorer = heads.HeadScorer(scorer, cfg, params)
+  through_head = head_scorer.HeadScorer(scorer, cfg, params)
   h = scorer.hidden_states(QUERY, ITEMS)
   if kind == "linear":
     out = h @ np.asarray(params["W"]) + np.asarray(params["c"])
@@ -102,32 +102,32 @@ def test_linear_and_mlp_heads(scorer, labels, kind, num_outputs):
     want = np.exp(out - out.max(-1, keepdims=True))
     want /= want.sum(-1, keepdims=True)
   for apply_softmax in (False, True):  # the head is its own K-way classifier either way
-    got = head_scorer.score(QUERY, ITEMS, apply_softmax=apply_softmax).scores
+    got = through_head.score(QUERY, ITEMS, apply_softmax=apply_softmax).scores
     np.testing.assert_allclose(got, want, atol=1e-5)
-  untrained = heads.HeadScorer(scorer, cfg, heads.init_head(cfg, jax.random.PRNGKey(0)))
+  untrained = head_scorer.HeadScorer(scorer, cfg, head.init_head(cfg, jax.random.PRNGKey(0)))
   np.testing.assert_allclose(untrained.score(QUERY, ITEMS).scores, 0.5, atol=1e-6)  # all items equal
 
 
 def test_relevance_is_the_label_log_odds():
   lp = jnp.log(jnp.asarray([[0.2, 0.3, 0.1], [0.6, 0.1, 0.2]]))
-  np.testing.assert_allclose(heads.relevance(lp), np.log([0.2 / 0.4, 0.6 / 0.3]), rtol=1e-6)
-  np.testing.assert_allclose(heads.relevance(lp[:, :2]), np.log([0.2 / 0.3, 0.6 / 0.1]), rtol=1e-6)
+  np.testing.assert_allclose(head.relevance(lp), np.log([0.2 / 0.4, 0.6 / 0.3]), rtol=1e-6)
+  np.testing.assert_allclose(head.relevance(lp[:, :2]), np.log([0.2 / 0.3, 0.6 / 0.1]), rtol=1e-6)
 
 
 def test_export_load_and_eval_use_the_head(scorer, labels, tmp_path):
   cfg = _cfg(scorer, labels, delta="low_rank", rank=2)
   params = _random_params(cfg, 4)
-  out = heads.export_checkpoint(data.DEFAULT_CHECKPOINT, tmp_path / "ckpt", cfg, params, {"note": "test"})
-  assert heads.has_head(out) and not heads.has_head(data.DEFAULT_CHECKPOINT / "missing")
-  loaded_cfg, loaded, info = heads.load_head(out)
+  out = head_storage.export_checkpoint(data.DEFAULT_CHECKPOINT, tmp_path / "ckpt", cfg, params, {"note": "test"})
+  assert head_storage.has_head(out) and not head_storage.has_head(data.DEFAULT_CHECKPOINT / "missing")
+  loaded_cfg, loaded, info = head_storage.load_head(out)
   assert loaded_cfg == cfg and info == {"note": "test"}
   for k in params:
     np.testing.assert_array_equal(loaded[k], params[k])
   with_head = eval_lib.build_scorer(str(out))
-  assert isinstance(with_head, heads.HeadScorer)
+  assert isinstance(with_head, head_scorer.HeadScorer)
   np.testing.assert_array_equal(with_head.score(QUERY, ITEMS, algorithm="packed").scores,
-                                heads.HeadScorer(scorer, cfg, params).score(QUERY, ITEMS, algorithm="packed").scores)
-  assert not isinstance(eval_lib.build_scorer(str(out), use_head=False), heads.HeadScorer)
+                                head_scorer.HeadScorer(scorer, cfg, params).score(QUERY, ITEMS, algorithm="packed").scores)
+  assert not isinstance(eval_lib.build_scorer(str(out), use_head=False), head_scorer.HeadScorer)
   # Other labels are the backbone's scores; a batch mixes both kinds; validation is the scorer's.
   swapped = [labels[1], labels[0]]
   mixed = with_head.score_batch([{"query": QUERY, "items": ITEMS, "label_token_ids": swapped},
@@ -140,17 +140,17 @@ def test_export_load_and_eval_use_the_head(scorer, labels, tmp_path):
   (out / "head" / "head.json").write_text((out / "head" / "head.json").read_text().replace(
       '"rank": 2', '"rank": 5'))
   with pytest.raises(CheckpointError, match="the head config needs"):
-    heads.load_head(out)
+    head_storage.load_head(out)
 
 
 def test_head_config_errors(labels):
   with pytest.raises(ValueError, match="kind='bilinear' is not one of"):
-    heads.HeadConfig(kind="bilinear", label_token_ids=labels, hidden_size=8).validate()
+    head.HeadConfig(kind="bilinear", label_token_ids=labels, hidden_size=8).validate()
   with pytest.raises(ValueError, match="nothing to train"):
-    heads.HeadConfig(label_token_ids=labels, hidden_size=8, delta="none", use_bias=False).validate()
+    head.HeadConfig(label_token_ids=labels, hidden_size=8, delta="none", use_bias=False).validate()
   with pytest.raises(ValueError, match="rank=0 must be >= 1"):
-    heads.HeadConfig(label_token_ids=labels, hidden_size=8, delta="low_rank", rank=0).validate()
+    head.HeadConfig(label_token_ids=labels, hidden_size=8, delta="low_rank", rank=0).validate()
   with pytest.raises(ValueError, match="num_outputs=3 must be 1"):
-    heads.HeadConfig(kind="linear", label_token_ids=labels, hidden_size=8, num_outputs=3).validate()
+    head.HeadConfig(kind="linear", label_token_ids=labels, hidden_size=8, num_outputs=3).validate()
   with pytest.raises(ValueError, match="unknown head config keys"):
-    heads.HeadConfig.from_dict({"kind": "linear", "label_token_ids": [1, 2], "hidden_size": 8, "width": 3})
+    head.HeadConfig.from_dict({"kind": "linear", "label_token_ids": [1, 2], "hidden_size": 8, "width": 3})

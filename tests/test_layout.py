@@ -1,5 +1,7 @@
 """The packed layout in token space, checked against hand-computed small cases."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -65,6 +67,29 @@ def test_rows_with_equal_buckets_share_a_batch():
   two = [b for b in batches if b.shape_key[0] == 2][0]
   np.testing.assert_array_equal(two.request_BxN[:, 0], [0, 1])
   np.testing.assert_array_equal(two.prefix_valid_B, [10, 12])
+
+
+def test_stacked_rows_stay_under_the_stack_bound_and_pad_little():
+  """Rows of one shape stack up to max_stacked_tokens (a single row may exceed it), in batch-bucket sizes
+  that pad at most an eighth; every row lands exactly once."""
+  rows = [r for i in range(13) for r in plan_rows(i, [1] * 10, [[2] * 3] * 8, [4], 8, 4.0)]  # 16 + 8*4 = 48 tokens
+  buckets = [1, 2, 4, 8, 16]
+  unbounded = batch_rows(rows, [16], [8], buckets, max_tokens_per_batch=1 << 16)
+  assert [b.shape_key[0] for b in unbounded] == [8, 4, 1]  # not one batch of 16 with 3 padded rows
+  bounded = batch_rows(rows, [16], [8], buckets, max_tokens_per_batch=1 << 16, max_stacked_tokens=4 * 48 + 10)
+  assert [b.shape_key[0] for b in bounded] == [4, 4, 4, 1]
+  assert [b.shape_key[0] for b in batch_rows(rows, [16], [8], buckets, 1 << 16, max_stacked_tokens=5)] == [1] * 13
+  for batches in (unbounded, bounded):
+    seen = sorted(int(r) for b in batches for r in b.request_BxN[:, 0] if r >= 0)
+    assert seen == list(range(13))
+
+
+def test_stacking_bound_is_the_configs_else_the_backends():
+  from maxscore.scoring import selector
+  scoring = load_config([]).scoring
+  assert selector.max_stacked_tokens(scoring, "cpu") == selector.CPU_STACKED_TOKENS
+  assert selector.max_stacked_tokens(scoring, "tpu") is None
+  assert selector.max_stacked_tokens(dataclasses.replace(scoring, max_stacked_tokens=100), "tpu") == 100
 
 
 def test_serial_batches_sort_and_pad():

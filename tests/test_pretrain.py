@@ -10,13 +10,13 @@ import pytest
 
 from maxscore.checkpoints import storage
 from maxscore.checkpoints.tokenizer import load_tokenizer
-from maxscore.heads import study
+from maxscore.errors import ResumeError
 from maxscore.lm import corpus as corpus_lib
 from maxscore.lm import pairs as pairs_lib
 from maxscore.lm import pretrain as pretrain_lib
+from maxscore.lm import tokenizer_training
 from maxscore.rerank import bm25
 from maxscore.rerank import data
-from maxscore.rerank.bm25 import BM25Index
 
 TOKENIZER = data.DEFAULT_CHECKPOINT / "tokenizer" / "tokenizer.model"
 TINY = dict(model_name="tiny-qwen3", sources=("pydoc",), pydoc_repeats=1, seq_len=32, batch_size=4, num_steps=6,
@@ -94,7 +94,7 @@ def test_pretraining_loss_falls_and_resume_is_bit_exact(texts, uninterrupted, tm
 @pytest.mark.slow
 def test_resume_with_other_settings_is_refused(texts, uninterrupted):
   root, _ = uninterrupted
-  with pytest.raises(pretrain_lib.train_lib.ResumeError, match="learning_rate"):
+  with pytest.raises(ResumeError, match="learning_rate"):
     pretrain_lib.pretrain(pretrain_lib.PretrainConfig(**{**TINY, "learning_rate": 1e-3}), TOKENIZER, *texts,
                           root / "a", progress=False)
 
@@ -117,13 +117,15 @@ def test_unigram_baseline_is_add_one_counts():
   assert pretrain_lib.unigram_nll(train, held, 4) == pytest.approx(-(np.log(p[1]) + np.log(p[3])) / 2)
 
 
-def test_bm25_index_scores_equal_the_head_study_reference():
-  s = data.load_jsonl(data.DEFAULT_JSONL, "test")
-  s.queries = s.queries[:1]
-  q = s.queries[0]
-  ref = study.bm25_run(s)[q.qid]
-  got = BM25Index([t for _, t in q.candidates]).scores(q.query)
-  np.testing.assert_allclose(got, [ref[d] for d, _ in q.candidates], rtol=1e-12)
+def test_tokenizer_files_are_the_same_in_any_directory(tmp_path):
+  """The model names its prefix without the directory, so the same texts give the same bytes anywhere."""
+  texts = tokenizer_training.sample_texts()
+  a = tokenizer_training.train_sentencepiece(tmp_path / "a" / "tokenizer", texts, 512)
+  b = tokenizer_training.train_sentencepiece(tmp_path / "elsewhere" / "b" / "tokenizer", texts, 512)
+  assert a.name == b.name == "tokenizer.model"
+  for suffix in (".model", ".vocab"):
+    assert a.with_suffix(suffix).read_bytes() == b.with_suffix(suffix).read_bytes(), suffix
+  assert [load_tokenizer(a).label_id(label) for label in tokenizer_training.LABELS] == [4, 5]
 
 
 def test_finetuning_pairs_hold_no_held_out_text_and_grade_their_own_paragraphs(held):

@@ -4,7 +4,6 @@ as the metrics oracle), the compare script, PNG plots, and quiet script consoles
 import fractions
 import itertools
 import json
-import logging
 import os
 import pathlib
 import re
@@ -197,21 +196,11 @@ def test_plots_render_pngs_of_the_expected_size(tmp_path):
 
 
 # --- consoles --------------------------------------------------------------------------------------
-def test_console_logging_sends_info_to_the_file_only(tmp_path, capfd):
+def test_console_logging_sends_info_to_the_file_only(tmp_path, capfd, script_log):
   from absl import logging as absl_logging
-  root, handler = logging.getLogger(), absl_logging.get_absl_handler()
-  saved = (root.level, handler.level, handler in root.handlers)
-  file_handler = cli.console_logging(tmp_path / "out" / "script.log")
-  try:
-    absl_logging.info("library chatter")
-    absl_logging.warning("something to see")
-  finally:
-    root.removeHandler(file_handler)
-    file_handler.close()
-    root.setLevel(saved[0])
-    handler.setLevel(saved[1])
-    if not saved[2]:
-      root.removeHandler(handler)
+  script_log(tmp_path / "out" / "script.log", after_claim=False)
+  absl_logging.info("library chatter")
+  absl_logging.warning("something to see")
   err = capfd.readouterr().err
   assert "something to see" in err and "library chatter" not in err
   text = (tmp_path / "out" / "script.log").read_text()

@@ -189,7 +189,8 @@ def test_metrics_count_the_requests_sent(default_server):
   assert delta("maxscore_items_scored_total") == 3 * len(GOOD["items"])
   assert delta("maxscore_tokens_scored_total") == tokens > 0
   assert delta("maxscore_request_latency_seconds_count", endpoint="/v1/score") == 4
-  assert delta("maxscore_batch_requests_count") == 3
+  assert delta("maxscore_batch_requests_count") == delta("maxscore_batch_seconds_count") == 3
+  assert delta("maxscore_batch_seconds_sum") > 0
   assert after[("maxscore_queue_depth", ())] == 0
   assert after[("maxscore_compiled_executables", ())] > 0
 
@@ -335,3 +336,5 @@ def test_load_benchmark_answers_every_request_correctly():
     assert report["modes"][mode]["correct"] == report["modes"][mode]["requests"] == 8
   assert "| batched | 8/8 |" in serve_load.format_report(report)
   assert report["modes"]["unbatched"]["mean_batch"] == 1
+  for mode in report["modes"].values():  # the model's share of the timed pass: a fraction of its wall time
+    assert 0 < mode["model_busy"] <= 1

@@ -7,6 +7,7 @@ import sentencepiece as spm
 import tokenizers
 
 from maxscore.errors import ScoreInputError
+from maxscore.lm import tokenizer_training
 from maxscore.testing import tokenizers as testing_tokenizers
 from maxscore.checkpoints.tokenizer import find_tokenizer_file, load_tokenizer
 
@@ -25,11 +26,11 @@ TEXTS = (
 @pytest.fixture(scope="module")
 def tokenizer_files(tmp_path_factory):
   """Trains each kind once; maps kind -> (directory, tokenizer file)."""
-  texts = testing_tokenizers.sample_texts()
+  texts = tokenizer_training.sample_texts()
   sp_dir = tmp_path_factory.mktemp("sp")
   hf_dir = tmp_path_factory.mktemp("hf")
   return {
-    "sentencepiece": (sp_dir, testing_tokenizers.train_sentencepiece(sp_dir / "tokenizer", texts)),
+    "sentencepiece": (sp_dir, tokenizer_training.train_sentencepiece(sp_dir / "tokenizer", texts)),
     "hf": (hf_dir, testing_tokenizers.train_hf_bpe(hf_dir, texts)),
   }
 

@@ -8,7 +8,6 @@ import math
 import os
 import pathlib
 import signal
-import struct
 import subprocess
 import sys
 import time
@@ -20,9 +19,14 @@ import pytest
 
 from layers.decoder import Decoder
 from maxscore.checkpoints import storage as checkpointing
-from maxscore.heads import features, losses, study as head_study, score_heads as heads, train as train_lib
+from maxscore.errors import ResumeError, TrainError
+from maxscore.heads import features, head_storage, losses, study as head_study, train as train_lib
+from maxscore.heads.train_config import TrainConfig
 from maxscore.rerank import data, eval as eval_lib
 from maxscore.scoring.requests import TokenRequest
+from maxscore.testing.tensorboard_events import tensorboard_scalars
+from maxscore.training.optimizer import make_optimizer
+from maxscore.training.trainer import TEST_STEP_DELAY_ENV
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # A small slice of the embedded default: 6 train and 3 dev queries, documents cut to 24 tokens.
@@ -37,27 +41,6 @@ def _split(name, n):
   s = data.load_jsonl(data.DEFAULT_JSONL, split=name)
   s.queries = s.queries[:n]
   return s
-
-
-def _tensorboard_scalars(logdir) -> dict[tuple[str, int], float]:
-  """{(tag, step): value} of the event files: records in the TFRecord framing (u64 length, u32 crc,
-  Event proto, u32 crc), in time order; a SessionLog START at step s discards earlier events at
-  steps >= s, as TensorBoard does."""
-  from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
-  events = []
-  for path in pathlib.Path(logdir).glob("events.out.tfevents.*"):
-    buf, pos = path.read_bytes(), 0
-    while pos < len(buf):
-      (n,) = struct.unpack("<Q", buf[pos:pos + 8])
-      events.append(event_pb2.Event.FromString(buf[pos + 12:pos + 12 + n]))
-      pos += 12 + n + 4
-  scalars = {}
-  for ev in sorted(events, key=lambda e: e.wall_time):
-    if ev.HasField("session_log") and ev.session_log.status == event_pb2.SessionLog.START:
-      scalars = {k: v for k, v in scalars.items() if k[1] < ev.step}
-    for v in ev.summary.value:
-      scalars[(v.tag, ev.step)] = v.simple_value
-  return scalars
 
 
 # --- losses on tiny inputs -------------------------------------------------------------------------
@@ -99,8 +82,8 @@ def test_pointwise_loss_by_hand():
 
 
 def test_optimizer_schedule():
-  cfg = train_lib.TrainConfig(learning_rate=0.1, warmup_steps=4, end_learning_rate=0.01)
-  _, schedule = train_lib.make_optimizer(cfg, 20)
+  cfg = TrainConfig(learning_rate=0.1, warmup_steps=4, end_learning_rate=0.01)
+  _, schedule = make_optimizer(cfg, 20)
   np.testing.assert_allclose([schedule(0), schedule(2), schedule(4), schedule(20)], [0.0, 0.05, 0.1, 0.01], rtol=1e-5)
 
 
@@ -108,7 +91,7 @@ def test_optimizer_schedule():
 @pytest.fixture(scope="module")
 def frozen_run(tmp_path_factory):
   root = tmp_path_factory.mktemp("frozen")
-  cfg = train_lib.TrainConfig(**SMALL)
+  cfg = TrainConfig(**SMALL)
   summary = train_lib.train(cfg, PROMPT, None, _split("train", 6), _split("dev", 3), root / "work",
                             feature_cache=root / "features.npz", export_dir=root / "export", progress=False)
   return cfg, root, summary
@@ -127,7 +110,7 @@ def test_frozen_backbone_gets_no_updates(frozen_run):
   exported = checkpointing.restore_checkpoint(root / "export").params
   for a, b in zip(jax.tree_util.tree_leaves(base), jax.tree_util.tree_leaves(exported)):
     np.testing.assert_array_equal(a, b)
-  assert (root / "export" / "tokenizer").is_dir() and heads.has_head(root / "export")
+  assert (root / "export" / "tokenizer").is_dir() and head_storage.has_head(root / "export")
 
 
 def test_summary_reports_metrics_and_throughput(frozen_run):
@@ -141,7 +124,7 @@ def test_summary_reports_metrics_and_throughput(frozen_run):
   assert [l["step"] for l in lines if l["kind"] == "train"] == list(range(1, 10))
   assert all(np.isfinite(l["loss"]) for l in lines if l["kind"] == "train")
   # The same scalars in TensorBoard event files.
-  tb = _tensorboard_scalars(root / "work" / "tensorboard")
+  tb = tensorboard_scalars(root / "work" / "tensorboard")
   assert sorted(s for tag, s in tb if tag == "train/loss") == list(range(1, 10))
   assert sorted(s for tag, s in tb if tag == "eval/ndcg_cut_10") == [0, 2, 4, 6, 8, 9]
   for l in lines:
@@ -169,8 +152,8 @@ def test_feature_cache_and_determinism(frozen_run, tmp_path):
   assert rerun["throughput"]["wall_seconds"] > again["throughput"]["wall_seconds"]
   assert {**rerun["throughput"], "wall_seconds": None} == {**again["throughput"], "wall_seconds": None}
   # Another workdir config in the same workdir is refused, not mixed.
-  with pytest.raises(train_lib.ResumeError, match=r"changed: train.seed"):
-    train_lib.train(train_lib.TrainConfig(**{**SMALL, "seed": 1}), PROMPT, None, _split("train", 6),
+  with pytest.raises(ResumeError, match=r"changed: train.seed"):
+    train_lib.train(TrainConfig(**{**SMALL, "seed": 1}), PROMPT, None, _split("train", 6),
                     _split("dev", 3), tmp_path / "work", feature_cache=root / "features.npz", progress=False)
 
 
@@ -188,7 +171,7 @@ def _checkpoints(workdir):
 
 
 def _head_params(export):
-  _, params, _ = heads.load_head(export)
+  _, params, _ = head_storage.load_head(export)
   return {k: np.asarray(v) for k, v in params.items()}
 
 
@@ -200,7 +183,7 @@ def test_kill_and_resume_is_bit_exact(tmp_path):
   assert done.returncode == 0, done.stderr[-3000:]
   # The same run, slowed down and killed (SIGKILL: no cleanup) once a checkpoint past step 2 exists.
   cmd, env = _script(tmp_path / "b", cache, tmp_path / "b_export")
-  proc = subprocess.Popen(cmd + ["--step_delay_s=0.5"], env=env, stdout=subprocess.DEVNULL,
+  proc = subprocess.Popen(cmd, env={**env, TEST_STEP_DELAY_ENV: "0.5"}, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
   deadline = time.time() + 240
   while time.time() < deadline and proc.poll() is None and not any(s >= 4 for s in _checkpoints(tmp_path / "b")):
@@ -222,7 +205,7 @@ def test_kill_and_resume_is_bit_exact(tmp_path):
   # metrics.jsonl reads as one uninterrupted run.
   assert (tmp_path / "a" / "metrics.jsonl").read_text() == (tmp_path / "b" / "metrics.jsonl").read_text()
   # TensorBoard too: the resumed run rewrote the event files from the kept metrics lines.
-  assert _tensorboard_scalars(tmp_path / "a" / "tensorboard") == _tensorboard_scalars(tmp_path / "b" / "tensorboard")
+  assert tensorboard_scalars(tmp_path / "a" / "tensorboard") == tensorboard_scalars(tmp_path / "b" / "tensorboard")
   assert len(_checkpoints(tmp_path / "a")) == 2  # keep_checkpoints
 
 
@@ -286,8 +269,8 @@ def test_remat_decoder_matches_decoder():
 
 @pytest.mark.slow
 def test_train_backbone_two_steps(tmp_path):
-  cfg = train_lib.TrainConfig(train_backbone=True, batch_size=2, num_steps=2, eval_every=0, warmup_steps=0,
-                              learning_rate=1e-3)
+  cfg = TrainConfig(train_backbone=True, batch_size=2, num_steps=2, eval_every=0, warmup_steps=0,
+                    learning_rate=1e-3)
   summary = train_lib.train(cfg, PROMPT, None, _split("train", 4), _split("dev", 2), tmp_path / "work",
                             export_dir=tmp_path / "export", progress=False)
   assert summary["steps"] == 2 and np.isfinite(summary["final_train_loss"])
@@ -327,22 +310,22 @@ def test_probe_bce_by_hand():
 
 
 def test_match_loss_weight_needs_train_backbone():
-  with pytest.raises(train_lib.TrainError, match="match_loss_weight"):
-    train_lib.TrainConfig(match_loss_weight=1.0).validate()
-  with pytest.raises(train_lib.TrainError, match="match_loss_weight"):
-    train_lib.TrainConfig(train_backbone=True, match_loss_weight=-1.0).validate()
-  with pytest.raises(train_lib.TrainError, match="coverage_on"):
-    train_lib.TrainConfig(train_backbone=True, match_loss_weight=1.0, coverage_on="head").validate()
+  with pytest.raises(TrainError, match="match_loss_weight"):
+    TrainConfig(match_loss_weight=1.0).validate()
+  with pytest.raises(TrainError, match="match_loss_weight"):
+    TrainConfig(train_backbone=True, match_loss_weight=-1.0).validate()
+  with pytest.raises(TrainError, match="coverage_on"):
+    TrainConfig(train_backbone=True, match_loss_weight=1.0, coverage_on="head").validate()
 
 
 def test_a_later_setting_at_its_earlier_behaviour_keeps_old_runs_resumable():
   """coverage_on came after runs were written: at "probe" (the behaviour before it) it is left out of
   the run's identity, so such a run resumes; "score" is recorded, so it never resumes one."""
-  assert "coverage_on" not in train_lib.train_identity(train_lib.TrainConfig())
-  changed = train_lib.TrainConfig(train_backbone=True, match_loss_weight=1.0, coverage_on="score")
+  assert "coverage_on" not in train_lib.train_identity(TrainConfig())
+  changed = TrainConfig(train_backbone=True, match_loss_weight=1.0, coverage_on="score")
   assert train_lib.train_identity(changed)["coverage_on"] == "score"
   assert train_lib.train_identity(changed).keys() - {"coverage_on"} == train_lib.train_identity(
-      train_lib.TrainConfig()).keys()
+      TrainConfig()).keys()
 
 
 @pytest.mark.slow
@@ -351,8 +334,8 @@ def test_train_backbone_match_loss(tmp_path, coverage_on):
   """The auxiliary losses are logged beside the ranking loss, add up to the step loss, and the probes
   stay out of the export (it restores as the base model's params, changed); the coverage ranking
   trains a probe or the exported score."""
-  cfg = train_lib.TrainConfig(train_backbone=True, batch_size=2, num_steps=2, eval_every=0, warmup_steps=0,
-                              learning_rate=1e-3, match_loss_weight=0.5, coverage_on=coverage_on)
+  cfg = TrainConfig(train_backbone=True, batch_size=2, num_steps=2, eval_every=0, warmup_steps=0,
+                    learning_rate=1e-3, match_loss_weight=0.5, coverage_on=coverage_on)
   train_lib.train(cfg, PROMPT, None, _split("train", 4), None, tmp_path / "work", export_dir=tmp_path / "export",
                   progress=False)
   lines = [json.loads(l) for l in (tmp_path / "work" / "metrics.jsonl").read_text().splitlines()]
@@ -383,7 +366,7 @@ def test_head_study_small(tmp_path):
                                                 abs=1e-6)
   table = head_study.markdown(report)
   assert "| no head (untrained) |" in table and "BM25 reference" in table and "p = " in table
-  with pytest.raises(train_lib.TrainError, match="specs"):
+  with pytest.raises(TrainError, match="specs"):
     head_study.study(None, None, ["nope"], [0], tmp_path)
 
 
@@ -393,9 +376,3 @@ def test_head_study_script_input_errors(load_script, tmp_path, capsys):
     module.run(["prog", f"--workdir={tmp_path}", "--specs=nope"])
   assert e.value.code == 2 and "nope" in capsys.readouterr().err
 
-
-def test_bm25_reference_ranks_matching_documents_first():
-  s = data.RerankSet([data.RerankQuery("q", "for loops", (("a", "while statements loop"), ("b", "the for loops"),
-                                                            ("c", "nothing here")))], {"q": {"b": 1}}, {})
-  run = head_study.bm25_run(s)["q"]
-  assert run["b"] > run["a"] == run["c"] == 0.0

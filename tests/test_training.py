@@ -16,11 +16,14 @@ import optax
 import pytest
 
 from maxscore.checkpoints import storage
+from maxscore.errors import TrainError
 from maxscore.testing.processes import free_port as _free_port
 from maxscore.testing.processes import subprocess_env as _env
-from maxscore.heads import score_heads as heads
+from maxscore.heads import head_storage
 from maxscore.heads import train as train_lib
+from maxscore.heads.train_config import TrainConfig
 from maxscore.training import partition, trainer
+from maxscore.training.optimizer import make_optimizer
 from maxscore.training.state import TrainState, fresh
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -62,7 +65,7 @@ def test_grad_accumulation_equals_the_whole_batch():
 
 def test_frozen_leaves_keep_their_bytes():
   params, batch, loss_fn = _toy()
-  opt, _ = train_lib.make_optimizer(train_lib.TrainConfig(), 10, trainable={"w": False, "b": True})
+  opt, _ = make_optimizer(TrainConfig(), 10, trainable={"w": False, "b": True})
   state = fresh(params, opt.init(params), jax.random.PRNGKey(0))
   for _ in range(2):
     state, _ = trainer.train_step(state, batch, loss_fn=loss_fn, optimizer=opt)
@@ -87,9 +90,9 @@ def test_restore_refuses_shapes_the_mesh_cannot_hold():
   target = {"w": jax.ShapeDtypeStruct((64, 8), np.float32, sharding=jax.sharding.NamedSharding(
       mesh, jax.sharding.PartitionSpec("fsdp", None)))}
   stored = {"w": jax.ShapeDtypeStruct((64, 8), np.float32)}
-  with pytest.raises(train_lib.TrainError, match=r"w of stored shape \(64, 8\).*fsdp=3.*64 is not divisible"):
+  with pytest.raises(TrainError, match=r"w of stored shape \(64, 8\).*fsdp=3.*64 is not divisible"):
     partition.check_restorable(stored, target, "checkpoint")
-  with pytest.raises(train_lib.TrainError, match=r"stored with shape \(32, 8\)"):
+  with pytest.raises(TrainError, match=r"stored with shape \(32, 8\)"):
     partition.check_restorable({"w": jax.ShapeDtypeStruct((32, 8), np.float32)}, target, "checkpoint")
 
 
@@ -127,7 +130,7 @@ def _losses(root, key: str = "loss") -> list[float]:
 
 
 def _final_params(export) -> list[np.ndarray]:
-  _, head, _ = heads.load_head(export)
+  _, head, _ = head_storage.load_head(export)
   return [np.asarray(x, np.float32) for x in jax.tree_util.tree_leaves((storage.restore_checkpoint(export).params,
                                                                           head))]
 
@@ -227,7 +230,7 @@ def test_scale_knobs_keep_the_loss(tmp_path):
   base = dict(train_backbone=True, batch_size=2, num_steps=2, eval_every=0, save_every=0, warmup_steps=0)
 
   def run(name, **kw):
-    train_lib.train(train_lib.TrainConfig(**base, **kw), prompt, None, train, None, tmp_path / name, progress=False)
+    train_lib.train(TrainConfig(**base, **kw), prompt, None, train, None, tmp_path / name, progress=False)
     return _losses_of(tmp_path / name)
   reference = run("per_layer")
   for name, kw in {"none_accum": dict(remat="none", grad_accum_steps=2), "full": dict(remat="full")}.items():

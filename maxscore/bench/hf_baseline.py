@@ -11,7 +11,6 @@ import numpy as np
 
 from layers.config import ModelConfig
 from maxscore.bench.measure import RssSampler
-from maxscore.testing import hf_models
 from maxscore.config import Config, to_flat_dict
 from maxscore.scoring.scorer import Scorer
 
@@ -80,13 +79,34 @@ def run_hf_baseline(model, request: dict, batch_size: int, repeats: int, peak_fl
   return row
 
 
+def hf_model_like(model_cfg: ModelConfig, seed: int = 0):
+  """A random float32 transformers Qwen3/Llama model with `model_cfg`'s dimensions and HF's default init
+  (the benchmark's baseline: the same weights are converted for maxscore)."""
+  import torch
+  import transformers
+  classes = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+             "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}
+  if model_cfg.family not in classes or model_cfg.rope_scaling_type is not None:
+    raise ValueError(f"HF baseline supports unscaled {sorted(classes)} models, not {model_cfg.family} "
+                     f"with rope_scaling_type={model_cfg.rope_scaling_type}")
+  config_cls, model_cls = classes[model_cfg.family]
+  config = config_cls(vocab_size=model_cfg.vocab_size, hidden_size=model_cfg.hidden_size,
+                      intermediate_size=model_cfg.mlp_dim, num_hidden_layers=model_cfg.num_layers,
+                      num_attention_heads=model_cfg.num_heads, num_key_value_heads=model_cfg.num_kv_heads,
+                      head_dim=model_cfg.head_dim, rms_norm_eps=model_cfg.rms_norm_eps,
+                      rope_theta=model_cfg.rope_theta, max_position_embeddings=model_cfg.max_position_embeddings,
+                      tie_word_embeddings=model_cfg.tie_word_embeddings, attention_bias=model_cfg.attention_bias)
+  torch.manual_seed(seed)
+  return model_cls(config).eval()
+
+
 def hf_scorer(model_cfg: ModelConfig, config: Config, workdir: pathlib.Path, seed: int):
   """(HF model, Scorer) on the same random weights: built in transformers, saved, converted."""
   import transformers
 
   from maxscore.checkpoints.convert import convert_hf_checkpoint
   transformers.utils.logging.disable_progress_bar()
-  model = hf_models.hf_model_like(model_cfg, seed)
+  model = hf_model_like(model_cfg, seed)
   model.save_pretrained(workdir / "hf", safe_serialization=True)
   ckpt = convert_hf_checkpoint(workdir / "hf", workdir / "ckpt")
   model_keys = {f.name for f in dataclasses.fields(ModelConfig)}

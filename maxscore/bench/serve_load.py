@@ -5,12 +5,15 @@ requests each on loopback, against the same model served three ways in one run:
     wait=0      no waiting, but whatever is queued when the worker is free still runs together
     unbatched   max_batch_requests=1: one request per score_batch call
 
-Every answer is checked against the same request scored alone (the service's path with batch 1, which
-is Scorer.score's): same ranking, scores within `tolerance`. The load is bounded in count (C x R) and in
-time (time_limit_s per mode). Before timing, each mode runs pool requests at every batch bucket on the
-worker's path (compiling those batch shapes) and an untimed pass over HTTP; compilations during the timed
-pass are still counted and reported. Client and server share this process (and its
-cores): the figures are the server's with a local client, a lower bound on what it serves to remote ones.
+Every answer is checked against the same request scored alone (the service's path with batch 1, which is
+Scorer.score's): same ranking, scores within `tolerance`. The load is bounded in count (C x R) and in
+time (time_limit_s per mode). Before timing, each mode runs a stack of each shape the pool's requests
+take at every batch bucket on the worker's path (compiling those shapes) and an untimed pass over HTTP;
+compilations during the timed pass are still counted and reported, and so is the model's share of the
+timed pass ("model busy": the worker's time inside score_batch calls over the wall time: where stacking
+requests does not make the model cheaper per row, batching can at most remove the rest of a request's
+cost). Client and server share this process (and its cores): the figures are the server's with a local
+client, a lower bound on what it serves to remote ones.
 """
 
 import asyncio
@@ -24,6 +27,7 @@ import httpx
 import numpy as np
 
 from maxscore.rerank import data, eval as eval_lib
+from maxscore.scoring import layout
 from maxscore.serving import RerankPrompt, ScoringService, ServeConfig, ServerThread
 
 
@@ -105,33 +109,45 @@ def _run_mode(scorer, prompt: RerankPrompt, serve_cfg: ServeConfig, pool, wants,
   with ServerThread(service) as server:
     if cfg.warm_requests_per_client:
       asyncio.run(_load(server.url, pool, wants, cfg.clients, cfg.warm_requests_per_client, cfg))
-    compiled, batches = scorer.runner.num_executables, service.metrics.batch_requests
-    calls0, reqs0 = _hist(batches)
+    compiled, metrics = scorer.runner.num_executables, service.metrics
+    calls0, reqs0 = _hist(metrics.batch_requests)
+    _, busy0 = _hist(metrics.batch_seconds)
     out, seconds = asyncio.run(_load(server.url, pool, wants, cfg.clients, cfg.requests_per_client, cfg))
-    calls1, reqs1 = _hist(batches)
+    calls1, reqs1 = _hist(metrics.batch_requests)
+    _, busy1 = _hist(metrics.batch_seconds)
   lat = np.asarray([s for s, _ in out]) * 1000
   n = len(out)
   return {"requests": n, "correct": sum(ok for _, ok in out), "seconds": seconds,
           "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)),
           "p99_ms": float(np.percentile(lat, 99)), "requests_per_s": n / seconds,
           "items_per_s": n * cfg.items_per_request / seconds,
-          "mean_batch": (reqs1 - reqs0) / max(calls1 - calls0, 1),
+          "mean_batch": (reqs1 - reqs0) / max(calls1 - calls0, 1), "model_busy": (busy1 - busy0) / seconds,
           "compiled_during_run": scorer.runner.num_executables - compiled}
 
 
 def _compile_batches(service: ScoringService, pool) -> None:
-  """Runs pool requests at every batch bucket up to max_batch_requests on the worker's path (no HTTP),
-  so the timed pass meets compiled shapes (ServeConfig.warmup does this for uniform shapes)."""
-  works = [service.rerank_work(body)[1] for body in pool]
+  """Runs, for every shape the pool's requests take (query, item length and item count buckets), a stack
+  of that request at every batch bucket up to max_batch_requests on the worker's path (no HTTP), so the
+  timed pass meets compiled shapes (ServeConfig.warmup does this for configured geometries)."""
+  buckets = service.scorer.config.buckets
+  shapes = {}
+  for body in pool:
+    work = service.rerank_work(body)[1]
+    req = work.request
+    key = (layout.bucket(len(req.prefix), buckets.prefix_buckets, "query"),
+           layout.bucket(max(len(x) for x in req.items), buckets.item_buckets, "item"), len(req.items))
+    shapes.setdefault(key, work)
   limit = service.cfg.max_batch_requests
-  for b in sorted({b for b in service.scorer.config.buckets.batch_buckets if b < limit} | {limit}):
-    service.run_batch([works[i % len(works)] for i in range(b)])
+  for work in shapes.values():
+    for b in sorted({b for b in buckets.batch_buckets if b < limit} | {limit}):
+      service.run_batch([work] * b)
 
 
 def _hist(histogram) -> tuple[float, float]:
   """(observations, their sum) of a prometheus Histogram without labels."""
   samples = {s.name: s.value for m in histogram.collect() for s in m.samples}
-  return samples["maxscore_batch_requests_count"], samples["maxscore_batch_requests_sum"]
+  count, total = (next(v for k, v in samples.items() if k.endswith(end)) for end in ("_count", "_sum"))
+  return count, total
 
 
 def run_load(cfg: LoadConfig, overrides=()) -> dict[str, Any]:
@@ -167,11 +183,13 @@ def format_report(report: dict[str, Any]) -> str:
   cfg = report["config"]
   lines = [f"{cfg['clients']} clients x {cfg['requests_per_client']} requests x {cfg['items_per_request']} items, "
            f"model {report['model']}",
-           "| mode | answered correctly | p50 ms | p95 ms | p99 ms | requests/s | items/s | mean batch | compiled during run |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "| mode | answered correctly | p50 ms | p95 ms | p99 ms | requests/s | items/s | mean batch | model busy | "
+           "compiled during run |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
   for name, r in report["modes"].items():
     lines.append(f"| {name} | {r['correct']}/{r['requests']} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} | "
                  f"{r['p99_ms']:.0f} | {r['requests_per_s']:.1f} | {r['items_per_s']:.0f} | {r['mean_batch']:.1f} | "
+                 f"{100 * r['model_busy']:.0f}% | "
                  f"{r['compiled_during_run']} |")
   lines.append(f"batching gain (items/s): {report['gain_vs_wait0']:.2f}x vs wait=0, "
                f"{report['gain_vs_unbatched']:.2f}x vs unbatched")

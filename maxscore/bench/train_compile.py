@@ -36,7 +36,7 @@ from layers.kernels import get_kernel
 from maxscore.bench import chips, compile_report
 from maxscore.bench import train_program as tp
 from maxscore.config import Config
-from maxscore.heads.train_config import TrainError
+from maxscore.errors import TrainError
 from maxscore.distributed import mesh as mesh_lib
 from maxscore.scoring import cost_model
 from maxscore.scoring.layout import bucket
@@ -296,51 +296,35 @@ def run(options: compile_report.CompileOptions, train: TrainCompileOptions) -> d
               note="compile-time bounds from the TPU compiler and the cost model, not measurements")
 
 
-def _gb(x: float) -> str:
-  return f"{x / 1e9:.2f}"
-
-
 def _step_lines(s: dict[str, Any]) -> list[str]:
   g, pad = "x".join(map(str, s["geometry"])), "x".join(map(str, s["padded"]))
   head = f"step: batch_size {s['batch_size']} at {g} (query_len x items x item_len; packed P x L x N {pad})"
   if s["error"]:
     return [head, f"  compile error: {s['error']}", "  => DOES NOT FIT / DID NOT COMPILE"]
-  mem, f = s["memory"], s["flops"]
+  mem, f, gb = s["memory"], s["flops"], compile_report.gb
   return [head,
-          f"  HBM per chip: params {_gb(mem['params'])} + optimizer state {_gb(mem['optimizer'])} + batch "
-          f"{_gb(mem['batch'])} + activations/temporaries {_gb(mem['temporaries'])} (code {_gb(mem['code'])}) = "
-          f"{_gb(s['hbm_bytes'])} GB of {_gb(s['hbm_capacity'])}",
+          f"  HBM per chip: params {gb(mem['params'])} + optimizer state {gb(mem['optimizer'])} + batch "
+          f"{gb(mem['batch'])} + activations/temporaries {gb(mem['temporaries'])} (code {gb(mem['code'])}) = "
+          f"{gb(s['hbm_bytes'])} GB of {gb(s['hbm_capacity'])}",
           f"  step FLOPs (cost model, fwd + bwd + remat): {f['total'] / 1e12:.3f} TFLOP (dense {f['dense'] / 1e12:.3f},"
           f" attention {f['attention'] / 1e12:.3f}, lm_head {f['lm_head'] / 1e12:.3f}, adapters "
           f"{f['adapters'] / 1e12:.3f}); {s['flops_per_device'] / 1e12:.3f} TFLOP per chip",
           f"  roofline step time {s['roofline_s'] * 1e3:.2f} ms ({s['bound']}-bound) = {s['tokens_per_s']:,.0f} "
           f"tokens/s bound ({s['tokens']:,} tokens per step)",
-          f"  => {'FITS' if s['fits'] else 'DOES NOT FIT'}: {_gb(s['hbm_bytes'])} GB per chip"]
+          f"  => {'FITS' if s['fits'] else 'DOES NOT FIT'}: {gb(s['hbm_bytes'])} GB per chip"]
 
 
 def summary(report: dict[str, Any]) -> str:
   """The report as text; the last line is FITS or DOES NOT FIT (every geometry at --batch_size)."""
-  c = report["chip"]
-  mesh = " ".join(f"{k}={v}" for k, v in report["mesh"].items())
   lora = report["lora"]
   mode = report["train"] + (f" (rank {lora['rank']}, alpha {lora['alpha']}, targets {','.join(lora['targets'])})"
                              if lora else "")
-  lines = [f"TPU {report['topology']} x{report['num_slices']} slice(s): {report['devices']} devices "
-           f"({c['name']}: {c['hbm_bytes'] / 1e9:.0f} GB HBM, {c['peak_bf16_flops'] / 1e12:.0f} TFLOP/s bf16, "
-           f"{c['hbm_bytes_per_s'] / 1e9:.0f} GB/s per chip; {c['source']})",
-           f"training mesh: {mesh}; model {report['model']} {report['num_layers']} layers "
-           f"({report['params'] / 1e6:.0f}M params); train={mode}, remat={report['remat']}, compute "
-           f"{report['dtype']}, float32 master weights and Adam state, frozen weights {report['frozen_dtype']}, "
-           f"attention={report['attention']}",
-           f"{report['note']}.", ""]
+  lines = compile_report.header_lines(
+      report, "training mesh", f"; train={mode}, remat={report['remat']}, compute {report['dtype']}, float32 master "
+      f"weights and Adam state, frozen weights {report['frozen_dtype']}, attention={report['attention']}")
   for s in report["steps"]:
     lines += _step_lines(s) + [""]
-  s = report["search"]
-  if s:
-    text = (f"largest batch_size that fits (first geometry): {s['largest']:,}"
-            + (f" (the search limit {s['limit']:,})" if s["at_limit"] else ""))
-    if s["first_failure"]:
-      text += f"; {s['first_failure']:,} does not: {s['failure']}"
-    lines.append(text)
+  if report["search"]:
+    lines.append(compile_report.search_line("batch_size that fits (first geometry)", report["search"]))
   lines.append("FITS" if report["fits"] else "DOES NOT FIT")
   return "\n".join(lines) + "\n"

@@ -33,10 +33,10 @@ import optax
 from layers.config import ModelConfig
 from layers.decoder import Decoder, DecoderLayer, PRECISIONS
 from maxscore.checkpoints import storage
-from maxscore.heads import score_heads as heads
+from maxscore.heads import head
 from maxscore.heads.features import plan_packed
 from maxscore.heads.losses import MASK_LOGIT, batch_loss
-from maxscore.heads.train import make_optimizer
+from maxscore.training.optimizer import make_optimizer
 from maxscore.training.state import TrainState
 from maxscore.training.trainer import train_step
 from maxscore.heads.train_config import TrainConfig
@@ -88,7 +88,7 @@ def lora_shapes(model: ModelConfig, lora: LoraConfig) -> dict[str, dict[str, jax
   return out
 
 
-def head_config(model: ModelConfig) -> heads.HeadConfig:
+def head_config(model: ModelConfig) -> head.HeadConfig:
   return TrainConfig().head_config(LABELS, model.hidden_size)
 
 
@@ -96,7 +96,7 @@ def abstract_params(model: ModelConfig, mode: str, lora: Optional[LoraConfig] = 
                     frozen_dtype: Any = jnp.bfloat16) -> dict:
   """ShapeDtypeStructs of the params `mode` trains with: {"backbone", "head"} and, for lora, "lora"."""
   params = {"backbone": storage.abstract_params(model, jnp.float32 if mode == "full" else frozen_dtype),
-            "head": jax.eval_shape(lambda: heads.init_head(head_config(model), jax.random.PRNGKey(0)))}
+            "head": jax.eval_shape(lambda: head.init_head(head_config(model), jax.random.PRNGKey(0)))}
   if mode == "lora":
     params["lora"] = lora_shapes(model, lora)
   return params
@@ -185,7 +185,7 @@ def make_loss_fn(decoder: Decoder, mode: str, lora: Optional[LoraConfig] = None,
   def loss_fn(params, batch, rng):
     del rng
     h, lp = features(decoder, params, batch, mode, lora, remat)
-    logits = jnp.where(batch["mask"], heads.relevance(heads.apply_head(head_cfg, params["head"], h, lp)), MASK_LOGIT)
+    logits = jnp.where(batch["mask"], head.relevance(head.apply_head(head_cfg, params["head"], h, lp)), MASK_LOGIT)
     return batch_loss("listwise", logits, batch["grades"], batch["mask"]), {}
   return loss_fn
 

@@ -23,7 +23,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from layers.config import ModelConfig
-from maxscore.checkpoints.storage import save_checkpoint
+from maxscore.checkpoints.storage import read_json_object, save_checkpoint
 from maxscore.checkpoints.tokenizer import find_tokenizer_file
 from maxscore.errors import UnsafeOutputError
 from maxscore.files import safety
@@ -353,12 +353,7 @@ def _read_hf_config(config_path: pathlib.Path) -> ModelConfig:
   """ModelConfig from config.json; a missing, unreadable or malformed file is a ConversionError naming it."""
   if not config_path.is_file():
     raise ConversionError(f"{config_path} does not exist or is not a file")
-  try:
-    hf = json.loads(config_path.read_text(encoding="utf-8"))
-  except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-    raise ConversionError(f"{config_path} is not valid JSON: {e}") from None
-  if not isinstance(hf, dict):
-    raise ConversionError(f"{config_path} must hold a JSON object, got {type(hf).__name__}")
+  hf = read_json_object(config_path, ConversionError, "is not valid JSON")
   try:
     return model_config_from_hf(hf)
   except KeyError as e:

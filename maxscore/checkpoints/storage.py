@@ -167,13 +167,19 @@ def _read_meta(directory: pathlib.Path) -> dict:
     raise CheckpointError(f"checkpoint directory {directory} does not exist or is not a directory")
   if not meta_path.is_file():
     raise CheckpointError(f"{directory} is not a maxscore checkpoint: {METADATA_FILE} is missing")
+  return read_json_object(meta_path, CheckpointError, "is corrupt")
+
+
+def read_json_object(path: pathlib.Path, error: type[Exception], unparsable: str) -> dict:
+  """The JSON object in the file `path`. A file that cannot be read or parsed raises `error` saying
+  f"{path} {unparsable}: <why>"; a JSON value other than an object, that it must hold one."""
   try:
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    value = json.loads(path.read_text(encoding="utf-8"))
   except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-    raise CheckpointError(f"{meta_path} is corrupt: {e}") from None
-  if not isinstance(meta, dict):
-    raise CheckpointError(f"{meta_path} is corrupt: expected a JSON object")
-  return meta
+    raise error(f"{path} {unparsable}: {e}") from None
+  if not isinstance(value, dict):
+    raise error(f"{path} must hold a JSON object, got {type(value).__name__}")
+  return value
 
 
 def restore_checkpoint(directory: os.PathLike, shardings: Any = None, dtype: Any = None) -> Checkpoint:

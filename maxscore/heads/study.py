@@ -22,8 +22,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from maxscore.errors import TrainError
 from maxscore.files import safety
 from maxscore.heads import train as train_lib
+from maxscore.heads.train_config import TrainConfig
 from maxscore.rerank import bm25, compare, data, eval as eval_lib, metrics
 
 # Named head settings (TrainConfig fields); the rest are TrainConfig's defaults.
@@ -52,7 +54,7 @@ class StudyOptions:
 
   def validate(self) -> "StudyOptions":  # specs, seeds and losses are checked by study() and TrainConfig
     if self.max_queries < 0 or self.num_epochs < 1:
-      raise train_lib.TrainError(f"max_queries={self.max_queries} must be >= 0 and num_epochs={self.num_epochs} >= 1")
+      raise TrainError(f"max_queries={self.max_queries} must be >= 0 and num_epochs={self.num_epochs} >= 1")
     return self
 
 
@@ -78,8 +80,8 @@ def study(checkpoint_dir: Optional[str], jsonl: Optional[str], specs: Sequence[s
   setting's name, for its first seed)."""
   unknown = [s for s in specs if s not in SPECS]
   if unknown or not specs or not seeds:
-    raise train_lib.TrainError(f"specs {list(specs)} / seeds {list(seeds)}: need >= 1 of each, specs from "
-                               f"{sorted(SPECS)}")
+    raise TrainError(f"specs {list(specs)} / seeds {list(seeds)}: need >= 1 of each, specs from "
+                     f"{sorted(SPECS)}")
   work = pathlib.Path(workdir)
   jsonl = jsonl or str(data.DEFAULT_JSONL)
   inputs = [jsonl, None if str(checkpoint_dir).lower() == "none" else checkpoint_dir or data.DEFAULT_CHECKPOINT]
@@ -110,7 +112,7 @@ def study(checkpoint_dir: Optional[str], jsonl: Optional[str], specs: Sequence[s
     name = spec + "".join(f" {k}={v}" for k, v in (("lr", lr), ("loss", loss)) if v is not None)
     tag = name.replace(" ", "_").replace("=", "")
     for seed in seeds:
-      cfg = train_lib.TrainConfig(**{**setting, "seed": seed, "eval_every": 0})
+      cfg = TrainConfig(**{**setting, "seed": seed, "eval_every": 0})
       export = work / f"{tag}-s{seed}-export" if seed == seeds[0] else None
       finals, digests = {}, set()
       for split in SPLITS:

@@ -10,7 +10,7 @@ state, step, optimizer, data order, checkpoints, metrics log and the mesh are th
    positions) are computed ONCE, without gradients, by the scorer's own fast path and optionally
    cached in an npz (maxscore/heads/features.py).
 3. Each step takes `batch_size` queries in an order drawn per epoch from PRNG(seed, epoch); the
-   head maps (h, lp) to label log-probs, `heads.relevance` to one ranking logit per item, and the
+   head maps (h, lp) to label log-probs, `head.relevance` to one ranking logit per item, and the
    loss compares each query's logits with its graded qrels: `listwise` softmax cross-entropy
    against the normalized gains (default), `pairwise` logistic over pairs with different grades,
    or `pointwise` binary cross-entropy (relevant = grade >= 1). Optimizer: clip_by_global_norm
@@ -26,7 +26,7 @@ state, step, optimizer, data order, checkpoints, metrics log and the mesh are th
    resumes from are dropped first, so the file reads as one uninterrupted run. The same scalars go
    to TensorBoard event files in `<workdir>/tensorboard` (tensorboardX: flax.metrics.tensorboard
    would need tensorflow), which a resumed run rewrites from the kept lines.
-6. `export_dir`: a copy of the base checkpoint with the head in head/ (heads.export_checkpoint).
+6. `export_dir`: a copy of the base checkpoint with the head in head/ (head_storage.export_checkpoint).
 
 `train_backbone=True` trains the decoder params together with the head, through the packed
 layout (docs/ARCHITECTURE.md section 2) with each scanned layer rematerialized in the backward pass (`remat`;
@@ -59,9 +59,9 @@ from layers.kernels import get_kernel
 from maxscore import config as config_lib
 from maxscore.config import MeshConfig
 from maxscore.distributed import mesh as mesh_lib
+from maxscore.errors import TrainError
 from maxscore.files import identity, safety
-from maxscore.heads import features
-from maxscore.heads import score_heads as heads
+from maxscore.heads import features, head, head_storage
 from maxscore.heads.features import (
   Examples,
   load_or_extract,
@@ -71,13 +71,11 @@ from maxscore.heads.features import (
   plan_packed,
 )
 from maxscore.heads.losses import MASK_LOGIT, batch_loss, probe_bce, probe_logits
-from maxscore.heads.train_config import (COVERAGE_ON, LORA_TARGETS, TrainConfig, TrainError,  # noqa: F401  (re-exported)
-                                         TrainRun)
+from maxscore.heads.train_config import LORA_TARGETS, TrainConfig
 from maxscore.training import checkpoint, partition, trainer
 from maxscore.training import lora as lora_lib
-from maxscore.training.errors import ResumeError  # noqa: F401  (re-exported)
 from maxscore.training.metrics_log import MetricsLog
-from maxscore.training.optimizer import make_optimizer  # noqa: F401  (re-exported)
+from maxscore.training.optimizer import make_optimizer
 from maxscore.rerank import data, metrics, prompts
 from maxscore.rerank.data import RerankSet
 from maxscore.rerank.eval import build_scorer
@@ -88,13 +86,13 @@ from maxscore.scoring.scorer import Scorer, finalize_scores
 FORMAT_VERSION = 1
 
 
-def evaluate_split(cfg_head: heads.HeadConfig, params, hidden, logprobs, examples: Examples,
+def evaluate_split(cfg_head: head.HeadConfig, params, hidden, logprobs, examples: Examples,
                    prompt: PromptConfig) -> dict[str, float]:
   """Metrics of the ranking eval would compute from the head's scores (score_mode of `prompt`)."""
   apply_softmax, rank_fn = SCORE_MODES[prompt.score_mode]
   if apply_softmax is None:
     raise ValueError("score_mode=raw_logit needs raw lm_head logits; a score head gives log-probs (use p_first)")
-  new_lp = np.asarray(heads.jit_apply(cfg_head)(params, hidden, logprobs))
+  new_lp = np.asarray(head.jit_apply(cfg_head)(params, hidden, logprobs))
   run = {}
   for i, (qid, docids) in enumerate(zip(examples.qids, examples.docids)):
     scores = np.asarray(rank_fn(finalize_scores(new_lp[i, :len(docids)], apply_softmax)), np.float32)
@@ -103,15 +101,16 @@ def evaluate_split(cfg_head: heads.HeadConfig, params, hidden, logprobs, example
   return metrics.aggregate(per_query) if per_query else {}
 
 
-# Settings added after runs were first written, with the behaviour from before they existed: recorded
-# only when they differ from it, so that a run written before them still resumes.
-_LATER_SETTINGS = {"coverage_on": "probe", "lora_rank": 0, "lora_alpha": 16.0, "lora_targets": LORA_TARGETS,
-                   "grad_accum_steps": 1, "compute_dtype": None, "param_dtype": None, "remat": "per_layer"}
+# Settings a run's identity names only when they differ from these values: an identity that does not name one
+# stands for that setting at its value here (the TrainConfig default).
+_IDENTITY_DEFAULTS = {"coverage_on": "probe", "lora_rank": 0, "lora_alpha": 16.0, "lora_targets": LORA_TARGETS,
+                      "grad_accum_steps": 1, "compute_dtype": None, "param_dtype": None, "remat": "per_layer"}
 
 
 def train_identity(cfg: TrainConfig) -> dict:
   """The training settings a resumed run must match."""
-  return {k: v for k, v in dataclasses.asdict(cfg).items() if not (k in _LATER_SETTINGS and v == _LATER_SETTINGS[k])}
+  return {k: v for k, v in dataclasses.asdict(cfg).items()
+          if not (k in _IDENTITY_DEFAULTS and v == _IDENTITY_DEFAULTS[k])}
 
 
 def _run_fingerprint(cfg: TrainConfig, prompt: PromptConfig, scorer: Scorer, examples: dict[str, Examples]) -> dict:
@@ -127,7 +126,7 @@ class Prepared:
   examples with their frozen features (or packed plans when the backbone trains too)."""
   scorer: Scorer
   label_ids: tuple[int, ...]
-  head_cfg: heads.HeadConfig
+  head_cfg: head.HeadConfig
   examples: dict[str, Examples]
   grids: dict[str, tuple[np.ndarray, np.ndarray]]
   feats: Optional[dict] = None       # frozen features per split
@@ -200,7 +199,7 @@ def _lora(cfg: TrainConfig) -> Optional[lora_lib.LoraConfig]:
 def init_params(cfg: TrainConfig, prep: Prepared) -> dict[str, Any]:
   """Head params (and the backbone's when it trains, in param_dtype; the match probes when on)."""
   init_key, _ = jax.random.split(jax.random.PRNGKey(cfg.seed))
-  params = {"head": heads.init_head(prep.head_cfg, init_key)}
+  params = {"head": head.init_head(prep.head_cfg, init_key)}
   if cfg.train_backbone:
     cast = (lambda x: jnp.asarray(x, DTYPES[cfg.param_dtype])) if cfg.param_dtype else jnp.asarray
     params["backbone"] = jax.tree_util.tree_map(cast, prep.scorer.runner.params)
@@ -227,7 +226,7 @@ def param_shardings(cfg: TrainConfig, params: dict[str, Any], prep: Prepared, me
   return out
 
 
-def make_loss_fn(cfg: TrainConfig, head_cfg: heads.HeadConfig, decoder: Optional[Decoder], labels_K: jax.Array):
+def make_loss_fn(cfg: TrainConfig, head_cfg: head.HeadConfig, decoder: Optional[Decoder], labels_K: jax.Array):
   """loss_fn(params, batch, rng) -> (loss, parts); `parts` holds the ranking and token-match losses when
   match_loss_weight > 0 (else it is empty)."""
 
@@ -252,7 +251,7 @@ def make_loss_fn(cfg: TrainConfig, head_cfg: heads.HeadConfig, decoder: Optional
       h, lp = features(params["backbone"], batch, False)
     else:
       h, lp = batch["hidden"], batch["logprobs"]
-    logits = jnp.where(batch["mask"], heads.relevance(heads.apply_head(head_cfg, params["head"], h, lp)), MASK_LOGIT)
+    logits = jnp.where(batch["mask"], head.relevance(head.apply_head(head_cfg, params["head"], h, lp)), MASK_LOGIT)
     if cfg.match_loss_weight:
       coverage = logits if cfg.coverage_on == "score" else probe_logits(params["match_probe"]["coverage"], h)
       parts["coverage_loss"] = batch_loss("pairwise", coverage, batch["coverage"], batch["mask"])
@@ -317,10 +316,33 @@ def _trainable(cfg: TrainConfig, params: dict[str, Any]) -> Optional[Any]:
 def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str], train_set: RerankSet,
           dev_set: Optional[RerankSet], workdir: os.PathLike, *, overrides: Sequence[str] = (),
           feature_cache: Optional[os.PathLike] = None, export_dir: Optional[os.PathLike] = None,
-          overwrite: bool = False, progress: bool = True, step_delay_s: float = 0.0) -> dict[str, Any]:
-  """Trains (or resumes) a score head (and the backbone with train_backbone) on the config mesh; writes
-  checkpoints, metrics.jsonl and summary.json in `workdir` and the exported checkpoint in `export_dir`
-  (process 0). Returns the summary."""
+          overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
+  """Trains (or resumes) a score head (and the backbone with train_backbone) on the config mesh.
+
+  Writes checkpoints, metrics.jsonl and summary.json in `workdir` and, on process 0, the exported checkpoint
+  in `export_dir`. A workdir holding this run's checkpoints resumes from the latest.
+
+  Args:
+    cfg: the head, loss, optimizer and loop settings.
+    prompt: how prompts are built and which dev metrics are computed, as the eval does.
+    checkpoint_dir: the backbone checkpoint; None = the embedded default, "none" = a random-init model.
+    train_set: the queries, candidates and qrels to train on.
+    dev_set: the split evaluated every `cfg.eval_every` steps; None = no dev eval.
+    workdir: the run's directory, created, resumed, or (with `overwrite`) replaced.
+    overrides: configs/base.yml `key=value` settings for the scorer and the mesh.
+    feature_cache: an npz of the frozen features, reused when it matches (frozen backbone only).
+    export_dir: where the base checkpoint with the trained head (and backbone) is written; None = no export.
+    overwrite: remove the workdir (and replace export_dir) when maxscore wrote it, instead of resuming.
+    progress: log progress lines.
+
+  Returns:
+    The summary on process 0 (also <workdir>/summary.json: steps, dev metrics before and after, throughput,
+    export_dir); {} on the other processes.
+
+  Raises:
+    TrainError: an invalid setting, or a batch the mesh cannot split.
+    ResumeError: the workdir holds a run with other settings or data.
+  """
   cfg.validate()
   prompt.validate()
   wall_start = time.perf_counter()
@@ -349,7 +371,7 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
                                    sharding_lib.rules_for_batch(cfg.batch_size // cfg.grad_accum_steps, mesh))
   save = lambda step, state: checkpoint.save(run.manager, step, state, fingerprint)
   settings = trainer.LoopSettings(total_steps, cfg.batch_size, prep.num_train, cfg.log_every, cfg.eval_every,
-                                  cfg.save_every, max(1, total_steps // 10), "train", progress, step_delay_s)
+                                  cfg.save_every, max(1, total_steps // 10), "train", progress)
   hooks = trainer.Hooks(lambda idx: make_batch(prep, idx), trainer.placer(run.shardings, mesh, cfg.batch_size),
                         lambda params: dev_metrics(cfg, prompt, prep, decoder, labels_K, params), save, run.log,
                         schedule, partition.local_rows(cfg.batch_size, mesh))
@@ -362,14 +384,19 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   step = int(state.step)
   summary = _summary(cfg, prompt, prep, workdir, run.log, step, steps_per_epoch, run.resume_step, final, timing,
                      time.perf_counter() - wall_start)
-  previous = trainer.finished_run_summary(workdir, run.resume_step)
-  if previous and previous.get("throughput"):
-    summary["throughput"] = {**previous["throughput"], "wall_seconds": summary["throughput"]["wall_seconds"] +
-                             (previous["throughput"].get("wall_seconds") or 0.0)}
+  _carry_throughput(summary, trainer.finished_run_summary(workdir, run.resume_step))
   if export_dir:
     summary["export_dir"] = export(cfg, prep, summary, final, export_dir, workdir, overwrite)
   safety.atomic_write_text(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
   return summary
+
+
+def _carry_throughput(summary: dict[str, Any], previous: Optional[dict]) -> None:
+  """A run restarted where its last finished process ended (nothing trained now) keeps that process's
+  throughput, its wall seconds added to this one's."""
+  if previous and previous.get("throughput"):
+    summary["throughput"] = {**previous["throughput"], "wall_seconds": summary["throughput"]["wall_seconds"] +
+                             (previous["throughput"].get("wall_seconds") or 0.0)}
 
 
 def _summary(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, workdir: pathlib.Path, log: MetricsLog,
@@ -412,10 +439,10 @@ def export(cfg: TrainConfig, prep: Prepared, summary: dict[str, Any], final, exp
   backbone = jax.device_get(final["backbone"]) if cfg.train_backbone else None
   if backbone is not None and _lora(cfg) is not None:
     backbone = jax.device_get(lora_lib.merge(backbone, _lora(cfg)))  # W + alpha / rank * A @ B
-  again = safety.exported_by(export_dir, workdir)
-  return str(heads.export_checkpoint(prep.scorer.config.runtime.checkpoint_dir, export_dir, prep.head_cfg,
-                                     jax.device_get(final["head"]), info, backbone, overwrite=overwrite or again,
-                                     workdir=str(workdir)))
+  ours = safety.exported_by(export_dir, workdir)  # this workdir's earlier (or killed) run wrote it
+  return str(head_storage.export_checkpoint(prep.scorer.config.runtime.checkpoint_dir, export_dir, prep.head_cfg,
+                                            jax.device_get(final["head"]), info, backbone,
+                                            overwrite=overwrite or ours, workdir=str(workdir)))
 
 
 def _prepare_outputs(workdir: pathlib.Path, export_dir: Optional[os.PathLike], overwrite: bool,

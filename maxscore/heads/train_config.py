@@ -5,9 +5,9 @@ import dataclasses
 from typing import Literal, Optional, Sequence
 
 from layers.lora import TARGETS
-from maxscore.heads import score_heads as heads
+from maxscore.errors import TrainError
+from maxscore.heads.head import HEADS, HeadConfig
 from maxscore.heads.losses import LOSSES
-from maxscore.training.errors import TrainError  # noqa: F401  (re-exported)
 
 
 LORA_TARGETS = TARGETS  # the projections LoRA can adapt (layers/lora.py)
@@ -56,8 +56,8 @@ class TrainConfig:
   def validate(self) -> "TrainConfig":
     if self.loss not in LOSSES:
       raise TrainError(f"loss={self.loss!r} is not one of {sorted(LOSSES)}")
-    if self.head not in heads.HEADS:
-      raise TrainError(f"head={self.head!r} is not one of {sorted(heads.HEADS)}")
+    if self.head not in HEADS:
+      raise TrainError(f"head={self.head!r} is not one of {sorted(HEADS)}")
     for name in ("batch_size", "num_epochs", "keep_checkpoints", "log_every"):
       if getattr(self, name) < 1:
         raise TrainError(f"{name}={getattr(self, name)} must be >= 1")
@@ -91,18 +91,18 @@ class TrainConfig:
       raise TrainError(f"lora_targets={list(self.lora_targets)} must name each target once, at least one, from "
                        f"the valid targets {list(LORA_TARGETS)}")
 
-  def head_config(self, label_ids: Sequence[int], hidden_size: int) -> heads.HeadConfig:
+  def head_config(self, label_ids: Sequence[int], hidden_size: int) -> HeadConfig:
     try:
       return self._head_config(label_ids, hidden_size)
     except ValueError as e:
       raise TrainError(str(e)) from None
 
-  def _head_config(self, label_ids: Sequence[int], hidden_size: int) -> heads.HeadConfig:
-    return heads.HeadConfig(kind=self.head, label_token_ids=tuple(label_ids), hidden_size=hidden_size,
-                            delta=self.delta if self.head == "lm_labels" else "full", rank=self.rank,
-                            use_bias=self.use_bias if self.head == "lm_labels" else True,
-                            num_outputs=self.num_outputs if self.head != "lm_labels" else 0,
-                            mlp_hidden=self.mlp_hidden).validate()
+  def _head_config(self, label_ids: Sequence[int], hidden_size: int) -> HeadConfig:
+    return HeadConfig(kind=self.head, label_token_ids=tuple(label_ids), hidden_size=hidden_size,
+                      delta=self.delta if self.head == "lm_labels" else "full", rank=self.rank,
+                      use_bias=self.use_bias if self.head == "lm_labels" else True,
+                      num_outputs=self.num_outputs if self.head != "lm_labels" else 0,
+                      mlp_hidden=self.mlp_hidden).validate()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,12 +122,9 @@ class TrainRun:
   feature_cache: Optional[str] = None
   overwrite: bool = False
   progress: bool = True
-  step_delay_s: float = 0.0                # tests: sleep after every step so a supervisor can kill mid-run
 
   def validate(self) -> "TrainRun":
     for name in ("rerank_top_k", "max_train_queries", "max_dev_queries"):
       if getattr(self, name) < 0:
         raise TrainError(f"{name}={getattr(self, name)} must be >= 0")
-    if self.step_delay_s < 0:
-      raise TrainError(f"step_delay_s={self.step_delay_s} must be >= 0")
     return self

@@ -226,17 +226,3 @@ def tokenizer_texts(corpus: Corpus, max_chars: int = 4_000_000, max_piece: int =
     prose.extend(code[::stride])
   return prose
 
-
-def train_tokenizer(directory: os.PathLike, texts: Sequence[str], vocab_size: int) -> pathlib.Path:
-  """A sentencepiece BPE tokenizer (byte fallback; "Yes", "No", "<sep>" single tokens) written as
-  `<directory>/tokenizer.model`; the same texts give the same file."""
-  from maxscore.testing.tokenizers import train_sentencepiece  # pylint: disable=import-outside-toplevel
-
-  directory = pathlib.Path(directory).resolve()
-  directory.mkdir(parents=True, exist_ok=True)
-  cwd = os.getcwd()
-  os.chdir(directory)  # a relative prefix keeps the directory's path out of the model file
-  try:
-    return directory / train_sentencepiece("tokenizer", texts, vocab_size)
-  finally:
-    os.chdir(cwd)

@@ -46,8 +46,10 @@ from maxscore.checkpoints.tokenizer import load_tokenizer
 from maxscore.files import identity, safety
 from maxscore import training as train_lib
 from maxscore.config import MeshConfig
+from maxscore.errors import TrainError
 from maxscore.training import checkpoint, partition, trainer
 from maxscore.lm import corpus as corpus_lib
+from maxscore.lm import tokenizer_training
 from maxscore.rerank import data
 
 FORMAT_VERSION = 1
@@ -76,15 +78,15 @@ class PretrainConfig:
   def validate(self) -> "PretrainConfig":
     for name in ("seq_len", "batch_size", "num_steps", "log_every", "keep_checkpoints", "pydoc_repeats"):
       if getattr(self, name) < 1:
-        raise train_lib.TrainError(f"{name}={getattr(self, name)} must be >= 1")
+        raise TrainError(f"{name}={getattr(self, name)} must be >= 1")
     for name in ("warmup_steps", "eval_every", "save_every"):
       if getattr(self, name) < 0:
-        raise train_lib.TrainError(f"{name}={getattr(self, name)} must be >= 0")
+        raise TrainError(f"{name}={getattr(self, name)} must be >= 0")
     if self.learning_rate <= 0 or self.seq_len < 2:
-      raise train_lib.TrainError(f"learning_rate={self.learning_rate} must be > 0 and seq_len={self.seq_len} >= 2")
+      raise TrainError(f"learning_rate={self.learning_rate} must be > 0 and seq_len={self.seq_len} >= 2")
     unknown = [s for s in self.sources if s not in corpus_lib.SOURCES]
     if unknown or not self.sources:
-      raise train_lib.TrainError(f"sources={list(self.sources)}: need one or more of {list(corpus_lib.SOURCES)}")
+      raise TrainError(f"sources={list(self.sources)}: need one or more of {list(corpus_lib.SOURCES)}")
     return self
 
   def model(self, vocab_size: int) -> ModelConfig:
@@ -105,12 +107,11 @@ class PretrainRun:
   export_dir: Optional[str] = None
   overwrite: bool = False
   progress: bool = True
-  step_delay_s: float = 0.0
 
   def validate(self) -> "PretrainRun":
-    if self.vocab_size < 256 or self.tokenizer_chars < 1 or self.step_delay_s < 0:
-      raise train_lib.TrainError(f"need vocab_size >= 256, tokenizer_chars >= 1, step_delay_s >= 0; got "
-                                 f"{self.vocab_size}, {self.tokenizer_chars}, {self.step_delay_s}")
+    if self.vocab_size < 256 or self.tokenizer_chars < 1:
+      raise TrainError(f"need vocab_size >= 256 and tokenizer_chars >= 1; got {self.vocab_size}, "
+                       f"{self.tokenizer_chars}")
     return self
 
 
@@ -128,7 +129,7 @@ def run_pretraining(run: PretrainRun, cfg: PretrainConfig) -> dict[str, Any]:
       corpus_lib.held_out_text(corpus_lib.pydoc_sections(), held), run.workdir,
       tokenizer_texts=corpus_lib.tokenizer_texts(corpus, run.tokenizer_chars) if not run.tokenizer_path else (),
       vocab_size=run.vocab_size, export_dir=run.export_dir, overwrite=run.overwrite, progress=run.progress,
-      step_delay_s=run.step_delay_s, info=info)
+      info=info)
 
 
 # --- data ------------------------------------------------------------------------------------------
@@ -237,7 +238,7 @@ def _prepare_outputs(workdir: pathlib.Path, export_dir, overwrite: bool, inputs)
 def pretrain(cfg: PretrainConfig, tokenizer_path: Optional[os.PathLike], train_texts: Sequence[str],
              held_out_texts: Sequence[str], workdir: os.PathLike, *, tokenizer_texts: Sequence[str] = (),
              vocab_size: int = 3072, export_dir: Optional[os.PathLike] = None, overwrite: bool = False,
-             progress: bool = True, step_delay_s: float = 0.0, info: Optional[dict] = None) -> dict[str, Any]:
+             progress: bool = True, info: Optional[dict] = None) -> dict[str, Any]:
   """Pretrains (or resumes) a decoder on `train_texts`; returns the summary (also <workdir>/summary.json).
 
   `tokenizer_path` None: a sentencepiece tokenizer of `vocab_size` is trained on `tokenizer_texts` into
@@ -248,17 +249,18 @@ def pretrain(cfg: PretrainConfig, tokenizer_path: Optional[os.PathLike], train_t
   _prepare_outputs(workdir, export_dir, overwrite, [tokenizer_path] if tokenizer_path else [])
   if tokenizer_path is None:
     if not tokenizer_texts:
-      raise train_lib.TrainError("no tokenizer_path and no tokenizer_texts to train one on")
+      raise TrainError("no tokenizer_path and no tokenizer_texts to train one on")
     t = time.perf_counter()
-    tokenizer_path = corpus_lib.train_tokenizer(workdir / "tokenizer", tokenizer_texts, vocab_size)
+    tokenizer_path = tokenizer_training.train_sentencepiece(workdir / "tokenizer" / "tokenizer", tokenizer_texts,
+                                                            vocab_size)
     logging.info("pretrain: trained %s in %.1f s", tokenizer_path, time.perf_counter() - t)
   tok = load_tokenizer(tokenizer_path)
   model = cfg.model(tok.vocab_size)
   rows = token_rows(tok, train_texts, cfg.seq_len)
   held = token_rows(tok, held_out_texts, cfg.seq_len)
   if len(rows) < cfg.batch_size:
-    raise train_lib.TrainError(f"the training text fills {len(rows)} rows of seq_len={cfg.seq_len}, fewer than "
-                               f"batch_size={cfg.batch_size}")
+    raise TrainError(f"the training text fills {len(rows)} rows of seq_len={cfg.seq_len}, fewer than "
+                     f"batch_size={cfg.batch_size}")
   decoder = make_decoder(model)
   optimizer, schedule = train_lib.make_optimizer(cfg, cfg.num_steps)
   init_key, data_key = jax.random.split(jax.random.PRNGKey(cfg.seed))
@@ -273,7 +275,7 @@ def pretrain(cfg: PretrainConfig, tokenizer_path: Optional[os.PathLike], train_t
   evaluate = make_held_out_nll(decoder, held, cfg.batch_size) if len(held) else lambda p: None
   save = lambda s, st: checkpoint.save(run.manager, s, st, fingerprint)
   settings = trainer.LoopSettings(cfg.num_steps, cfg.batch_size, len(rows), cfg.log_every, cfg.eval_every,
-                                  cfg.save_every, max(1, cfg.num_steps // 20), "pretrain", progress, step_delay_s)
+                                  cfg.save_every, max(1, cfg.num_steps // 20), "pretrain", progress)
   hooks = trainer.Hooks(lambda idx: ({"rows": rows[np.where(idx >= 0, idx, 0)], "valid": idx >= 0}, 0),
                         trainer.placer(run.shardings, mesh, cfg.batch_size), lambda p: _held_out(evaluate, p), save,
                         run.log, schedule, partition.local_rows(cfg.batch_size, mesh))
@@ -291,10 +293,10 @@ def pretrain(cfg: PretrainConfig, tokenizer_path: Optional[os.PathLike], train_t
   if len(held) and cfg.seq_len >= 4:
     summary["held_out_copy_probe"] = copy_probe(decoder, final, held[:64], min(64, cfg.seq_len // 2))
   if export_dir:
-    again = safety.exported_by(export_dir, workdir)
+    ours = safety.exported_by(export_dir, workdir)  # this workdir's earlier (or killed) run wrote it
     summary["export_dir"] = str(storage.save_checkpoint(
         export_dir, jax.device_get(final), model, tokenizer_files=(tokenizer_path,),
-        overwrite=overwrite or again, workdir=str(workdir)))
+        overwrite=overwrite or ours, workdir=str(workdir)))
   safety.atomic_write_text(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
   return summary
 

@@ -33,7 +33,7 @@ import numpy as np
 from absl import logging
 from tqdm import tqdm
 
-from maxscore.heads import score_heads as heads
+from maxscore.heads import head_scorer, head_storage
 from maxscore.rerank import data, first_stage, fusion, metrics, prompts, stages
 from maxscore.distributed import mesh as mesh_lib
 from maxscore.config import load_config, parse_override, to_flat_dict
@@ -49,7 +49,6 @@ OUTPUT_FILES = (RESULTS_FILE, "run.trec", "metrics_per_query.jsonl", "metrics.js
 FORMAT_VERSION = 1
 
 
-ResumeError = errors.ResumeError  # output_dir holds results of a different eval
 RESTART = "pass --overwrite to start over, or use a new --output_dir"
 
 
@@ -130,10 +129,10 @@ def build_scorer(checkpoint_dir: Optional[str] = None, overrides: Sequence[str] 
                                    "checkpoint_dir=none")
     return Scorer.from_config(load_config(over))
   if not adapters_dir:
-    return heads.load_scorer(checkpoint_dir, use_head=use_head, **over)
+    return head_scorer.load_scorer(checkpoint_dir, use_head=use_head, **over)
   scorer = lora.load_scorer(checkpoint_dir, adapters_dir, **over)
-  if use_head and heads.has_head(checkpoint_dir):
-    return heads.HeadScorer(scorer, *heads.load_head(checkpoint_dir))
+  if use_head and head_storage.has_head(checkpoint_dir):
+    return head_scorer.HeadScorer(scorer, *head_storage.load_head(checkpoint_dir))
   return scorer
 
 
@@ -193,7 +192,7 @@ def _load_results(path: pathlib.Path, header: Mapping[str, Any]) -> dict[str, di
       if rec is not None and not (isinstance(rec, dict) and {"qid", "digest", "docids", "scores"} <= set(rec)):
         raise ValueError("not a result record")
     except (ValueError, RecursionError):
-      raise ResumeError(f"{path}:{i}: corrupt line in the middle of the results; {RESTART}") from None
+      raise errors.ResumeError(f"{path}:{i}: corrupt line in the middle of the results; {RESTART}") from None
     if rec is not None:
       done[rec["qid"]] = rec
       good_bytes += len(line) + 1
@@ -255,8 +254,8 @@ def _resume_state(scorer, cfg, label_ids, queries, out: pathlib.Path, overwrite:
   done = _load_results(results_path, _fingerprint(scorer, cfg, label_ids))
   for q in queries:
     if q.qid in done and done[q.qid]["digest"] != q.digest():
-      raise ResumeError(f"{results_path} has query {q.qid!r} scored on other text or candidates "
-                        f"(changed: data); {RESTART}")
+      raise errors.ResumeError(f"{results_path} has query {q.qid!r} scored on other text or candidates "
+                               f"(changed: data); {RESTART}")
   return done
 
 
@@ -267,13 +266,13 @@ def _agreed_resume_state(scorer, cfg, label_ids, queries, out: pathlib.Path, ove
   if jax.process_index() == 0:
     try:
       done = _resume_state(scorer, cfg, label_ids, queries, out, overwrite, inputs)
-    except (ResumeError, errors.UnsafeOutputError, OSError) as e:
+    except (errors.ResumeError, errors.UnsafeOutputError, OSError) as e:
       error = e
   message = mesh_lib.broadcast_from_process0(None if error is None else str(error))
   if error is not None:
     raise error
   if message is not None:  # the other processes stop with process 0's error
-    raise ResumeError(message)
+    raise errors.ResumeError(message)
   return done
 
 

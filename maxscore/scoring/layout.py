@@ -9,7 +9,7 @@ more items than the largest count bucket is split into several rows. Rows with e
 
 import bisect
 import dataclasses
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -143,8 +143,16 @@ def pack_rows(rows: Sequence[RowSpec], prefix_len: int, slot_len: int, num_slots
 
 
 def batch_rows(rows: Sequence[RowSpec], prefix_buckets: Sequence[int], count_buckets: Sequence[int],
-               batch_buckets: Sequence[int], max_tokens_per_batch: int) -> list[PackedBatch]:
-  """Groups row specs by their (P, L, N) buckets and stacks each group into batches."""
+               batch_buckets: Sequence[int], max_tokens_per_batch: int,
+               max_stacked_tokens: Optional[int] = None) -> list[PackedBatch]:
+  """Groups row specs by their (P, L, N) buckets and stacks each group into batches.
+
+  A batch holds at most `max_tokens_per_batch` tokens (a memory bound) and, when it stacks more than
+  one row, at most `max_stacked_tokens` (None: no further bound): on CPU a stack beyond the caches
+  costs more per row than it saves in dispatches (runner.ModelRunner.max_stacked_tokens). A group is
+  cut into batch-bucket sizes that pad at most an eighth of their rows (split_for_buckets), since a
+  padded row costs as much as a real one.
+  """
   by_shape: dict[tuple[int, int, int], list[RowSpec]] = {}
   for row in rows:
     key = (bucket(len(row.prefix), prefix_buckets, "query (with separator)"), row.slot_len,
@@ -152,9 +160,15 @@ def batch_rows(rows: Sequence[RowSpec], prefix_buckets: Sequence[int], count_buc
     by_shape.setdefault(key, []).append(row)
   out = []
   for (p, l, n), group in sorted(by_shape.items()):
-    per_batch = max(1, min(batch_buckets[-1], max_tokens_per_batch // (p + n * l)))
-    for start in range(0, len(group), per_batch):
-      chunk = group[start:start + per_batch]
+    row_tokens = p + n * l
+    limit = min(max_tokens_per_batch, max_stacked_tokens or max_tokens_per_batch)
+    most = max([b for b in batch_buckets if b * row_tokens <= limit] or [1])
+    sizes = [most] * (len(group) // most)
+    sizes += split_for_buckets(len(group) - sum(sizes), [b for b in batch_buckets if b <= most])
+    start = 0
+    for size in sizes:
+      chunk = group[start:start + size]
+      start += size
       out.append(pack_rows(chunk, p, l, n, bucket(len(chunk), batch_buckets, "batch")))
   return out
 

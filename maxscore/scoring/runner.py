@@ -108,9 +108,19 @@ def _hidden(decoder: Decoder, params, hidden_BxNxD, label_ids_K):
   return hidden_BxNxD.astype(jnp.float32)
 
 
+def _with_hidden(labels_fn):
+  """`labels_fn`'s [.., K] and the hidden states [.., D] from one forward, as one float32 [.., K + D]."""
+  def both(decoder: Decoder, params, hidden_BxNxD, label_ids_K):
+    scores = labels_fn(decoder, params, hidden_BxNxD, label_ids_K).astype(jnp.float32)
+    return jnp.concatenate([scores, hidden_BxNxD.astype(jnp.float32)], axis=-1)
+  return both
+
+
 # What an entry point returns at the score rows: label log-probs [.., K] (the full [D, V] lm_head and its
-# log-sum-exp), raw label logits [.., K] (the K label rows of the lm_head only), or final hidden states [.., D].
-OUTPUTS = {"logprobs": label_logprobs, "logits": label_logits, "hidden": _hidden}
+# log-sum-exp), raw label logits [.., K] (the K label rows of the lm_head only), final hidden states [.., D],
+# or either label output followed by the hidden states [.., K + D] (a score head that reads both).
+OUTPUTS = {"logprobs": label_logprobs, "logits": label_logits, "hidden": _hidden,
+           "logprobs+hidden": _with_hidden(label_logprobs), "logits+hidden": _with_hidden(label_logits)}
 
 
 class ModelRunner:
@@ -125,6 +135,7 @@ class ModelRunner:
     self.options = kernel.options()
     # auto resolves for the devices the programs are built for (a described TPU topology: splash).
     platform = None if mesh is None else mesh.devices.flat[0].platform
+    self.platform = platform or jax.default_backend()  # where the programs run (or are compiled for)
     self.default_kernel = resolve_auto(platform) if kernel.attention == "auto" else kernel.attention
     self.abstract = is_abstract(params)
     wdtype = DTYPES[runtime.weight_dtype]

@@ -221,7 +221,8 @@ class Scorer:
     for name in sorted({c.algorithm for c in choices}):
       idx = [i for i, c in enumerate(choices) if c.algorithm == name]
       ctx = AlgorithmContext(self.runner, self.runner.default_kernel, self.config.buckets, self.config.scoring,
-                             self.prefix_cache, self.config.scoring.max_tokens_per_forward, output=output)
+                             self.prefix_cache, self.config.scoring.max_tokens_per_forward,
+                             selector.max_stacked_tokens(self.config.scoring, self.runner.platform), output=output)
       for i, out in zip(idx, ALGORITHMS[name](ctx, [reqs[i] for i in idx])):
         results[i] = (out, name)
     return results

@@ -17,7 +17,7 @@ so they keep one packed row.
 
 import dataclasses
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 from absl import logging
 
@@ -71,6 +71,20 @@ def select(prefix_len: int, item_lens: Sequence[int], item_first: bool, kernel: 
                                     f"{scoring.extend_batch_size}: on CPU, cache-sized chunks against the "
                                     f"prefill's K/V beat one packed row of {row_tokens} tokens", "chunks")
   return Choice("packed", f"one packed row of {row_tokens} tokens: same dense work as prefill_extend, one dispatch", "one_row")
+
+
+# On CPU, stacking packed rows pays while the stack stays cache-sized: at the embedded default's dims,
+# rows of 1,552 tokens cost 20 ms each stacked 1 to 4 high (6,208 tokens) and 26-28 ms each stacked 8 to
+# 32 high; rows of 116-528 tokens kept getting cheaper per row up to 8-17k tokens (BENCHMARKS.md, "Serving
+# under load"). Accelerators keep stacking up to max_tokens_per_forward.
+CPU_STACKED_TOKENS = 8192
+
+
+def max_stacked_tokens(scoring: ScoringConfig, platform: str) -> Optional[int]:
+  """The most tokens a forward of several stacked rows may hold: the config's, else the backend's default."""
+  if scoring.max_stacked_tokens:
+    return scoring.max_stacked_tokens
+  return CPU_STACKED_TOKENS if platform == "cpu" else None
 
 
 _logged_kinds: set = set()

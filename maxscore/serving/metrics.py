@@ -9,7 +9,8 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 class ServerMetrics:
-  """Requests by endpoint and status, latency, items and tokens scored, batch sizes, queue depth and
+  """Requests by endpoint and status, latency, items and tokens scored, batch sizes and model time per
+  batch, queue depth and
   the number of compiled executables (it stays flat after warmup when requests fit the warmed shapes)."""
 
   def __init__(self, queue_depth: Callable[[], int], compilations: Callable[[], int]):
@@ -23,6 +24,8 @@ class ServerMetrics:
     self.tokens = prom.Counter("maxscore_tokens_scored", "Prompt tokens of the scored requests", registry=r)
     self.batch_requests = prom.Histogram("maxscore_batch_requests", "Requests per score_batch call",
                                          buckets=BATCH_BUCKETS, registry=r)
+    self.batch_seconds = prom.Histogram("maxscore_batch_seconds", "Model time per score_batch call",
+                                        buckets=LATENCY_BUCKETS, registry=r)
     self.queue_depth = prom.Gauge("maxscore_queue_depth", "Requests waiting for the model", registry=r)
     self.queue_depth.set_function(queue_depth)
     self.compilations = prom.Gauge("maxscore_compiled_executables", "Executables the scorer has compiled",

@@ -56,6 +56,7 @@ class ScoringService:
   # --- the worker thread -----------------------------------------------------------------------
   def run_batch(self, works: Sequence[Work]) -> list[ScoreResult]:
     """Scores gathered requests with as few forwards as their shapes allow (Scorer.score_requests)."""
+    start = time.perf_counter()
     self.scorer.prefix_cache.clear()  # as the eval: the algorithm depends on the geometry alone
     out: list = [None] * len(works)
     for raw in (False, True):
@@ -69,6 +70,7 @@ class ScoringService:
     for w in works:
       self.metrics.items.inc(len(w.request.items))
       self.metrics.tokens.inc(w.request.num_tokens)
+    self.metrics.batch_seconds.observe(time.perf_counter() - start)
     return out
 
   def warmup(self) -> dict[str, float]:

@@ -61,24 +61,6 @@ def make_hf_model(family: str, vocab_size: int = 512, seed: int = 0, init_std: f
   return model
 
 
-def hf_model_like(model_cfg, seed: int = 0):
-  """A random float32 transformers Qwen3/Llama model with `model_cfg`'s dimensions and HF's default init
-  (the benchmark's baseline: the same weights are converted for maxscore)."""
-  import torch
-  if model_cfg.family not in ("qwen3", "llama") or model_cfg.rope_scaling_type is not None:
-    raise ValueError(f"HF baseline supports unscaled ['llama', 'qwen3'] models, not {model_cfg.family} "
-                     f"with rope_scaling_type={model_cfg.rope_scaling_type}")
-  config_cls, model_cls = _classes(model_cfg.family)
-  config = config_cls(vocab_size=model_cfg.vocab_size, hidden_size=model_cfg.hidden_size,
-                      intermediate_size=model_cfg.mlp_dim, num_hidden_layers=model_cfg.num_layers,
-                      num_attention_heads=model_cfg.num_heads, num_key_value_heads=model_cfg.num_kv_heads,
-                      head_dim=model_cfg.head_dim, rms_norm_eps=model_cfg.rms_norm_eps,
-                      rope_theta=model_cfg.rope_theta, max_position_embeddings=model_cfg.max_position_embeddings,
-                      tie_word_embeddings=model_cfg.tie_word_embeddings, attention_bias=model_cfg.attention_bias)
-  torch.manual_seed(seed)
-  return model_cls(config).eval()
-
-
 def save_hf_model(model, directory: pathlib.Path, tokenizer_file: pathlib.Path | None = None,
                   max_shard_size: str | None = None) -> pathlib.Path:
   """save_pretrained as safetensors (sharded when max_shard_size is given), plus an optional tokenizer."""

@@ -4,13 +4,11 @@
 starts a run in a workdir); `state` the TrainState; `optimizer` the clip + AdamW schedule; `partition`
 where state and batches live on the mesh; `checkpoint` the per-process Orbax checkpoints; `metrics_log`
 metrics.jsonl and TensorBoard; `lora` the LoRA adapters (configs, trainable mask, exports). Each task (maxscore.heads.train, maxscore.lm.pretrain) brings only its
-loss, data, eval and export.
+loss, data, eval and export. The trainer's errors, TrainError and ResumeError, are maxscore/errors.py's.
 """
 
-from maxscore.training.errors import ResumeError, TrainError
 from maxscore.training.optimizer import make_optimizer
 from maxscore.training.state import TrainState
 from maxscore.training.trainer import init, loop, restore, start, train_step
 
-__all__ = ["ResumeError", "TrainError", "TrainState", "init", "loop", "make_optimizer", "restore", "start",
-           "train_step"]
+__all__ = ["TrainState", "init", "loop", "make_optimizer", "restore", "start", "train_step"]

@@ -11,10 +11,8 @@ from typing import Optional
 import orbax.checkpoint as ocp
 from absl import logging
 
-from maxscore import errors
 from maxscore.files import identity
 from maxscore.training import partition
-from maxscore.training.errors import ResumeError
 from maxscore.training.state import TrainState
 
 
@@ -31,15 +29,13 @@ def save(mgr: ocp.CheckpointManager, step: int, state: TrainState, fingerprint: 
 
 
 def check_identity(mgr: ocp.CheckpointManager, fingerprint: dict, workdir: pathlib.Path) -> Optional[int]:
-  """The latest step (None in a fresh workdir); refuses a workdir whose run had another config or data."""
+  """The latest step (None in a fresh workdir); refuses (ResumeError) a workdir whose run had another config
+  or data."""
   step = mgr.latest_step()
   if step is None:
     return None
   stored = mgr.restore(step, args=ocp.args.Composite(run=ocp.args.JsonRestore()))["run"]
-  try:
-    identity.check_same(stored, fingerprint, workdir, "pass --overwrite to start over, or use a new --workdir")
-  except errors.ResumeError as e:
-    raise ResumeError(str(e)) from None
+  identity.check_same(stored, fingerprint, workdir, "pass --overwrite to start over, or use a new --workdir")
   return step
 
 

@@ -18,7 +18,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from layers import sharding as sharding_lib
 from maxscore.config import MeshConfig
 from maxscore.distributed import mesh as mesh_lib
-from maxscore.training.errors import TrainError
+from maxscore.errors import TrainError
 
 
 def train_mesh(cfg: MeshConfig) -> Mesh:

@@ -34,6 +34,10 @@ from maxscore.training import checkpoint, partition
 from maxscore.training.metrics_log import MetricsLog, NullLog
 from maxscore.training.state import TrainState, fresh
 
+# Test-only, not a setting: seconds `loop` sleeps after every step, so a test can kill a run between two
+# checkpoints (tests/test_train.py). Nothing else sets it.
+TEST_STEP_DELAY_ENV = "MAXSCORE_TEST_STEP_DELAY_S"
+
 
 def abstract_state(params: Any, optimizer: optax.GradientTransformation, data_key: jax.Array) -> TrainState:
   """The state's shapes and dtypes (no arrays allocated): what restore and compile-only programs need."""
@@ -84,9 +88,31 @@ class Started:
 
 def start(workdir: pathlib.Path, keep: int, params: Any, param_shardings: Any, optimizer: optax.GradientTransformation,
           data_key: jax.Array, mesh: Mesh, fingerprint: dict, check: Callable[[], None] = lambda: None) -> Started:
-  """Resumes the workdir's run, or starts one: the stored run must match `fingerprint` and fit the mesh;
-  `check` runs after those (e.g. the model's dimensions against the mesh) and before anything is placed.
-  Process 0 keeps the metrics log."""
+  """Resumes the workdir's run, or starts one.
+
+  The stored run must match `fingerprint` and fit the mesh; only then is the workdir claimed and the state
+  placed. Process 0 keeps the metrics log.
+
+  Args:
+    workdir: the run's directory (checkpoints/, metrics.jsonl, tensorboard/).
+    keep: how many of the latest checkpoints are kept.
+    params: step 0's params (host or device arrays), placed when no checkpoint is restored.
+    param_shardings: a pytree like `params` of the shardings each param lives on.
+    optimizer: the optax transformation the state's opt_state belongs to.
+    data_key: the PRNG key the epochs' data orders are drawn from.
+    mesh: the device mesh the state is placed on.
+    fingerprint: what the run's result depends on; a stored run with another one is refused.
+    check: runs after the stored run passed and before anything is placed (e.g. the model's dimensions
+      against the mesh); raises to refuse the run.
+
+  Returns:
+    Started: the state (restored, or step 0's), its shardings, the checkpoint manager, the step resumed from
+    (None for a fresh run) and the metrics log.
+
+  Raises:
+    ResumeError: the workdir holds a run with another fingerprint.
+    TrainError: the stored params do not fit this run or its mesh.
+  """
   abstract = abstract_state(params, optimizer, data_key)
   shardings = partition.state_shardings(abstract, param_shardings, mesh)
   mgr = checkpoint.manager(workdir, keep)
@@ -110,8 +136,20 @@ def _micro_batches(batch: Any, k: int) -> Any:
 
 def train_step(state: TrainState, batch: Any, *, loss_fn: Callable, optimizer: optax.GradientTransformation,
                grad_accum_steps: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One optimizer step. `loss_fn(params, batch, rng) -> (loss, aux dict)`; with grad_accum_steps > 1 the
-  batch's leading axis is split into that many micro-batches whose gradients (and losses) are averaged."""
+  """One optimizer step.
+
+  Args:
+    state: the TrainState before the step; its rng folded with its step seeds the step's randomness.
+    batch: the step's inputs, a pytree whose leaves share a leading batch axis.
+    loss_fn: `loss_fn(params, batch, rng) -> (loss, aux)`, a scalar loss and a dict of scalars to log.
+    optimizer: the optax transformation the state's opt_state belongs to.
+    grad_accum_steps: the batch's leading axis is split into this many micro-batches whose gradients (and
+      losses and aux) are averaged.
+
+  Returns:
+    state: the state after the update, its step one higher (epoch, index and rng as they were).
+    metrics: {"loss", "grad_norm"} and the aux scalars of loss_fn.
+  """
   rng = jax.random.fold_in(jnp.asarray(state.rng), state.step)
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   if grad_accum_steps == 1:
@@ -134,9 +172,19 @@ def train_step(state: TrainState, batch: Any, *, loss_fn: Callable, optimizer: o
 
 def jit_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, shardings: TrainState, mesh: Mesh,
                    grad_accum_steps: int = 1, rules=sharding_lib.RULES) -> Callable:
-  """train_step jitted with explicit shardings: the state on `shardings`, the batch split over data x fsdp,
-  the metrics replicated; traced with `mesh` and the logical-axis `rules` current, so the model's
-  activation constraints apply."""
+  """train_step jitted with explicit shardings.
+
+  Args:
+    loss_fn: `loss_fn(params, batch, rng) -> (loss, aux)` (train_step).
+    optimizer: the optax transformation the state's opt_state belongs to.
+    shardings: a TrainState of the shardings the state lives on (Started.shardings).
+    mesh: the device mesh; the batch is split over its data x fsdp axes, the metrics replicated.
+    grad_accum_steps: micro-batches per step (train_step).
+    rules: the logical-axis rules current while tracing, so the model's activation constraints apply.
+
+  Returns:
+    `step(state, batch) -> (state, metrics)`, the compiled train_step on the mesh.
+  """
   fn = functools.partial(train_step, loss_fn=loss_fn, optimizer=optimizer, grad_accum_steps=grad_accum_steps)
   jitted = jax.jit(fn, in_shardings=(shardings, partition.batch_sharding(mesh)),
                    out_shardings=(shardings, partition.replicated(mesh)))
@@ -167,7 +215,6 @@ class LoopSettings:
   progress_every: int
   name: str = "train"
   progress: bool = True
-  step_delay_s: float = 0.0
 
 
 @dataclasses.dataclass
@@ -202,7 +249,19 @@ def _log_eval(hooks: Hooks, step: int, params, timing: Timing) -> None:
 
 
 def loop(s: LoopSettings, state: TrainState, step_fn: Callable, hooks: Hooks) -> tuple[TrainState, Timing]:
-  """Steps from the state's step to `total_steps`: train lines, evals and checkpoints on their cadence."""
+  """Steps from the state's step to `total_steps`: train lines, evals and checkpoints on their cadence.
+
+  Args:
+    s: the loop's cadence (total steps, batch size, number of examples, log/eval/save/progress intervals).
+    state: the state to step from, its counters on host (Started.state).
+    step_fn: `step_fn(state, batch) -> (state, metrics)`, as jit_train_step returns.
+    hooks: the task's batches, placement, eval, save, metrics log and learning-rate schedule.
+
+  Returns:
+    state: the state at `total_steps`.
+    timing: where this process's time went (step, first step and eval seconds, items trained).
+  """
+  delay_s = float(os.environ.get(TEST_STEP_DELAY_ENV) or 0)
   timing = Timing()
   step = int(state.step)
   if step == 0:
@@ -234,13 +293,20 @@ def loop(s: LoopSettings, state: TrainState, step_fn: Callable, hooks: Hooks) ->
       hooks.save(step, state)
     if s.progress and step % s.progress_every == 0:
       logging.info("%s: step %d/%d loss %.4f", s.name, step, s.total_steps, loss)
-    if s.step_delay_s:
-      time.sleep(s.step_delay_s)
+    if delay_s > 0:
+      time.sleep(delay_s)
   return state, timing
 
 
 def finish(mgr, state: TrainState, save: Callable[[int, TrainState], None], total_steps: Optional[int] = None) -> None:
-  """Waits for the checkpoint writes; a run resumed at its end (nothing ran) saves its state once more."""
+  """Waits for the checkpoint writes; a run resumed at its end (nothing ran) saves its state once more.
+
+  Args:
+    mgr: the run's checkpoint manager (Started.manager).
+    state: the state the loop returned.
+    save: `save(step, state)`, the same save the loop's hooks call.
+    total_steps: the run's last step, the only step saved again; None: any step without a checkpoint is.
+  """
   mgr.wait_until_finished()
   step = int(state.step)
   if (total_steps is None or step == total_steps) and mgr.latest_step() != step:

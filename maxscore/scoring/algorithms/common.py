@@ -1,7 +1,7 @@
 """What every algorithm receives, and helpers they share."""
 
 import dataclasses
-from typing import Iterator, Sequence
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -20,7 +20,8 @@ class AlgorithmContext:
   scoring: ScoringConfig
   prefix_cache: PrefixCache
   max_tokens_per_forward: int = 1 << 16
-  output: str = "logprobs"  # "logprobs" / "logits": label log-probs / raw logits [N, K]; "hidden": [N, D]
+  max_stacked_tokens: Optional[int] = None  # most tokens in a forward of several stacked rows (None: no bound)
+  output: str = "logprobs"  # runner.OUTPUTS: "logprobs" / "logits" [N, K]; "hidden" [N, D]; "<either>+hidden" [N, K + D]
 
 
 def by_labels(requests: Sequence[TokenRequest]) -> Iterator[tuple[np.ndarray, list[int]]]:
@@ -33,8 +34,9 @@ def by_labels(requests: Sequence[TokenRequest]) -> Iterator[tuple[np.ndarray, li
 
 
 def empty_results(ctx: AlgorithmContext, requests: Sequence[TokenRequest]) -> list[np.ndarray]:
-  width = (lambda r: ctx.runner.model.hidden_size) if ctx.output == "hidden" else (lambda r: len(r.label_ids))
-  return [np.zeros((len(r.items), width(r)), np.float32) for r in requests]
+  hidden = ctx.runner.model.hidden_size if ctx.output.endswith("hidden") else 0
+  labels = (lambda r: 0) if ctx.output == "hidden" else (lambda r: len(r.label_ids))
+  return [np.zeros((len(r.items), labels(r) + hidden), np.float32) for r in requests]
 
 
 def scatter(out: list[np.ndarray], pending) -> list[np.ndarray]:

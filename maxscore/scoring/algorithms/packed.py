@@ -16,7 +16,7 @@ def run(ctx: AlgorithmContext, requests) -> list[np.ndarray]:
     rows = [row for ri in idx for row in plan_rows(ri, requests[ri].prefix, requests[ri].items, bk.item_buckets,
                                                    bk.item_count_buckets[-1], bk.length_group_ratio)]
     for batch in batch_rows(rows, bk.prefix_buckets, bk.item_count_buckets, bk.batch_buckets,
-                            ctx.max_tokens_per_forward):
+                            ctx.max_tokens_per_forward, ctx.max_stacked_tokens):
       layout = SegmentLayout(jnp.asarray(batch.prefix_valid_B), jnp.asarray(batch.slot_valid_BxN),
                              batch.prefix_len, batch.slot_len, batch.num_slots)
       lp = ctx.runner.packed_logprobs(ctx.kernel, batch.tokens_BxT, batch.positions_BxT, layout,
