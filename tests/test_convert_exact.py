@@ -131,6 +131,6 @@ def test_an_unrelated_output_dir_is_refused_with_or_without_overwrite(three_laye
   out.mkdir()
   (out / "notes.txt").write_text("keep")
   for overwrite in (False, True):
-    with pytest.raises(UnsafeOutputError) as e:
+    with pytest.raises(UnsafeOutputError):
       convert_hf_checkpoint(three_layer_dir, out, overwrite=overwrite)
   assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "keep"

@@ -2,7 +2,6 @@
 kill-and-resume bit-exactness of the script, throughput reporting, train_backbone."""
 
 import dataclasses
-import importlib.util
 import json
 import math
 import os
