@@ -4,7 +4,6 @@ Tests marked `tpu_aot` compile the training step with libtpu for described TPU t
 runs on a TPU.
 """
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
