@@ -306,11 +306,19 @@ def build_section(cls: type, values: Mapping[str, Any], where: str = "config") -
     raise ConfigError(f"{where}: {' '.join(str(e).split())}") from None
 
 
+# Field metadata of a setting that code passes but no YAML key or flag holds: the configs/base.yml
+# overrides a bench or check takes from its trailing key=value arguments (the one way scripts take them).
+CODE_ONLY = {"entry_key": False}
+
+
 def entry_keys(sections: Mapping[str, type]) -> dict[str, str]:
-  """key -> section name over an entry point's sections (a key belongs to exactly one section)."""
+  """key -> section name over an entry point's sections (a key belongs to exactly one section); fields
+  marked CODE_ONLY are not keys."""
   out: dict[str, str] = {}
   for name, cls in sections.items():
     for f in dataclasses.fields(cls):
+      if not f.metadata.get("entry_key", True):
+        continue
       if f.name in out:
         raise TypeError(f"config key {f.name!r} is in both section {out[f.name]} and {name}")
       out[f.name] = name

@@ -30,7 +30,7 @@ from layers import sharding
 from layers.config import ModelConfig
 from maxscore.bench import chips
 from maxscore.checkpoints import storage
-from maxscore.config import Config, MeshConfig, load_config, parse_override
+from maxscore.config import CODE_ONLY, Config, MeshConfig, load_config, parse_override
 from maxscore.distributed import mesh as mesh_lib
 from maxscore.scoring import cost_model
 from maxscore.scoring.requests import make_request
@@ -56,7 +56,7 @@ class CompileOptions:
   num_labels: int = 2
   search: tuple[str, ...] = ()          # dimensions to grow until nothing fits: num_items, query_len
   search_algorithms: tuple[str, ...] = ("packed", "prefill_extend")
-  overrides: tuple[str, ...] = ()
+  overrides: tuple[str, ...] = dataclasses.field(default=(), metadata=CODE_ONLY)  # configs/base.yml key=value
 
   def validate(self) -> "CompileOptions":
     """Every flag checked before any compile; each bad value named by its key."""

@@ -29,7 +29,7 @@ from maxscore.bench.workloads import (
   run_algorithm,
   warmup_check,
 )
-from maxscore.config import Config, load_config
+from maxscore.config import CODE_ONLY, Config, load_config
 from maxscore.errors import ScoreInputError
 from maxscore.scoring.cost_model import model_flops
 from maxscore.scoring.scorer import Scorer
@@ -64,7 +64,7 @@ class BenchOptions:
   head_dim: int = 128
   kernel_memory_fraction: float = 0.6  # kernels mode: do not run a kernel whose XLA temp exceeds this of RAM
   seed: int = 0
-  overrides: tuple[str, ...] = ()      # key=value config overrides
+  overrides: tuple[str, ...] = dataclasses.field(default=(), metadata=CODE_ONLY)  # configs/base.yml key=value
   suite: bool = False                  # run every suite workload (one process, one peak) instead of one geometry
   suite_workloads: tuple[str, ...] = ("reference=2000x500x20", "beir=32x100x256", "long_passages=32x100x512",
                                       "msmarco=16x1000x96", "small_requests=300x10x10x64")

@@ -27,7 +27,7 @@ from layers import sharding
 from layers.kernels import get_kernel
 from maxscore.bench import measure, train_compile
 from maxscore.bench import train_program as tp
-from maxscore.config import load_config, parse_override
+from maxscore.config import CODE_ONLY, load_config, parse_override
 from maxscore.scoring.runner import DTYPES
 
 _FORCE = "--xla_force_host_platform_device_count"
@@ -49,7 +49,7 @@ class TrainBenchOptions:
   remat: str = "per_layer"
   repeats: int = 3
   seed: int = 0
-  overrides: tuple[str, ...] = ()
+  overrides: tuple[str, ...] = dataclasses.field(default=(), metadata=CODE_ONLY)  # configs/base.yml key=value
 
   def validate(self) -> "TrainBenchOptions":
     bad = [m for m in self.modes if m not in tp.MODES]
