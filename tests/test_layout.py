@@ -79,6 +79,8 @@ def test_stacked_rows_stay_under_the_stack_bound_and_pad_little():
   bounded = batch_rows(rows, [16], [8], buckets, max_tokens_per_batch=1 << 16, max_stacked_tokens=4 * 48 + 10)
   assert [b.shape_key[0] for b in bounded] == [4, 4, 4, 1]
   assert [b.shape_key[0] for b in batch_rows(rows, [16], [8], buckets, 1 << 16, max_stacked_tokens=5)] == [1] * 13
+  no_one = batch_rows(rows[:3], [16], [8], [2, 4], 1 << 16, max_stacked_tokens=5)  # no bucket of 1 row
+  assert [b.shape_key[0] for b in no_one] == [2, 2, 2] and all(int((b.prefix_valid_B > 0).sum()) == 1 for b in no_one)
   for batches in (unbounded, bounded):
     seen = sorted(int(r) for b in batches for r in b.request_BxN[:, 0] if r >= 0)
     assert seen == list(range(13))

@@ -162,7 +162,7 @@ def batch_rows(rows: Sequence[RowSpec], prefix_buckets: Sequence[int], count_buc
   for (p, l, n), group in sorted(by_shape.items()):
     row_tokens = p + n * l
     limit = min(max_tokens_per_batch, max_stacked_tokens or max_tokens_per_batch)
-    most = max([b for b in batch_buckets if b * row_tokens <= limit] or [1])
+    most = max([b for b in batch_buckets if b * row_tokens <= limit] or [1])  # 1: a row per forward
     sizes = [most] * (len(group) // most)
     sizes += split_for_buckets(len(group) - sum(sizes), [b for b in batch_buckets if b <= most])
     start = 0
