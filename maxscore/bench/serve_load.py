@@ -126,9 +126,8 @@ def _run_mode(scorer, prompt: RerankPrompt, serve_cfg: ServeConfig, pool, wants,
 
 
 def _compile_batches(service: ScoringService, pool) -> None:
-  """Runs, for every shape the pool's requests take (query, item length and item count buckets), a stack
-  of that request at every batch bucket up to max_batch_requests on the worker's path (no HTTP), so the
-  timed pass meets compiled shapes (ServeConfig.warmup does this for configured geometries)."""
+  """Warms one request of every shape the pool's requests take (query, item length and item count
+  buckets) at every batch size on the worker's path (no HTTP), so the timed pass meets compiled shapes."""
   buckets = service.scorer.config.buckets
   shapes = {}
   for body in pool:
@@ -137,10 +136,7 @@ def _compile_batches(service: ScoringService, pool) -> None:
     key = (layout.bucket(len(req.prefix), buckets.prefix_buckets, "query"),
            layout.bucket(max(len(x) for x in req.items), buckets.item_buckets, "item"), len(req.items))
     shapes.setdefault(key, work)
-  limit = service.cfg.max_batch_requests
-  for work in shapes.values():
-    for b in sorted({b for b in buckets.batch_buckets if b < limit} | {limit}):
-      service.run_batch([work] * b)
+  service.warm(list(shapes.values()))
 
 
 def _hist(histogram) -> tuple[float, float]:

@@ -149,7 +149,7 @@ def batch_rows(rows: Sequence[RowSpec], prefix_buckets: Sequence[int], count_buc
 
   A batch holds at most `max_tokens_per_batch` tokens (a memory bound) and, when it stacks more than
   one row, at most `max_stacked_tokens` (None: no further bound): on CPU a stack beyond the caches
-  costs more per row than it saves in dispatches (runner.ModelRunner.max_stacked_tokens). A group is
+  costs more per row than it saves in dispatches (selector.max_stacked_tokens). A group is
   cut into batch-bucket sizes that pad at most an eighth of their rows (split_for_buckets), since a
   padded row costs as much as a real one.
   """
@@ -158,10 +158,10 @@ def batch_rows(rows: Sequence[RowSpec], prefix_buckets: Sequence[int], count_buc
     key = (bucket(len(row.prefix), prefix_buckets, "query (with separator)"), row.slot_len,
            bucket(len(row.items), count_buckets, "item count"))
     by_shape.setdefault(key, []).append(row)
+  limit = min(max_tokens_per_batch, max_stacked_tokens or max_tokens_per_batch)
   out = []
   for (p, l, n), group in sorted(by_shape.items()):
     row_tokens = p + n * l
-    limit = min(max_tokens_per_batch, max_stacked_tokens or max_tokens_per_batch)
     most = max([b for b in batch_buckets if b * row_tokens <= limit] or [1])  # 1: a row per forward
     sizes = [most] * (len(group) // most)
     sizes += split_for_buckets(len(group) - sum(sizes), [b for b in batch_buckets if b <= most])

@@ -10,8 +10,8 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 class ServerMetrics:
   """Requests by endpoint and status, latency, items and tokens scored, batch sizes and model time per
-  batch, queue depth and
-  the number of compiled executables (it stays flat after warmup when requests fit the warmed shapes)."""
+  batch, queue depth and the number of compiled executables (it stays flat after warmup when requests
+  fit the warmed shapes)."""
 
   def __init__(self, queue_depth: Callable[[], int], compilations: Callable[[], int]):
     self.registry = prom.CollectorRegistry()

@@ -73,14 +73,20 @@ class ScoringService:
     self.metrics.batch_seconds.observe(time.perf_counter() - start)
     return out
 
+  def warm(self, works: Sequence[Work]) -> None:
+    """Runs each work stacked at every batch size the worker can gather (the batch buckets below
+    max_batch_requests, and max_batch_requests), compiling what batches of that shape run."""
+    limit = self.cfg.max_batch_requests
+    for b in sorted({b for b in self.scorer.config.buckets.batch_buckets if b < limit} | {limit}):
+      for work in works:
+        self.run_batch([work] * b)
+
   def warmup(self) -> dict[str, float]:
     """Runs the serving path once per configured geometry and batch bucket up to max_batch_requests,
     for both score outputs (/v1/rerank's and /v1/score's default apply_softmax=false), so requests of
     those shapes compile nothing. (Scorer.warmup compiles one output and no score head; running the
     path compiles exactly what requests run.) Returns the executables built and the seconds spent."""
     start, before = time.perf_counter(), self.scorer.runner.num_executables
-    batches = sorted({b for b in self.scorer.config.buckets.batch_buckets if b < self.cfg.max_batch_requests}
-                     | {self.cfg.max_batch_requests})
     labels = self.label_ids or (0, 1)
     kinds = {(self.apply_softmax is None, bool(self.apply_softmax)), (False, False)}
     for q in self.cfg.warmup_query_tokens:
@@ -88,10 +94,8 @@ class ScoringService:
         for length in self.cfg.warmup_item_tokens:
           if n == 0 or q + length == 0:
             continue
-          for raw, softmax in sorted(kinds):
-            req = self.scorer.make_request([1] * q, [[1] * length] * n, labels, softmax and not raw)
-            for b in batches:
-              self.run_batch([Work(req, raw)] * b)
+          self.warm([Work(self.scorer.make_request([1] * q, [[1] * length] * n, labels, softmax and not raw), raw)
+                     for raw, softmax in sorted(kinds)])
     return {"executables": self.scorer.runner.num_executables - before, "seconds": time.perf_counter() - start}
 
   # --- requests (on the event loop) ---------------------------------------------------------------
