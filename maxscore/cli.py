@@ -17,6 +17,7 @@ import logging
 import logging.handlers
 import os
 import pathlib
+import re
 import sys
 import types
 import typing
@@ -67,12 +68,39 @@ def one_line_errors(code: int = 2) -> Iterator[None]:
     fail(e, code)
 
 
+_EXPECTED_VALUE = {flags.EnumParser: lambda p: "one of " + ", ".join(p.enum_values),
+                   flags.IntegerParser: lambda p: "an integer", flags.FloatParser: lambda p: "a number",
+                   flags.BooleanParser: lambda p: "true or false (or --name / --noname)"}
+
+
+def flag_error_message(error: flags.Error, fv: flags.FlagValues) -> str:
+  """absl's flag-parsing error as maxscore's: the flag, the value given and what the flag takes."""
+  m = re.match(r"flag --(\w+)=(.*?): ", str(error), re.S)
+  if m and m.group(1) in fv:
+    name, value, parser = m.group(1), m.group(2), fv[m.group(1)].parser
+    expected = next((say(parser) for cls, say in _EXPECTED_VALUE.items() if isinstance(parser, cls)), None)
+    if expected is not None:
+      return f"--{name}={value} is not valid: --{name} takes {expected}"
+  if isinstance(error, flags.UnrecognizedFlagError):
+    return f"{error}; --help lists the flags"
+  return str(error)
+
+
+def parse_flags(fv: flags.FlagValues, argv: Sequence[str]) -> list[str]:
+  """`fv(argv)`, with a flag that does not parse (an unknown flag, a bad enum or number) as one line
+  `error: ...` and exit 2, as every other bad setting (docs/ARCHITECTURE.md section 9)."""
+  try:
+    return fv(list(argv))
+  except flags.Error as e:
+    fail(ValueError(flag_error_message(e, fv)))
+
+
 def run_with_fresh_flags(define_flags: Callable[[flags.FlagValues], None],
                          main: Callable[[Sequence[str], flags.FlagValues], Any], argv: Sequence[str]) -> Any:
   """Parses `argv` into a new FlagValues and calls main (tests: no global flag state, no duplicate flags)."""
   fv = flags.FlagValues()
   define_flags(fv)
-  return main(fv(list(argv)), fv)
+  return main(parse_flags(fv, argv), fv)
 
 
 def _unwrap_optional(tp: Any) -> Any:
@@ -268,7 +296,7 @@ def run_script(main: Callable[[Sequence[str]], Any], define_flags: Optional[Call
 
   argv = _expand_bare_v(sys.argv)
   try:
-    app.run(quiet_main, argv=argv)
+    app.run(quiet_main, argv=argv, flags_parser=lambda args: parse_flags(flags.FLAGS, args))
   except SystemExit as e:
     if e.code == 1 and any(a.split("=")[0] in HELP_FLAGS for a in argv[1:]):
       sys.exit(0)  # absl exits 1 after printing the help that was asked for

@@ -5,6 +5,8 @@ in README.md's code blocks parses against its script's flags and the config."""
 import pathlib
 import re
 import shlex
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -12,6 +14,7 @@ from absl import flags
 
 from maxscore import cli, config as config_lib
 from maxscore.config import ConfigError, load_config
+from maxscore.testing import processes
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 ENTRY_SCRIPTS = ["bench", "bench_serve", "bench_train", "build_default_assets", "compare_runs", "compile_check",
@@ -57,6 +60,40 @@ def test_bad_entry_value_is_a_config_error(load_script, argv, message):
   fv(["prog"] + argv)
   with pytest.raises(ConfigError, match=re.escape(message)):
     cli.entry_from_flags(fv, script.ENTRY, script.SECTIONS)
+
+
+TYPED_PARSERS = (flags.EnumParser, flags.IntegerParser, flags.FloatParser, flags.BooleanParser)
+
+
+@pytest.mark.parametrize("name", ENTRY_SCRIPTS)
+def test_every_typed_flag_given_a_bad_value_is_one_line_and_exit_2(load_script, name, capsys):
+  """Enums, numbers and booleans of every script: maxscore's `error: ...` naming the flag and what it takes,
+  not absl's FATAL and exit 1; unknown flags too. Parsing fails before main runs, so nothing loads."""
+  script = load_script(name)
+  fv = flags.FlagValues()
+  script.define_flags(fv)
+  typed = [f for f in fv if isinstance(fv[f].parser, TYPED_PARSERS)]
+  assert typed or name == "plot_runs"  # plot_runs has string and list flags only
+  for flag in typed + ["no_such_flag"]:
+    with pytest.raises(SystemExit) as e:
+      cli.run_with_fresh_flags(script.define_flags, script.main, ["prog", f"--{flag}=bogus"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("error: "), (flag, err)
+    assert f"--{flag}=bogus" in err or (flag == "no_such_flag" and "no_such_flag" in err), err
+  if "score_mode" in fv and isinstance(fv["score_mode"].parser, flags.EnumParser):
+    with pytest.raises(SystemExit):
+      cli.run_with_fresh_flags(script.define_flags, script.main, ["prog", "--score_mode=bogus"])
+    assert "takes one of " + ", ".join(fv["score_mode"].parser.enum_values) in capsys.readouterr().err
+
+
+def test_a_bad_enum_on_the_command_line_is_one_line_and_exit_2(tmp_path):
+  """The absl app path (cli.run_script), not only run(argv): no FATAL, no usage text."""
+  r = subprocess.run([sys.executable, str(REPO / "scripts" / "score.py"), "--score_mode=bogus"], capture_output=True,
+                     text=True, timeout=300, cwd=tmp_path, env=processes.subprocess_env(1))
+  assert r.returncode == 2, r.stderr
+  assert r.stderr.strip() == ("error: --score_mode=bogus is not valid: --score_mode takes one of probability, "
+                              "raw_logit"), r.stderr
+  assert list(tmp_path.iterdir()) == []
 
 
 def test_unknown_entry_key_names_the_nearest(load_script):
