@@ -33,7 +33,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     inputs = list(suite.parse_datasets(opts.datasets).values())
     safety.refuse_overlap([opts.output_json, opts.output_latex], inputs, "--output_json/--output_latex")
     scorer = eval_lib.build_scorer(opts.checkpoint_dir, list(argv[1:]), use_head=opts.use_head)
-  result = suite.run_suite(scorer, opts, cfg)
+  result = suite.run_suite(scorer, opts, cfg, expected=cli.expected_errors())
   print(suite.markdown(result))
   with cli.one_line_errors():
     for path, text in ((opts.output_json, suite.to_json_text), (opts.output_latex, suite.latex)):

@@ -5,6 +5,8 @@ import dataclasses
 import json
 import math
 import pathlib
+import subprocess
+import sys
 import tempfile
 
 import numpy as np
@@ -14,6 +16,7 @@ from maxscore import config as config_lib
 from maxscore.lm import assets
 from maxscore.lm.tokenizer_training import sample_texts
 from maxscore.rerank import data, eval as eval_lib, fusion, metrics
+from maxscore.testing import processes
 
 CFG = eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=24)
 
@@ -187,6 +190,40 @@ def test_suite_reports_the_good_dataset_and_the_broken_one(load_script, tmp_path
   assert "| good (4 q) |" in printed and "| broken | failed: DataError:" in printed and "| average |" in printed
   assert "\\begin{tabular}" in (tmp_path / "suite.tex").read_text()
   assert not (out / "broken" / "run.trec").exists()
+
+
+def test_a_dataset_with_a_broken_corpus_line_is_one_warning_line_not_a_traceback(tmp_path, caplog):
+  from maxscore import cli
+  from maxscore.rerank import suite
+  broken = _beir(tmp_path / "broken", seed=6, splits=("test",))
+  with open(broken / "corpus.jsonl", "a") as f:
+    f.write("{not json\n")
+  opts = suite.SuiteRun(datasets=(f"broken={broken}",), output_dir=str(tmp_path / "o"), progress=False)
+  with caplog.at_level("WARNING"):
+    result = suite.run_suite(None, opts, eval_lib.EvalConfig(), expected=cli.expected_errors())
+  assert result.failed == ["broken"] and "corpus.jsonl" in result.datasets["broken"]["error"]
+  records = [r for r in caplog.records if "broken" in r.getMessage()]
+  assert len(records) == 1 and records[0].exc_info is None and "\n" not in records[0].getMessage()
+  assert "DataError" in records[0].getMessage() and "corpus.jsonl" in records[0].getMessage()
+
+
+FUSE_BOTH = """
+from maxscore.rerank import fusion
+a = {"q1": {"d1": 0.9, "d2": 0.1, "d3": 0.5}, "q2": {"d1": 0.2, "d4": 0.3}}
+b = {"q1": {"d1": 3.0, "d2": 9.0, "d3": 1.0}, "q2": {"d1": 5.0, "d4": 4.0}}
+print(fusion.fuse(a, b, "rrf"), fusion.fuse(a, b, "interpolate", alpha=0.3))
+"""
+
+
+@pytest.mark.slow  # about a minute: ranx's numba functions compile from scratch
+def test_fusion_prints_no_numba_warning_when_ranx_compiles(tmp_path):
+  """make eval's console: ranx's numba functions compile afresh (an empty numba cache, as in a new venv)
+  and warn NumbaTypeSafetyWarning; the fusion keeps that off the console."""
+  env = {**processes.subprocess_env(1), "NUMBA_CACHE_DIR": str(tmp_path)}
+  r = subprocess.run([sys.executable, "-W", "default", "-c", FUSE_BOTH], capture_output=True, text=True,
+                     timeout=300, env=env)
+  assert r.returncode == 0 and "q1" in r.stdout, r.stderr[-3000:]
+  assert "NumbaTypeSafetyWarning" not in r.stderr and "unsafe cast" not in r.stderr, r.stderr[-3000:]
 
 
 def test_suite_holm_adjusts_across_datasets():

@@ -64,8 +64,9 @@ def _ranx_run(run: metrics.Run, name: str):
 
 @contextlib.contextmanager
 def _quiet_ranx():
-  """ranx's min-max normalization casts its uint64 query indices to int64 and numba warns about it at every
-  call; the indices are small, so the warning says nothing about the result."""
+  """ranx's numba functions (min-max normalization, rrf, Run building) cast uint64 indices to int64, and numba
+  warns about it (NumbaTypeSafetyWarning) when it compiles them, in the middle of a report; the indices are
+  small, so the warning says nothing about the result."""
   with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="unsafe cast from uint64 to int64")
     yield
@@ -97,7 +98,8 @@ def fuse(reranked: metrics.Run, first: metrics.Run, method: str, alpha: float = 
                         params=params)
   elif method == "rrf":
     a, b = _trec_ranks(a), _trec_ranks(b)
-    fused = ranx.fuse([_ranx_run(a, "reranked"), _ranx_run(b, "first")], method="rrf", params={"k": rrf_k})
+    with _quiet_ranx():
+      fused = ranx.fuse([_ranx_run(a, "reranked"), _ranx_run(b, "first")], method="rrf", params={"k": rrf_k})
   else:
     raise FusionError(f"fusion={method!r} is not one of {list(METHODS[1:])}")
   out = fused.to_dict()
