@@ -20,3 +20,23 @@ class ResumeError(ValueError):
 
 class TrainError(ValueError):
   """A training setting is invalid, or a run cannot start with it (the batch, the mesh, stored shapes)."""
+
+
+class UnknownModelError(ScoreInputError):
+  """A request names a model that is not served (the HTTP server answers 404; score.py an error line)."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+  """Ctrl-C (SIGINT) during a training loop: `step` steps were done; `saved` is the last checkpointed step
+  (where the same command resumes; None = none yet), its writes finished before this is raised."""
+
+  def __init__(self, step: int, saved=None, workdir=None):
+    super().__init__(step)
+    self.step, self.saved, self.workdir = step, saved, workdir
+
+  def message(self) -> str:
+    where = f" in {self.workdir}" if self.workdir else ""
+    if self.saved is None:
+      return f"stopped at step {self.step} (Ctrl-C); no checkpoint was written yet{where}: a rerun starts over"
+    return (f"stopped at step {self.step} (Ctrl-C); the last checkpoint is step {self.saved}{where}: run the same "
+            f"command to resume from it")

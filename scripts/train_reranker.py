@@ -15,20 +15,24 @@ dev metrics before/after, head-training throughput and the share of time in the 
 Every flag is a key of configs/train.yml; trailing `key=value` arguments set configs/base.yml keys, the
 mesh's ici_/dcn_*_parallelism among them. --coordinator_address, --num_processes and --process_id
 start a multi-process run as in eval_rerank.py; process 0 writes the metrics, summary and export, every process
-its own checkpoint shards. Input errors exit 2.
+its own checkpoint shards. Input errors exit 2. Ctrl-C prints one line (the step reached and the checkpoint
+a rerun resumes from) and exits 130.
 """
 
 import json
+import sys
 
 from absl import flags
 
 from maxscore import cli
+from maxscore.errors import TrainingInterrupted
 from maxscore.heads import train as train_lib
 from maxscore.heads.train_config import TrainConfig, TrainRun
 from maxscore.rerank import data
 from maxscore.rerank.prompts import PromptConfig
 
 ENTRY = "train"
+INTERRUPTED = 130  # exit status after Ctrl-C (128 + SIGINT, as shells report it)
 SECTIONS = {"run": TrainRun, "train": TrainConfig, "prompt": PromptConfig}
 
 
@@ -49,9 +53,18 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
       train_set.queries = train_set.queries[:run.max_train_queries]
     if dev_set is not None and run.max_dev_queries:
       dev_set.queries = dev_set.queries[:run.max_dev_queries]
-    summary = train_lib.train(s["train"], s["prompt"], run.checkpoint_dir, train_set, dev_set, run.workdir,
-                              overrides=argv[1:], feature_cache=run.feature_cache, export_dir=run.export_dir,
-                              overwrite=run.overwrite, progress=run.progress)
+    try:
+      summary = train_lib.train(s["train"], s["prompt"], run.checkpoint_dir, train_set, dev_set, run.workdir,
+                                overrides=argv[1:], feature_cache=run.feature_cache, export_dir=run.export_dir,
+                                overwrite=run.overwrite, progress=run.progress,
+                                adapters_dir=run.adapters_dir)
+    except TrainingInterrupted as e:  # Ctrl-C: one line, the shell's 130; the checkpoints stay consistent
+      print(e.message(), file=sys.stderr)
+      sys.exit(INTERRUPTED)
+    except KeyboardInterrupt:
+      print("stopped outside the training steps (Ctrl-C); run the same command to go on from the last checkpoint",
+            file=sys.stderr)
+      sys.exit(INTERRUPTED)
   if summary:  # process 0 reports
     print(json.dumps(summary, indent=2))
 

@@ -166,6 +166,25 @@ def test_eval_script_refuses_a_bad_adapters_dir_in_one_line(load_script, tmp_pat
   assert not (tmp_path / "o").exists()
 
 
+def test_adapters_dir_given_a_checkpoint_points_to_checkpoint_dir(load_script, tmp_path, capsys):
+  from maxscore.rerank import data
+  module = load_script("eval_rerank")
+  with pytest.raises(SystemExit) as e:
+    module.run(["prog", f"--adapters_dir={data.DEFAULT_CHECKPOINT}", f"--output_dir={tmp_path / 'o'}", "--noprogress"])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == 2 and len(err) == 1, err
+  assert "is a checkpoint" in err[0] and f"--checkpoint_dir={data.DEFAULT_CHECKPOINT}" in err[0], err
+
+
+def test_train_script_refuses_adapters_dir_without_lora_in_one_line(load_script, tmp_path, capsys):
+  module = load_script("train_reranker")
+  with pytest.raises(SystemExit) as e:
+    module.run(["prog", f"--workdir={tmp_path / 'w'}", f"--adapters_dir={tmp_path / 'a'}", "--noprogress"])
+  err = capsys.readouterr().err.strip()
+  assert e.value.code == 2 and "--adapters_dir" in err and "--lora_rank" in err and "\n" not in err, err
+  assert not (tmp_path / "w").exists() and not (tmp_path / "a").exists()
+
+
 def test_rank_zero_means_no_adapters():
   import jax
   from maxscore.training import lora as lora_lib

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -175,22 +176,32 @@ def _head_params(export):
 
 
 @pytest.mark.slow
-def test_kill_and_resume_is_bit_exact(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["sigkill", "ctrl_c"])
+def test_kill_and_resume_is_bit_exact(tmp_path, sig):
+  """SIGKILL: no cleanup. Ctrl-C (SIGINT): one line naming the step and the checkpoint, exit 130, and the
+  checkpoints as consistent as after SIGKILL: the resumed run ends as the uninterrupted one, bit for bit."""
   cache = tmp_path / "features.npz"
   cmd, env = _script(tmp_path / "a", cache, tmp_path / "a_export")
   done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
   # The same run, slowed down and killed (SIGKILL: no cleanup) once a checkpoint past step 2 exists.
   cmd, env = _script(tmp_path / "b", cache, tmp_path / "b_export")
-  proc = subprocess.Popen(cmd, env={**env, TEST_STEP_DELAY_ENV: "0.5"}, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
+  err_path = tmp_path / "killed.err"
+  with open(err_path, "w") as err:
+    proc = subprocess.Popen(cmd, env={**env, TEST_STEP_DELAY_ENV: "0.5"}, stdout=subprocess.DEVNULL, stderr=err)
   deadline = time.time() + 240
   while time.time() < deadline and proc.poll() is None and not any(s >= 4 for s in _checkpoints(tmp_path / "b")):
     time.sleep(0.05)
   assert proc.poll() is None, "the run ended before it could be killed"
-  proc.send_signal(signal.SIGKILL)
-  proc.wait()
+  proc.send_signal(sig)
+  code = proc.wait(timeout=120)
   killed_at = max(_checkpoints(tmp_path / "b"))
+  if sig == signal.SIGINT:
+    lines = err_path.read_text().strip().splitlines()
+    assert code == 130 and "Traceback" not in err_path.read_text(), err_path.read_text()[-3000:]
+    m = re.fullmatch(r"stopped at step (\d+) \(Ctrl-C\); the last checkpoint is step (\d+) in .*: run the same "
+                     r"command to resume from it", lines[-1])
+    assert m and int(m.group(2)) == killed_at <= int(m.group(1)), lines[-1]
   assert 4 <= killed_at < 9 and not (tmp_path / "b" / "summary.json").exists()
   done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]

@@ -252,7 +252,7 @@ LORA = ["--lora_rank=4", "--lora_alpha=8", "--lora_targets=q,v,up"]
 @pytest.fixture(scope="module")
 def lora_one_process(tmp_path_factory):
   root = tmp_path_factory.mktemp("lora_one")
-  _train(root, *LORA)
+  _train(root, *LORA, f"--adapters_dir={root / 'adapters'}")
   assert len(_losses(root)) == 4
   return root
 
@@ -283,6 +283,22 @@ def test_lora_trains_only_the_adapters_and_exports_them_merged(lora_one_process)
   exported = storage.restore_checkpoint(lora_one_process / "export").params
   for x, y in zip(jax.tree_util.tree_leaves(merged), jax.tree_util.tree_leaves(exported)):
     np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_lora_adapters_exported_by_the_script_score_as_the_merged_export(lora_one_process):
+  """--adapters_dir writes what eval_rerank.py --adapters_dir reads (adapters + the trained head)."""
+  from maxscore.rerank import data, eval as eval_lib  # pylint: disable=import-outside-toplevel
+  adapters = lora_one_process / "adapters"
+  assert (adapters / "lora.json").is_file() and (adapters / "head" / "head.json").is_file()
+  merged = eval_lib.build_scorer(str(lora_one_process / "export"), ["attention=shared_prefix"])
+  with_adapters = eval_lib.build_scorer(str(data.DEFAULT_CHECKPOINT), ["attention=shared_prefix"],
+                                        adapters_dir=str(adapters))
+  base = eval_lib.build_scorer(str(data.DEFAULT_CHECKPOINT), ["attention=shared_prefix"])
+  query, items = "the for statement", ["for x in y: pass", "while loops", "class bodies"]
+  score = lambda s: s.score(query, items).scores
+  np.testing.assert_allclose(score(with_adapters), score(merged), rtol=0, atol=1e-5)
+  assert np.abs(score(base) - score(merged)).max() > 1e-5  # the comparison sees the training
 
 
 @pytest.mark.slow

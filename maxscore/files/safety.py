@@ -219,22 +219,23 @@ def exported_by(export_dir: os.PathLike, workdir: os.PathLike) -> bool:
 
 
 def check_export_dir(export_dir: os.PathLike, workdir: os.PathLike, inputs: Iterable[Optional[os.PathLike]],
-                     overwrite: bool) -> None:
+                     overwrite: bool, kind: str = "checkpoint", flag: str = "--export_dir") -> None:
   """Before a run that writes `workdir` does any work: its `export_dir` is no input, neither is nor
   holds nor lies inside the workdir (--overwrite removes that), and an existing one is replaced only
-  when maxscore wrote it as a checkpoint, with `overwrite` or when this workdir's earlier run wrote it."""
-  refuse_overlap([export_dir], inputs, "--export_dir")
+  when maxscore wrote it as a `kind` output, with `overwrite` or when this workdir's earlier run wrote it.
+  `flag` names the export in the errors (--export_dir, --adapters_dir)."""
+  refuse_overlap([export_dir], inputs, flag)
   export, work = resolve(export_dir), resolve(workdir)
   if export == work or work in export.parents or export in work.parents:
-    raise UnsafeOutputError(f"--export_dir {export_dir} would replace the --workdir {workdir} or lie inside it; "
+    raise UnsafeOutputError(f"{flag} {export_dir} would replace the --workdir {workdir} or lie inside it; "
                             f"choose an export path outside it (beside it, for example)")
   if not export.exists():
     return
-  if not export.is_dir() or not is_owned(export, "checkpoint"):
-    raise UnsafeOutputError(f"--export_dir {export_dir} exists and was not written by maxscore (no {MARKER} "
-                            f"marker); it is left untouched: choose a new path")
+  if not export.is_dir() or not is_owned(export, kind):
+    raise UnsafeOutputError(f"{flag} {export_dir} exists and was not written by maxscore as a {kind} (no {MARKER} "
+                            f"marker of that kind); it is left untouched: choose a new path")
   if not (overwrite or exported_by(export, work)):
-    raise UnsafeOutputError(f"--export_dir {export_dir} already exists; pass --overwrite to replace it")
+    raise UnsafeOutputError(f"{flag} {export_dir} already exists; pass --overwrite to replace it")
 
 
 def swap_dir(tmp: pathlib.Path, target: pathlib.Path) -> None:

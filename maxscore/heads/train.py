@@ -59,7 +59,7 @@ from layers.kernels import get_kernel
 from maxscore import config as config_lib
 from maxscore.config import MeshConfig
 from maxscore.distributed import mesh as mesh_lib
-from maxscore.errors import TrainError
+from maxscore.errors import TrainError, TrainingInterrupted
 from maxscore.files import identity, safety
 from maxscore.heads import features, head, head_storage
 from maxscore.heads.features import (
@@ -316,7 +316,8 @@ def _trainable(cfg: TrainConfig, params: dict[str, Any]) -> Optional[Any]:
 def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str], train_set: RerankSet,
           dev_set: Optional[RerankSet], workdir: os.PathLike, *, overrides: Sequence[str] = (),
           feature_cache: Optional[os.PathLike] = None, export_dir: Optional[os.PathLike] = None,
-          overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
+          overwrite: bool = False, progress: bool = True,
+          adapters_dir: Optional[os.PathLike] = None) -> dict[str, Any]:
   """Trains (or resumes) a score head (and the backbone with train_backbone) on the config mesh.
 
   Writes checkpoints, metrics.jsonl and summary.json in `workdir` and, on process 0, the exported checkpoint
@@ -332,6 +333,9 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
     overrides: configs/base.yml `key=value` settings for the scorer and the mesh.
     feature_cache: an npz of the frozen features, reused when it matches (frozen backbone only).
     export_dir: where the base checkpoint with the trained head (and backbone) is written; None = no export.
+      With LoRA the backbone there is merged (W + alpha / rank * A @ B).
+    adapters_dir: with LoRA, where the adapters and the trained head are written (maxscore/training/lora.py's
+      layout, which eval_rerank.py --checkpoint_dir=<base> --adapters_dir reads); None = not written.
     overwrite: remove the workdir (and replace export_dir) when maxscore wrote it, instead of resuming.
     progress: log progress lines.
 
@@ -345,13 +349,17 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   """
   cfg.validate()
   prompt.validate()
+  if adapters_dir and _lora(cfg) is None:
+    raise TrainError(f"--adapters_dir={adapters_dir} writes LoRA adapters: it needs --train_backbone and "
+                     f"--lora_rank > 0 (--export_dir writes the trained model as a checkpoint)")
   wall_start = time.perf_counter()
   workdir = pathlib.Path(workdir).resolve()
   mesh = partition.train_mesh(_mesh_config(overrides))
   partition.check_batch(cfg.batch_size, mesh, cfg.grad_accum_steps)
   if jax.process_index() == 0:
     _prepare_outputs(workdir, export_dir, overwrite, checkpoint_dir, feature_cache,
-                     [*data.input_paths(train_set), *(data.input_paths(dev_set) if dev_set is not None else ())])
+                     [*data.input_paths(train_set), *(data.input_paths(dev_set) if dev_set is not None else ())],
+                     adapters_dir)
   mesh_lib.sync("train: workdir ready")
 
   prep = prepare(cfg, prompt, checkpoint_dir, train_set, dev_set, overrides, feature_cache, progress)
@@ -375,7 +383,12 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   hooks = trainer.Hooks(lambda idx: make_batch(prep, idx), trainer.placer(run.shardings, mesh, cfg.batch_size),
                         lambda params: dev_metrics(cfg, prompt, prep, decoder, labels_K, params), save, run.log,
                         schedule, partition.local_rows(cfg.batch_size, mesh))
-  state, timing = trainer.loop(settings, run.state, step_fn, hooks)
+  try:
+    state, timing = trainer.loop(settings, run.state, step_fn, hooks)
+  except TrainingInterrupted as e:  # the checkpoint being written is finished: the run resumes from it
+    run.manager.wait_until_finished()
+    e.saved, e.workdir = run.manager.latest_step(), workdir
+    raise
   trainer.finish(run.manager, state, save, total_steps)
   run.log.close()
   final = partition.host_copy(state.params)
@@ -387,6 +400,8 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   _carry_throughput(summary, trainer.finished_run_summary(workdir, run.resume_step))
   if export_dir:
     summary["export_dir"] = export(cfg, prep, summary, final, export_dir, workdir, overwrite)
+  if adapters_dir:
+    summary["adapters_dir"] = export_adapters(cfg, prep, summary, final, adapters_dir, workdir, overwrite)
   safety.atomic_write_text(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
   return summary
 
@@ -445,8 +460,22 @@ def export(cfg: TrainConfig, prep: Prepared, summary: dict[str, Any], final, exp
                                             overwrite=overwrite or ours, workdir=str(workdir)))
 
 
+def export_adapters(cfg: TrainConfig, prep: Prepared, summary: dict[str, Any], final, adapters_dir: os.PathLike,
+                    workdir: pathlib.Path, overwrite: bool) -> str:
+  """The LoRA adapters (lora.json + adapters/, with the base's digest) and the trained head (head/) in
+  `adapters_dir`: eval_rerank.py --checkpoint_dir=<base> --adapters_dir=<it> scores as the merged export."""
+  base = prep.scorer.config.runtime.checkpoint_dir
+  ours = safety.exported_by(adapters_dir, workdir)
+  out = lora_lib.save_adapters(adapters_dir, jax.device_get(final["backbone"]), _lora(cfg), base,
+                               overwrite=overwrite or ours, workdir=str(workdir))
+  info = {k: summary[k] for k in ("train_config", "prompt", "label_ids", "train_queries", "steps")}
+  head_storage.save_head(out, prep.head_cfg, jax.device_get(final["head"]), {**info, "base_checkpoint": base})
+  return str(out)
+
+
 def _prepare_outputs(workdir: pathlib.Path, export_dir: Optional[os.PathLike], overwrite: bool,
-                     checkpoint_dir: Optional[str], feature_cache: Optional[os.PathLike], data_paths) -> None:
+                     checkpoint_dir: Optional[str], feature_cache: Optional[os.PathLike], data_paths,
+                     adapters_dir: Optional[os.PathLike] = None) -> None:
   """Refuses, before any work, outputs that are inputs or foreign directories; then (re)creates the
   workdir (--overwrite removes it only when maxscore wrote it)."""
   random_init = checkpoint_dir is not None and str(checkpoint_dir).lower() == "none"
@@ -459,6 +488,12 @@ def _prepare_outputs(workdir: pathlib.Path, export_dir: Optional[os.PathLike], o
   safety.refuse_overlap([workdir], inputs, "--workdir")
   if export_dir and (base is None or safety.resolve(export_dir) != safety.resolve(base)):  # else: head/ into base
     safety.check_export_dir(export_dir, workdir, inputs, overwrite)
+  if adapters_dir:
+    if base is None:
+      raise TrainError(f"--adapters_dir={adapters_dir} stores adapters against their base checkpoint, and "
+                       f"--checkpoint_dir=none has none; give --checkpoint_dir")
+    safety.check_export_dir(adapters_dir, workdir, [*inputs, export_dir], overwrite, "lora_adapters",
+                            "--adapters_dir")
   if overwrite:
     safety.remove_owned(workdir, "--workdir")
   safety.prepare_output_dir(workdir, "head_training", inputs, "--workdir")

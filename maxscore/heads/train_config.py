@@ -119,6 +119,7 @@ class TrainRun:
   max_dev_queries: int = 0                 # 0 = all
   workdir: str = "out/train_head"
   export_dir: Optional[str] = None
+  adapters_dir: Optional[str] = None       # LoRA: adapters + trained head, for eval_rerank.py --adapters_dir
   feature_cache: Optional[str] = None
   overwrite: bool = False
   progress: bool = True

@@ -118,7 +118,8 @@ def build_scorer(checkpoint_dir: Optional[str] = None, overrides: Sequence[str] 
   """The scorer a script asked for: a checkpoint (default: the embedded default model), or
   `checkpoint_dir="none"` for the config's random-init model; overrides are `key=value`.
   A checkpoint with a trained score head (head/) scores through it unless use_head=False.
-  `adapters_dir`: LoRA adapters trained on that checkpoint (maxscore/training/lora.py), merged on load."""
+  `adapters_dir`: LoRA adapters trained on that checkpoint (maxscore/training/lora.py), merged on load; a
+  head stored with them (train_reranker.py --adapters_dir) is used instead of the checkpoint's."""
   over = dict(parse_override(a) for a in overrides)
   if checkpoint_dir is None:
     checkpoint_dir = over.pop("checkpoint_dir", None) or str(data.DEFAULT_CHECKPOINT)
@@ -131,8 +132,9 @@ def build_scorer(checkpoint_dir: Optional[str] = None, overrides: Sequence[str] 
   if not adapters_dir:
     return head_scorer.load_scorer(checkpoint_dir, use_head=use_head, **over)
   scorer = lora.load_scorer(checkpoint_dir, adapters_dir, **over)
-  if use_head and head_storage.has_head(checkpoint_dir):
-    return head_scorer.HeadScorer(scorer, *head_storage.load_head(checkpoint_dir))
+  head_dir = next((d for d in (adapters_dir, checkpoint_dir) if head_storage.has_head(d)), None)
+  if use_head and head_dir is not None:  # the head trained with the adapters, else the base's
+    return head_scorer.HeadScorer(scorer, *head_storage.load_head(head_dir))
   return scorer
 
 

@@ -156,8 +156,9 @@ def _check_adapters(adapters: Any, model, lora: LoraConfig, where: str) -> None:
 
 
 def save_adapters(directory: os.PathLike, params: Any, lora: LoraConfig, base_checkpoint: os.PathLike,
-                  overwrite: bool = False) -> pathlib.Path:
-  """Writes the adapters of `params` beside the base checkpoint they were trained on (its digest kept)."""
+                  overwrite: bool = False, **owner_info: Any) -> pathlib.Path:
+  """Writes the adapters of `params` beside the base checkpoint they were trained on (its digest kept).
+  `owner_info` goes into the directory's ownership marker (a trainer's workdir: its rerun may replace it)."""
   model, _ = storage.read_metadata(base_checkpoint)
   base_digest = storage.params_digest(base_checkpoint)
   adapters = jax.device_get(split_adapters(params)[1])
@@ -165,7 +166,8 @@ def save_adapters(directory: os.PathLike, params: Any, lora: LoraConfig, base_ch
   meta = {"format_version": FORMAT_VERSION, "rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.targets),
           "model": model_config_to_dict(model), "base_params_sha256": base_digest,
           "adapters_sha256": identity.tree_digest(adapters)}
-  with safety.replace_dir(directory, "lora_adapters", overwrite, (base_checkpoint,), "adapter directory") as tmp:
+  with safety.replace_dir(directory, "lora_adapters", overwrite, (base_checkpoint,), "adapter directory",
+                          **owner_info) as tmp:
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(tmp / "adapters", adapters)
     checkpointer.wait_until_finished()
@@ -178,7 +180,12 @@ def load_adapters(directory: os.PathLike) -> tuple[dict, LoraConfig, dict]:
   directory = pathlib.Path(directory)
   meta_path = directory / METADATA_FILE
   if not meta_path.is_file():
-    raise LoraError(f"{directory} is not a LoRA adapter directory: {METADATA_FILE} is missing")
+    if (directory / storage.METADATA_FILE).is_file():  # a checkpoint, e.g. a trainer's merged export
+      raise LoraError(f"{directory} is a checkpoint (it has {storage.METADATA_FILE}), not LoRA adapters "
+                      f"({METADATA_FILE} is missing); a merged export is read as --checkpoint_dir={directory} "
+                      f"without --adapters_dir")
+    raise LoraError(f"{directory} is not a LoRA adapter directory: {METADATA_FILE} is missing (train_reranker.py "
+                    f"--adapters_dir writes one)")
   try:
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
     lora = LoraConfig(int(meta["rank"]), float(meta["alpha"]), tuple(meta["targets"])).validate()

@@ -29,6 +29,7 @@ from absl import logging
 from jax.sharding import Mesh
 
 from layers import sharding as sharding_lib
+from maxscore.errors import TrainingInterrupted
 from maxscore.files import safety
 from maxscore.training import checkpoint, partition
 from maxscore.training.metrics_log import MetricsLog, NullLog
@@ -238,6 +239,7 @@ class Timing:
   steps_timed: int = 0
   step_items: int = 0
   first_step_seconds: Optional[float] = None
+  steps_done: int = 0  # the step the loop has reached
 
 
 def _log_eval(hooks: Hooks, step: int, params, timing: Timing) -> None:
@@ -260,10 +262,24 @@ def loop(s: LoopSettings, state: TrainState, step_fn: Callable, hooks: Hooks) ->
   Returns:
     state: the state at `total_steps`.
     timing: where this process's time went (step, first step and eval seconds, items trained).
+
+  Raises:
+    TrainingInterrupted: Ctrl-C (KeyboardInterrupt) during the loop, with the step reached.
   """
   delay_s = float(os.environ.get(TEST_STEP_DELAY_ENV) or 0)
   timing = Timing()
-  step = int(state.step)
+  try:
+    return _steps(s, state, step_fn, hooks, timing, delay_s)
+  except KeyboardInterrupt as e:
+    if isinstance(e, TrainingInterrupted):
+      raise
+    raise TrainingInterrupted(timing.steps_done) from None
+
+
+def _steps(s: LoopSettings, state: TrainState, step_fn: Callable, hooks: Hooks, timing: Timing,
+           delay_s: float) -> tuple[TrainState, Timing]:
+  """loop's body; `timing.steps_done` follows the step reached (what a Ctrl-C reports)."""
+  step = timing.steps_done = int(state.step)
   if step == 0:
     _log_eval(hooks, 0, state.params, timing)
   while step < s.total_steps:
@@ -283,6 +299,7 @@ def loop(s: LoopSettings, state: TrainState, step_fn: Callable, hooks: Hooks) ->
       epoch, index = epoch + 1, 0
     step += 1
     state = new_state.replace(step=np.int32(step), epoch=np.int32(epoch), index=np.int32(index), rng=state.rng)
+    timing.steps_done = step
     loss, gnorm = metrics.pop("loss"), metrics.pop("grad_norm")
     if step % s.log_every == 0 or step == s.total_steps:
       hooks.log.write("train", step, {"epoch": epoch, "loss": loss, "grad_norm": gnorm,
