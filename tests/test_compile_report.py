@@ -5,6 +5,8 @@ topologies; nothing runs on a TPU. Each asserts compiled + fits + the Mosaic cus
 """
 
 import math
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -14,7 +16,7 @@ from layers import sharding
 from layers.config import ModelConfig
 from maxscore.bench import chips, compile_report
 from maxscore.scoring import cost_model
-from maxscore.testing import scripts
+from maxscore.testing import processes, scripts
 from maxscore.testing.compile_targets import abstract_scorer, assert_compiled, compile_both_algorithms
 
 compile_check = scripts.load_script("compile_check")
@@ -134,6 +136,23 @@ def test_four_chip_data_by_tensor_mesh_shards_weights():
   # The checked layout is what layers/sharding.py says.
   spec = sharding.model_param_shardings(scorer.config.model, scorer.runner.mesh)
   assert jax.tree_util.tree_leaves(spec)[0].mesh.shape == scorer.runner.mesh.shape
+
+
+LIBTPU_NOISE = ("host bounds", "worker hostname", "Source Location Trace")
+
+
+@pytest.mark.tpu_aot
+@pytest.mark.slow
+def test_script_console_has_no_libtpu_start_up_errors(tmp_path):
+  """The report and nothing of libtpu's start-up log on a host without a TPU (the README's clean console)."""
+  env = processes.subprocess_env(1)
+  for key in compile_report.LIBTPU_QUIET:
+    env.pop(key, None)
+  r = subprocess.run([sys.executable, str(scripts.SCRIPTS_DIR / "compile_check.py"), "--topology=v6e:1x1",
+                      "--model=tiny-qwen3", "--geometries=20x4x8", "dtype=bfloat16", "weight_dtype=bfloat16"],
+                     capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "FITS" in r.stdout and not [n for n in LIBTPU_NOISE if n in r.stderr], r.stderr[-3000:]
 
 
 @pytest.mark.tpu_aot

@@ -101,6 +101,17 @@ def parse_geometry(text: str) -> tuple[int, ...]:
 
 
 # --- the target: devices, mesh, scorer --------------------------------------------------
+LIBTPU_QUIET = {"TPU_STDERR_LOG_LEVEL": "3", "TPU_MIN_LOG_LEVEL": "3"}  # libtpu's own log: fatal only
+
+
+def quiet_libtpu() -> None:
+  """Keeps libtpu's start-up log off the console: on a host without a TPU it logs errors that are expected
+  when only describing one ("Failed to find host bounds", "unexpected worker hostname", their source
+  location traces). Set before libtpu loads; a value the user set is kept."""
+  for key, value in LIBTPU_QUIET.items():
+    os.environ.setdefault(key, value)
+
+
 def describe_topology(topology: str, num_slices: int = 1) -> list:
   """The devices of `num_slices` slices of `topology` (e.g. v6e:2x2), described on this host by libtpu;
   or of `count` GPUs on one host (h100, h100:8), described by jax's CUDA plugin."""
@@ -113,6 +124,7 @@ def describe_topology(topology: str, num_slices: int = 1) -> list:
     return describe_gpus(topology, chip, dims[0])
   # Only compiling: another process on this host (a test run) may hold libtpu's TPU lock.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  quiet_libtpu()
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   bounds = tuple(min(d, 2) for d in dims) + (1,) * (3 - len(dims))  # up to 2x2x1 chips per host
   try:
