@@ -2,8 +2,10 @@
 
   python scripts/score.py --input=requests.jsonl --output=responses.jsonl [--checkpoint_dir=ckpt] [key=value ...]
 
-A request is {"query", "items", "label_token_ids"?, "apply_softmax"?, "item_first"?} (text or
-token ids); a response is {"scores", "model", "usage", "object": "scoring"}. A request that
+A request is {"query", "items", "label_token_ids"?, "apply_softmax"?, "item_first"?, "model"?} (text or
+token ids); a response is {"scores", "model", "usage", "object": "scoring"}. Blank lines are skipped. A
+request naming a model other than the served ones (--served_model_name, as serve.py's; by default the
+checkpoint's name) is refused as the server refuses it (404 there). A request that
 cannot be scored gets {"error": "line N: ..."} on its line and the run goes on; the exit status is then 3
 (one summary line on stderr), 0 when every line was scored, 2 when the run is refused. --output may not
 be the input; it is written under a temporary name and renamed into place when the run ends.
@@ -21,7 +23,7 @@ from absl import flags
 from maxscore import cli
 from maxscore.config import ConfigError
 from maxscore.rerank import eval as eval_lib
-from maxscore.scoring import jsonl as score_file
+from maxscore.scoring import jsonl as score_file, model_names
 from maxscore.files import safety
 
 
@@ -33,10 +35,12 @@ class ScoreOptions:
   checkpoint_dir: Optional[str] = None
   batch_size: int = 16
   score_mode: Literal["probability", "raw_logit"] = "probability"
+  served_model_name: tuple[str, ...] = ()  # names a request's "model" may give (the server's rule); () = the checkpoint's
 
   def validate(self) -> "ScoreOptions":
     if self.batch_size < 1:
       raise ValueError(f"batch_size={self.batch_size} must be >= 1")
+    model_names.served_names(self.served_model_name, "the checkpoint's name")
     return self
 
 
@@ -57,7 +61,8 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
       raise ConfigError("--input is required (a JSONL file of /v1/score requests, or - for stdin)")
     safety.check_output_file(opts.output, [opts.input, opts.checkpoint_dir], "--output")  # before loading a model
     scorer = eval_lib.build_scorer(opts.checkpoint_dir, argv[1:])
-    counts = score_file.score_jsonl(scorer, opts.input, opts.output, opts.batch_size, opts.score_mode == "raw_logit")
+    counts = score_file.score_jsonl(scorer, opts.input, opts.output, opts.batch_size, opts.score_mode == "raw_logit",
+                                    opts.served_model_name)
   if counts["errors"]:
     print(f"error: {counts['errors']} of {counts['ok'] + counts['errors']} requests failed (see their error "
           f"lines in the output); the others were scored", file=sys.stderr)

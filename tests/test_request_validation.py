@@ -144,6 +144,47 @@ def test_score_jsonl_bad_lines_get_their_own_error_and_good_lines_are_answered_a
     assert out[i] == (tmp_path / "one_out.jsonl").read_text().strip()
 
 
+def test_score_jsonl_skips_blank_lines(scorer, tmp_path):
+  src = tmp_path / "blank.jsonl"
+  src.write_text("\n" + json.dumps(GOOD) + "\n  \n\r\n" + json.dumps(GOOD) + "\n\n")
+  counts = score_file.score_jsonl(scorer, str(src), str(tmp_path / "out.jsonl"))
+  out = [json.loads(l) for l in (tmp_path / "out.jsonl").read_text().splitlines()]
+  assert counts == {"ok": 2, "errors": 0} and len(out) == 2 and out[0] == out[1] and "scores" in out[0]
+
+
+def test_score_jsonl_refuses_a_model_it_does_not_serve_as_the_server_does(scorer, tmp_path):
+  src = tmp_path / "models.jsonl"
+  lines = [{**GOOD, "model": "whatever"}, GOOD, {**GOOD, "model": "pydoc-tiny-qwen3"}, {**GOOD, "model": "rerank-v1"}]
+  src.write_text("".join(json.dumps(r) + "\n" for r in lines))
+  counts = score_file.score_jsonl(scorer, str(src), str(tmp_path / "out.jsonl"))
+  out = [json.loads(l) for l in (tmp_path / "out.jsonl").read_text().splitlines()]
+  assert counts == {"ok": 2, "errors": 2}
+  assert out[0]["error"].startswith("line 1: model 'whatever' is not served here; the served names are "
+                                    "'pydoc-tiny-qwen3'")
+  assert out[1]["model"] == out[2]["model"] == "pydoc-tiny-qwen3" and "not served" in out[3]["error"]
+  counts = score_file.score_jsonl(scorer, str(src), str(tmp_path / "alias.jsonl"),
+                                  served_names=("rerank-v1", "pydoc-tiny-qwen3"))
+  out = [json.loads(l) for l in (tmp_path / "alias.jsonl").read_text().splitlines()]
+  assert counts == {"ok": 3, "errors": 1} and "'rerank-v1', 'pydoc-tiny-qwen3'" in out[0]["error"]
+  assert [r["model"] for r in out[1:]] == ["rerank-v1"] * 3  # responses report the first served name
+
+
+def test_score_jsonl_a_request_stacked_with_others_scores_within_1e_5_of_it_alone(scorer, tmp_path):
+  """The README's guarantee: batch-mates of one shape share a forward (another batch size, other rounding),
+  so a request's scores are within 1e-5 of the request alone, not bit for bit."""
+  rng = np.random.default_rng(4)
+  reqs = [{"query": rng.integers(10, 3000, 9).tolist(), "items": rng.integers(10, 3000, (5, 12)).tolist(),
+           "label_token_ids": [6, 7], "apply_softmax": False} for _ in range(8)]
+  src = tmp_path / "same_shape.jsonl"
+  src.write_text("".join(json.dumps(r) + "\n" for r in reqs))
+  score_file.score_jsonl(scorer, str(src), str(tmp_path / "out.jsonl"), batch_size=8)
+  together = [json.loads(l)["scores"] for l in (tmp_path / "out.jsonl").read_text().splitlines()]
+  for r, got in zip(reqs, together):
+    scorer.prefix_cache.clear()
+    alone = scorer.score_requests([scorer.validate(r)])[0].scores
+    np.testing.assert_allclose(got, alone, rtol=0, atol=1e-5)
+
+
 # --- properties --------------------------------------------------------------------------------------
 def _containers(children):
   return st.one_of(st.lists(children, max_size=3), st.dictionaries(st.text(max_size=3), children, max_size=2))

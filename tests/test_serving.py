@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import json
 import threading
+import time
 
 import httpx
 import numpy as np
@@ -83,6 +84,16 @@ def test_rerank_ranks_as_the_eval(default_server, tmp_path):
   top = _post(default_server.url, "/v1/rerank", {"query": "q", "documents": [{"text": "a b"}, "c"], "top_n": 1,
                                                   "return_documents": False}).json()
   assert len(top["results"]) == 1 and "document" not in top["results"][0]
+
+
+def test_a_request_stacked_with_others_scores_within_1e_5_of_it_alone(default_server):
+  """The README's batch-invariance guarantee for the server's batches (row stacking rounds differently)."""
+  service, rng = default_server.service, np.random.default_rng(5)
+  works = [service.score_work({"query": rng.integers(10, 3000, 9).tolist(), "items": rng.integers(10, 3000, (4, 10))
+                               .tolist(), "label_token_ids": LABELS}) for _ in range(3)]
+  together = service.run_batch(works)
+  for work, got in zip(works, together):
+    np.testing.assert_allclose(got.scores, service.run_batch([work])[0].scores, rtol=0, atol=1e-5)
 
 
 async def _client(url, jobs, answers, give_up):
@@ -173,6 +184,9 @@ def test_metrics_count_the_requests_sent(default_server):
     assert r.status_code == 200
     tokens += r.json()["usage"]["prompt_tokens"]
   assert _post(default_server.url, "/v1/score", b"{").status_code == 400
+  assert _post(default_server.url, "/v1/score", dict(GOOD, model="gpt-4")).status_code == 404
+  assert httpx.get(default_server.url + "/v1/score").status_code == 405
+  assert _post(default_server.url, "/v1/nothing", GOOD).status_code == 404
   assert httpx.get(default_server.url + "/health").json()["status"] == "ok"
   models = httpx.get(default_server.url + "/v1/models").json()
   assert models["data"][0]["id"] == "pydoc-tiny-qwen3"
@@ -183,12 +197,15 @@ def test_metrics_count_the_requests_sent(default_server):
     return after.get(key, 0) - before.get(key, 0)
   assert delta("maxscore_requests_total", endpoint="/v1/score", status="200") == 3
   assert delta("maxscore_requests_total", endpoint="/v1/score", status="400") == 1
+  assert delta("maxscore_requests_total", endpoint="/v1/score", status="404") == 1  # an unknown model
+  assert delta("maxscore_requests_total", endpoint="/v1/score", status="405") == 1  # a wrong method
+  assert delta("maxscore_requests_total", endpoint=serving.UNROUTED, status="404") == 1  # an unknown path
   assert delta("maxscore_requests_total", endpoint="/health", status="200") == 1
   assert delta("maxscore_requests_total", endpoint="/v1/models", status="200") == 1
   assert delta("maxscore_requests_total", endpoint="/metrics", status="200") == 1
   assert delta("maxscore_items_scored_total") == 3 * len(GOOD["items"])
   assert delta("maxscore_tokens_scored_total") == tokens > 0
-  assert delta("maxscore_request_latency_seconds_count", endpoint="/v1/score") == 4
+  assert delta("maxscore_request_latency_seconds_count", endpoint="/v1/score") == 5
   assert delta("maxscore_batch_requests_count") == delta("maxscore_batch_seconds_count") == 3
   assert delta("maxscore_batch_seconds_sum") > 0
   assert after[("maxscore_queue_depth", ())] == 0
@@ -213,6 +230,19 @@ def test_text_without_a_tokenizer_is_a_400(tiny_scorer):
     assert client.get("/health").status_code == 200
 
 
+def test_served_model_aliases_are_answered_and_the_first_is_reported(tiny_scorer):
+  service = serving.ScoringService(tiny_scorer, dataclasses.replace(CFG, served_model_name=("rerank-v1", "tiny")))
+  with TestClient(serving.build_app(service)) as client:
+    assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["rerank-v1", "tiny"]
+    for name in ("tiny", "rerank-v1", None):
+      r = client.post("/v1/score", json=GOOD if name is None else dict(GOOD, model=name))
+      assert r.status_code == 200 and r.json()["model"] == "rerank-v1", r.text
+    r = client.post("/v1/score", json=dict(GOOD, model="tiny-qwen3"))  # the checkpoint's own name is no alias
+    assert r.status_code == 404 and "'rerank-v1', 'tiny'" in r.json()["error"]["message"]
+  with pytest.raises(serving.ServeError, match="empty name"):
+    serving.ScoringService(tiny_scorer, dataclasses.replace(CFG, served_model_name=("",)))
+
+
 def test_full_queue_is_a_503_with_retry_after_and_slow_requests_a_504(tiny_scorer):
   entered, release = threading.Event(), threading.Event()
   service = serving.ScoringService(tiny_scorer, dataclasses.replace(
@@ -223,6 +253,7 @@ def test_full_queue_is_a_503_with_retry_after_and_slow_requests_a_504(tiny_score
     release.wait(60)
     return [None] * len(works)  # never read: the requests have timed out by then
   service.queue._run_batch = run_batch
+  service.queue._is_warm = lambda works: True  # the stand-in model has nothing to compile
 
   async def run(url):
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
@@ -244,6 +275,76 @@ def test_full_queue_is_a_503_with_retry_after_and_slow_requests_a_504(tiny_score
       release.set()
   finally:
     release.set()
+
+
+def test_a_warm_request_behind_a_cold_one_answers_within_its_own_budget(tiny_scorer, monkeypatch):
+  """A request of a new shape compiles on the compiler thread: a request of a warmed shape sent while
+  that compile runs (made 4 s slower here, as a large model's is) answers at once, within its own 3 s."""
+  cfg = serving.ServeConfig(max_batch_requests=2, max_batch_wait_ms=0.0, warmup_query_tokens=(5,),
+                            warmup_items=(6,), warmup_item_tokens=(7,), port=0, request_timeout_s=3.0)
+  service = serving.ScoringService(tiny_scorer, cfg)
+  service.warmup()
+  runner, call_placed = tiny_scorer.runner, tiny_scorer.runner._call_placed
+
+  def slow_compile(*args):
+    before = runner.num_executables
+    out = call_placed(*args)
+    if runner.num_executables > before:
+      time.sleep(4.0)
+    return out
+  monkeypatch.setattr(runner, "_call_placed", slow_compile)
+  warm = {"query": [3] * 5, "items": [[9] * 7] * 6, "label_token_ids": [0, 1], "apply_softmax": True}
+  cold = {"query": [3] * 40, "items": [[9] * 30] * 5, "label_token_ids": [0, 1], "apply_softmax": True}
+
+  async def run(url):
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+      first = asyncio.create_task(client.post("/v1/score", json=cold))
+      while service.queue.depth < 1 and not first.done():  # the cold request is in (compiling)
+        await asyncio.sleep(0.01)
+      start = time.monotonic()
+      second = await client.post("/v1/score", json=warm)
+      return second, time.monotonic() - start, await first
+  with serving.ServerThread(service) as server:
+    second, seconds, first = asyncio.run(run(server.url))
+    assert second.status_code == 200 and seconds < 2.0, (second.text, seconds)
+    assert first.status_code == 504  # its own compile took longer than its own budget
+    while service.queue.depth:  # the compile finishes; then the new shape is warm
+      time.sleep(0.05)
+    again = httpx.post(server.url + "/v1/score", json=cold, timeout=60)
+    assert again.status_code == 200, again.text
+  tiny_scorer.prefix_cache.clear()
+  np.testing.assert_allclose(again.json()["scores"], tiny_scorer.score(**cold).scores, rtol=0, atol=1e-6)
+  np.testing.assert_allclose(second.json()["scores"], tiny_scorer.score(**warm).scores, rtol=0, atol=1e-6)
+
+
+def test_batch_queue_compiles_a_cold_payload_beside_the_warm_ones():
+  compiled, entered, release, order = {"warm"}, threading.Event(), threading.Event(), []
+
+  def compile_(payloads):
+    entered.set()
+    assert release.wait(60)
+    compiled.update(payloads)
+
+  def run_batch(payloads):
+    order.extend(payloads)
+    return [p.upper() for p in payloads]
+  queue = serving.BatchQueue(run_batch, max_batch=4, max_wait_s=0.5, max_queue=8,
+                             is_warm=lambda ps: set(ps) <= compiled, compile=compile_)
+  queue.start()
+
+  async def submit_all():
+    cold = asyncio.ensure_future(queue.submit("cold", 60))
+    warm = asyncio.ensure_future(queue.submit("warm", 60))  # gathered into the same batch
+    assert await warm == "WARM" and not cold.done()  # answered while the cold one compiles
+    assert entered.is_set() and queue.depth == 1
+    release.set()
+    return await cold
+  try:
+    assert asyncio.run(submit_all()) == "COLD"
+  finally:
+    release.set()
+    queue.close(timeout_s=60)
+  assert order == ["warm", "cold"]
 
 
 def test_warmup_compiles_what_a_request_of_that_shape_runs(tiny_scorer):

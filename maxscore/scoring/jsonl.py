@@ -1,7 +1,8 @@
 """A JSONL file of /v1/score requests scored into a JSONL file of responses (scripts/score.py).
 
-One response line per input line, in order; a bad line gets `{"error": ...}` on its own line and
-every other line is answered exactly as if it were alone.
+One response line per request line, in order (blank lines are skipped, as JSONL readers do); a bad
+line gets `{"error": ...}` on its own line and the others are scored. A request may name a served model
+(`model`, maxscore/scoring/model_names.py: the server's rule); another name is an error line.
 """
 
 import contextlib
@@ -13,10 +14,11 @@ import numpy as np
 
 from maxscore.errors import ScoreInputError
 from maxscore.files import safety
+from maxscore.scoring import model_names
 from maxscore.scoring.scorer import Scorer
 
 
-def _parse_request(scorer: Scorer, line: Any, number: int):
+def _parse_request(scorer: Scorer, line: Any, number: int, names: Sequence[str]):
   """A validated TokenRequest from one JSONL line (bytes or text); ScoreInputError naming the line otherwise."""
   try:
     text = line.decode("utf-8") if isinstance(line, bytes) else line
@@ -28,22 +30,27 @@ def _parse_request(scorer: Scorer, line: Any, number: int):
   except RecursionError:
     raise ScoreInputError(f"line {number}: JSON nested too deeply") from None
   try:
+    if isinstance(r, dict):
+      model_names.check_model(r, names)
     return scorer.validate(r)
   except ScoreInputError as e:
     raise ScoreInputError(f"line {number}: {e}") from None
 
 
-def _score_lines(scorer: Scorer, lines: Sequence[tuple[int, Any]], raw_logits: bool = False) -> list[dict]:
+def _score_lines(scorer: Scorer, lines: Sequence[tuple[int, Any]], raw_logits: bool = False,
+                 names: Sequence[str] = ()) -> list[dict]:
   """Responses (or {"error"}) for a batch of lines, in order; one forward group for the valid ones.
   A line's answer never depends on the others: a bad line gets its own error and the rest are scored.
 
-  With `raw_logits` the scores are the labels' raw lm_head logits (apply_softmax is then moot)."""
+  With `raw_logits` the scores are the labels' raw lm_head logits (apply_softmax is then moot). `names`: the
+  served model names (() = the scorer's); responses report the first."""
+  names = tuple(names) or (scorer.model_name,)
   score_requests = scorer.label_logits_requests if raw_logits else scorer.score_requests
   out: list[Optional[dict]] = [None] * len(lines)
   reqs = {}
   for i, (number, line) in enumerate(lines):
     try:
-      reqs[i] = _parse_request(scorer, line, number)
+      reqs[i] = _parse_request(scorer, line, number, names)
     except ScoreInputError as e:
       out[i] = {"error": str(e)}
   try:
@@ -57,7 +64,7 @@ def _score_lines(scorer: Scorer, lines: Sequence[tuple[int, Any]], raw_logits: b
         out[i] = {"error": f"line {lines[i][0]}: {e}"}
   for i, res in results.items():
     if np.isfinite(np.asarray(res.scores, np.float64)).all():
-      out[i] = res.to_response(scorer.model_name)
+      out[i] = res.to_response(names[0])
     else:  # NaN is not JSON, and a score the model cannot give is no answer
       out[i] = {"error": f"line {lines[i][0]}: the model produced non-finite scores (NaN or Inf); check the "
                          f"checkpoint for non-finite weights"}
@@ -65,9 +72,10 @@ def _score_lines(scorer: Scorer, lines: Sequence[tuple[int, Any]], raw_logits: b
 
 
 def score_jsonl(scorer: Scorer, input_path: str, output_path: str, batch_size: int = 16,
-                raw_logits: bool = False) -> dict[str, int]:
-  """Scores a JSONL file of /v1/score requests into a JSONL of responses (one line per input line,
-  blank lines included as errors); returns {"ok", "errors"} counts. "-" is stdin / stdout.
+                raw_logits: bool = False, served_names: Sequence[str] = ()) -> dict[str, int]:
+  """Scores a JSONL file of /v1/score requests into a JSONL of responses (one line per request line; blank
+  lines are skipped); returns {"ok", "errors"} counts. "-" is stdin / stdout. `served_names`: the model
+  names a request may give (() = the scorer's name); responses report the first.
 
   The output may not be the input (links resolved); it is written under a temporary name and renamed
   into place at the end, so a killed run leaves any previous output file as it was."""
@@ -79,12 +87,14 @@ def score_jsonl(scorer: Scorer, input_path: str, output_path: str, batch_size: i
     batch: list[tuple[int, bytes]] = []
 
     def flush():
-      for resp in _score_lines(scorer, batch, raw_logits):
+      for resp in _score_lines(scorer, batch, raw_logits, served_names):
         dst.write(json.dumps(resp, allow_nan=False) + "\n")
         counts["errors" if "error" in resp else "ok"] += 1
       dst.flush()
       batch.clear()
     for number, line in enumerate(src, 1):
+      if not line.strip():  # a blank line is no request (as JSONL readers skip it)
+        continue
       batch.append((number, line))
       if len(batch) >= max(batch_size, 1):
         flush()

@@ -123,8 +123,17 @@ OUTPUTS = {"logprobs": label_logprobs, "logits": label_logits, "hidden": _hidden
            "logprobs+hidden": _with_hidden(label_logprobs), "logits+hidden": _with_hidden(label_logits)}
 
 
+class NotCompiled(Exception):
+  """Raised by a probing call (ModelRunner.probing) that would need an executable not built yet."""
+
+
 class ModelRunner:
-  """Params plus jitted forward / prefill / extend functions, one Decoder per kernel."""
+  """Params plus jitted forward / prefill / extend functions, one Decoder per kernel.
+
+  The mode of a call is the calling thread's: one thread may run requests while another compiles
+  (`compile_only`) or probes (`probing`: returns zeros for built executables, raises NotCompiled for
+  others, runs and compiles nothing), which is how the server compiles a new shape beside the batches
+  that run (maxscore/serving/batching.py)."""
 
   def __init__(self, model: ModelConfig, runtime: RuntimeConfig, kernel: KernelConfig, params: Any,
                mesh: Optional[jax.sharding.Mesh] = None):
@@ -149,10 +158,29 @@ class ModelRunner:
       self.params = sharding.place_params(self.params, model, mesh)
     self._put = sharding.abstract_put if self.abstract else sharding.put
     self.compiled_shapes: set[tuple] = set()
-    self.compile_only = False  # warmup: lower+compile each call's shapes, run nothing, return zeros
+    self._mode = threading.local()  # compile_only / probing, per thread
+    self._built: dict[tuple, Any] = {}  # every executable built (jit or ahead of time): its output shapes
     self._lock = threading.Lock()
     self._jits: dict[tuple, Any] = {}
     self.programs: dict[tuple, Program] = collections.OrderedDict()  # ahead-of-time executables
+
+  @property
+  def compile_only(self) -> bool:
+    """Warmup (this thread): lower+compile each call's shapes, run nothing, return zeros."""
+    return getattr(self._mode, "compile_only", False)
+
+  @compile_only.setter
+  def compile_only(self, value: bool) -> None:
+    self._mode.compile_only = value
+
+  @property
+  def probing(self) -> bool:
+    """This thread's calls return zeros where their executable is built and raise NotCompiled where not."""
+    return getattr(self._mode, "probing", False)
+
+  @probing.setter
+  def probing(self, value: bool) -> None:
+    self._mode.probing = value
 
   def decoder(self, kernel: str, return_kv: bool = False) -> Decoder:
     attend = sharding.shard_kernel(get_kernel(kernel, self.options), self.mesh)  # shard_map on a mesh
@@ -195,17 +223,28 @@ class ModelRunner:
   def _call_placed(self, name: str, kernel: str, fn, args, geometry):
     leaves, treedef = jax.tree_util.tree_flatten(args)
     key = (name, kernel, treedef, tuple(_spec(x) for x in leaves))
+    zeros = lambda shapes: jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+    if self.probing:
+      if key not in self._built:
+        raise NotCompiled(f"{name} {geometry}")
+      return zeros(self._built[key])
     if self.compile_only:  # build (once) and count the call; nothing runs
+      if key in self._built and key not in self.programs:  # built by jit when a request ran
+        return zeros(self._built[key])
       if key not in self.programs:
         self.programs[key] = Program(name, kernel, *geometry, fn.lower(self.params, *args).compile(),
                                      jax.eval_shape(fn, self.params, *args))
+        self._built[key] = self.programs[key].out_shape
       self.programs[key].calls += 1
-      return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), self.programs[key].out_shape)
+      return zeros(self.programs[key].out_shape)
     if self.abstract:
       raise RuntimeError("this ModelRunner holds abstract params: it can compile programs, not run them")
     if key in self.programs:
       return self.programs[key].compiled(self.params, *args)
-    return fn(self.params, *args)
+    out = fn(self.params, *args)
+    if key not in self._built:
+      self._built[key] = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), out)
+    return out
 
   @property
   def num_executables(self) -> int:

@@ -5,10 +5,12 @@
     result.scores                                         # [[p_yes, p_no], [p_yes, p_no]]
 """
 
+import contextlib
 import dataclasses
 import os
 import pathlib
-from typing import Any, Mapping, Optional, Sequence
+import threading
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -25,7 +27,7 @@ from maxscore.scoring.algorithms import ALGORITHMS, AlgorithmContext
 from maxscore.config import Config, from_flat_dict, load_config, to_flat_dict
 from maxscore.errors import ScoreInputError
 from maxscore.files import identity
-from maxscore.scoring.runner import ModelRunner
+from maxscore.scoring.runner import ModelRunner, NotCompiled
 from maxscore.scoring.prefix_cache import PrefixCache
 from maxscore.scoring.requests import TokenRequest, make_request, validate_batch, validate_request
 from maxscore.checkpoints.tokenizer import Tokenizer, load_tokenizer
@@ -86,7 +88,47 @@ class Scorer:
     sharding.check_divisible(config.model, self.mesh)  # before anything is placed or compiled
     self.runner = ModelRunner(config.model, config.runtime, config.kernel, params, mesh=self.mesh)
     self.prefix_cache = PrefixCache(config.scoring.prefix_cache_bytes)
+    self._dry = threading.local()  # a dry run's own prefix cache, on the thread that runs it
     self._warned_item_first = False
+
+  @property
+  def prefix_cache(self) -> PrefixCache:
+    """The PrefixStates kept across calls (a dry run on this thread sees a fresh one of its own)."""
+    cache = getattr(self._dry, "cache", None)
+    return self._prefix_cache if cache is None else cache
+
+  @prefix_cache.setter
+  def prefix_cache(self, cache: PrefixCache) -> None:
+    self._prefix_cache = cache
+
+  @contextlib.contextmanager
+  def _dry_run(self, mode: str) -> Iterator[None]:
+    """On this thread only: the runner probes or compiles instead of running, against a fresh prefix
+    cache (as a call that starts with a cleared cache sees; its zero states never reach the shared one)."""
+    self._dry.cache = PrefixCache(self.config.scoring.prefix_cache_bytes)
+    setattr(self.runner, mode, True)
+    try:
+      yield
+    finally:
+      setattr(self.runner, mode, False)
+      self._dry.cache = None
+
+  def is_compiled(self, call: Callable[[], Any]) -> bool:
+    """Whether `call()` (scoring calls of this scorer, as they would run after `prefix_cache.clear()`) needs
+    only executables already built. Runs no forward and compiles nothing: the host-side layout work only."""
+    with self._dry_run("probing"):
+      try:
+        call()
+      except NotCompiled:
+        return False
+    return True
+
+  def compile_for(self, call: Callable[[], Any]) -> None:
+    """Builds every executable `call()` would run (lower + compile; no forward runs and no cached prefix
+    changes), so that running it afterwards, after `prefix_cache.clear()`, compiles nothing. Safe beside
+    another thread that scores (the server compiles a new shape this way beside its batches)."""
+    with self._dry_run("compile_only"):
+      call()
 
   @property
   def params_digest(self) -> str:

@@ -8,7 +8,7 @@ with dynamic batching on one worker thread, Prometheus /metrics and a drained sh
 
 from typing import Callable, Sequence
 
-from maxscore.serving.app import RERANK_PATHS, ServerThread, build_app, serve
+from maxscore.serving.app import RERANK_PATHS, UNROUTED, ServerThread, build_app, serve
 from maxscore.serving.batching import BatchQueue, QueueClosed, QueueFull
 from maxscore.serving.config import RerankPrompt, ServeConfig, ServeError
 from maxscore.serving.service import ScoringService, Work, check_single_process
@@ -27,12 +27,14 @@ def run_server(cfg: ServeConfig, prompt: RerankPrompt, overrides: Sequence[str] 
                log: Callable[[str], None] = print) -> None:
   """Loads the model, warms up the configured shapes, serves until SIGTERM, drains and returns."""
   service = build_service(cfg, prompt, overrides)
-  stats = service.warmup()
-  log(f"warmup: {stats['executables']} executables in {stats['seconds']:.1f} s")
+  stats = service.warmup(log)
+  log(f"warmup: {stats['executables']} executables in {stats['seconds']:.1f} s; a request of another shape "
+      f"compiles on its own, beside the batches that run")
   serve(service, on_ready=lambda url: log(f"serving {service.model_name!r} on {url} "
                                           f"(/v1/score, /v1/rerank, /health, /v1/models, /metrics)"))
 
 
 __all__ = ["BatchQueue", "QueueClosed", "QueueFull", "RERANK_PATHS", "RerankPrompt", "ScoringService", "ServeConfig",
-           "ServeError", "ServerThread", "Work", "build_app", "build_service", "check_single_process", "run_server",
+           "ServeError", "ServerThread", "UNROUTED", "Work", "build_app", "build_service", "check_single_process",
+           "run_server",
            "serve"]

@@ -26,6 +26,7 @@ from maxscore.serving.metrics import CONTENT_TYPE
 from maxscore.serving.service import ScoringService
 
 RERANK_PATHS = ("/v1/rerank", "/rerank", "/v2/rerank")
+UNROUTED = "unrouted"  # the endpoint label of requests to a path the server does not have (a 404)
 
 
 def _error_response(error: schemas.ApiError) -> fastapi.responses.JSONResponse:
@@ -67,7 +68,9 @@ def build_app(service: ScoringService) -> fastapi.FastAPI:
   app = fastapi.FastAPI(title="maxscore", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 
   @app.exception_handler(StarletteHTTPException)
-  async def http_error(_request, exc: StarletteHTTPException):  # unknown path, wrong method
+  async def http_error(request: fastapi.Request, exc: StarletteHTTPException):  # unknown path, wrong method
+    path = request.url.path
+    service.metrics.count(path if path in routes else UNROUTED, exc.status_code)  # bounded label values
     return _error_response(schemas.ApiError(exc.status_code, str(exc.detail)))
 
   async def score(request: fastapi.Request):
@@ -101,6 +104,7 @@ def build_app(service: ScoringService) -> fastapi.FastAPI:
   app.add_api_route("/health", health, methods=["GET"])
   app.add_api_route("/v1/models", models, methods=["GET"])
   app.add_api_route("/metrics", metrics, methods=["GET"])
+  routes = {r.path for r in app.routes}
   return app
 
 

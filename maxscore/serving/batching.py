@@ -6,6 +6,14 @@ a time. The event loop only enqueues and awaits a future: it never blocks on a f
 is bounded (QueueFull when full); a caller that stops waiting (timeout, disconnect) leaves its job
 marked abandoned, so the worker skips it if it has not started and drops its result otherwise:
 nothing else is cancelled. `close()` lets the worker finish every queued job, then stops it.
+
+A new shape must not stall the requests of known shapes (docs/ARCHITECTURE.md section 13). With
+`is_warm` and `compile` given, the worker runs a gathered batch at once only when `is_warm(payloads)`
+says it needs no compilation. Otherwise each payload that is warm alone runs alone without waiting, and
+each cold one goes to a second thread, the compiler, which calls `compile([payload])` and then puts the
+job back at the head of the queue. So a request waits for its own compile, never for another's. A batch
+whose payloads are each warm but whose stack is not is also handed to the compiler (`compile(payloads)`,
+with no job waiting on it), so the next batch of that make-up runs stacked.
 """
 
 import asyncio
@@ -33,6 +41,7 @@ class _Job:
   loop: asyncio.AbstractEventLoop
   enqueued: float
   abandoned: bool = False
+  compiled: bool = False  # back from the compiler: run it even if a probe still calls it cold
 
 
 def _resolve(future: asyncio.Future, result: Any, error: Optional[BaseException]) -> None:
@@ -47,27 +56,41 @@ def _resolve(future: asyncio.Future, result: Any, error: Optional[BaseException]
 class BatchQueue:
   """Gathers submitted payloads into `run_batch(payloads) -> results` calls on one worker thread.
 
-  `on_batch(num_jobs)` is called before each run (metrics)."""
+  `on_batch(num_jobs)` is called before each run (metrics). `is_warm(payloads)` (whether running them
+  together compiles nothing) and `compile(payloads)` (compile what running them together needs) move the
+  compilation of new shapes to a compiler thread (see the module docstring); without them every batch runs
+  as gathered."""
 
   def __init__(self, run_batch: Callable[[Sequence[Any]], Sequence[Any]], max_batch: int, max_wait_s: float,
-               max_queue: int, on_batch: Optional[Callable[[int], None]] = None):
+               max_queue: int, on_batch: Optional[Callable[[int], None]] = None,
+               is_warm: Optional[Callable[[Sequence[Any]], bool]] = None,
+               compile: Optional[Callable[[Sequence[Any]], None]] = None):  # pylint: disable=redefined-builtin
+    if (is_warm is None) != (compile is None):
+      raise ValueError("is_warm and compile are given together or not at all")
     self._run_batch = run_batch
     self.max_batch, self.max_wait_s, self.max_queue = max_batch, max_wait_s, max_queue
-    self._on_batch = on_batch
+    self._on_batch, self._is_warm, self._compile = on_batch, is_warm, compile
     self._jobs: collections.deque[_Job] = collections.deque()
+    # Waiting for the compiler: (payloads to compile together, the job waiting on it or None).
+    self._cold: collections.deque[tuple[list[Any], Optional[_Job]]] = collections.deque()
+    self._compiling = 0  # jobs the compiler holds (waiting in _cold or being compiled)
     self._cond = threading.Condition()
     self._closed = False
     self._thread: Optional[threading.Thread] = None
+    self._compiler: Optional[threading.Thread] = None
 
   @property
   def depth(self) -> int:
-    """Jobs waiting for the worker (not counting the batch it is running)."""
-    return len(self._jobs)
+    """Jobs waiting for the worker or for their compile (not counting the batch the worker is running)."""
+    return len(self._jobs) + self._compiling
 
   def start(self) -> None:
     if self._thread is None:
       self._thread = threading.Thread(target=self._loop, name="maxscore-batcher", daemon=True)
       self._thread.start()
+    if self._compile is not None and self._compiler is None:
+      self._compiler = threading.Thread(target=self._compile_loop, name="maxscore-compiler", daemon=True)
+      self._compiler.start()
 
   async def submit(self, payload: Any, timeout_s: float) -> Any:
     """The payload's result; QueueFull, QueueClosed, asyncio.TimeoutError or the worker's exception."""
@@ -76,10 +99,10 @@ class BatchQueue:
     with self._cond:
       if self._closed:
         raise QueueClosed("the server is shutting down")
-      if len(self._jobs) >= self.max_queue:
+      if self.depth >= self.max_queue:
         raise QueueFull(f"the request queue is full (max_queue={self.max_queue} waiting requests)")
       self._jobs.append(job)
-      self._cond.notify()
+      self._cond.notify_all()
     try:
       return await asyncio.wait_for(asyncio.shield(job.future), timeout_s)
     except BaseException:
@@ -91,13 +114,16 @@ class BatchQueue:
     with self._cond:
       self._closed = True
       self._cond.notify_all()
-    if self._thread is not None:
-      self._thread.join(timeout_s)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    for thread in (self._thread, self._compiler):
+      if thread is not None:
+        thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
   def _take(self) -> Optional[list[_Job]]:
-    """The next batch: the oldest job and those arriving within max_wait_s of it; None once closed and empty."""
+    """The next batch: the oldest job and those arriving within max_wait_s of it; None once closed, empty and
+    with nothing left at the compiler."""
     with self._cond:
-      while not self._jobs and not self._closed:
+      while not self._jobs and not (self._closed and not self._compiling):
         self._cond.wait()
       if not self._jobs:
         return None
@@ -113,7 +139,71 @@ class BatchQueue:
   def _loop(self) -> None:
     while (batch := self._take()) is not None:
       if batch:
-        self._run(batch)
+        self._dispatch(batch)
+
+  def _dispatch(self, batch: list[_Job]) -> None:
+    """Runs the batch as gathered when it is warm; else runs its warm jobs now and sends the cold ones
+    to the compiler."""
+    if self._is_warm is None or self._probe(batch):
+      self._run(batch)
+      return
+    warm, cold = [], []
+    for job in batch:
+      (warm if job.compiled or self._probe([job]) else cold).append(job)
+    stacked = len(warm) > 1 and len(warm) < len(batch) and self._probe(warm)  # == len(batch): known cold
+    with self._cond:
+      if self._closed:  # draining: the compiler may be gone; they compile as they run
+        warm, cold = warm + cold, []
+      for job in cold:
+        self._cold.append(([job.payload], job))
+      self._compiling += len(cold)
+      if len(warm) > 1 and not stacked and not any(job is None for _, job in self._cold):
+        self._cold.append(([j.payload for j in warm], None))  # the stack, for next time (one at a time)
+      self._cond.notify_all()
+    if stacked:
+      self._run(warm)
+    else:  # each warm alone: its shape is built for one request, not yet for this stack
+      for job in warm:
+        self._run([job])
+
+  def _probe(self, jobs: list[_Job]) -> bool:
+    try:
+      return bool(self._is_warm([j.payload for j in jobs]))
+    except Exception:  # pylint: disable=broad-except  (a bad payload: let the run report its error)
+      return True
+
+  def _compile_loop(self) -> None:
+    """The compiler thread: compiles each cold job's shapes, then queues the job again at the head; and
+    the stacks of warm jobs the worker ran one by one."""
+    while True:
+      with self._cond:
+        while not self._cold and not self._closed:
+          self._cond.wait()
+        if not self._cold:
+          return
+        payloads, job = self._cold.popleft()
+      skip = (job.abandoned if job is not None else self._closed) or self._probe_payloads(payloads)
+      if not skip:
+        start = time.monotonic()
+        try:
+          self._compile(payloads)
+          logging.info("compiled a new shape (%d requests) in %.1f s", len(payloads), time.monotonic() - start)
+        except Exception as e:  # pylint: disable=broad-except  (running it reports the error to its caller)
+          logging.warning("compiling a request's shape failed (%s); it runs as it is", e)
+      if job is None:
+        continue
+      job.compiled = True
+      with self._cond:
+        self._compiling -= 1
+        if not job.abandoned:
+          self._jobs.appendleft(job)
+        self._cond.notify_all()
+
+  def _probe_payloads(self, payloads: list[Any]) -> bool:
+    try:
+      return bool(self._is_warm(payloads))
+    except Exception:  # pylint: disable=broad-except
+      return False
 
   def _run(self, batch: list[_Job]) -> None:
     """Runs one batch; when it fails, each job runs alone, so one bad job cannot fail the others."""

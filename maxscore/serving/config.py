@@ -5,6 +5,7 @@ import dataclasses
 from typing import Literal, Optional
 
 from maxscore.rerank import prompts
+from maxscore.scoring import model_names
 
 
 class ServeError(ValueError):
@@ -16,7 +17,7 @@ class ServeConfig:
   """Where to listen, how requests are batched and bounded, and what is compiled before the first request."""
   checkpoint_dir: Optional[str] = None       # None = the embedded default model; "none" = random init
   use_head: bool = True
-  served_model_name: Optional[str] = None    # None = the checkpoint directory's name
+  served_model_name: tuple[str, ...] = ()    # names requests may give, the first reported; () = the checkpoint's
   host: str = "127.0.0.1"
   port: int = 8000
   max_batch_requests: int = 32
@@ -39,6 +40,10 @@ class ServeConfig:
       raise ServeError(f"max_batch_wait_ms={self.max_batch_wait_ms} must be >= 0")
     if self.request_timeout_s <= 0:
       raise ServeError(f"request_timeout_s={self.request_timeout_s} must be > 0")
+    try:
+      model_names.served_names(self.served_model_name, "the checkpoint's name")
+    except ValueError as e:
+      raise ServeError(str(e)) from None
     for name in ("warmup_query_tokens", "warmup_items", "warmup_item_tokens"):
       if any(x < 0 for x in getattr(self, name)):
         raise ServeError(f"{name}={list(getattr(self, name))} must hold non-negative integers")

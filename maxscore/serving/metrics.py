@@ -33,8 +33,13 @@ class ServerMetrics:
     self.compilations.set_function(compilations)
 
   def observe(self, endpoint: str, status: int, seconds: float) -> None:
-    self.requests.labels(endpoint=endpoint, status=str(status)).inc()
+    self.count(endpoint, status)
     self.latency.labels(endpoint=endpoint).observe(seconds)
+
+  def count(self, endpoint: str, status: int) -> None:
+    """Counts a request the routes never saw (a 404 for an unknown path, a 405 for a wrong method): in
+    maxscore_requests_total, not in the latency histogram."""
+    self.requests.labels(endpoint=endpoint, status=str(status)).inc()
 
   def render(self) -> bytes:
     """The Prometheus text exposition format."""

@@ -15,7 +15,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from maxscore.errors import RequestTooLargeError, ScoreInputError
+from maxscore.errors import RequestTooLargeError, ScoreInputError, UnknownModelError
+from maxscore.scoring import model_names
 from maxscore.scoring.requests import short
 
 RERANK_FIELDS = frozenset({"model", "query", "documents", "top_n", "return_documents"})
@@ -48,7 +49,8 @@ def param_of(message: str) -> Optional[str]:
 def from_input_error(error: ScoreInputError) -> ApiError:
   """400 for a bad field, 413 for a request above a size limit."""
   message = " ".join(str(error).split())
-  return ApiError(413 if isinstance(error, RequestTooLargeError) else 400, message, param_of(message))
+  status = 404 if isinstance(error, UnknownModelError) else 413 if isinstance(error, RequestTooLargeError) else 400
+  return ApiError(status, message, param_of(message))
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
@@ -62,15 +64,13 @@ def parse_json(body: bytes) -> dict[str, Any]:
   return value
 
 
-def check_model(body: Mapping[str, Any], served: str) -> None:
-  """A request may name the served model (or leave `model` out); any other name is a 404."""
-  model = body.get("model")
-  if model is None:
-    return
-  if not isinstance(model, str):
-    raise ApiError(400, f"model={short(model)} must be a string", "model")
-  if model != served:
-    raise ApiError(404, f"model {short(model)} is not served here; this server serves {served!r}", "model")
+def check_model(body: Mapping[str, Any], served: Sequence[str]) -> None:
+  """A request may name a served model (or leave `model` out); a name that is not a string is a 400, any other
+  name a 404 (maxscore/scoring/model_names.py: scripts/score.py applies the same rule)."""
+  try:
+    model_names.check_model(body, served)
+  except ScoreInputError as e:
+    raise from_input_error(e) from None
 
 
 def check_items(count: int, max_items: int, field: str) -> None:

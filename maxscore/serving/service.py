@@ -10,12 +10,13 @@ float) depends only on the requests' geometry: the server ranks as eval_rerank.p
 
 import dataclasses
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from maxscore.errors import ScoreInputError
 from maxscore.rerank import prompts
+from maxscore.scoring import model_names
 from maxscore.scoring.requests import TokenRequest, validate_request
 from maxscore.scoring.scorer import REQUEST_FIELDS, ScoreResult
 from maxscore.serving import batching, schemas
@@ -35,7 +36,11 @@ class ScoringService:
 
   def __init__(self, scorer: Any, cfg: ServeConfig, prompt: RerankPrompt = RerankPrompt()):
     self.scorer, self.cfg, self.prompt = scorer, cfg.validate(), prompt.validate()
-    self.model_name = cfg.served_model_name or scorer.model_name
+    try:
+      self.model_names = model_names.served_names(cfg.served_model_name, scorer.model_name)
+    except ValueError as e:
+      raise ServeError(str(e)) from None
+    self.model_name = self.model_names[0]  # what responses report (vLLM's rule for several served names)
     self.apply_softmax, self.rank_fn = prompts.SCORE_MODES[prompt.score_mode]
     if self.apply_softmax is None and getattr(scorer, "head_config", None) is not None:
       raise ServeError("score_mode=raw_logit ranks by the backbone's raw label logits, which a score head does not "
@@ -51,13 +56,11 @@ class ScoringService:
         raise ServeError(f"the rerank prompt cannot be built: {e}") from None
     self.metrics = ServerMetrics(lambda: self.queue.depth, lambda: scorer.runner.num_executables)
     self.queue = batching.BatchQueue(self.run_batch, cfg.max_batch_requests, cfg.max_batch_wait_ms / 1000,
-                                     cfg.max_queue, on_batch=self.metrics.batch_requests.observe)
+                                     cfg.max_queue, on_batch=self.metrics.batch_requests.observe,
+                                     is_warm=self.is_warm, compile=self.compile)
 
   # --- the worker thread -----------------------------------------------------------------------
-  def run_batch(self, works: Sequence[Work]) -> list[ScoreResult]:
-    """Scores gathered requests with as few forwards as their shapes allow (Scorer.score_requests)."""
-    start = time.perf_counter()
-    self.scorer.prefix_cache.clear()  # as the eval: the algorithm depends on the geometry alone
+  def _score(self, works: Sequence[Work]) -> list[ScoreResult]:
     out: list = [None] * len(works)
     for raw in (False, True):
       idx = [i for i, w in enumerate(works) if w.raw == raw]
@@ -67,6 +70,21 @@ class ScoringService:
       results = self.scorer.label_logits_requests(reqs) if raw else self.scorer.score_requests(reqs)
       for i, res in zip(idx, results):
         out[i] = res
+    return out
+
+  def is_warm(self, works: Sequence[Work]) -> bool:
+    """Whether run_batch(works) compiles nothing (a probe: host-side layouts only, no forward)."""
+    return self.scorer.is_compiled(lambda: self._score(works))
+
+  def compile(self, works: Sequence[Work]) -> None:
+    """Builds what run_batch(works) runs, without running it; on the compiler thread, beside the worker."""
+    self.scorer.compile_for(lambda: self._score(works))
+
+  def run_batch(self, works: Sequence[Work]) -> list[ScoreResult]:
+    """Scores gathered requests with as few forwards as their shapes allow (Scorer.score_requests)."""
+    start = time.perf_counter()
+    self.scorer.prefix_cache.clear()  # as the eval: the algorithm depends on the geometry alone
+    out = self._score(works)
     for w in works:
       self.metrics.items.inc(len(w.request.items))
       self.metrics.tokens.inc(w.request.num_tokens)
@@ -81,27 +99,30 @@ class ScoringService:
       for work in works:
         self.run_batch([work] * b)
 
-  def warmup(self) -> dict[str, float]:
+  def warmup(self, log: Optional[Callable[[str], None]] = None) -> dict[str, float]:
     """Runs the serving path once per configured geometry and batch bucket up to max_batch_requests,
     for both score outputs (/v1/rerank's and /v1/score's default apply_softmax=false), so requests of
     those shapes compile nothing. (Scorer.warmup compiles one output and no score head; running the
-    path compiles exactly what requests run.) Returns the executables built and the seconds spent."""
+    path compiles exactly what requests run.) A geometry in buckets already warmed compiles nothing.
+    `log` gets one progress line per geometry. Returns the executables built and the seconds spent."""
     start, before = time.perf_counter(), self.scorer.runner.num_executables
     labels = self.label_ids or (0, 1)
     kinds = {(self.apply_softmax is None, bool(self.apply_softmax)), (False, False)}
-    for q in self.cfg.warmup_query_tokens:
-      for n in self.cfg.warmup_items:
-        for length in self.cfg.warmup_item_tokens:
-          if n == 0 or q + length == 0:
-            continue
-          self.warm([Work(self.scorer.make_request([1] * q, [[1] * length] * n, labels, softmax and not raw), raw)
-                     for raw, softmax in sorted(kinds)])
+    shapes = [(q, n, length) for q in self.cfg.warmup_query_tokens for n in self.cfg.warmup_items
+              for length in self.cfg.warmup_item_tokens if n and q + length]
+    for i, (q, n, length) in enumerate(shapes, 1):
+      t0, e0 = time.perf_counter(), self.scorer.runner.num_executables
+      self.warm([Work(self.scorer.make_request([1] * q, [[1] * length] * n, labels, softmax and not raw), raw)
+                 for raw, softmax in sorted(kinds)])
+      if log is not None:
+        log(f"warmup {i}/{len(shapes)}: query {q} tokens, {n} items of {length} tokens: "
+            f"{self.scorer.runner.num_executables - e0} executables in {time.perf_counter() - t0:.1f} s")
     return {"executables": self.scorer.runner.num_executables - before, "seconds": time.perf_counter() - start}
 
   # --- requests (on the event loop) ---------------------------------------------------------------
   def score_work(self, body: dict[str, Any]) -> Work:
     """A /v1/score body as Work, with the Scorer's validation (and a score head's labels when none given)."""
-    schemas.check_model(body, self.model_name)
+    schemas.check_model(body, self.model_names)
     try:
       args = validate_request(body, REQUEST_FIELDS)
       if args["label_token_ids"] is None and getattr(self.scorer, "head_config", None) is not None:
@@ -114,7 +135,7 @@ class ScoringService:
 
   def rerank_work(self, body: dict[str, Any]) -> tuple[schemas.RerankRequest, Work]:
     """A /v1/rerank body as Work: the eval's prompt, labels and score mode (maxscore/rerank/eval.py)."""
-    schemas.check_model(body, self.model_name)
+    schemas.check_model(body, self.model_names)
     req = schemas.rerank_request(body, self.cfg.max_items)
     if self.builder is None:
       raise schemas.ApiError(400, "query and documents are text but this checkpoint has no tokenizer; /v1/rerank "
@@ -135,8 +156,8 @@ class ScoringService:
     return ranking
 
   def models(self) -> dict[str, Any]:
-    return {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "maxscore",
-                                        "max_items": self.cfg.max_items}]}
+    return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "maxscore",
+                                        "max_items": self.cfg.max_items} for name in self.model_names]}
 
   def health(self) -> dict[str, Any]:
     return {"status": "ok", "model": self.model_name, "queue_depth": self.queue.depth}
