@@ -36,5 +36,4 @@ def run_server(cfg: ServeConfig, prompt: RerankPrompt, overrides: Sequence[str] 
 
 __all__ = ["BatchQueue", "QueueClosed", "QueueFull", "RERANK_PATHS", "RerankPrompt", "ScoringService", "ServeConfig",
            "ServeError", "ServerThread", "UNROUTED", "Work", "build_app", "build_service", "check_single_process",
-           "run_server",
-           "serve"]
+           "run_server", "serve"]
