@@ -16,11 +16,15 @@ outputs: its weight shard, K/V, inputs, results); roofline time max(FLOPs / peak
 bandwidth). These are compile-time bounds, not measurements.
 """
 
+import contextlib
 import dataclasses
 import importlib.util
 import math
 import os
-from typing import Any, Callable, Optional, Sequence
+import re
+import sys
+import tempfile
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import jax
 from absl import logging
@@ -101,15 +105,30 @@ def parse_geometry(text: str) -> tuple[int, ...]:
 
 
 # --- the target: devices, mesh, scorer --------------------------------------------------
-LIBTPU_QUIET = {"TPU_STDERR_LOG_LEVEL": "3", "TPU_MIN_LOG_LEVEL": "3"}  # libtpu's own log: fatal only
+# libtpu's start-up log on a host without a TPU, written by its C++ code to fd 2 before it reads any log
+# setting: expected when only describing a TPU, and nothing the user can act on.
+LIBTPU_NOISE = re.compile(r"host bounds|could not determine TPU|Logging before InitGoogle|unexpected worker hostname|"
+                          r"Source Location Trace|^[\w./-]+\.(cc|h):\d+\s*$|^\s*$")
 
 
-def quiet_libtpu() -> None:
-  """Keeps libtpu's start-up log off the console: on a host without a TPU it logs errors that are expected
-  when only describing one ("Failed to find host bounds", "unexpected worker hostname", their source
-  location traces). Set before libtpu loads; a value the user set is kept."""
-  for key, value in LIBTPU_QUIET.items():
-    os.environ.setdefault(key, value)
+@contextlib.contextmanager
+def libtpu_start_up_filtered() -> Iterator[None]:
+  """Runs the block with fd 2 captured, then writes back every line but libtpu's known start-up noise
+  (LIBTPU_NOISE), so the console shows the report and any real error."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as captured:
+    os.dup2(captured.fileno(), 2)
+    try:
+      yield
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+      captured.seek(0)
+      kept = [line for line in captured.read().decode("utf-8", "replace").splitlines(keepends=True)
+              if not LIBTPU_NOISE.search(line)]
+      sys.stderr.write("".join(kept))
+      sys.stderr.flush()
 
 
 def describe_topology(topology: str, num_slices: int = 1) -> list:
@@ -124,12 +143,12 @@ def describe_topology(topology: str, num_slices: int = 1) -> list:
     return describe_gpus(topology, chip, dims[0])
   # Only compiling: another process on this host (a test run) may hold libtpu's TPU lock.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-  quiet_libtpu()
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   bounds = tuple(min(d, 2) for d in dims) + (1,) * (3 - len(dims))  # up to 2x2x1 chips per host
   try:
-    desc = topologies.get_topology_desc(topology_name=topology, platform="tpu", chip_config_name=chip.chip_config,
-                                        chips_per_host_bounds=bounds, num_slices=num_slices)
+    with libtpu_start_up_filtered():  # libtpu loads here
+      desc = topologies.get_topology_desc(topology_name=topology, platform="tpu", chip_config_name=chip.chip_config,
+                                          chips_per_host_bounds=bounds, num_slices=num_slices)
   except Exception as e:  # pylint: disable=broad-except  (libtpu missing, or a shape it does not know)
     if importlib.util.find_spec("libtpu") is None:
       raise chips.TopologyError(f"topology={topology!r}: describing a TPU topology needs libtpu: "
