@@ -347,6 +347,31 @@ def test_batch_queue_compiles_a_cold_payload_beside_the_warm_ones():
   assert order == ["warm", "cold"]
 
 
+def test_batch_queue_runs_an_unbuilt_stack_one_by_one_and_builds_it_for_next_time():
+  built, stack_built, calls = {("a",), ("b",)}, threading.Event(), []
+
+  def compile_(payloads):
+    built.add(tuple(sorted(payloads)))
+    stack_built.set()
+
+  def run_batch(payloads):
+    calls.append(list(payloads))
+    return list(payloads)
+  queue = serving.BatchQueue(run_batch, max_batch=4, max_wait_s=0.5, max_queue=8,
+                             is_warm=lambda ps: tuple(sorted(ps)) in built, compile=compile_)
+  queue.start()
+
+  async def both():
+    return await asyncio.gather(queue.submit("a", 60), queue.submit("b", 60))
+  try:
+    assert asyncio.run(both()) == ["a", "b"] and calls == [["a"], ["b"]]  # each warm alone: no wait
+    assert stack_built.wait(30) and ("a", "b") in built  # the stack compiled beside, for next time
+    calls.clear()
+    assert asyncio.run(both()) == ["a", "b"] and calls == [["a", "b"]]
+  finally:
+    queue.close(timeout_s=60)
+
+
 def test_warmup_compiles_what_a_request_of_that_shape_runs(tiny_scorer):
   cfg = serving.ServeConfig(max_batch_requests=1, warmup_query_tokens=(5,), warmup_items=(3,),
                             warmup_item_tokens=(7,), port=0)
