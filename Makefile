@@ -29,11 +29,17 @@ $(GPU_STAMP): setup.py
 eval: $(STAMP)
 	$(PY) scripts/eval_rerank.py
 
+# Both cores: pytest-xdist workers, each first taking a contiguous half of the tests (a module's fixtures stay on
+# one worker), then stealing from the other's tail; compiled programs are shared through the session's
+# persistent compilation cache (tests/conftest.py). PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= auto
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist worksteal
+
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) tests
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not slow" tests
 
 test-gpu-aot: $(GPU_STAMP)
 	$(GPU_VENV)/bin/python -m pytest -q -m gpu_aot tests/test_compile_report_gpu.py

@@ -2,11 +2,33 @@
 two checkpoints of the default model that differ only in weights, a script's log installed as a script
 installs it, and the entry scripts as modules."""
 
+import json
 import logging
 import os
 import pathlib
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+
+
+def _session_compilation_cache() -> str | None:
+  """Points JAX's persistent compilation cache at a new temporary directory for this test session, unless the
+  environment names one already; returns the directory this process made (None if it made none).
+
+  It is set in the environment before jax is imported, so pytest-xdist's workers (started by the controller
+  after this ran) and the subprocess tests (their env copies os.environ) share it: a program compiled once is
+  read back by every later process, and by later tests that build the same program under a new jit."""
+  if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    return None
+  made = tempfile.mkdtemp(prefix="maxscore-test-jax-cache-")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = made
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # the suite's programs are small
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+  return made
+
+
+_CACHE_DIR_MADE = _session_compilation_cache()
 
 import jax
 import numpy as np
@@ -99,3 +121,61 @@ def script_log():
 def load_script():
   """scripts/<name>.py as a module: `load_script("eval_rerank").run(argv)` (maxscore/testing/scripts.py)."""
   return scripts.load_script
+
+
+# --- the session's compile time -----------------------------------------------------------------------------
+# Each process (the one pytest process, or each xdist worker) sums the XLA compile time of its tests (backend
+# compiles, persistent-cache reads included, plus tracing and lowering) and writes it beside the cache; the
+# process that reports prints the total, so `make test` shows how much of the suite is compilation. Compiles
+# inside subprocess tests are not counted.
+_COMPILE_EVENTS = {"/jax/core/compile/backend_compile_duration": "backend",
+                   "/jax/core/compile/jaxpr_trace_duration": "trace",
+                   "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower"}
+_compile_seconds = dict.fromkeys(_COMPILE_EVENTS.values(), 0.0)
+_compile_counts = {"compiles": 0, "cache_hits": 0}
+
+
+def _on_duration(event: str, seconds: float, **_) -> None:
+  if event in _COMPILE_EVENTS:
+    _compile_seconds[_COMPILE_EVENTS[event]] += seconds
+    _compile_counts["compiles"] += event.endswith("backend_compile_duration")
+
+
+def _on_event(event: str, **_) -> None:
+  _compile_counts["cache_hits"] += event == "/jax/compilation_cache/cache_hits"
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_duration)
+jax.monitoring.register_event_listener(_on_event)
+
+
+def _compile_report_dir() -> pathlib.Path | None:
+  cache = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+  return pathlib.Path(cache) / "compile-time" if cache else None
+
+
+def pytest_sessionfinish(session):
+  del session
+  out = _compile_report_dir()
+  if out is not None:
+    out.mkdir(exist_ok=True)
+    name = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    (out / f"{name}.json").write_text(json.dumps({**_compile_seconds, **_compile_counts}))
+
+
+def pytest_terminal_summary(terminalreporter):
+  out = _compile_report_dir()
+  reports = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))] if out and out.is_dir() else []
+  if reports:
+    total = {k: sum(r[k] for r in reports) for k in reports[0]}
+    terminalreporter.write_line(
+        f"XLA compilation in the test processes: {total['backend'] + total['trace'] + total['lower']:.1f} s "
+        f"(backend {total['backend']:.1f} s for {total['compiles']} programs, {total['cache_hits']} read from the "
+        f"persistent cache; tracing {total['trace']:.1f} s, lowering {total['lower']:.1f} s)")
+
+
+def pytest_unconfigure(config):
+  """The process that made the session's compilation cache removes it: every session and CI start clean."""
+  del config
+  if _CACHE_DIR_MADE:
+    shutil.rmtree(_CACHE_DIR_MADE, ignore_errors=True)

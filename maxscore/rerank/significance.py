@@ -14,7 +14,6 @@ import math
 from typing import Optional, Sequence
 
 import numpy as np
-from scipy import stats
 
 EXACT_MAX_QUERIES = 20  # 2^20 sign vectors: enumerated in a fraction of a second
 
@@ -36,6 +35,7 @@ def paired_t(d) -> tuple[Optional[float], float]:
   if sd == 0.0:
     return (0.0, 1.0) if mean == 0.0 else (math.copysign(math.inf, mean), 0.0)
   t = mean / (sd / math.sqrt(d.size))
+  from scipy import stats  # pylint: disable=import-outside-toplevel  (seconds to import; only when testing)
   return t, float(2.0 * stats.t.sf(abs(t), d.size - 1))
 
 

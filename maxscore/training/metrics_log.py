@@ -5,8 +5,6 @@ import pathlib
 import shutil
 from typing import Any, Optional
 
-import tensorboardX
-
 from maxscore.files import safety
 
 
@@ -32,6 +30,8 @@ class MetricsLog:
     tb_dir = workdir / "tensorboard"
     if tb_dir.exists():
       shutil.rmtree(tb_dir)
+    # Imported here: tensorboardX imports torch when it is installed (seconds), which scoring never needs.
+    import tensorboardX  # pylint: disable=import-outside-toplevel
     self.writer = tensorboardX.SummaryWriter(str(tb_dir))
     for rec in kept:
       self._scalars(rec["kind"], rec["step"], rec)
