@@ -12,7 +12,7 @@ from maxscore.checkpoints.convert import convert_hf_checkpoint
 from maxscore.checkpoints.storage import params_digest, read_metadata
 from maxscore.rerank import data, prompts
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smollm2")]  # one worker builds the fixtures (--dist loadgroup)
 
 
 def _records(split="test"):
