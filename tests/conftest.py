@@ -1,6 +1,7 @@
 """Shared fixtures: random tiny Hugging Face models (the parity oracle), their converted checkpoints, tokenizers,
-two checkpoints of the default model that differ only in weights, a script's log installed as a script
-installs it, and the entry scripts as modules."""
+SmolLM2-135M-Instruct's GGUF with its conversion and transformers' load of it (once per session), two checkpoints
+of the default model that differ only in weights, a script's log installed as a script installs it, and the entry
+scripts as modules."""
 
 import importlib.util
 import logging
