@@ -166,6 +166,7 @@ def small_llama():
     ("truncated", r"truncated"),
     ("unknown_arch", r"general\.architecture='phi3' is not supported; supported: \['gemma', .*'qwen3'\]"),
     ("unknown_key", r"metadata keys this converter does not know .*llama\.expert_count"),
+    ("missing_key", r"lacks llama\.embedding_length \(config\.json's hidden_size\)"),
     ("unsupported_type", r"tensor types not supported: blk\.0\.ffn_down\.weight \(F64\).*supported: F32, F16"),
     ("unknown_tokenizer", r"tokenizer\.ggml\.model='llama' is not supported; supported: gpt2"),
     ("rope_freqs", r"rope_freqs\.weight"),
@@ -177,6 +178,8 @@ def test_bad_gguf_files_are_one_clear_error_and_nothing_is_written(small_llama, 
     write_gguf(small_llama, path, architecture="phi3")
   elif case == "unknown_key":
     write_gguf(small_llama, path, metadata={"expert_count": 4})
+  elif case == "missing_key":
+    write_gguf(small_llama, path, metadata={"embedding_length": None})
   elif case == "unknown_tokenizer":
     write_gguf(small_llama, path, tokenizer={"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a"]})
   elif case == "not_gguf":

@@ -463,7 +463,7 @@ def convert_gguf_checkpoint(gguf_path: os.PathLike, output_dir: os.PathLike, dty
     except ConversionError as e:
       raise ConversionError(f"{path}: its metadata, read as {e}") from None
     except KeyError as e:
-      raise ConversionError(f"{path}: the metadata lacks {e.args[0]!r} (the GGUF key that gives it)") from None
+      raise ConversionError(f"{path}: the metadata lacks {gguf_reader.gguf_key(f, e.args[0])}") from None
     logging.info("converting %s (%s, %d layers, %.1fM params) to %s", path, cfg.family, cfg.num_layers,
                  cfg.num_params() / 1e6, output_dir)
     with tempfile.TemporaryDirectory(prefix="maxscore-gguf-tokenizer-") as tmp:

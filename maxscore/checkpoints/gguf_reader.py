@@ -127,6 +127,13 @@ def _check_keys(f: GGUFFile, arch: str) -> None:
                     f"{'|'.join(sorted(tuple(_ARCH_KEYS) + _ARCH_CHECKED))}>")
 
 
+def gguf_key(f: GGUFFile, hf_key: str) -> str:
+  """The metadata key that gives config.json's `hf_key` (for an error naming what the file lacks)."""
+  arch = f.get("general.architecture")
+  names = [f"{arch}.{k}" for k, v in _ARCH_KEYS.items() if v == hf_key]
+  return f"{names[0]} (config.json's {hf_key})" if names else f"config.json's {hf_key}"
+
+
 def _rope_scaling(f: GGUFFile, arch: str) -> Optional[dict]:
   kind = f.get(f"{arch}.rope.scaling.type", "none")
   if kind == "none":
