@@ -140,7 +140,11 @@ def _rope_scaling(f: GGUFFile, arch: str) -> Optional[dict]:
     return None
   if kind != "linear":
     raise GGUFError(f"{f.path}: {arch}.rope.scaling.type={kind!r} is not supported; supported: none, linear")
-  return {"rope_type": "linear", "factor": float(f.get(f"{arch}.rope.scaling.factor"))}
+  factor = f.get(f"{arch}.rope.scaling.factor")
+  if not isinstance(factor, (int, float)) or isinstance(factor, bool):
+    raise GGUFError(f"{f.path}: {arch}.rope.scaling.type=linear needs a number in {arch}.rope.scaling.factor, "
+                    f"got {factor!r}")
+  return {"rope_type": "linear", "factor": float(factor)}
 
 
 def _layer_types(f: GGUFFile, arch: str, layers: int) -> Optional[list[str]]:
