@@ -20,6 +20,7 @@ from maxscore.testing.hf_models import hf_logits, make_hf_model, save_hf_model
 VARIANTS = {
     "llama_bias": ("llama", dict(rope_scaling=None, attention_bias=True, tie_word_embeddings=False), "F32"),
     "llama_kv1_tied_q8_0": ("llama", dict(rope_scaling=None, num_key_value_heads=1, tie_word_embeddings=True), "Q8_0"),
+    "llama_linear_rope": ("llama", dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), "F32"),
     "qwen2": ("qwen2", {}, "F32"),
     "qwen3_f16": ("qwen3", dict(head_dim=128), "F16"),
     "gemma": ("gemma", {}, "F32"),
@@ -30,7 +31,8 @@ VARIANTS = {
 }
 # Files transformers' GGUF loader does not read as llama.cpp does (these are checked against the HF model only):
 NOT_IN_TRANSFORMERS = {"gemma": "it has no gemma (v1) architecture",
-                       "llama_bias": "its config never sets attention_bias, so it drops the biases llama.cpp applies"}
+                       "llama_bias": "its config never sets attention_bias, so it drops the biases llama.cpp applies",
+                       "llama_linear_rope": "it ignores {arch}.rope.scaling.*"}
 VOCAB = 96
 
 

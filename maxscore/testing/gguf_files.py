@@ -64,6 +64,8 @@ def _metadata(cfg) -> dict[str, Any]:
   meta.update({"attention.key_length": head_dim, "attention.value_length": head_dim})
   if cfg.model_type == "llama":
     meta["rope.dimension_count"] = head_dim
+  if rope.get("rope_type", "default") == "linear":
+    meta.update({"rope.scaling.type": "linear", "rope.scaling.factor": float(rope["factor"])})
   if cfg.model_type in ("gemma2", "gemma3_text"):
     meta["attention.sliding_window"] = cfg.sliding_window
   if cfg.model_type == "gemma2":
