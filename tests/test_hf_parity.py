@@ -51,12 +51,15 @@ def test_old_and_new_rope_config_keys_agree(hf_checkpoints):
   assert model_config_from_hf(new).rope_scaling_type == "llama3"
 
 
-def test_tokenizer_is_copied_into_checkpoint(tmp_path, hf_tokenizer_path):
+def test_tokenizer_and_chat_template_are_copied_into_checkpoint(tmp_path, hf_tokenizer_path):
   model = make_hf_model("qwen3", vocab_size=520)
   hf_dir = save_hf_model(model, tmp_path / "hf", tokenizer_file=hf_tokenizer_path)
+  template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+  (hf_dir / "chat_template.jinja").write_text(template)  # where transformers now saves a tokenizer's chat template
   ckpt = convert_hf_checkpoint(hf_dir, tmp_path / "ckpt")
   _, tok = read_metadata(ckpt)
   assert tok is not None and tok.name == "tokenizer.json" and tok.is_file()
+  assert (tok.parent / "chat_template.jinja").read_text() == template
   scorer = Scorer.from_checkpoint(ckpt)
   assert scorer.tokenizer is not None and scorer.tokenizer.kind == "hf"
 

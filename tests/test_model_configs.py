@@ -24,12 +24,14 @@ PARAM_COUNTS = {
     "gemma-2-2b": ParamCount(2.61e9),
     "gemma-2-9b": ParamCount(9.24e9),
     "gemma-3-1b": ParamCount(1.00e9),
+    "gemma-3-270m": ParamCount(0.27e9),  # Gemma 3 270M: 170M embedding + 100M transformer parameters
     "llama3.2-1b": ParamCount(1.24e9, 1_235_814_400, 973_146_112),  # Llama-3.2-1B: 1.24B
     "mistral-7b": ParamCount(7.24e9),
     "qwen2-1.5b": ParamCount(1.54e9),
     "qwen3-0.6b": ParamCount(0.6e9, 596_049_920, 440_467_456),  # Qwen3-0.6B: 0.6B total, 0.44B non-embedding
     "qwen3-4b": ParamCount(4.0e9),
     "qwen3-8b": ParamCount(8.2e9),
+    "smollm2-135m": ParamCount(134.5e6, 134_515_008, 106_203_456),  # SmolLM2-135M: tied 49,152 x 576 embeddings
 }
 EXACT = sorted(name for name, count in PARAM_COUNTS.items() if count.exact is not None)
 

@@ -1,4 +1,4 @@
-"""Hugging Face safetensors -> maxscore Orbax checkpoint, without torch.
+"""Hugging Face safetensors or GGUF -> maxscore Orbax checkpoint, without torch.
 
 Families: Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3 (text). Reads `config.json`
 (old top-level `rope_theta`/`rope_scaling` keys, the newer `rope_parameters`, and Gemma 3's
@@ -9,6 +9,9 @@ Conversion is exact: before anything is read or written, every tensor's shape an
 checked against the config, and every tensor in the files must be consumed by the mapping or be
 in `UNUSED_TENSORS`; anything else is an error naming the tensors (e.g. weights of a layer
 beyond `num_hidden_layers`, which would otherwise be dropped silently).
+
+One converter, two readers: a GGUF file (maxscore/checkpoints/gguf_reader.py) presents its metadata as a
+config.json dict and its tensors under HF names, so the mapping, the checks and the writer here serve both.
 """
 
 import json
@@ -16,6 +19,7 @@ import logging
 import os
 import pathlib
 import re
+import tempfile
 from typing import Any, Callable, Iterator, Optional
 
 import ml_dtypes
@@ -203,6 +207,10 @@ def model_config_from_hf(hf: dict[str, Any]) -> ModelConfig:
 class _TensorReader:
   """Lazy access to tensors across one or many safetensors files: names, shapes, dtypes, numpy arrays."""
 
+  dtypes = SOURCE_DTYPES  # the storage dtypes conversion reads
+  config_name = "config.json"  # where the config came from, and where the tensors are (for error messages)
+  files_name = "the safetensors files"
+
   def __init__(self, hf_dir: pathlib.Path):
     index = hf_dir / "model.safetensors.index.json"
     if index.is_file():
@@ -290,21 +298,22 @@ def check_tensors(reader: _TensorReader, cfg: ModelConfig) -> None:
     expected.update({f"model.layers.{i}.{template}": shape for i in range(cfg.num_layers)})
   missing = sorted(n for n in expected if n not in reader)
   if missing:
-    raise ConversionError(f"tensors missing from the safetensors files (config.json expects them): "
+    raise ConversionError(f"tensors missing from {reader.files_name} ({reader.config_name} expects them): "
                           f"{_shorten(missing)}")
   bad = []
   for name, shape in expected.items():
     got, dtype = reader.shape_dtype(name)
-    if got != shape or dtype not in SOURCE_DTYPES:
-      bad.append(f"{name} is {dtype}{list(got)}, config.json implies {list(shape)} in one of {list(SOURCE_DTYPES)}")
+    if got != shape or dtype not in reader.dtypes:
+      bad.append(f"{name} is {dtype}{list(got)}, {reader.config_name} implies {list(shape)} in one of "
+                 f"{list(reader.dtypes)}")
   if bad:
-    raise ConversionError("tensors do not match config.json: " + "; ".join(bad[:8]) +
+    raise ConversionError(f"tensors do not match {reader.config_name}: " + "; ".join(bad[:8]) +
                           (f" and {len(bad) - 8} more" if len(bad) > 8 else ""))
   allowed = dict(UNUSED_TENSORS, **(TIED_UNUSED if cfg.tie_word_embeddings else {}))
   unused = sorted(n for n in reader.names() - set(expected) if not any(re.fullmatch(p, n) for p in allowed))
   if unused:
-    raise ConversionError(f"tensors in the safetensors files that config.json does not use (a conversion would "
-                          f"drop them): {_shorten(unused)}")
+    raise ConversionError(f"tensors in {reader.files_name} that {reader.config_name} does not use (a conversion "
+                          f"would drop them): {_shorten(unused)}")
 
 
 def _set(tree: dict, path: tuple[str, ...], value) -> None:
@@ -364,6 +373,18 @@ def _read_hf_config(config_path: pathlib.Path) -> ModelConfig:
     raise ConversionError(f"{config_path}: {' '.join(str(e).split())}") from None
 
 
+def _check_output_dir(output_dir: os.PathLike, source: pathlib.Path, overwrite: bool) -> None:
+  """Refuses, before minutes of reading tensors, an output_dir that is or lies in `source`, one maxscore did not
+  write, or an existing one without `overwrite`."""
+  safety.refuse_overlap([output_dir], [source], "output_dir")
+  out = pathlib.Path(output_dir)
+  if out.exists() and not (out.is_dir() and safety.is_owned(out)):
+    raise UnsafeOutputError(f"output_dir {output_dir} exists and was not written by maxscore (it has no "
+                            f"{safety.MARKER} marker); it is left untouched: choose a new path")
+  if out.exists() and not overwrite:
+    raise UnsafeOutputError(f"output_dir {output_dir} already exists; pass --overwrite to replace it")
+
+
 def convert_hf_checkpoint(hf_dir: os.PathLike, output_dir: os.PathLike, dtype: str = "float32",
                           overwrite: bool = False) -> pathlib.Path:
   """Converts a Hugging Face directory of a supported family into a self-describing maxscore checkpoint.
@@ -387,13 +408,7 @@ def convert_hf_checkpoint(hf_dir: os.PathLike, output_dir: os.PathLike, dtype: s
     raise ConversionError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")
   if not hf_dir.is_dir():
     raise ConversionError(f"--hf_dir {hf_dir} does not exist or is not a directory")
-  safety.refuse_overlap([output_dir], [hf_dir], "output_dir")
-  out = pathlib.Path(output_dir)
-  if out.exists() and not (out.is_dir() and safety.is_owned(out)):  # before minutes of reading tensors
-    raise UnsafeOutputError(f"output_dir {output_dir} exists and was not written by maxscore (it has no "
-                            f"{safety.MARKER} marker); it is left untouched: choose a new path")
-  if out.exists() and not overwrite:
-    raise UnsafeOutputError(f"output_dir {output_dir} already exists; pass --overwrite to replace it")
+  _check_output_dir(output_dir, hf_dir, overwrite)
   cfg = _read_hf_config(hf_dir / "config.json")
   logging.info("converting %s (%s, %d layers, %.1fM params) to %s", hf_dir, cfg.family, cfg.num_layers,
                cfg.num_params() / 1e6, output_dir)
@@ -405,6 +420,55 @@ def convert_hf_checkpoint(hf_dir: os.PathLike, output_dir: os.PathLike, dtype: s
     raise ConversionError(f"{hf_dir}: cannot read the safetensors weights: {' '.join(str(e).split())}") from None
   tokenizer: Optional[pathlib.Path] = find_tokenizer_file(hf_dir)
   files = (tokenizer,) if tokenizer else ()
-  if tokenizer and (hf_dir / "tokenizer_config.json").is_file():
-    files += (hf_dir / "tokenizer_config.json",)
+  for name in ("tokenizer_config.json", "chat_template.jinja"):  # special tokens; the chat template
+    if tokenizer and (hf_dir / name).is_file():
+      files += (hf_dir / name,)
   return save_checkpoint(output_dir, params, cfg, tokenizer_files=files, overwrite=overwrite, inputs=(hf_dir,))
+
+
+def convert_gguf_checkpoint(gguf_path: os.PathLike, output_dir: os.PathLike, dtype: str = "float32",
+                            overwrite: bool = False) -> pathlib.Path:
+  """Converts a GGUF file (llama.cpp's format) of a supported architecture into a self-describing checkpoint.
+
+  The metadata becomes the model config (as the config.json it stands for), the tensors are dequantized to
+  float32 exactly as llama.cpp's reference dequantizers do and mapped by the same specs and checks as a
+  Hugging Face directory's; the tokenizer metadata becomes tokenizer.json with its chat template.
+
+  Args:
+    gguf_path: the .gguf file (one file; split GGUFs are refused by their split.* keys).
+    output_dir: the new checkpoint directory; it may not be the GGUF file nor hold it.
+    dtype: float32 or bfloat16, the stored weights' dtype.
+    overwrite: replace an existing `output_dir`, only when maxscore wrote it.
+
+  Returns:
+    The checkpoint directory (params/, maxscore.json and, when the GGUF has tokenizer metadata, tokenizer/).
+
+  Raises:
+    ConversionError: an unknown architecture, metadata key or tensor type, a truncated file, a tensor that does not
+      match the metadata, or a tensor with NaN/Inf; nothing is written.
+    UnsafeOutputError: as convert_hf_checkpoint.
+  """
+  from maxscore.checkpoints import gguf_reader, gguf_tokenizer  # pylint: disable=import-outside-toplevel
+  path = pathlib.Path(gguf_path)
+  if dtype not in DTYPES:
+    raise ConversionError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")
+  if not path.is_file():
+    raise ConversionError(f"--gguf {path} does not exist or is not a file")
+  _check_output_dir(output_dir, path, overwrite)
+  try:
+    f = gguf_reader.GGUFFile(path)
+    hf = gguf_reader.hf_config(f)
+    try:
+      cfg = model_config_from_hf(hf)
+    except ConversionError as e:
+      raise ConversionError(f"{path}: its metadata, read as {e}") from None
+    except KeyError as e:
+      raise ConversionError(f"{path}: the metadata lacks {gguf_reader.gguf_key(f, e.args[0])}") from None
+    logging.info("converting %s (%s, %d layers, %.1fM params) to %s", path, cfg.family, cfg.num_layers,
+                 cfg.num_params() / 1e6, output_dir)
+    with tempfile.TemporaryDirectory(prefix="maxscore-gguf-tokenizer-") as tmp:
+      files = gguf_tokenizer.build_tokenizer(f, pathlib.Path(tmp)) or ()
+      params = convert_params(gguf_reader.GGUFTensorReader(f, hf), cfg, DTYPES[dtype])
+      return save_checkpoint(output_dir, params, cfg, tokenizer_files=files, overwrite=overwrite, inputs=(path,))
+  except gguf_reader.GGUFError as e:
+    raise ConversionError(str(e)) from None

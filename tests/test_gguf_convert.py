@@ -1,0 +1,214 @@
+"""GGUF -> maxscore on small GGUF files written (as llama.cpp writes them) from the tiny random HF models:
+names, metadata, the llama q/k permutation and Gemma's norm offset undone, checked against the HF model the
+file came from and against transformers loading the same file; and the errors, with nothing written."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from maxscore import Scorer
+from maxscore.checkpoints import convert, gguf_reader
+from maxscore.checkpoints.convert import ConversionError, convert_gguf_checkpoint, convert_hf_checkpoint
+from maxscore.testing.gguf_files import write_gguf
+from maxscore.testing.hf_models import hf_logits, make_hf_model, save_hf_model
+
+# name -> (family, overrides, 2-D tensor type). The overrides keep to what both a GGUF file and transformers' GGUF
+# loader express: no Llama-3 RoPE scaling (llama.cpp stores it as a rope_freqs tensor), head_dim 128 for Qwen3 and
+# 256 (= query_pre_attn_scalar) for Gemma 2/3, Gemma 2's default soft-caps, Gemma 3's default 5:1 layer pattern.
+VARIANTS = {
+    "llama_bias": ("llama", dict(rope_scaling=None, attention_bias=True, tie_word_embeddings=False), "F32"),
+    "llama_kv1_tied_q8_0": ("llama", dict(rope_scaling=None, num_key_value_heads=1, tie_word_embeddings=True), "Q8_0"),
+    "llama_linear_rope": ("llama", dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), "F32"),
+    "qwen2": ("qwen2", {}, "F32"),
+    "qwen3_f16": ("qwen3", dict(head_dim=128), "F16"),
+    "gemma": ("gemma", {}, "F32"),
+    "gemma2_bf16": ("gemma2", dict(head_dim=256, query_pre_attn_scalar=256, attn_logit_softcapping=50.0,
+                                   final_logit_softcapping=30.0), "BF16"),
+    "gemma3": ("gemma3", dict(num_hidden_layers=6, head_dim=256, query_pre_attn_scalar=256, layer_types=None,
+                              rope_parameters=None), "F32"),
+}
+# Files transformers' GGUF loader does not read as llama.cpp does (these are checked against the HF model only):
+NOT_IN_TRANSFORMERS = {"gemma": "it has no gemma (v1) architecture",
+                       "llama_bias": "its config never sets attention_bias, so it drops the biases llama.cpp applies",
+                       "llama_linear_rope": "it ignores {arch}.rope.scaling.*"}
+VOCAB = 96
+
+
+@pytest.fixture(scope="module")
+def gguf_variants(tmp_path_factory):
+  """name -> (hf model, hf dir, gguf path, converted checkpoint), built on first use."""
+  root = tmp_path_factory.mktemp("gguf")
+  cache = {}
+
+  def get(name):
+    if name not in cache:
+      family, overrides, tensor_type = VARIANTS[name]
+      model = make_hf_model(family, vocab_size=VOCAB, **overrides)
+      hf_dir = save_hf_model(model, root / f"{name}_hf")
+      path = write_gguf(model, root / f"{name}.gguf", tensor_type=tensor_type)
+      cache[name] = (model, hf_dir, path, convert_gguf_checkpoint(path, root / f"{name}_ckpt"))
+    return cache[name]
+  return get
+
+
+def _transformers_from_gguf(path):
+  import torch
+  import transformers
+  return transformers.AutoModelForCausalLM.from_pretrained(
+      str(path.parent), gguf_file=path.name, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_logits_match_transformers_on_the_same_gguf(gguf_variants, name):
+  model, _, path, ckpt = gguf_variants(name)
+  scorer = Scorer.from_checkpoint(ckpt)
+  oracles = [] if name in NOT_IN_TRANSFORMERS else [("transformers on the GGUF", _transformers_from_gguf(path))]
+  if VARIANTS[name][2] == "F32":  # unquantized: the file holds the HF model's own weights
+    oracles.append(("the HF model the GGUF was written from", model))
+  assert oracles
+  rng = np.random.default_rng(3)
+  for t in (1, 40):  # 40: past every sliding window
+    tokens = rng.integers(0, VOCAB, t)
+    got = scorer.logits(tokens)
+    for what, oracle in oracles:
+      np.testing.assert_allclose(got, hf_logits(oracle, tokens), atol=1e-4, rtol=0, err_msg=what)
+
+
+@pytest.mark.parametrize("name", ["llama_bias", "qwen2", "gemma", "gemma3"])
+def test_metadata_and_tensors_map_as_the_hf_directory_does(gguf_variants, name):
+  """The F32 GGUF's config and params equal the HF directory's: bit for bit, except Gemma's norms, which llama.cpp
+  stores as 1 + w (w comes back within float32 rounding of 1)."""
+  _, hf_dir, path, _ = gguf_variants(name)
+  f = gguf_reader.GGUFFile(path)
+  hf_json = json.loads((hf_dir / "config.json").read_text())
+  from_gguf, from_hf = convert.model_config_from_hf(gguf_reader.hf_config(f)), convert.model_config_from_hf(hf_json)
+  assert from_gguf.rms_norm_eps == pytest.approx(from_hf.rms_norm_eps, rel=1e-6)  # stored as float32
+  assert dataclasses.replace(from_gguf, rms_norm_eps=from_hf.rms_norm_eps) == from_hf
+  got = convert.convert_params(gguf_reader.GGUFTensorReader(f, gguf_reader.hf_config(f)), from_gguf, np.float32)
+  want = convert.convert_params(convert._TensorReader(hf_dir), from_hf, np.float32)  # pylint: disable=protected-access
+  flat_got, flat_want = _flat(got), _flat(want)
+  assert flat_got.keys() == flat_want.keys()
+  for key, w in flat_want.items():
+    if name.startswith("gemma") and "norm" in key:
+      np.testing.assert_allclose(flat_got[key], w, atol=2e-7, rtol=0, err_msg=key)
+    else:
+      np.testing.assert_array_equal(flat_got[key], w, err_msg=key)
+
+
+def _flat(tree, prefix=""):
+  out = {}
+  for k, v in tree.items():
+    out.update(_flat(v, f"{prefix}{k}/") if isinstance(v, dict) else {prefix + k: v})
+  return out
+
+
+def test_llama_q_and_k_rows_are_unpermuted(gguf_variants):
+  """llama.cpp stores llama q/k rows permuted per head; the reader gives back the HF rows (biases too)."""
+  model, _, path, _ = gguf_variants("llama_bias")
+  f = gguf_reader.GGUFFile(path)
+  reader = gguf_reader.GGUFTensorReader(f, gguf_reader.hf_config(f))
+  for name in ("model.layers.1.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.bias"):
+    want = model.state_dict()[name].numpy()
+    stored = f.read(reader._names[name])  # pylint: disable=protected-access
+    assert not np.array_equal(stored, want)  # the file's layout differs: the test can fail
+    np.testing.assert_array_equal(reader.get(name, np.float32), want)
+
+
+# --- the tokenizer ---------------------------------------------------------------------------------
+def _tokenizer_metadata(tokenizer_json, chat_template):
+  """tokenizer.* keys for a byte-level BPE tokenizer.json, as llama.cpp writes them."""
+  import tokenizers
+  tok = tokenizers.Tokenizer.from_file(str(tokenizer_json))
+  spec = json.loads(tokenizer_json.read_text())
+  vocab = tok.get_vocab(with_added_tokens=True)
+  tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+  added = {a["content"]: a for a in spec["added_tokens"]}
+  types = [3 if t in added and added[t]["special"] else 4 if t in added else 1 for t in tokens]
+  merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
+  return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default", "tokenizer.ggml.tokens": tokens,
+          "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges,
+          "tokenizer.ggml.bos_token_id": vocab["<s>"], "tokenizer.ggml.eos_token_id": vocab["</s>"],
+          "tokenizer.chat_template": chat_template}
+
+
+CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def test_tokenizer_and_chat_template_come_from_the_gguf_metadata(tmp_path, hf_tokenizer_path):
+  import transformers
+  from maxscore.lm.tokenizer_training import sample_texts
+  from maxscore.rerank import prompts
+  model = make_hf_model("qwen2", vocab_size=520)
+  path = write_gguf(model, tmp_path / "m.gguf", tokenizer=_tokenizer_metadata(hf_tokenizer_path, CHAT))
+  scorer = Scorer.from_checkpoint(convert_gguf_checkpoint(path, tmp_path / "ckpt"))
+  original = transformers.PreTrainedTokenizerFast(tokenizer_file=str(hf_tokenizer_path))
+  from_gguf = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="m.gguf")
+  texts = sample_texts()[:50] + ["Yes No <sep> <s>x</s> 2024-11-26 ünïcödé 🙂"]
+  for text in texts:
+    want = original.encode(text, add_special_tokens=False)
+    assert scorer.tokenizer.encode(text) == want == from_gguf.encode(text, add_special_tokens=False), text
+  assert (scorer.tokenizer.bos_id, scorer.tokenizer.eos_id) == (original.convert_tokens_to_ids("<s>"),
+                                                                original.convert_tokens_to_ids("</s>"))
+  assert (scorer.tokenizer.path.parent / "chat_template.jinja").read_text() == CHAT
+  chat = prompts.chat_segments(scorer.tokenizer, prompts.TEMPLATES["chat"])
+  assert chat.query_segments[0].startswith("<|user|>Judge whether") and chat.item_segments[0].endswith(
+      "</s>\n<|assistant|>")
+
+
+# --- errors: one clear line, nothing written --------------------------------------------------------
+@pytest.fixture(scope="module")
+def small_llama():
+  return make_hf_model("llama", vocab_size=64, hidden_size=32, intermediate_size=64, head_dim=8, rope_scaling=None)
+
+
+@pytest.mark.parametrize("case,match", [
+    ("truncated", r"truncated"),
+    ("unknown_arch", r"general\.architecture='phi3' is not supported; supported: \['gemma', .*'qwen3'\]"),
+    ("unknown_key", r"metadata keys this converter does not know .*llama\.expert_count"),
+    ("missing_key", r"lacks llama\.embedding_length \(config\.json's hidden_size\)"),
+    ("unsupported_type", r"tensor types not supported: blk\.0\.ffn_down\.weight \(F64\).*supported: F32, F16"),
+    ("unknown_tokenizer", r"tokenizer\.ggml\.model='llama' is not supported; supported: gpt2"),
+    ("rope_freqs", r"rope_freqs\.weight"),
+    ("not_gguf", r"not a readable GGUF file"),
+])
+def test_bad_gguf_files_are_one_clear_error_and_nothing_is_written(small_llama, tmp_path, case, match):
+  path = tmp_path / "m.gguf"
+  if case == "unknown_arch":
+    write_gguf(small_llama, path, architecture="phi3")
+  elif case == "unknown_key":
+    write_gguf(small_llama, path, metadata={"expert_count": 4})
+  elif case == "missing_key":
+    write_gguf(small_llama, path, metadata={"embedding_length": None})
+  elif case == "unknown_tokenizer":
+    write_gguf(small_llama, path, tokenizer={"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a"]})
+  elif case == "not_gguf":
+    path.write_bytes(b"PK\x03\x04 not a gguf file at all")
+  elif case == "unsupported_type":
+    write_gguf(small_llama, path, edit=lambda t: dict(t, **{"blk.0.ffn_down.weight":
+                                                             t["blk.0.ffn_down.weight"].astype(np.float64)}))
+  elif case == "rope_freqs":
+    write_gguf(small_llama, path, edit=lambda t: dict(t, **{"rope_freqs.weight": np.ones(4, np.float32)}))
+  else:
+    write_gguf(small_llama, path)
+  if case == "truncated":
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) - 100])
+  with pytest.raises(ConversionError, match=match) as e:
+    convert_gguf_checkpoint(path, tmp_path / "out")
+  assert "\n" not in str(e.value)
+  assert not (tmp_path / "out").exists()
+
+
+def test_script_converts_and_refuses_a_missing_file_in_one_line(gguf_variants, tmp_path, load_script, capsys):
+  _, _, path, ckpt = gguf_variants("qwen2")
+  script = load_script("convert_gguf_checkpoint")
+  script.run(["convert_gguf_checkpoint.py", f"--gguf={path}", f"--output_dir={tmp_path / 'bf16'}", "--dtype=bfloat16"])
+  scorer = Scorer.from_checkpoint(tmp_path / "bf16", weight_dtype="bfloat16")
+  assert str(scorer.runner.params["embed"]["embedding"].dtype) == "bfloat16"
+  with pytest.raises(SystemExit) as e:
+    script.run(["convert_gguf_checkpoint.py", f"--gguf={tmp_path / 'nope.gguf'}", f"--output_dir={tmp_path / 'x'}"])
+  assert e.value.code == 2 and f"{tmp_path / 'nope.gguf'} does not exist" in capsys.readouterr().err
+  assert not (tmp_path / "x").exists()
