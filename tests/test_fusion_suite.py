@@ -5,6 +5,8 @@ import dataclasses
 import json
 import math
 import pathlib
+import subprocess
+import sys
 import tempfile
 
 import numpy as np
@@ -14,6 +16,7 @@ from maxscore import config as config_lib
 from maxscore.lm import assets
 from maxscore.lm.tokenizer_training import sample_texts
 from maxscore.rerank import data, eval as eval_lib, fusion, metrics
+from maxscore.testing import processes
 
 CFG = eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=24)
 
@@ -204,29 +207,58 @@ def test_a_dataset_with_a_broken_corpus_line_is_one_warning_line_not_a_traceback
   assert "DataError" in records[0].getMessage() and "corpus.jsonl" in records[0].getMessage()
 
 
-@pytest.mark.parametrize("method", ["rrf", "interpolate"])
-def test_fusion_keeps_numbas_cast_warning_off_the_console(monkeypatch, method):
-  """make eval's console: ranx's numba functions warn NumbaTypeSafetyWarning ("unsafe cast from uint64 to
-  int64") when they compile, as in a new venv; every fusion method keeps it off the console. ranx.fuse warns
-  as its numba code does, so the test needs no numba compile (a minute from an empty numba cache)."""
+def _ranx_fuse(reranked, first, method, alpha, rrf_k):
+  """The oracle: ranx.fuse as the fusion called it before it did ranx's arithmetic itself (rrf on trec_eval's
+  ranks), its numba warning filtered."""
   import warnings
 
   import ranx
-  from numba.core.errors import NumbaTypeSafetyWarning
-  real = ranx.fuse
+  trec_ranks = lambda run: {q: {d: float(len(docs) - i) for i, d in enumerate(sorted(docs, key=lambda d: (docs[d], d),
+                                                                                       reverse=True))}
+                            for q, docs in run.items()}
+  runs = (reranked, first) if method == "interpolate" else (trec_ranks(reranked), trec_ranks(first))
+  runs = [ranx.Run({q: {d: float(s) for d, s in docs.items()} for q, docs in r.items()}, name=n)
+          for r, n in zip(runs, ("reranked", "first"))]
+  with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="unsafe cast from uint64 to int64")
+    if method == "interpolate":
+      fused = ranx.fuse(runs, norm="min-max", method="wsum", params={"weights": [alpha, 1.0 - alpha]})
+    else:
+      fused = ranx.fuse(runs, method="rrf", params={"k": rrf_k})
+  return fused.to_dict()
 
-  def warning_fuse(*args, **kwargs):
-    warnings.warn("unsafe cast from uint64 to int64", NumbaTypeSafetyWarning)
-    return real(*args, **kwargs)
 
-  monkeypatch.setattr(ranx, "fuse", warning_fuse)
-  a = {"q1": {"d1": 0.9, "d2": 0.1, "d3": 0.5}, "q2": {"d1": 0.2, "d4": 0.3}}
-  b = {"q1": {"d1": 3.0, "d2": 9.0, "d3": 1.0}, "q2": {"d1": 5.0, "d4": 4.0}}
-  with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    fused = fusion.fuse(a, b, method, alpha=0.3)
-  assert set(fused) == {"q1", "q2"}
-  assert not [w for w in caught if "unsafe cast" in str(w.message)], [str(w.message) for w in caught]
+def test_fusion_equals_ranx_bit_for_bit():
+  """fusion.fuse does ranx's arithmetic without ranx (whose numba compiles for most of a minute per process):
+  the same float64 scores as ranx.fuse, on runs with ties, a query whose scores are all equal, float32 scores
+  and docids that sort differently as strings and by score."""
+  rng = np.random.default_rng(0)
+  reranked, first = {}, {}
+  for i in range(12):
+    docs = [f"d{j}" for j in rng.permutation(40)[:int(rng.integers(2, 30))]]
+    reranked[f"q{i}"] = {d: float(np.float32(rng.normal())) for d in docs}
+    first[f"q{i}"] = {d: float(rng.integers(0, 6)) for d in docs}  # many ties
+  reranked["q0"] = dict.fromkeys(reranked["q0"], 0.25)
+  for method, alpha, k in [("interpolate", 0.3, 60), ("interpolate", 0.0, 60), ("interpolate", 1.0, 60),
+                           ("interpolate", 0.55, 60), ("rrf", 0.5, 60), ("rrf", 0.5, 1.5)]:
+    got = fusion.fuse(reranked, first, method, alpha=alpha, rrf_k=k)
+    want = _ranx_fuse(reranked, first, method, alpha, k)
+    assert got.keys() == want.keys()
+    for q in got:
+      assert got[q] == want[q], (method, alpha, k, q)  # every score equal, not within a tolerance
+
+
+def test_fusion_does_not_import_ranx():
+  """The eval's fusion needs neither ranx nor numba (a new venv would compile ranx's numba code for about a
+  minute in every process that fuses, and numba warns NumbaTypeSafetyWarning mid-report as it does)."""
+  code = ("import sys\nfrom maxscore.rerank import fusion\n"
+          "fusion.fuse({'q': {'a': 1.0, 'b': 2.0}}, {'q': {'a': 3.0, 'b': 1.0}}, 'rrf')\n"
+          "fusion.fuse({'q': {'a': 1.0, 'b': 2.0}}, {'q': {'a': 3.0, 'b': 1.0}}, 'interpolate', alpha=0.3)\n"
+          "print(sorted(m for m in ('ranx', 'numba') if m in sys.modules))")
+  done = subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True, text=True,
+                        timeout=300, env=processes.subprocess_env(1))
+  assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-3000:]
+  assert "Warning" not in done.stderr, done.stderr[-3000:]
 
 
 def test_suite_holm_adjusts_across_datasets():

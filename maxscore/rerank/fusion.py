@@ -1,4 +1,4 @@
-"""Fusion of the reranked run with its first stage, computed by ranx (`ranx.fuse`).
+"""Fusion of the reranked run with its first stage, with ranx's arithmetic (`ranx.fuse`).
 
     fused = fuse(reranked, first, "interpolate", alpha=0.3)   # alpha * minmax(reranked) + (1-alpha) * minmax(first)
     fused = fuse(reranked, first, "rrf", rrf_k=60)            # sum over both runs of 1 / (k + rank)
@@ -7,18 +7,17 @@
 `interpolate` min-max normalizes each run per query (ranx's "min-max": (s - min) / (max - min), 0 where a
 query's scores are all equal), then takes the weighted sum (ranx's "wsum"). `rrf` is reciprocal rank
 fusion (ranx's "rrf") over the ranks trec_eval reads (score desc, then docid desc, so ties break alike).
+The scores equal ranx's bit for bit; ranx itself is the tests' oracle, not a dependency of the fusion.
 Both runs hold the same candidates per query (the reranker scored the first stage's top k), so no
 document is missing from either side.
 
-The alpha of `interpolate` is given, or tuned on a dev split: each alpha of a fixed grid is fused with
-ranx and scored with maxscore's own metrics (the trec_eval numbers the eval reports; ranx's optimizer would
-score with its own), the best on the first metric wins (ties: the smaller alpha, nearer the first stage).
+The alpha of `interpolate` is given, or tuned on a dev split: each alpha of a fixed grid is fused and scored
+with maxscore's own metrics (the trec_eval numbers the eval reports; ranx's optimizer would score with its
+own), the best on the first metric wins (ties: the smaller alpha, nearer the first stage).
 Tuning takes only the dev split's qrels and runs: the evaluated split is never read.
 """
 
-import contextlib
 import math
-import warnings
 from typing import Optional
 
 import numpy as np
@@ -57,53 +56,59 @@ def check(method: str, alpha: str, rrf_k: float) -> None:
     raise FusionError(f"rrf_k={rrf_k} must be > 0")
 
 
-def _ranx_run(run: metrics.Run, name: str):
-  import ranx  # pylint: disable=import-outside-toplevel  (seconds to import; only when fusing)
-  return ranx.Run({q: {d: float(s) for d, s in docs.items()} for q, docs in run.items() if docs}, name=name)
+def _min_max(docs: dict[str, float]) -> dict[str, float]:
+  """ranx's "min-max": (s - min) / max(max - min, 1e-9), so 0 where all scores are equal."""
+  docs = {d: float(s) for d, s in docs.items()}  # float64, as ranx holds scores
+  lo, hi = min(docs.values()), max(docs.values())
+  denominator = max(hi - lo, 1e-9)
+  return {d: (s - lo) / denominator for d, s in docs.items()}
 
 
-@contextlib.contextmanager
-def _quiet_ranx():
-  """ranx's numba functions (min-max normalization, rrf, Run building) cast uint64 indices to int64, and numba
-  warns about it (NumbaTypeSafetyWarning) when it compiles them, in the middle of a report; the indices are
-  small, so the warning says nothing about the result."""
-  with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", message="unsafe cast from uint64 to int64")
-    yield
+def _rrf_terms(docs: dict[str, float], k: float) -> dict[str, float]:
+  """1 / (k + rank) with rank 1, 2, ... in trec_eval's order (score desc, then docid desc)."""
+  order = sorted(docs, key=lambda d: (docs[d], d), reverse=True)
+  return {d: 1 / (k + i + 1) for i, d in enumerate(order)}
 
 
-def _trec_ranks(run: metrics.Run) -> metrics.Run:
-  """Each query's documents scored n, n-1, ..., 1 in trec_eval's order (score desc, then docid desc): rrf
-  reads ranks, and ranx would break score ties in its own way."""
-  return {q: {d: float(len(docs) - i) for i, d in enumerate(sorted(docs, key=lambda d: (docs[d], d), reverse=True))}
-          for q, docs in run.items()}
+def _weighted_sum(parts: list[dict[str, float]], weights: list[float]) -> dict[str, float]:
+  """Per document, the sum of weight * score over the parts, a missing document counting 0 (ranx's "wsum";
+  with weights of 1, its "comb_sum"), added in the parts' order as ranx adds them."""
+  out = {}
+  for part in parts:
+    for d in part:
+      if d not in out:
+        total = 0.0
+        for w, other in zip(weights, parts):
+          total += w * other.get(d, 0.0)
+        out[d] = total
+  return out
+
+
+def _by_score(docs: dict[str, float]) -> dict[str, float]:
+  return dict(sorted(docs.items(), key=lambda x: x[1], reverse=True))
 
 
 def fuse(reranked: metrics.Run, first: metrics.Run, method: str, alpha: float = 0.5,
          rrf_k: float = 60) -> metrics.Run:
-  """The fused run of the queries both runs cover ({qid: {docid: score}})."""
-  import ranx  # pylint: disable=import-outside-toplevel
+  """The fused run of the queries both runs cover ({qid: {docid: score}}, each query's best first).
+
+  The arithmetic is ranx's (`ranx.fuse` with norm="min-max", method="wsum", and method="rrf"), in float64 and
+  in its order, so the scores equal ranx's bit for bit (tests/test_fusion_suite.py holds them to it). It is
+  written here because ranx builds its runs with numba, which compiles for most of a minute in every process
+  that fuses, however few the scores."""
   qids = [q for q in reranked if reranked[q] and first.get(q)]
-  a = {q: reranked[q] for q in qids}
-  b = {q: first[q] for q in qids}
   if method == "interpolate":
-    for name, run in (("reranked", a), ("first stage", b)):
-      bad = next((q for q, docs in run.items() if not all(math.isfinite(s) for s in docs.values())), None)
+    for name, run in (("reranked", reranked), ("first stage", first)):
+      bad = next((q for q in qids if not all(math.isfinite(s) for s in run[q].values())), None)
       if bad is not None:
         raise FusionError(f"fusion=interpolate needs finite scores; the {name} run of query {bad!r} has "
                           "an infinite one (score_mode=log_odds?); use fusion=rrf")
-    params = {"weights": [alpha, 1.0 - alpha]}
-    with _quiet_ranx():
-      fused = ranx.fuse([_ranx_run(a, "reranked"), _ranx_run(b, "first")], norm="min-max", method="wsum",
-                        params=params)
-  elif method == "rrf":
-    a, b = _trec_ranks(a), _trec_ranks(b)
-    with _quiet_ranx():
-      fused = ranx.fuse([_ranx_run(a, "reranked"), _ranx_run(b, "first")], method="rrf", params={"k": rrf_k})
-  else:
-    raise FusionError(f"fusion={method!r} is not one of {list(METHODS[1:])}")
-  out = fused.to_dict()
-  return {q: dict(out.get(q, {})) for q in qids}
+    weights = [alpha, 1.0 - alpha]
+    return {q: _by_score(_weighted_sum([_min_max(reranked[q]), _min_max(first[q])], weights)) for q in qids}
+  if method == "rrf":
+    return {q: _by_score(_weighted_sum([_rrf_terms(reranked[q], rrf_k), _rrf_terms(first[q], rrf_k)], [1.0, 1.0]))
+            for q in qids}
+  raise FusionError(f"fusion={method!r} is not one of {list(METHODS[1:])}")
 
 
 def tune_alpha(dev_qrels: metrics.Qrels, dev_reranked: metrics.Run, dev_first: metrics.Run,
