@@ -8,6 +8,7 @@ import pytest
 
 from maxscore.rerank import data
 from maxscore.rerank.bm25 import BM25Index
+from maxscore.training import groups as groups_lib
 from maxscore.training import mining
 
 # q1's run ranks d0..d9 with scores 10..1; d3 is judged relevant, d1 the positive; q2 ranks d9..d0.
@@ -96,7 +97,7 @@ def test_the_output_is_the_group_jsonl_that_trainers_read(beir, tmp_path, load_s
                                      "--range_max=8", "--num_negatives=2", "--prompt=Judge relevance"])
   summary = json.loads(capsys.readouterr().out)
   assert summary["written"] == 2 and summary["output"] == str(out)
-  groups = mining.read_groups(out)
+  groups = groups_lib.read_groups(out)
   for g in groups:  # FlagEmbedding's keys and types (sentence-transformers' hard-negative form: query/pos/neg)
     assert isinstance(g["query"], str) and g["prompt"] == "Judge relevance"
     assert all(isinstance(t, str) for t in g["pos"] + g["neg"]) and len(g["neg"]) == 2
@@ -128,7 +129,7 @@ def test_a_bad_group_line_is_one_error_naming_it(tmp_path, line, message):
   path = tmp_path / "g.jsonl"
   path.write_text('{"query": "q", "pos": ["p"], "neg": ["n"]}\n' + line + "\n")
   with pytest.raises(data.DataError, match=message) as e:
-    mining.read_groups(path)
+    groups_lib.read_groups(path)
   assert f"{path}:2" in str(e.value)
 
 

@@ -63,6 +63,7 @@ class RerankSet:
   qrels: Qrels
   source: dict[str, Any]
   skipped: dict[str, int] = dataclasses.field(default_factory=dict)
+  teacher_scores: Optional[dict[str, dict[str, float]]] = None  # {qid: {docid: score}}: a teacher's, for distillation
 
   @property
   def num_candidates(self) -> int:

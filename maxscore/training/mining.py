@@ -21,12 +21,10 @@ records name (the corpus is streamed once); BM25 indexes the whole corpus, as an
 import dataclasses
 import hashlib
 import json
-import os
 import pathlib
 from typing import Iterable, Iterator, Literal, Optional
 
 import numpy as np
-from absl import logging
 
 from maxscore.errors import ScoreInputError
 from maxscore.rerank import data
@@ -178,34 +176,3 @@ def write_records(records: Iterable[dict], out) -> int:
     out.write(json.dumps(record, ensure_ascii=False) + "\n")
     n += 1
   return n
-
-
-def read_groups(path: os.PathLike) -> list[dict]:
-  """A group JSONL (this module's output, or FlagEmbedding's form) checked: each line a JSON object with a
-  non-empty `query` string and lists of strings `pos` (non-empty) and `neg`; optional `pos_scores`/`neg_scores`
-  as long as their lists. A bad line is a DataError naming it."""
-  path = pathlib.Path(path)
-  out = []
-  for number, line in data.text_lines(path):
-    where = f"{path}:{number}"
-    try:
-      rec = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise data.DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
-    if not isinstance(rec, dict) or not isinstance(rec.get("query"), str) or not rec["query"].strip():
-      raise data.DataError(f"{where}: expected an object with a non-empty 'query' string")
-    for key in ("pos", "neg"):
-      value = rec.get(key)
-      if not isinstance(value, list) or not all(isinstance(t, str) and t.strip() for t in value):
-        raise data.DataError(f"{where}: '{key}' must be a list of non-empty strings")
-    if not rec["pos"]:
-      raise data.DataError(f"{where}: 'pos' is empty: a group needs a positive")
-    for key, texts in (("pos_scores", "pos"), ("neg_scores", "neg")):
-      if key in rec and (not isinstance(rec[key], list) or len(rec[key]) != len(rec[texts])
-                         or not all(isinstance(s, (int, float)) and not isinstance(s, bool) for s in rec[key])):
-        raise data.DataError(f"{where}: '{key}' must be a list of {len(rec[texts])} numbers, one per '{texts}' entry")
-    out.append(rec)
-  if not out:
-    raise data.DataError(f"{path}: no groups")
-  logging.info("read %d groups from %s", len(out), path)
-  return out

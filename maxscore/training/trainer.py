@@ -222,7 +222,7 @@ class LoopSettings:
 class Hooks:
   """What a task plugs into the loop: its batches, its eval (a dict to log, or None), the save, the log
   and the learning-rate schedule (logged beside the loss)."""
-  make_batch: Callable[[np.ndarray], tuple[Any, int]]  # example indices (-1: padding) -> rows, real items
+  make_batch: Callable[[np.ndarray, int], tuple[Any, int]]  # (example indices (-1: padding), step) -> rows, real items
   place: Callable[[TrainState, Any], tuple[TrainState, Any]]
   evaluate: Callable[[Any], Optional[dict]]
   save: Callable[[int, TrainState], None]
@@ -284,7 +284,7 @@ def _steps(s: LoopSettings, state: TrainState, step_fn: Callable, hooks: Hooks, 
     _log_eval(hooks, 0, state.params, timing)
   while step < s.total_steps:
     idx = batch_indices(state, s.num_examples, s.batch_size)
-    batch, items = hooks.make_batch(idx if hooks.local_rows is None else idx[hooks.local_rows])
+    batch, items = hooks.make_batch(idx if hooks.local_rows is None else idx[hooks.local_rows], step)
     t = time.perf_counter()
     new_state, metrics = step_fn(*hooks.place(state, batch))
     metrics = {k: float(v) for k, v in partition.host_copy(metrics).items()}  # waits for the step
