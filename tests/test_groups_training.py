@@ -133,3 +133,31 @@ def test_a_student_distilled_from_a_teacher_reaches_its_order(tmp_path):
   with pytest.raises(TrainError, match="teacher"):
     bare = data.RerankSet(rset.queries, rset.qrels, rset.source)
     train_lib.train(cfg, prompt, None, bare, None, tmp_path / "bare", progress=False)
+
+
+def test_teacher_scores_are_the_eval_ranking_scores_of_each_group(tmp_path, load_script, capsys):
+  """score_teacher.py with the embedded default: each group's pos_scores/neg_scores are the scores the eval's
+  own scoring of that query and those documents gives, and the written file trains with loss=distill."""
+  train = data.load_jsonl(data.DEFAULT_JSONL, split="train")
+  records = [{"query": q.query, "pos": [q.candidates[0][1]], "neg": [t for _, t in q.candidates[1:4]]}
+             for q in train.queries[:3]]
+  groups = _write_groups(tmp_path / "groups.jsonl", records)
+  out = tmp_path / "teacher" / "groups.jsonl"
+  argv = ["x", f"--groups_file={groups}", f"--output={out}", "--max_item_tokens=16", "--max_query_tokens=8"]
+  load_script("score_teacher").run(argv)
+  assert "wrote 3 groups" in capsys.readouterr().out
+  scored = groups_lib.read_groups(out)
+  scorer = eval_lib.build_scorer(None)
+  prompt = prompts.PromptConfig(score_mode="log_odds", max_query_tokens=8, max_item_tokens=16)
+  template = prompts.get_template(prompt.template)
+  builder = prompts.PromptBuilder(scorer.tokenizer, template, prompt.instruction, 8, 16)
+  labels = prompts.resolve_labels(scorer.tokenizer, template.default_labels)
+  for rec, got in zip(records, scored):
+    assert {k: got[k] for k in rec} == rec
+    q = data.RerankQuery("q", rec["query"], tuple((f"d{i}", t) for i, t in enumerate(rec["pos"] + rec["neg"])))
+    want = eval_lib.score_query(scorer, builder, q, labels, prompt)["scores"]
+    assert got["pos_scores"] + got["neg_scores"] == want
+  assert groups_lib.load_groups(out).teacher_scores is not None
+  with pytest.raises(SystemExit) as e:  # not replaced without --overwrite
+    load_script("score_teacher").run(argv)
+  assert e.value.code == 2 and "--overwrite" in capsys.readouterr().err
