@@ -161,3 +161,54 @@ def test_teacher_scores_are_the_eval_ranking_scores_of_each_group(tmp_path, load
   with pytest.raises(SystemExit) as e:  # not replaced without --overwrite
     load_script("score_teacher").run(argv)
   assert e.value.code == 2 and "--overwrite" in capsys.readouterr().err
+
+
+def _dev_set():
+  return data.load_jsonl(data.DEFAULT_JSONL, split="dev")
+
+
+@pytest.mark.slow
+def test_selection_exports_the_best_dev_step_and_patience_stops(tmp_path, monkeypatch):
+  """Dev evaluations with planted values (one per eval, best at step 4): the export holds step 4's params, training
+  stops two evaluations later, selection.json and the summary say which step won and why, and a rerun over the
+  stopped workdir trains nothing more."""
+  from maxscore.heads import head_storage  # pylint: disable=import-outside-toplevel
+  planted = {0: 0.1, 2: 0.3, 4: 0.5, 6: 0.45, 8: 0.5, 10: 0.9}
+  seen_params = {}
+
+  def fake_dev_metrics(cfg, prompt, prep, decoder, labels_K, params):
+    step = len(seen_params) * 2
+    seen_params[step] = jax_tree_copy(params["head"])
+    return {"split": "dev", "ndcg_cut_10": planted[step], "map": 0.0}
+  monkeypatch.setattr(train_lib, "dev_metrics", fake_dev_metrics)
+  train = data.load_jsonl(data.DEFAULT_JSONL, split="train")
+  train.queries = train.queries[:4]
+  prompt = eval_lib.EvalConfig(max_query_tokens=8, max_item_tokens=16)
+  cfg = TrainConfig(batch_size=2, num_steps=10, eval_every=2, save_every=2, warmup_steps=0, select_metric="ndcg@10",
+                    patience=2)
+  summary = train_lib.train(cfg, prompt, None, train, _dev_set(), tmp_path / "work", export_dir=tmp_path / "model",
+                            progress=False)
+  assert summary["selection"]["best_step"] == 4 and summary["selection"]["stopped_at"] == 8
+  assert summary["steps"] == 8 and "2 evaluations without a gain" in summary["selection"]["reason"]
+  assert summary["dev_metrics_best"]["ndcg_cut_10"] == 0.5  # step 8 ties 0.5: the earlier step is kept
+  report = json.loads((tmp_path / "work" / "selection.json").read_text())
+  assert [e["step"] for e in report["evaluations"]] == [0, 2, 4, 6, 8]
+  exported = head_storage.load_head(tmp_path / "model")[1]
+  for a, b in zip(jax_leaves(exported), jax_leaves(seen_params[4])):
+    np.testing.assert_array_equal(a, b)
+  assert head_storage.load_head(tmp_path / "model")[2]["selection"]["best_step"] == 4
+  again = train_lib.train(cfg, prompt, None, train, _dev_set(), tmp_path / "work", export_dir=tmp_path / "model",
+                          progress=False)
+  assert again["steps"] == 8 and again["selection"]["best_step"] == 4 and len(seen_params) == 5
+  with pytest.raises(TrainError, match="patience"):
+    TrainConfig(patience=2).validate()
+
+
+def jax_tree_copy(tree):
+  import jax  # pylint: disable=import-outside-toplevel
+  return jax.tree_util.tree_map(lambda x: np.array(x, copy=True), jax.device_get(tree))
+
+
+def jax_leaves(tree):
+  import jax  # pylint: disable=import-outside-toplevel
+  return [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]

@@ -76,6 +76,7 @@ from maxscore.training import checkpoint, groups, partition, trainer
 from maxscore.training import lora as lora_lib
 from maxscore.training.metrics_log import MetricsLog
 from maxscore.training.optimizer import make_optimizer
+from maxscore.training.selection import Selection
 from maxscore.rerank import data, metrics, prompts
 from maxscore.rerank.data import RerankSet
 from maxscore.rerank.eval import build_scorer
@@ -105,7 +106,7 @@ def evaluate_split(cfg_head: head.HeadConfig, params, hidden, logprobs, examples
 # stands for that setting at its value here (the TrainConfig default).
 _IDENTITY_DEFAULTS = {"coverage_on": "probe", "lora_rank": 0, "lora_alpha": 16.0, "lora_targets": LORA_TARGETS,
                       "grad_accum_steps": 1, "compute_dtype": None, "param_dtype": None, "remat": "per_layer",
-                      "group_size": 0, "distill_temperature": 1.0}
+                      "group_size": 0, "distill_temperature": 1.0, "select_metric": None, "patience": 0}
 
 
 def train_identity(cfg: TrainConfig) -> dict:
@@ -395,9 +396,18 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   save = lambda step, state: checkpoint.save(run.manager, step, state, fingerprint)
   settings = trainer.LoopSettings(total_steps, cfg.batch_size, prep.num_train, cfg.log_every, cfg.eval_every,
                                   cfg.save_every, max(1, total_steps // 10), "train", progress)
+  mesh_lib.sync("train: metrics log kept")  # selection reads the kept evaluations
+  selection = (Selection.start(cfg.select_metric, cfg.patience, workdir, run.resume_step) if cfg.select_metric
+               else None)
+
+  def evaluate(params, step):
+    values = dev_metrics(cfg, prompt, prep, decoder, labels_K, params)
+    if selection is not None:
+      selection.observe(step, values, params)
+    return values
   hooks = trainer.Hooks(lambda idx, step: make_batch(prep, idx, step, cfg), trainer.placer(run.shardings, mesh, cfg.batch_size),
-                        lambda params: dev_metrics(cfg, prompt, prep, decoder, labels_K, params), save, run.log,
-                        schedule, partition.local_rows(cfg.batch_size, mesh))
+                        evaluate, save, run.log, schedule, partition.local_rows(cfg.batch_size, mesh),
+                        selection.should_stop if selection is not None else None)
   try:
     state, timing = trainer.loop(settings, run.state, step_fn, hooks)
   except TrainingInterrupted as e:  # the checkpoint being written is finished: the run resumes from it
@@ -413,6 +423,13 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   summary = _summary(cfg, prompt, prep, workdir, run.log, step, steps_per_epoch, run.resume_step, final, timing,
                      time.perf_counter() - wall_start)
   _carry_throughput(summary, trainer.finished_run_summary(workdir, run.resume_step))
+  if selection is not None:  # the export is the best evaluation's params, not the last step's
+    summary["selection"] = selection.report()
+    summary["dev_metrics_best"] = next(_metric_values(r) for r in run.log.records
+                                       if r["kind"] == "eval" and r["step"] == selection.best_step)
+    final = selection.best_params()
+    logging.info("train: exporting step %d (%s %.4f): %s", selection.best_step, selection.metric,
+                 selection.best_value, selection.report()["reason"])
   if export_dir:
     summary["export_dir"] = export(cfg, prep, summary, final, export_dir, workdir, overwrite)
   if adapters_dir:
@@ -462,6 +479,9 @@ def export(cfg: TrainConfig, prep: Prepared, summary: dict[str, Any], final, exp
   existing export is replaced with `overwrite`, or when this workdir's earlier run wrote it."""
   info = {k: summary[k] for k in ("train_config", "prompt", "label_ids", "train_queries", "steps",
                                   "dev_metrics_initial", "dev_metrics_final")}
+  if "selection" in summary:
+    info["selection"] = {k: summary["selection"][k] for k in ("metric", "best_step", "best_value", "stopped_at",
+                                                              "reason")}
   # "." when the head was written into its own base checkpoint (paths of this machine mean
   # nothing inside a checkpoint that is copied elsewhere).
   same = pathlib.Path(export_dir).resolve() == pathlib.Path(summary["checkpoint_dir"]).resolve()

@@ -26,6 +26,8 @@ class TrainConfig:
   mlp_hidden: int = 256            # mlp: hidden width
   loss: Literal["listwise", "pairwise", "pointwise", "distill"] = "listwise"  # distill: KL to a teacher's scores
   distill_temperature: float = 1.0  # loss=distill: both score lists are divided by it before the softmax
+  select_metric: Optional[str] = None  # keep and export the params of the best dev eval on this metric; None = last
+  patience: int = 0                # with select_metric: stop after this many dev evals without a gain; 0 = never
   group_size: int = 0              # items per query per step: one positive and group_size - 1 negatives drawn
                                    # per step (LCE); 0 = every candidate
   learning_rate: float = 1e-3      # peak of the warmup + cosine schedule
@@ -66,6 +68,9 @@ class TrainConfig:
         raise TrainError(f"{name}={getattr(self, name)} must be >= 1")
     if not self.distill_temperature > 0:
       raise TrainError(f"distill_temperature={self.distill_temperature} must be > 0")
+    if self.patience < 0 or (self.patience and not self.select_metric):
+      raise TrainError(f"patience={self.patience} must be >= 0, and 0 without select_metric (it counts dev evals "
+                       f"without a gain on that metric)")
     if self.group_size == 1 or self.group_size < 0:
       raise TrainError(f"group_size={self.group_size} must be 0 (every candidate) or >= 2 (a positive and negatives)")
     for name in ("num_steps", "warmup_steps", "eval_every", "save_every", "rank"):
