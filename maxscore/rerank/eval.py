@@ -58,7 +58,7 @@ class EvalConfig(prompts.PromptConfig):
   knobs come from configs/base.yml)."""
   run_tag: str = "maxscore"                # last column of run.trec
   max_queries: int = 0                     # evaluate only the first N queries; 0 = all
-  fusion: Literal["none", "interpolate", "rrf"] = "rrf"    # fusion.trec: the reranked run fused with the first stage
+  fusion: Literal["none", "interpolate", "rrf", "learned"] = "rrf"  # fusion.trec: the reranked run fused with the first stage
   fusion_alpha: str = "dev"                # interpolate's weight of the reranker: a number in [0, 1], or "dev" (tuned)
   rrf_k: float = 60.0                      # rrf's k
 
@@ -143,15 +143,16 @@ def load_data(run: EvalRun, cfg: EvalConfig) -> tuple[RerankSet, Optional[Rerank
   given = the embedded default (its BEIR layout and BM25 run)."""
   sources = data.sources_or_default(run.jsonl, run.data_dir, run.run_file, "eval")
   dataset = data.load_rerank_set(*sources, run.split, run.rerank_top_k, run.skip_bad)
-  if cfg.fusion != "interpolate" or fusion.parse_alpha(cfg.fusion_alpha) is not None:
+  if not fusion.needs_dev(cfg.fusion, cfg.fusion_alpha):
     return dataset, None
+  what = "fusion=learned" if cfg.fusion == "learned" else "fusion_alpha=dev"
   if run.split in ("dev", "all"):
-    raise data.DataError(f"fusion_alpha=dev tunes on the dev split, so --split={run.split} cannot be evaluated "
+    raise data.DataError(f"{what} tunes on the dev split, so --split={run.split} cannot be evaluated "
                          "with it; give a number or evaluate another split")
   try:
     return dataset, data.load_rerank_set(*sources, "dev", run.rerank_top_k, run.skip_bad)
   except data.DataError as e:
-    raise data.DataError(f"fusion_alpha=dev needs a dev split: {e}") from None
+    raise data.DataError(f"{what} needs a dev split: {e}") from None
 
 
 # --- resume state ------------------------------------------------------------------------------
