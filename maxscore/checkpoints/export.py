@@ -44,7 +44,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "
 # apply the family's rule from the legacy keys, which are written too).
 _LAYER_TYPES = ("qwen2", "qwen3", "gemma2", "gemma3")
 KIND = "hf_model"  # the ownership marker's kind (maxscore/files/safety.py)
-HEAD_DIR = "head"  # maxscore/heads/head_storage.py's directory of a trained score head
+HEAD_DIR, HEAD_JSON = "head", "head.json"  # a trained score head (maxscore/heads/head_storage.py)
 
 
 class ExportError(ValueError):
@@ -80,6 +80,8 @@ def hf_config(model: ModelConfig, dtype: str = "float32") -> dict[str, Any]:
   """The config.json of `model` for transformers (the legacy `rope_theta` / `rope_scaling` keys, which
   transformers 4 and 5 both read)."""
   family = model.family
+  if family not in ARCHITECTURES:
+    raise ExportError(f"model family {family!r} cannot be exported to transformers; supported: {sorted(ARCHITECTURES)}")
   hf: dict[str, Any] = {
       "architectures": [ARCHITECTURES[family]], "model_type": MODEL_TYPES[family], "vocab_size": model.vocab_size,
       "hidden_size": model.hidden_size, "intermediate_size": model.mlp_dim, "num_hidden_layers": model.num_layers,
@@ -174,7 +176,7 @@ def hf_tensors(params: Any, model: ModelConfig, dtype: Any) -> dict[str, np.ndar
 
 
 def _head_dirs(*dirs: Optional[os.PathLike]) -> list[pathlib.Path]:
-  return [pathlib.Path(d) / HEAD_DIR for d in dirs if d and (pathlib.Path(d) / HEAD_DIR).is_dir()]
+  return [pathlib.Path(d) / HEAD_DIR for d in dirs if d and (pathlib.Path(d) / HEAD_DIR / HEAD_JSON).is_file()]
 
 
 def _check_output(output_dir: os.PathLike, inputs: tuple[Optional[os.PathLike], ...], overwrite: bool) -> None:
