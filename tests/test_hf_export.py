@@ -117,6 +117,7 @@ def test_bfloat16_export_and_tokenizer_files(hf_checkpoints, tmp_path, hf_tokeni
   out = tmp_path / "hf"
   assert capsys.readouterr().out.strip() == str(out.resolve())
   assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+  assert (out / "model.safetensors").stat().st_mode == (out / "config.json").stat().st_mode  # readable as config
   f32, bf16 = load_file(hf_dir / "model.safetensors"), load_file(out / "model.safetensors")
   for name, w in f32.items():
     assert bf16[name].dtype.name == "bfloat16" and np.array_equal(bf16[name], w.astype(bf16[name].dtype)), name

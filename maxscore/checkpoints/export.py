@@ -238,9 +238,24 @@ def export_hf_checkpoint(checkpoint_dir: os.PathLike, output_dir: os.PathLike, d
   logging.info("exporting %s (%s, %d layers%s) to %s", checkpoint_dir, model.family, model.num_layers,
                f", adapters {adapters_dir} merged" if adapters_dir else "", output_dir)
   tok_files = sorted(p for p in tokenizer.parent.iterdir() if p.is_file()) if tokenizer else []
+  _warn_about_tokenizer(tok_files)
   with safety.replace_dir(output_dir, KIND, overwrite, (checkpoint_dir, adapters_dir), "output_dir") as tmp:
-    save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})  # "pt": what transformers expects
+    os.chmod(tmp / "model.safetensors", (tmp / "config.json").stat().st_mode & 0o777)  # not save_file's 0600
     for f in tok_files:
       shutil.copy2(f, tmp / f.name)
   return safety.resolve(output_dir)
+
+
+def _warn_about_tokenizer(files: list[pathlib.Path]) -> None:
+  """A sentencepiece model alone (no tokenizer.json) is copied as is, but transformers' AutoTokenizer does not
+  read it as sentencepiece does: it builds the family's BPE tokenizer from it, which encodes otherwise."""
+  names = {f.name for f in files}
+  if not files:
+    logging.warning("the checkpoint has no tokenizer: the export holds none (serve it with the base model's)")
+  elif "tokenizer.json" not in names and any(n.endswith(".model") for n in names):
+    logging.warning("the checkpoint's tokenizer is a sentencepiece model without tokenizer.json: it is copied as "
+                    "is, but transformers' AutoTokenizer builds the family's BPE tokenizer from it, which encodes text "
+                    "otherwise than maxscore does: send the served model token ids, or add a tokenizer.json that "
+                    "encodes as the .model does")
