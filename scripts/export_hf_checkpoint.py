@@ -1,6 +1,6 @@
 """Exports a maxscore checkpoint as a Hugging Face transformers directory (config.json + model.safetensors).
 
-  python scripts/export_hf_checkpoint.py --checkpoint_dir=ckpt/qwen3-0.6b --output_dir=hf/qwen3-0.6b \
+  python scripts/export_hf_checkpoint.py --checkpoint_dir=ckpt/qwen3-0.6b --output_dir=out/hf-qwen3-0.6b \
       [--dtype=bfloat16] [--adapters_dir=out/lora]
 
 Every flag is a key of configs/export_hf.yml. LoRA adapters given by --adapters_dir are merged in. A trained

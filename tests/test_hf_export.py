@@ -94,6 +94,7 @@ def test_lora_merged_export_scores_as_the_adapted_model(hf_checkpoints, tmp_path
     lp = hf_logits(exported, QUERY + item)[-1].astype(np.float64)
     got.append(np.exp(lp[LABELS] - np.log(np.exp(lp - lp.max()).sum()) - lp.max()))
   np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=0)
+  np.testing.assert_allclose(np.log(got), np.log(want), atol=1e-4, rtol=0)  # small probabilities, too
   tokens = np.arange(40) * 13 % 520
   np.testing.assert_allclose(hf_logits(exported, tokens), adapted.logits(tokens), atol=1e-4, rtol=0)
   plain = hf_logits(model, tokens)  # the base model (its export is checked above)

@@ -1,4 +1,5 @@
-"""maxscore checkpoint -> Hugging Face transformers directory, without torch: convert.py run backwards.
+"""maxscore checkpoint -> Hugging Face transformers directory, without torch: convert.py run backwards
+(docs/ARCHITECTURE.md section 9).
 
 The directory holds `config.json` (the family's `model_type` and `architectures`, every key transformers needs),
 `model.safetensors` (written with safetensors' numpy API) and the checkpoint's tokenizer files as they are, so
