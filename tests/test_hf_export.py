@@ -38,9 +38,15 @@ def _model_configs():
 
 
 def test_specs_invert_exactly_and_configs_read_back():
+  import transformers
+  from layers.config import ModelConfig
   rng = np.random.default_rng(0)
-  for name, cfg in _model_configs():
-    assert model_config_from_hf(hf_config(cfg)) == cfg, name
+  integral = ModelConfig(family="gemma2", layer_pattern="LG", sliding_window=8, rope_theta=10000, rms_norm_eps=1,
+                         query_pre_attn_scalar=16.0, attn_logit_softcap=50, final_logit_softcap=30)
+  for name, cfg in [*_model_configs(), ("integral_reals", integral)]:
+    hf = hf_config(cfg)
+    assert model_config_from_hf(hf) == cfg, name
+    transformers.AutoConfig.for_model(**hf)  # transformers 5's strict config classes take every key's type
     for _, hf_name, shape, fn in list(_global_specs(cfg)) + list(_layer_specs(cfg)):
       w = rng.standard_normal(shape).astype(np.float32)
       assert np.array_equal(fn.inverse(fn(w), shape), w), (name, hf_name)

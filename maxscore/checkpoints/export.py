@@ -52,13 +52,19 @@ class ExportError(ValueError):
   """The checkpoint cannot be exported as a transformers directory; the message names what and why."""
 
 
+def _real(x: Optional[float]) -> Optional[float]:
+  """A float for a real-valued key (transformers 5's strict configs refuse an int there), None kept."""
+  return None if x is None else float(x)
+
+
 def _rope_scaling(model: ModelConfig) -> Optional[dict[str, Any]]:
   if model.rope_scaling_type == "llama3":
-    return {"rope_type": "llama3", "factor": model.rope_scaling_factor, "low_freq_factor": model.rope_low_freq_factor,
-            "high_freq_factor": model.rope_high_freq_factor,
+    return {"rope_type": "llama3", "factor": _real(model.rope_scaling_factor),
+            "low_freq_factor": _real(model.rope_low_freq_factor),
+            "high_freq_factor": _real(model.rope_high_freq_factor),
             "original_max_position_embeddings": model.rope_original_max_position}
   if model.rope_scaling_type == "linear":
-    return {"rope_type": "linear", "factor": model.rope_scaling_factor}
+    return {"rope_type": "linear", "factor": _real(model.rope_scaling_factor)}
   return None
 
 
@@ -87,8 +93,8 @@ def hf_config(model: ModelConfig, dtype: str = "float32") -> dict[str, Any]:
       "architectures": [ARCHITECTURES[family]], "model_type": MODEL_TYPES[family], "vocab_size": model.vocab_size,
       "hidden_size": model.hidden_size, "intermediate_size": model.mlp_dim, "num_hidden_layers": model.num_layers,
       "num_attention_heads": model.num_heads, "num_key_value_heads": model.num_kv_heads, "head_dim": model.head_dim,
-      "max_position_embeddings": model.max_position_embeddings, "rms_norm_eps": model.rms_norm_eps,
-      "rope_theta": model.rope_theta, "rope_scaling": _rope_scaling(model),
+      "max_position_embeddings": model.max_position_embeddings, "rms_norm_eps": _real(model.rms_norm_eps),
+      "rope_theta": _real(model.rope_theta), "rope_scaling": _rope_scaling(model),
       "tie_word_embeddings": model.tie_word_embeddings, "torch_dtype": dtype}
   if family not in ("qwen2", "mistral"):  # Qwen2: q/k/v biases, no o bias; Mistral: no biases (fixed in both)
     hf["attention_bias"] = model.attention_bias
@@ -103,9 +109,10 @@ def hf_config(model: ModelConfig, dtype: str = "float32") -> dict[str, Any]:
   if family in ("gemma2", "gemma3"):
     scalar = model.query_pre_attn_scalar or model.head_dim
     hf.update(query_pre_attn_scalar=int(scalar) if float(scalar).is_integer() else scalar,  # transformers: an int
-              attn_logit_softcapping=model.attn_logit_softcap, final_logit_softcapping=model.final_logit_softcap)
+              attn_logit_softcapping=_real(model.attn_logit_softcap),
+              final_logit_softcapping=_real(model.final_logit_softcap))
   if family == "gemma3":
-    hf["rope_local_base_freq"] = model.rope_local_theta if model.rope_local_theta is not None else model.rope_theta
+    hf["rope_local_base_freq"] = _real(model.rope_theta if model.rope_local_theta is None else model.rope_local_theta)
   if family not in ("gemma", "llama"):  # no sliding windows
     hf.update(_window_keys(model))
   return hf
