@@ -71,6 +71,23 @@ def test_export_reproduces_logits_and_gives_back_the_tensors(hf_checkpoints, tmp
   np.testing.assert_array_equal(logits, hf_logits(model, tokens))
 
 
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_qwen_sliding_window_layers_export(tmp_path, family):
+  """Qwen's windows on the layers from max_window_layers on: layer_types and the legacy keys both written."""
+  from maxscore.checkpoints import convert_hf_checkpoint
+  from maxscore.testing.hf_models import make_hf_model, save_hf_model
+  model = make_hf_model(family, vocab_size=520, use_sliding_window=True, sliding_window=5, max_window_layers=1)
+  ckpt = convert_hf_checkpoint(save_hf_model(model, tmp_path / "hf_src"), tmp_path / "ckpt")
+  out = export_hf_checkpoint(ckpt, tmp_path / "hf")
+  hf = json.loads((out / "config.json").read_text())
+  assert (hf["layer_types"], hf["sliding_window"], hf["use_sliding_window"], hf["max_window_layers"]) == (
+      ["full_attention", "sliding_attention"], 5, True, 1)
+  tokens = np.random.default_rng(3).integers(0, 520, 24)
+  logits = hf_logits(_load(out), tokens)
+  np.testing.assert_array_equal(logits, hf_logits(model, tokens))
+  np.testing.assert_allclose(logits, Scorer.from_checkpoint(ckpt).logits(tokens), atol=1e-4, rtol=0)
+
+
 def _adapters(ckpt, directory):
   """(adapters dir, merged checkpoint dir): LoRA of rank 4 on every target with random A and B (B nonzero, so
   the adapters change the model), saved against `ckpt`, and the same merged into an ordinary checkpoint."""
