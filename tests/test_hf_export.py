@@ -14,11 +14,12 @@ from safetensors.numpy import load_file
 
 from conftest import FAMILY_VARIANTS, HF_VARIANTS
 from maxscore import Scorer
-from maxscore.checkpoints import CheckpointError, ExportError, export_hf_checkpoint, read_metadata
+from maxscore.checkpoints import (CheckpointError, ExportError, convert_hf_checkpoint, export_hf_checkpoint,
+                                  load_tokenizer, read_metadata)
 from maxscore.checkpoints.convert import _global_specs, _layer_specs, model_config_from_hf
-from maxscore.checkpoints.export import hf_config
+from maxscore.checkpoints.export import check_config, hf_config
 from maxscore.errors import UnsafeOutputError
-from maxscore.testing.hf_models import HF_CONFIGS, hf_logits
+from maxscore.testing.hf_models import HF_CONFIGS, hf_logits, make_hf_model, save_hf_model
 
 VARIANTS = sorted(HF_VARIANTS) + ["gemma2", "gemma3", "mistral"]  # + sliding windows, soft-caps, two RoPE bases
 QUERY, ITEMS, LABELS = [5, 17, 33, 42, 8], [[60, 61, 62], [70, 71], [80, 81, 82, 83], [90]], [10, 20]
@@ -74,8 +75,6 @@ def test_export_reproduces_logits_and_gives_back_the_tensors(hf_checkpoints, tmp
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 def test_qwen_sliding_window_layers_export(tmp_path, family):
   """Qwen's windows on the layers from max_window_layers on: layer_types and the legacy keys both written."""
-  from maxscore.checkpoints import convert_hf_checkpoint
-  from maxscore.testing.hf_models import make_hf_model, save_hf_model
   model = make_hf_model(family, vocab_size=520, use_sliding_window=True, sliding_window=5, max_window_layers=1)
   ckpt = convert_hf_checkpoint(save_hf_model(model, tmp_path / "hf_src"), tmp_path / "ckpt")
   out = export_hf_checkpoint(ckpt, tmp_path / "hf")
@@ -130,9 +129,7 @@ def test_lora_merged_export_scores_as_the_adapted_model(hf_checkpoints, tmp_path
 
 def test_bfloat16_export_and_tokenizer_files(hf_checkpoints, tmp_path, hf_tokenizer_path, load_script, capsys):
   import transformers
-  from maxscore.checkpoints import convert_hf_checkpoint, load_tokenizer
   model, _, _ = hf_checkpoints("llama_kv1_tied")
-  from maxscore.testing.hf_models import save_hf_model
   hf_dir = save_hf_model(model, tmp_path / "hf_src", tokenizer_file=hf_tokenizer_path)
   (hf_dir / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
   ckpt = convert_hf_checkpoint(hf_dir, tmp_path / "ckpt")
@@ -209,11 +206,18 @@ def test_bad_input_is_one_error_with_nothing_written(hf_checkpoints, tmp_path, l
 
 
 def test_configs_transformers_cannot_express_are_refused(tmp_path):
+  import jax
   from layers.config import ModelConfig
-  mixed = ModelConfig(family="mistral", layer_pattern="LG", sliding_window=8)
-  with pytest.raises(ExportError, match="layer_pattern='LG' would read back as 'L'"):
-    from maxscore.checkpoints.export import check_config
-    check_config(mixed, hf_config(mixed))
+  from maxscore.checkpoints import storage
+  mixed = ModelConfig(family="mistral", layer_pattern="LG", sliding_window=8)  # Mistral windows every layer or none
+  params = jax.tree_util.tree_map(lambda x: np.zeros(x.shape, np.float32), storage.abstract_params(mixed))
+  ckpt = storage.save_checkpoint(tmp_path / "ckpt", params, mixed)
+  with pytest.raises(ExportError, match="layer_pattern='LG' would read back as 'L'") as e:
+    export_hf_checkpoint(ckpt, tmp_path / "hf")
+  assert "\n" not in str(e.value) and not (tmp_path / "hf").exists()
+  with pytest.raises(ExportError, match="rope_local_theta=1000.0 would read back as None"):
+    llama = ModelConfig(family="llama", rope_local_theta=1000.0)  # only Gemma 3 has a local RoPE base
+    check_config(llama, hf_config(llama))
   unknown = dataclasses.replace(ModelConfig(), family="gpt2")
   with pytest.raises(ExportError, match=r"family 'gpt2' .*supported: \['gemma', 'gemma2'"):
     hf_config(unknown)
