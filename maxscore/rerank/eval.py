@@ -206,7 +206,8 @@ def _load_results(path: pathlib.Path, header: Mapping[str, Any]) -> dict[str, di
 
 
 # --- the eval loop -------------------------------------------------------------------------------
-def _score_query(scorer: Scorer, builder: prompts.PromptBuilder, q: data.RerankQuery, label_ids, cfg: EvalConfig):
+def score_query(scorer: Scorer, builder: prompts.PromptBuilder, q: data.RerankQuery, label_ids,
+                cfg: prompts.PromptConfig) -> dict[str, Any]:
   """One query's record for results.jsonl: ranking scores of all its candidates from one score call."""
   start = time.perf_counter()
   compiled_before = len(scorer.runner.compiled_shapes)
@@ -336,7 +337,7 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
       total=len(todo) + resumed, initial=resumed, unit="query", disable=not (progress and lead),
       dynamic_ncols=True, desc="eval") as bar:
     for r0 in range(0, mesh_lib.num_rounds(len(todo), group.count), gather_every):
-      recs = [_score_query(scorer, builder, q, label_ids, cfg) for q in mine[r0:r0 + gather_every]]
+      recs = [score_query(scorer, builder, q, label_ids, cfg) for q in mine[r0:r0 + gather_every]]
       for rec in mesh_lib.gather_to_process0(recs, contribute=group.is_leader) or []:
         _append(f, rec, fsync, results_path)
         done[rec["qid"]] = rec
