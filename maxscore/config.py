@@ -35,7 +35,7 @@ class RuntimeConfig:
   init_seed: int = 0
   checkpoint_dir: Optional[str] = None
   tokenizer_path: Optional[str] = None
-  compilation_cache_dir: Optional[str] = None
+  compilation_cache_dir: Optional[str] = "user"  # "user": a per-user cache directory; None or "none": off
 
 
 @dataclasses.dataclass(frozen=True)

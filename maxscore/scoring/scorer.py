@@ -35,6 +35,36 @@ from maxscore.checkpoints.tokenizer import Tokenizer, load_tokenizer
 REQUEST_FIELDS = frozenset({"query", "items", "label_token_ids", "apply_softmax", "item_first", "model"})
 
 
+def compilation_cache_path(setting: Optional[str], environ=os.environ) -> Optional[str]:
+  """The persistent compilation cache directory a `compilation_cache_dir` setting names: "user" = the per-user
+  cache ($XDG_CACHE_HOME or ~/.cache, then maxscore/jax), None or "none" = off, else the directory given. An
+  explicit JAX_COMPILATION_CACHE_DIR in the environment wins (None: leave JAX's own setting)."""
+  if environ.get("JAX_COMPILATION_CACHE_DIR") or setting in (None, "", "none"):
+    return None
+  if setting == "user":
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "maxscore", "jax")
+  return setting
+
+
+def use_compilation_cache(setting: Optional[str]) -> None:
+  """Points JAX's persistent compilation cache at the setting's directory (compilation_cache_path) and keeps every
+  program there, however quickly it compiled (JAX keeps only those above 1 s by default, which makes a second
+  run's start depend on how loaded the machine was during the first; JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS
+  in the environment wins). A directory that cannot be made is a warning, and compiles are then not kept."""
+  path = compilation_cache_path(setting)
+  if path is None:
+    return
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    logging.warning("compilation_cache_dir=%s: cannot use %s (%s); compiled programs are not kept", setting, path, e)
+    return
+  jax.config.update("jax_compilation_cache_dir", path)
+  if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
 @dataclasses.dataclass(frozen=True)
 class ScoreResult:
   """Scores [N, K] (float32) for one request, the algorithm that computed them and token usage."""
@@ -81,8 +111,7 @@ class Scorer:
     self._params_digest = params_digest
     self.tokenizer = tokenizer
     self.model_name = model_name
-    if config.runtime.compilation_cache_dir:
-      jax.config.update("jax_compilation_cache_dir", config.runtime.compilation_cache_dir)
+    use_compilation_cache(config.runtime.compilation_cache_dir)
     checkpointing.check_params(params, config.model)
     self.mesh = mesh_lib.default_scoring_mesh(config.mesh) if isinstance(mesh, str) else mesh
     sharding.check_divisible(config.model, self.mesh)  # before anything is placed or compiled
