@@ -314,7 +314,8 @@ def search_largest(scorer: Scorer, geometry: Sequence[int], chip: chips.Chip, al
 
 # --- the report ----------------------------------------------------------------------------
 def build_config(options: CompileOptions) -> Config:
-  over = dict(parse_override(a) for a in options.overrides)
+  # No persistent compilation cache unless asked for: the report times compiles, and a cache would time reads.
+  over = {"compilation_cache_dir": "none", **dict(parse_override(a) for a in options.overrides)}
   over["model_name"] = options.model
   if options.num_layers:
     over["num_layers"] = options.num_layers

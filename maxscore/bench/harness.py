@@ -101,8 +101,9 @@ class BenchOptions:
 
 
 def bench_config(opts: BenchOptions) -> Config:
-  over = [f"model_name={opts.model}", f"label_token_ids=[{','.join(map(str, opts.labels))}]",
-          f"apply_softmax={str(opts.apply_softmax).lower()}"]
+  # No persistent compilation cache unless asked for: the bench times compiles, and a cache would time reads.
+  over = ["compilation_cache_dir=none", f"model_name={opts.model}",
+          f"label_token_ids=[{','.join(map(str, opts.labels))}]", f"apply_softmax={str(opts.apply_softmax).lower()}"]
   if opts.num_layers:
     over.append(f"num_layers={opts.num_layers}")
   if opts.separator is not None:
