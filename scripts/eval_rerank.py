@@ -36,11 +36,12 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     run, cfg = s["run"], s["eval"]
     dataset, dev = eval_lib.load_data(run, cfg.validate())
     safety.check_output_dir(run.output_dir, "eval",
-                            [*data.input_paths(dataset), *(data.input_paths(dev) if dev else []), run.checkpoint_dir],
-                            "--output_dir")  # before loading a model
+                            [*data.input_paths(dataset), *(data.input_paths(dev) if dev else []), run.checkpoint_dir,
+                             run.score_cache], "--output_dir")  # before loading a model
     scorer = eval_lib.build_scorer(run.checkpoint_dir, argv[1:], use_head=run.use_head, adapters_dir=run.adapters_dir)
     report = eval_lib.run_eval(scorer, dataset, cfg, run.output_dir, overwrite=run.overwrite,
-                               progress=run.progress, fsync=run.fsync, gather_every=run.gather_every, dev=dev)
+                               progress=run.progress, fsync=run.fsync, gather_every=run.gather_every, dev=dev,
+                               score_cache=run.score_cache)
   if report is not None:  # process 0 writes and reports; the others only score
     print(eval_lib.format_report(report))
     if run.plot and report.per_query:

@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 from maxscore.heads import head_scorer, head_storage
 from maxscore.rerank import data, first_stage, fusion, metrics, prompts, stages
+from maxscore.rerank.score_cache import ScoreCache
 from maxscore.distributed import mesh as mesh_lib
 from maxscore.config import load_config, parse_override, to_flat_dict
 from maxscore.rerank.data import RerankSet
@@ -93,6 +94,7 @@ class EvalRun:
   plot: bool = True
   fsync: bool = False
   gather_every: int = 1
+  score_cache: Optional[str] = None        # a persistent score cache directory shared by runs; None = none
 
   def validate(self) -> "EvalRun":
     if self.rerank_top_k < 0:
@@ -207,43 +209,63 @@ def _load_results(path: pathlib.Path, header: Mapping[str, Any]) -> dict[str, di
 
 
 # --- the eval loop -------------------------------------------------------------------------------
-def score_query(scorer: Scorer, builder: prompts.PromptBuilder, q: data.RerankQuery, label_ids,
-                cfg: prompts.PromptConfig) -> dict[str, Any]:
-  """One query's record for results.jsonl: ranking scores of all its candidates from one score call."""
-  start = time.perf_counter()
-  compiled_before = len(scorer.runner.compiled_shapes)
-  query_ids, query_truncated = builder.query(q.query)
-  items = [builder.item(text) for _, text in q.candidates]
+def _model_scores(scorer: Scorer, query_ids, item_ids, label_ids, cfg: prompts.PromptConfig, qid: str):
+  """(ranking scores float32 [N], ScoreResult) of one score call over the items."""
   apply_softmax, rank_fn = prompts.SCORE_MODES[cfg.score_mode]
   scorer.prefix_cache.clear()
   try:
     if apply_softmax is None:
-      result = scorer.label_logits(query_ids, [ids for ids, _ in items], label_token_ids=label_ids)
+      result = scorer.label_logits(query_ids, item_ids, label_token_ids=label_ids)
     else:
-      result = scorer.score(query_ids, [ids for ids, _ in items], label_token_ids=label_ids,
-                            apply_softmax=apply_softmax)
+      result = scorer.score(query_ids, item_ids, label_token_ids=label_ids, apply_softmax=apply_softmax)
   except errors.ScoreInputError as e:  # the eval's own prompt: name the query, and the flags that cut it
-    raise errors.ScoreInputError(f"query {q.qid!r}: {e} (the eval cuts queries to --max_query_tokens="
+    raise errors.ScoreInputError(f"query {qid!r}: {e} (the eval cuts queries to --max_query_tokens="
                                  f"{cfg.max_query_tokens} and items to --max_item_tokens={cfg.max_item_tokens} "
                                  f"tokens; lower those, or raise the buckets)") from None
   if not np.isfinite(np.asarray(result.scores)).all():
-    raise errors.ScoreInputError(f"query {q.qid!r}: the model produced non-finite scores (NaN or Inf); "
+    raise errors.ScoreInputError(f"query {qid!r}: the model produced non-finite scores (NaN or Inf); "
                                  f"check the checkpoint {scorer.config.runtime.checkpoint_dir} for non-finite weights")
   ranking = np.asarray(rank_fn(result.scores), np.float32)
   if np.isnan(ranking).any():
-    raise errors.ScoreInputError(f"query {q.qid!r}: the ranking scores of score_mode={cfg.score_mode} are NaN")
+    raise errors.ScoreInputError(f"query {qid!r}: the ranking scores of score_mode={cfg.score_mode} are NaN")
+  return ranking, result
+
+
+def score_query(scorer: Scorer, builder: prompts.PromptBuilder, q: data.RerankQuery, label_ids,
+                cfg: prompts.PromptConfig, cache: Optional[ScoreCache] = None,
+                write_cache: bool = True) -> dict[str, Any]:
+  """One query's record for results.jsonl: ranking scores of all its candidates from one score call (of the
+  candidates `cache` does not hold; those it holds are its scores, and the new ones are added to it when
+  `write_cache`)."""
+  start = time.perf_counter()
+  compiled_before = len(scorer.runner.compiled_shapes)
+  query_ids, query_truncated = builder.query(q.query)
+  items = [builder.item(text) for _, text in q.candidates]
+  texts = [text for _, text in q.candidates]
+  scores = cache.get(q.query, texts) if cache is not None else [None] * len(items)
+  missing = [i for i, s in enumerate(scores) if s is None]
+  algorithm, prompt_tokens, processed_tokens = "cache", 0, 0
+  if missing:
+    ranking, result = _model_scores(scorer, query_ids, [items[i][0] for i in missing], label_ids, cfg, q.qid)
+    for i, s in zip(missing, ranking):
+      scores[i] = float(s)
+    algorithm, prompt_tokens = result.algorithm, result.usage["prompt_tokens"]
+    processed_tokens = result.usage["processed_tokens"]
+    if cache is not None and write_cache:
+      cache.put(q.query, [texts[i] for i in missing], [scores[i] for i in missing])
   return {
       "qid": q.qid,
       "digest": q.digest(),
       "docids": [d for d, _ in q.candidates],
-      "scores": [float(s) for s in ranking],
-      "algorithm": result.algorithm,
-      "prompt_tokens": result.usage["prompt_tokens"],
-      "processed_tokens": result.usage["processed_tokens"],
+      "scores": scores,
+      "algorithm": algorithm,
+      "prompt_tokens": prompt_tokens,
+      "processed_tokens": processed_tokens,
       "query_truncated": query_truncated,
       "items_truncated": sum(t for _, t in items),
       "seconds": time.perf_counter() - start,
       "compiled": len(scorer.runner.compiled_shapes) > compiled_before,
+      "cached": len(items) - len(missing),
   }
 
 
@@ -282,7 +304,8 @@ def _agreed_resume_state(scorer, cfg, label_ids, queries, out: pathlib.Path, ove
 
 def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os.PathLike, *,
              overwrite: bool = False, progress: bool = True, fsync: bool = False,
-             gather_every: int = 1, dev: Optional[RerankSet] = None) -> Optional[EvalReport]:
+             gather_every: int = 1, dev: Optional[RerankSet] = None,
+             score_cache: Optional[os.PathLike] = None) -> Optional[EvalReport]:
   """Scores every query not already in output_dir/results.jsonl, then writes the final outputs.
 
   Multi-process (docs/ARCHITECTURE.md section 8): every process calls this with the same arguments; process 0
@@ -300,6 +323,8 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
     gather_every: queries each data group scores between gathers to process 0.
     dev: the dev split for fusion_alpha=dev: its queries are scored into the same results.jsonl and only
       tune the fusion's alpha; the reported metrics are `dataset`'s alone.
+    score_cache: a score cache directory (maxscore/rerank/score_cache.py): pairs it holds are not scored
+      again, new ones are added; None = no cache.
 
   Returns:
     On process 0 the EvalReport (mean and per-query metrics, summary, first-stage and fused comparison);
@@ -333,18 +358,23 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
                  "labels %s, template %s", len(queries), sum(len(q.candidates) for q in queries), resumed,
                  results_path, len(todo), group.count, list(label_ids), cfg.template)
   mine = [todo[i] for i in mesh_lib.query_slice(len(todo), group.index, group.count)]
+  cache = ScoreCache.open(score_cache, scorer, cfg, label_ids) if score_cache else None
+  mesh_lib.sync("eval: score cache loaded")  # every process loads it before any writes: all decide alike
   items_done, seconds = 0, 0.0
   with open(results_path, "a", encoding="utf-8") if lead else contextlib.nullcontext() as f, tqdm(
       total=len(todo) + resumed, initial=resumed, unit="query", disable=not (progress and lead),
       dynamic_ncols=True, desc="eval") as bar:
     for r0 in range(0, mesh_lib.num_rounds(len(todo), group.count), gather_every):
-      recs = [score_query(scorer, builder, q, label_ids, cfg) for q in mine[r0:r0 + gather_every]]
+      recs = [score_query(scorer, builder, q, label_ids, cfg, cache, write_cache=group.is_leader)
+              for q in mine[r0:r0 + gather_every]]
       for rec in mesh_lib.gather_to_process0(recs, contribute=group.is_leader) or []:
         _append(f, rec, fsync, results_path)
         done[rec["qid"]] = rec
         items_done, seconds = items_done + len(rec["docids"]), seconds + rec["seconds"]
         bar.set_postfix_str(f"{items_done / max(seconds, 1e-9):.0f} items/s, {rec['algorithm']}", refresh=False)
         bar.update(1)
+  if cache is not None:
+    cache.close()
   if not lead:
     return None
   report = _finalize(dataset, queries, done, cfg, out, stages.dev_split(dev, dev_queries, done))
@@ -354,6 +384,8 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
   summary["delta"] = {n: v - report.first_stage[n] for n, v in report.metrics.items() if n in report.first_stage}
   summary |= report.comparison.to_json()
   summary["dev_queries_scored"] = len(dev_queries)
+  if cache is not None:  # this process's counts (process 0's data group)
+    summary["score_cache"] = cache.report()
   summary["data_groups"] = group.count
   summary["processes"] = jax.process_count()
   _write_json(out / "summary.json", summary)
@@ -473,6 +505,9 @@ def format_report(report: EvalReport) -> str:
                f"{rate(s['tokens_per_s'])}, wall {s['wall_seconds']:.1f} s, "
                f"{s['queries_that_compiled']} queries compiled")
   lines.append("  algorithm " + ", ".join(f"{k} x{v}" for k, v in s["algorithms"].items()))
+  if "score_cache" in s:
+    c = s["score_cache"]
+    lines.append(f"  score cache: {c['hits']} pairs read, {c['misses']} scored and added ({c['dir']})")
   t = s["truncation"]
   if t["queries_truncated"] or t["items_truncated"]:
     lines.append(f"  truncated: {t['queries_truncated']} queries (> {t['max_query_tokens']} tokens), "

@@ -44,6 +44,7 @@ class SuiteRun:
   alpha: float = 0.05
   output_json: Optional[str] = None
   output_latex: Optional[str] = None
+  score_cache: Optional[str] = None
 
   def validate(self) -> "SuiteRun":
     if self.datasets:  # none is an error only when the suite runs (the YAML's default is [])
@@ -78,7 +79,7 @@ def _eval_run(opts: SuiteRun, name: str, path: pathlib.Path) -> eval_lib.EvalRun
                           data_dir=str(path) if beir else None, run_file=str(path / opts.run_name) if beir else None,
                           split=opts.split, rerank_top_k=opts.rerank_top_k, skip_bad=opts.skip_bad,
                           output_dir=str(pathlib.Path(opts.output_dir) / name), overwrite=opts.overwrite,
-                          use_head=opts.use_head, progress=opts.progress)
+                          use_head=opts.use_head, progress=opts.progress, score_cache=opts.score_cache)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +113,7 @@ def run_suite(scorer, opts: SuiteRun, cfg: eval_lib.EvalConfig,
       run = _eval_run(opts, name, path)
       dataset, dev = eval_lib.load_data(run, cfg)
       report = eval_lib.run_eval(scorer, dataset, cfg, run.output_dir, overwrite=run.overwrite,
-                                 progress=run.progress, dev=dev)
+                                 progress=run.progress, dev=dev, score_cache=run.score_cache)
       c = report.comparison
       out[name] = {"means": c.means, "tests": c.tests, "fusion": c.fusion, "queries": len(report.per_query),
                    "output_dir": run.output_dir}
