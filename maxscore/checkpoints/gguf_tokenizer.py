@@ -84,14 +84,15 @@ def _byte_level_bpe(f: GGUFFile, tokens: list[str], types: list[int]):
 # The rank. llama.cpp writes each piece's sentencepiece score, and the normal pieces' scores fall with their
 # id (the file's order is sentencepiece's merge order; checked on reading). User-defined pieces carry a
 # placeholder score of -1000 instead; their place in the order is their id as well, which puts Gemma's
-# whitespace runs (ids 138-167) ahead of every normal piece, so a run of spaces is joined into one piece
-# before any of its spaces joins a word, as sentencepiece matches a user-defined piece whole. So the rank
-# is the id; of two splits of one piece the one with the longer left part comes first.
+# whitespace runs (ids 138-167) ahead of every normal piece: a run of up to 31 spaces is joined into one
+# piece before any of its spaces joins a word, as sentencepiece matches a user-defined piece whole (a
+# longer run may split otherwise than by sentencepiece's longest match). So the rank is the id; of two
+# splits of one piece the one with the longer left part comes first. transformers derives the same order.
 #
 # llama.cpp writes a user-defined piece's U+2581 as a space (Gemma's runs of 2 to 31 spaces); they are
 # spelled back, since the text the merges see has its spaces replaced. The other user-defined pieces
-# (newlines, tabs, [multimodal]) and the control pieces are matched whole in the raw text.
-_NORMAL, _BYTE = 1, 6
+# (newlines, tabs, [multimodal]), the control pieces and <unk> are matched whole in the raw text.
+_NORMAL, _UNKNOWN, _BYTE = 1, 2, 6
 _SPACE = "\u2581"
 
 
@@ -99,8 +100,9 @@ def _check_sentencepiece(f: GGUFFile, tokens: list[str], types: list[int]) -> No
   """Refuses, by name, what a sentencepiece vocabulary can state that this builder does not reproduce."""
   import numpy as np  # pylint: disable=import-outside-toplevel
   prefix = f.get("tokenizer.ggml.add_space_prefix")
-  if prefix is not False:  # llama.cpp prepends a space to a sentencepiece text unless the file says false
-    raise GGUFError(f"{f.path}: tokenizer.ggml.add_space_prefix={prefix} (sentencepiece's dummy prefix) is not "
+  if prefix is None or prefix:  # llama.cpp prepends a space to a sentencepiece text unless the file says false
+    raise GGUFError(f"{f.path}: tokenizer.ggml.add_space_prefix={'absent' if prefix is None else prefix} "
+                    "(sentencepiece's dummy prefix) is not "
                     "supported for tokenizer.ggml.model=llama; supported: false (as Gemma's)")
   if f.get("tokenizer.ggml.merges") is not None:
     raise GGUFError(f"{f.path}: tokenizer.ggml.merges with tokenizer.ggml.model=llama is not supported "
@@ -143,7 +145,7 @@ def _sentencepiece_bpe(f: GGUFFile, tokens: list[str], types: list[int]):
                              unk_token=tokens[unk] if unk is not None else None, fuse_unk=True))
   tok.normalizer = normalizers.Replace(" ", _SPACE)
   tok.decoder = decoders.Sequence([decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
-  control = [t for t, k in zip(tokens, types) if k == _CONTROL]
+  control = [t for t, k in zip(tokens, types) if k in (_UNKNOWN, _CONTROL)]  # <unk> is whole, as transformers has it
   return tok, control, [t for t, k in zip(tokens, types) if k == _USER_DEFINED and " " not in t]
 
 
