@@ -223,6 +223,10 @@ def _small_sentencepiece(case):
     meta.update({key: value[:1] + value[257:] for key, value in meta.items() if isinstance(value, list)})
   elif case == "sp_merges":
     meta["tokenizer.ggml.merges"] = ["a b"]
+  elif case == "sp_twice":
+    meta["tokenizer.ggml.tokens"] = tokens[:-1] + ["a"]
+  elif case == "sp_unk":
+    meta["tokenizer.ggml.unknown_token_id"] = len(tokens)
   elif case == "sep_token":
     meta["tokenizer.ggml.add_sep_token"] = True
   return meta
@@ -240,6 +244,8 @@ def _small_sentencepiece(case):
     ("sp_no_bytes", r"without the byte pieces <0x00>"),
     ("sp_merges", r"tokenizer\.ggml\.merges with tokenizer\.ggml\.model=llama is not supported"),
     ("sep_token", r"tokenizer\.ggml\.add_sep_token=True is not supported"),
+    ("sp_twice", r"tokenizer\.ggml\.tokens spells 1 token\(s\) twice \(\['a'\]\)"),
+    ("sp_unk", r"tokenizer\.ggml\.unknown_token_id=260 is not a token id \(0 to 259\)"),
     ("rope_freqs", r"rope_freqs\.weight"),
     ("not_gguf", r"not a readable GGUF file"),
 ])

@@ -12,6 +12,7 @@ Any other kind, and the sentencepiece options this has not been checked against,
 name. A GGUF without tokenizer metadata converts without a tokenizer (it scores token ids).
 """
 
+import collections
 import json
 import pathlib
 from typing import Optional
@@ -137,10 +138,12 @@ def _sentencepiece_bpe(f: GGUFFile, tokens: list[str], types: list[int]):
   _check_sentencepiece(f, tokens, types)
   spelled = [t.replace(" ", _SPACE) if k == _USER_DEFINED else t for t, k in zip(tokens, types)]
   vocab = {t: i for i, t in enumerate(spelled)}
-  if len(vocab) != len(spelled):
-    twice = sorted({t for t in spelled if spelled.count(t) > 1})[:3] if len(spelled) < 5000 else "..."
-    raise GGUFError(f"{f.path}: tokenizer.ggml.tokens spells several tokens alike ({twice}); not supported")
+  if len(vocab) != len(spelled):  # one string, two ids: the vocabulary cannot say which a text gives
+    twice = sorted(t for t, n in collections.Counter(spelled).items() if n > 1)
+    raise GGUFError(f"{f.path}: tokenizer.ggml.tokens spells {len(twice)} token(s) twice ({twice[:3]}); not supported")
   unk = f.get("tokenizer.ggml.unknown_token_id")
+  if unk is not None and not 0 <= unk < len(tokens):
+    raise GGUFError(f"{f.path}: tokenizer.ggml.unknown_token_id={unk} is not a token id (0 to {len(tokens) - 1})")
   tok = Tokenizer(models.BPE(vocab=vocab, merges=_sentencepiece_merges(spelled, vocab), byte_fallback=True,
                              unk_token=tokens[unk] if unk is not None else None, fuse_unk=True))
   tok.normalizer = normalizers.Replace(" ", _SPACE)
