@@ -45,6 +45,7 @@ def expected_errors() -> tuple[type[BaseException], ...]:
   from layers.sharding import ShardingError
   from maxscore.bench.chips import TopologyError
   from maxscore.checkpoints.convert import ConversionError
+  from maxscore.checkpoints.export import ExportError
   from maxscore.checkpoints.storage import CheckpointError
   from maxscore.checkpoints.tokenizer import TokenizerError
   from maxscore.config import ConfigError
@@ -54,7 +55,7 @@ def expected_errors() -> tuple[type[BaseException], ...]:
   from maxscore.rerank.plots import PlotError
   from maxscore.serving.config import ServeError
   from maxscore.training.lora import LoraError
-  return (ScoreInputError, UnsafeOutputError, ResumeError, ConfigError, CheckpointError, ConversionError,
+  return (ScoreInputError, UnsafeOutputError, ResumeError, ConfigError, CheckpointError, ConversionError, ExportError,
           MeshError, ShardingError, TrainError, TokenizerError, CompareError, PlotError, TopologyError, ServeError,
           LoraError, OSError)
 

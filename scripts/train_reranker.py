@@ -9,7 +9,9 @@ adapters with --lora_rank); exports checkpoint + head for eval_rerank.py.
       --num_processes=4 --process_id=$ID ici_fsdp_parallelism=4 dcn_data_parallelism=4 ...
 
 Training data: the JSONL form (records with a `split` field) or BEIR + a first-stage run, as in
-eval_rerank.py. A killed run restarted with the same flags resumes from its last checkpoint and
+eval_rerank.py; or --groups_file, groups of one query's positives and negatives (scripts/mine_negatives.py),
+with --group_size to draw one positive and group_size - 1 negatives per query per step, and --loss=distill
+to train toward the groups' teacher scores (pos_scores/neg_scores). A killed run restarted with the same flags resumes from its last checkpoint and
 ends with the same head, bit for bit. Prints the summary JSON (also <workdir>/summary.json):
 dev metrics before/after, head-training throughput and the share of time in the frozen forward.
 Every flag is a key of configs/train.yml; trailing `key=value` arguments set configs/base.yml keys, the
@@ -30,6 +32,7 @@ from maxscore.heads import train as train_lib
 from maxscore.heads.train_config import TrainConfig, TrainRun
 from maxscore.rerank import data
 from maxscore.rerank.prompts import PromptConfig
+from maxscore.training import groups
 
 ENTRY = "train"
 INTERRUPTED = 130  # exit status after Ctrl-C (128 + SIGINT, as shells report it)
@@ -47,7 +50,10 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     s = cli.entry_from_flags(fv, ENTRY, SECTIONS)
     run = s["run"]
     sources = data.sources_or_default(run.jsonl, run.data_dir, run.run_file, "train")
-    train_set = data.load_rerank_set(*sources, run.train_split, run.rerank_top_k)
+    if run.groups_file:  # mined groups (scripts/mine_negatives.py) instead of the train split
+      train_set = groups.load_groups(run.groups_file)
+    else:
+      train_set = data.load_rerank_set(*sources, run.train_split, run.rerank_top_k)
     dev_set = data.load_rerank_set(*sources, run.dev_split, run.rerank_top_k) if run.dev_split else None
     if run.max_train_queries:
       train_set.queries = train_set.queries[:run.max_train_queries]

@@ -193,14 +193,16 @@ def load_script():
 
 # --- the session's compile time -----------------------------------------------------------------------------
 # Each process (the one pytest process, or each xdist worker) sums the XLA compile time of its tests (backend
-# compiles, persistent-cache reads included, plus tracing and lowering) and writes it beside the cache; the
-# process that reports prints the total, so `make test` shows how much of the suite is compilation. Compiles
-# inside subprocess tests are not counted.
+# compiles, persistent-cache reads included, plus tracing and lowering); each worker hands its sums to the
+# controller through pytest-xdist's workeroutput, and the controller prints the total, so `make test` shows how
+# much of the suite is compilation. Nothing is written to disk: a user's lasting JAX_COMPILATION_CACHE_DIR keeps
+# no reports, and no earlier run is summed into a new one. Compiles inside subprocess tests are not counted.
 _COMPILE_EVENTS = {"/jax/core/compile/backend_compile_duration": "backend",
                    "/jax/core/compile/jaxpr_trace_duration": "trace",
                    "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower"}
 _compile_seconds = dict.fromkeys(_COMPILE_EVENTS.values(), 0.0)
 _compile_counts = {"compiles": 0, "cache_hits": 0}
+_worker_reports: list[dict] = []  # the controller's: one per finished xdist worker
 
 
 def _on_duration(event: str, seconds: float, **_) -> None:
@@ -217,25 +219,24 @@ jax.monitoring.register_event_duration_secs_listener(_on_duration)
 jax.monitoring.register_event_listener(_on_event)
 
 
-def _compile_report_dir() -> pathlib.Path | None:
-  cache = os.environ.get("JAX_COMPILATION_CACHE_DIR")
-  return pathlib.Path(cache) / "compile-time" if cache else None
-
-
 def pytest_sessionfinish(session):
-  del session
-  out = _compile_report_dir()
-  if out is not None:
-    out.mkdir(exist_ok=True)
-    name = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    (out / f"{name}.json").write_text(json.dumps({**_compile_seconds, **_compile_counts}))
+  if hasattr(session.config, "workeroutput"):  # an xdist worker: its sums go back to the controller
+    session.config.workeroutput["maxscore_compile"] = json.dumps({**_compile_seconds, **_compile_counts})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+  """pytest-xdist's controller, as each worker stops: keeps the worker's compile sums."""
+  del error
+  report = getattr(node, "workeroutput", {}).get("maxscore_compile")
+  if report:
+    _worker_reports.append(json.loads(report))
 
 
 def pytest_terminal_summary(terminalreporter):
-  out = _compile_report_dir()
-  reports = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))] if out and out.is_dir() else []
-  if reports:
-    total = {k: sum(r[k] for r in reports) for k in reports[0]}
+  reports = [{**_compile_seconds, **_compile_counts}, *_worker_reports]
+  total = {k: sum(r[k] for r in reports) for k in reports[0]}
+  if total["compiles"] or total["cache_hits"]:
     terminalreporter.write_line(
         f"XLA compilation in the test processes: {total['backend'] + total['trace'] + total['lower']:.1f} s "
         f"(backend {total['backend']:.1f} s for {total['compiles']} programs, {total['cache_hits']} read from the "

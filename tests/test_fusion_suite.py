@@ -158,6 +158,69 @@ def test_alpha_tuned_on_dev_never_reads_test(scorer, tmp_path):
   assert saved["fusion"] == tuned and {t["run"] for t in saved["tests"]} == {"reranked", "fused"}
 
 
+def test_lexical_features_and_idf_by_hand():
+  idf, unseen = fusion.idf_table({"a": "the cat sat", "b": "the dog", "c": "a cat and a dog"})
+  by_hand = lambda df: math.log(1 + (3 - df + 0.5) / (df + 0.5))  # noqa: E731
+  assert idf == {"the": by_hand(2), "cat": by_hand(2), "sat": by_hand(1), "dog": by_hand(2), "a": by_hand(1),
+                 "and": by_hand(1)} and unseen == by_hand(0)
+  cov, weighted = fusion.lexical_features("The cat, the zebra!", "a cat sat", idf, unseen)
+  assert cov == 1 / 3  # distinct query words: the, cat, zebra
+  assert weighted == pytest.approx(idf["cat"] / (idf["the"] + idf["cat"] + unseen))
+  assert fusion.lexical_features("!!", "anything", idf, unseen) == (0.0, 0.0)
+
+
+def test_learned_fusion_finds_the_feature_that_ranks_dev():
+  """Dev where only query-word coverage finds the relevant document: the tuned weights lean on the lexical
+  features and rank dev perfectly; the run it fuses is the weighted sum of the features."""
+  texts = fusion.Texts({"q1": "red apple", "q2": "blue sky"},
+                       {"a": "red apple pie", "b": "green pear", "c": "plain text", "d": "blue sky today",
+                        "e": "grey sea", "f": "nothing here"})
+  reranked = {"q1": {"a": 0.1, "b": 0.9, "c": 0.5}, "q2": {"d": 0.2, "e": 0.8, "f": 0.4}}
+  first = {"q1": {"a": 1.0, "b": 3.0, "c": 2.0}, "q2": {"d": 1.0, "e": 2.0, "f": 3.0}}
+  qrels = {"q1": {"a": 1}, "q2": {"d": 1}}
+  learned = fusion.tune_learned(qrels, reranked, first, texts, "ndcg@10")
+  assert learned.dev_value == 1.0 and sum(learned.weights) == pytest.approx(1.0)
+  assert learned.weights[2] + learned.weights[3] > 0.5
+  fused = fusion.fuse_learned(reranked, first, texts, learned)
+  for q in fused:
+    for d, score in fused[q].items():
+      r, f = fusion._min_max(reranked[q])[d], fusion._min_max(first[q])[d]  # pylint: disable=protected-access
+      feats = (r, f, *fusion.lexical_features(texts.queries[q], texts.docs[d], learned.idf, learned.idf_unseen))
+      assert score == pytest.approx(sum(w * x for w, x in zip(learned.weights, feats)))
+  without = fusion.tune_learned(qrels, reranked, first, texts, "ndcg@10", use_reranker=False)
+  assert without.weights[0] == 0.0
+
+
+@pytest.mark.slow
+def test_learned_fusion_never_reads_test(scorer, tmp_path):
+  """The weights of fusion=learned come from dev alone: a test split turned to nonsense (its query texts,
+  judgments and first-stage scores) leaves them byte-identical; the report shows the run without the reranker."""
+  cfg = dataclasses.replace(CFG, fusion="learned")
+  d = _beir(tmp_path / "d", seed=5)
+  first = _run_eval(scorer, d, tmp_path / "a", cfg)
+  learned = first.comparison.fusion
+  assert learned["method"] == "learned" and learned["dev_queries"] == 3
+  assert learned["without_reranker"]["weights"]["reranker"] == 0.0
+  nonsense = _beir(tmp_path / "nonsense", seed=5)
+  test_qids = {l.split("\t")[0] for l in (d / "qrels" / "test.tsv").read_text().splitlines()[1:]}
+  queries = [json.loads(l) for l in (nonsense / "queries.jsonl").read_text().splitlines()]
+  (nonsense / "queries.jsonl").write_text("".join(
+      json.dumps(dict(q, text="zzz qqq xxx") if q["_id"] in test_qids else q) + "\n" for q in queries))
+  run = data.read_trec_run(nonsense / "bm25.trec")
+  (nonsense / "bm25.trec").write_text("".join(
+      f"{q} Q0 {doc} {r} {(-s if q in test_qids else s):.4f} bm25\n" for q, docs in run.items()
+      for r, (doc, s) in enumerate(docs.items(), 1)))
+  (nonsense / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+      f"{q}\t{doc}\t1\n" for q in sorted(test_qids) for doc in list(run[q])[1::3]))
+  second = _run_eval(scorer, nonsense, tmp_path / "b", cfg)
+  assert json.dumps(second.comparison.fusion, sort_keys=True) == json.dumps(learned, sort_keys=True)
+  assert second.metrics != first.metrics
+  assert {t["run"] for t in first.comparison.tests} == {"reranked", "fused", "fused, no reranker"}
+  with pytest.raises(data.DataError, match="fusion=learned needs a dev split"):
+    eval_lib.load_data(eval_lib.EvalRun(data_dir=str(_beir(tmp_path / "t", seed=1, splits=("test",))),
+                                        run_file=str(tmp_path / "t" / "bm25.trec")), cfg)
+
+
 def test_alpha_dev_without_a_dev_split_is_a_clear_error(tmp_path):
   d = _beir(tmp_path / "d", seed=1, splits=("test",))
   run = eval_lib.EvalRun(data_dir=str(d), run_file=str(d / "bm25.trec"), output_dir=str(tmp_path / "o"))

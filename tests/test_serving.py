@@ -372,6 +372,92 @@ def test_batch_queue_runs_an_unbuilt_stack_one_by_one_and_builds_it_for_next_tim
     queue.close(timeout_s=60)
 
 
+def test_batch_queue_runs_a_large_payload_in_parts_that_take_turns():
+  """A payload split into parts runs one part per turn; a payload that arrives while a part runs goes
+  before the next part, and the large one's caller gets the merged result of every part, in order."""
+  order, first_part = [], threading.Event()
+
+  def run_batch(payloads):
+    order.extend(payloads)
+    if payloads == ["big:0"]:
+      assert first_part.wait(60)
+    return [p.upper() for p in payloads]
+  queue = serving.BatchQueue(run_batch, max_batch=1, max_wait_s=0.0, max_queue=8,
+                             split=lambda p: [f"{p}:{i}" for i in range(3)] if p == "big" else [p],
+                             merge=lambda p, results: (p, results))
+  queue.start()
+
+  async def both():
+    big = asyncio.ensure_future(queue.submit("big", 60))
+    while order != ["big:0"]:
+      await asyncio.sleep(0.01)
+    small = asyncio.ensure_future(queue.submit("small", 60))
+    while queue.depth < 1:
+      await asyncio.sleep(0.01)
+    first_part.set()
+    return await big, await small
+  try:
+    assert asyncio.run(both()) == (("big", ["BIG:0", "BIG:1", "BIG:2"]), "SMALL")
+  finally:
+    first_part.set()
+    queue.close(timeout_s=60)
+  assert order == ["big:0", "small", "big:1", "big:2"]
+  with pytest.raises(ValueError, match="together"):
+    serving.BatchQueue(run_batch, 1, 0.0, 8, split=lambda p: [p])
+
+
+def test_a_small_request_behind_a_large_one_answers_within_its_own_budget():
+  """A 24-item request runs in parts of 4 (each made 0.6 s slow here, as a large model's are): a small
+  request sent while it runs answers within its own 3 s, long before the large one, which still gets
+  every score, in order, within 1e-5 of scoring it whole, and the usage of one request. (Its own scorer:
+  the warmup tests count what the module's scorer compiles.)"""
+  tiny_scorer = Scorer.from_config(load_config(["model_name=tiny-qwen3"] + FEW_BUCKETS))
+  cfg = serving.ServeConfig(max_batch_requests=1, max_batch_wait_ms=0.0, max_items=64, max_items_per_run=4,
+                            warmup_query_tokens=(5,), warmup_items=(4,), warmup_item_tokens=(7,), port=0,
+                            request_timeout_s=3.0)
+  service = serving.ScoringService(tiny_scorer, cfg)
+  service.warmup()
+  large = {"query": [3] * 5, "items": [[9 + i % 7] * 7 for i in range(24)], "label_token_ids": [0, 1],
+           "apply_softmax": True}
+  small = {"query": [3] * 5, "items": [[9] * 7] * 3, "label_token_ids": [0, 1], "apply_softmax": True}
+  parts, run_batch = [], service.queue._run_batch
+
+  def slow_run_batch(works):
+    parts.append(len(works[0].request.items))
+    time.sleep(0.6)
+    return run_batch(works)
+  service.queue._run_batch = slow_run_batch
+
+  async def run(url):
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+      first = asyncio.create_task(client.post("/v1/score", json=dict(large, items=large["items"][:8])))
+      while len(parts) < 1:
+        await asyncio.sleep(0.01)
+      await first  # 2 parts of 4: within its own budget
+      first = asyncio.create_task(client.post("/v1/score", json=large))
+      while len(parts) < 3:  # the large one's first part is running
+        await asyncio.sleep(0.01)
+      start = time.monotonic()
+      second = await client.post("/v1/score", json=small)
+      return second, time.monotonic() - start, await first
+  with serving.ServerThread(service) as server:
+    second, seconds, first = asyncio.run(run(server.url))
+  assert second.status_code == 200 and seconds < 2.0, (second.text, seconds)
+  assert first.status_code == 504  # six parts of 0.6 s each: more than its own 3 s
+  assert parts[:4] == [4, 4, 4, 3] and sum(parts) >= 16  # the small one ran right after the part it found running
+  cfg = dataclasses.replace(cfg, request_timeout_s=60.0)
+  service = serving.ScoringService(tiny_scorer, cfg)
+  with serving.ServerThread(service) as server:
+    whole = httpx.post(server.url + "/v1/score", json=large, timeout=60).json()
+  tiny_scorer.prefix_cache.clear()
+  want = tiny_scorer.score(**large)
+  np.testing.assert_allclose(whole["scores"], want.scores, rtol=0, atol=1e-5)
+  assert whole["usage"]["prompt_tokens"] == want.usage["prompt_tokens"] == 5 + 24 * 7
+  assert whole["usage"]["processed_tokens"] == 6 * 5 + 24 * 7  # the query once per part
+  with pytest.raises(serving.ServeError, match="max_items_per_run"):
+    serving.ScoringService(tiny_scorer, dataclasses.replace(cfg, max_items_per_run=-1))
+
+
 def test_warmup_compiles_what_a_request_of_that_shape_runs(tiny_scorer):
   cfg = serving.ServeConfig(max_batch_requests=1, warmup_query_tokens=(5,), warmup_items=(3,),
                             warmup_item_tokens=(7,), port=0)

@@ -14,13 +14,14 @@ One converter, two readers: a GGUF file (maxscore/checkpoints/gguf_reader.py) pr
 config.json dict and its tensors under HF names, so the mapping, the checks and the writer here serve both.
 """
 
+import dataclasses
 import json
 import logging
 import os
 import pathlib
 import re
 import tempfile
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import ml_dtypes
 import numpy as np
@@ -249,13 +250,32 @@ class _TensorReader:
     return np.asarray(self._handle(name).get_tensor(name)).astype(dtype)
 
 
-Spec = tuple[tuple[str, ...], str, tuple[int, ...], Callable[[np.ndarray], np.ndarray]]
+@dataclasses.dataclass(frozen=True)
+class Rearrange:
+  """An HF tensor -> our param: transposed (2-D Linear weights are [out, in] in HF, [in, out] here) when
+  `transpose`, then reshaped to `shape` (None: kept). A pure rearrangement, so `inverse` undoes it exactly:
+  the same table maps both directions (convert here, maxscore/checkpoints/export.py back)."""
+  transpose: bool = False
+  shape: Optional[tuple[int, ...]] = None
+
+  def __call__(self, w: np.ndarray) -> np.ndarray:
+    w = w.T if self.transpose else w
+    return w if self.shape is None else w.reshape(self.shape)
+
+  def inverse(self, w: np.ndarray, hf_shape: tuple[int, ...]) -> np.ndarray:
+    """Our param -> the HF tensor of shape `hf_shape`."""
+    if not self.transpose:
+      return w.reshape(hf_shape)
+    return w.reshape(hf_shape[::-1]).T
+
+
+Spec = tuple[tuple[str, ...], str, tuple[int, ...], Rearrange]  # (our path, HF name, HF shape, HF -> ours)
 
 
 def _layer_specs(cfg: ModelConfig) -> Iterator[Spec]:
   """(our param path, HF tensor name template, HF shape, transform) for each per-layer tensor."""
   d, n, k, h, f = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.mlp_dim
-  same = lambda w: w
+  same = Rearrange()
   yield ("input_norm", "scale"), "input_layernorm.weight", (d,), same
   if cfg.sandwich_norm:  # Gemma 2/3: HF's post_attention_layernorm normalizes the attention output
     yield ("attn_out_norm", "scale"), "post_attention_layernorm.weight", (d,), same
@@ -264,26 +284,24 @@ def _layer_specs(cfg: ModelConfig) -> Iterator[Spec]:
   else:
     yield ("post_attn_norm", "scale"), "post_attention_layernorm.weight", (d,), same
   for name, heads in (("q", n), ("k", k), ("v", k)):
-    yield ("attn", name), f"self_attn.{name}_proj.weight", (heads * h, d), lambda w, heads=heads: w.T.reshape(
-        d, heads, h)
+    yield ("attn", name), f"self_attn.{name}_proj.weight", (heads * h, d), Rearrange(True, (d, heads, h))
     if cfg.qkv_bias:
-      yield ("attn", f"{name}_bias"), f"self_attn.{name}_proj.bias", (heads * h,), lambda w, heads=heads: w.reshape(
-          heads, h)
-  yield ("attn", "o"), "self_attn.o_proj.weight", (d, n * h), lambda w: w.T.reshape(n, h, d)
+      yield ("attn", f"{name}_bias"), f"self_attn.{name}_proj.bias", (heads * h,), Rearrange(False, (heads, h))
+  yield ("attn", "o"), "self_attn.o_proj.weight", (d, n * h), Rearrange(True, (n, h, d))
   if cfg.attention_bias:
     yield ("attn", "o_bias"), "self_attn.o_proj.bias", (d,), same
   if cfg.qk_norm:
     yield ("attn", "q_norm", "scale"), "self_attn.q_norm.weight", (h,), same
     yield ("attn", "k_norm", "scale"), "self_attn.k_norm.weight", (h,), same
   for name, shape in (("gate", (f, d)), ("up", (f, d)), ("down", (d, f))):
-    yield ("mlp", name), f"mlp.{name}_proj.weight", shape, lambda w: w.T
+    yield ("mlp", name), f"mlp.{name}_proj.weight", shape, Rearrange(transpose=True)
 
 
 def _global_specs(cfg: ModelConfig) -> Iterator[Spec]:
-  yield ("embed", "embedding"), "model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size), lambda w: w
-  yield ("final_norm", "scale"), "model.norm.weight", (cfg.hidden_size,), lambda w: w
+  yield ("embed", "embedding"), "model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size), Rearrange()
+  yield ("final_norm", "scale"), "model.norm.weight", (cfg.hidden_size,), Rearrange()
   if not cfg.tie_word_embeddings:
-    yield ("lm_head",), "lm_head.weight", (cfg.vocab_size, cfg.hidden_size), lambda w: w.T
+    yield ("lm_head",), "lm_head.weight", (cfg.vocab_size, cfg.hidden_size), Rearrange(transpose=True)
 
 
 def _shorten(names: list[str], limit: int = 8) -> str:
@@ -373,10 +391,11 @@ def _read_hf_config(config_path: pathlib.Path) -> ModelConfig:
     raise ConversionError(f"{config_path}: {' '.join(str(e).split())}") from None
 
 
-def _check_output_dir(output_dir: os.PathLike, source: pathlib.Path, overwrite: bool) -> None:
-  """Refuses, before minutes of reading tensors, an output_dir that is or lies in `source`, one maxscore did not
-  write, or an existing one without `overwrite`."""
-  safety.refuse_overlap([output_dir], [source], "output_dir")
+def _check_output_dir(output_dir: os.PathLike, source: pathlib.Path, overwrite: bool,
+                      more_sources: tuple[Optional[os.PathLike], ...] = ()) -> None:
+  """Refuses, before minutes of reading tensors, an output_dir that is, holds or lies in `source` (or one of
+  `more_sources`), one maxscore did not write, or an existing one without `overwrite`."""
+  safety.refuse_overlap([output_dir], [source, *more_sources], "output_dir")
   out = pathlib.Path(output_dir)
   if out.exists() and not (out.is_dir() and safety.is_owned(out)):
     raise UnsafeOutputError(f"output_dir {output_dir} exists and was not written by maxscore (it has no "

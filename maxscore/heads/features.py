@@ -48,6 +48,7 @@ class Examples:
   requests: tuple[TokenRequest, ...]
   grades: tuple[tuple[int, ...], ...]
   qrels: dict
+  teacher: Optional[tuple[tuple[float, ...], ...]] = None  # a teacher's score per item (distillation)
 
   @property
   def max_items(self) -> int:
@@ -61,10 +62,21 @@ class Examples:
       grades[i, :len(g)], mask[i, :len(g)] = g, True
     return grades, mask
 
+  def teacher_grid(self) -> Optional[np.ndarray]:
+    """The teacher's scores [Q, N_max] (float32, 0 on padding), or None without them."""
+    if self.teacher is None:
+      return None
+    out = np.zeros((len(self.requests), self.max_items), np.float32)
+    for i, t in enumerate(self.teacher):
+      out[i, :len(t)] = t
+    return out
+
   def digest(self) -> str:
     h = hashlib.sha256()
     for qid, docids, r, g in zip(self.qids, self.docids, self.requests, self.grades):
       h.update(json.dumps([qid, docids, r.query, r.items, r.label_ids, r.separator, g]).encode())
+    if self.teacher is not None:
+      h.update(json.dumps(self.teacher).encode())
     return h.hexdigest()[:16]
 
 
@@ -81,8 +93,11 @@ def make_examples(scorer: Scorer, dataset: RerankSet, prompt: prompts.PromptConf
     reqs.append(scorer.make_request(query_ids, [builder.item(text)[0] for _, text in q.candidates],
                                     label_token_ids=label_ids, apply_softmax=False))
   grades = tuple(tuple(int(dataset.qrels.get(q.qid, {}).get(d, 0)) for d, _ in q.candidates) for q in queries)
+  teacher = None
+  if dataset.teacher_scores is not None:
+    teacher = tuple(tuple(float(dataset.teacher_scores[q.qid][d]) for d, _ in q.candidates) for q in queries)
   return Examples(tuple(q.qid for q in queries), tuple(tuple(d for d, _ in q.candidates) for q in queries),
-                  tuple(reqs), grades, {q.qid: dataset.qrels.get(q.qid, {}) for q in queries})
+                  tuple(reqs), grades, {q.qid: dataset.qrels.get(q.qid, {}) for q in queries}, teacher)
 
 
 @dataclasses.dataclass

@@ -1,5 +1,6 @@
-"""Ranking losses for score-head training: (ranking logits [B, N], grades [B, N], mask [B, N]) ->
-(loss [B], weight [B]); a query with weight 0 (nothing to learn from) does not count in the batch mean."""
+"""Ranking losses for score-head training: (ranking logits [B, N], targets [B, N], mask [B, N]) ->
+(loss [B], weight [B]); a query with weight 0 (nothing to learn from) does not count in the batch mean.
+The targets are the qrels grades, or for `distill` a teacher's scores."""
 
 import jax
 import jax.numpy as jnp
@@ -36,12 +37,23 @@ def pointwise_bce(logits_BxN, grades_BxN, mask_BxN):
   return loss, (count > 0).astype(jnp.float32)
 
 
-LOSSES = {"listwise": listwise_softmax_ce, "pairwise": pairwise_logistic, "pointwise": pointwise_bce}
+def distill_kl(logits_BxN, teacher_BxN, mask_BxN, temperature: float = 1.0):
+  """T^2 * KL(softmax(teacher / T) || softmax(logits / T)) over a query's items (Hinton et al.'s scaling, so the
+  gradient's size does not shrink as T grows); a query with fewer than two items has weight 0."""
+  t = jnp.asarray(temperature, jnp.float32)
+  logp_teacher = jax.nn.log_softmax(jnp.where(mask_BxN, teacher_BxN / t, MASK_LOGIT), axis=-1)
+  logp_student = jax.nn.log_softmax(jnp.where(mask_BxN, logits_BxN / t, MASK_LOGIT), axis=-1)
+  kl = jnp.sum(jnp.where(mask_BxN, jnp.exp(logp_teacher) * (logp_teacher - logp_student), 0.0), axis=-1)
+  return t * t * kl, (mask_BxN.sum(-1) > 1).astype(jnp.float32)
 
 
-def batch_loss(name: str, logits_BxN, grades_BxN, mask_BxN) -> jax.Array:
+LOSSES = {"listwise": listwise_softmax_ce, "pairwise": pairwise_logistic, "pointwise": pointwise_bce,
+          "distill": distill_kl}
+
+
+def batch_loss(name: str, logits_BxN, targets_BxN, mask_BxN, **kw) -> jax.Array:
   """Mean of the per-query losses over the queries that have weight."""
-  loss, weight = LOSSES[name](logits_BxN, grades_BxN, mask_BxN)
+  loss, weight = LOSSES[name](logits_BxN, targets_BxN, mask_BxN, **kw)
   return jnp.sum(loss * weight) / jnp.maximum(weight.sum(), 1.0)
 
 

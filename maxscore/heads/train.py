@@ -72,10 +72,11 @@ from maxscore.heads.features import (
 )
 from maxscore.heads.losses import MASK_LOGIT, batch_loss, probe_bce, probe_logits
 from maxscore.heads.train_config import LORA_TARGETS, TrainConfig
-from maxscore.training import checkpoint, partition, trainer
+from maxscore.training import checkpoint, groups, partition, trainer
 from maxscore.training import lora as lora_lib
 from maxscore.training.metrics_log import MetricsLog
 from maxscore.training.optimizer import make_optimizer
+from maxscore.training.selection import Selection
 from maxscore.rerank import data, metrics, prompts
 from maxscore.rerank.data import RerankSet
 from maxscore.rerank.eval import build_scorer
@@ -104,7 +105,8 @@ def evaluate_split(cfg_head: head.HeadConfig, params, hidden, logprobs, examples
 # Settings a run's identity names only when they differ from these values: an identity that does not name one
 # stands for that setting at its value here (the TrainConfig default).
 _IDENTITY_DEFAULTS = {"coverage_on": "probe", "lora_rank": 0, "lora_alpha": 16.0, "lora_targets": LORA_TARGETS,
-                      "grad_accum_steps": 1, "compute_dtype": None, "param_dtype": None, "remat": "per_layer"}
+                      "grad_accum_steps": 1, "compute_dtype": None, "param_dtype": None, "remat": "per_layer",
+                      "group_size": 0, "distill_temperature": 1.0, "select_metric": None, "patience": 0}
 
 
 def train_identity(cfg: TrainConfig) -> dict:
@@ -134,6 +136,7 @@ class Prepared:
   feature_seconds: float = 0.0
   cached: bool = False
   match_targets: bool = False        # batches carry the token-match targets (match_loss_weight > 0)
+  teacher: Optional[np.ndarray] = None  # the train split's teacher scores [Q, N] (loss=distill)
 
   @property
   def num_train(self) -> int:
@@ -151,8 +154,12 @@ def prepare(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str
     examples["dev"] = make_examples(scorer, dev_set, prompt, label_ids)
   if not examples["train"].requests:
     raise data.DataError("the train split has no queries with candidates")
+  if cfg.loss == "distill" and examples["train"].teacher is None:
+    raise TrainError("loss=distill trains toward a teacher's scores: give --groups_file with pos_scores and "
+                     "neg_scores in every group (scripts/score_teacher.py writes them)")
   prep = Prepared(scorer, tuple(label_ids), cfg.head_config(label_ids, scorer.config.model.hidden_size), examples,
-                  {s: ex.grid() for s, ex in examples.items()})
+                  {s: ex.grid() for s, ex in examples.items()},
+                  teacher=examples["train"].teacher_grid() if cfg.loss == "distill" else None)
   if cfg.train_backbone:
     prep.geometry = {s: packed_geometry(scorer, ex) for s, ex in examples.items()}
     prep.match_targets = cfg.match_loss_weight > 0
@@ -255,7 +262,10 @@ def make_loss_fn(cfg: TrainConfig, head_cfg: head.HeadConfig, decoder: Optional[
     if cfg.match_loss_weight:
       coverage = logits if cfg.coverage_on == "score" else probe_logits(params["match_probe"]["coverage"], h)
       parts["coverage_loss"] = batch_loss("pairwise", coverage, batch["coverage"], batch["mask"])
-    loss = batch_loss(cfg.loss, logits, batch["grades"], batch["mask"])
+    if cfg.loss == "distill":
+      loss = batch_loss("distill", logits, batch["teacher"], batch["mask"], temperature=cfg.distill_temperature)
+    else:
+      loss = batch_loss(cfg.loss, logits, batch["grades"], batch["mask"])
     if parts:
       parts["rank_loss"] = loss
       loss = loss + cfg.match_loss_weight * (parts["match_loss"] + parts["coverage_loss"])
@@ -264,12 +274,18 @@ def make_loss_fn(cfg: TrainConfig, head_cfg: head.HeadConfig, decoder: Optional[
   return loss_fn
 
 
-def make_batch(prep: Prepared, idx: np.ndarray) -> tuple[dict, int]:
-  """The step's inputs for train queries `idx` (-1: padding) and the number of real items in it."""
+def make_batch(prep: Prepared, idx: np.ndarray, step: int = 0, cfg: Optional[TrainConfig] = None
+               ) -> tuple[dict, int]:
+  """The step's inputs for train queries `idx` (-1: padding) and the number of real items in it. With
+  cfg.group_size, each query's mask keeps one positive and group_size - 1 negatives drawn for this step."""
   valid = idx >= 0
   safe = np.where(valid, idx, 0)
   grades, mask = prep.grids["train"]
   batch = {"grades": grades[safe], "mask": mask[safe] & valid[:, None]}
+  if cfg is not None and cfg.group_size:
+    batch["mask"] = groups.draw_group_mask(batch["grades"], batch["mask"], idx, step, cfg.group_size, cfg.seed)
+  if prep.teacher is not None:
+    batch["teacher"] = prep.teacher[safe]
   if prep.geometry is not None:
     plan = plan_packed([prep.examples["train"].requests[i] if i >= 0 else None for i in idx], prep.geometry["train"],
                        match_targets=prep.match_targets)
@@ -380,9 +396,18 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   save = lambda step, state: checkpoint.save(run.manager, step, state, fingerprint)
   settings = trainer.LoopSettings(total_steps, cfg.batch_size, prep.num_train, cfg.log_every, cfg.eval_every,
                                   cfg.save_every, max(1, total_steps // 10), "train", progress)
-  hooks = trainer.Hooks(lambda idx: make_batch(prep, idx), trainer.placer(run.shardings, mesh, cfg.batch_size),
-                        lambda params: dev_metrics(cfg, prompt, prep, decoder, labels_K, params), save, run.log,
-                        schedule, partition.local_rows(cfg.batch_size, mesh))
+  mesh_lib.sync("train: metrics log kept")  # selection reads the kept evaluations
+  selection = (Selection.start(cfg.select_metric, cfg.patience, workdir, run.resume_step) if cfg.select_metric
+               else None)
+
+  def evaluate(params, step):
+    values = dev_metrics(cfg, prompt, prep, decoder, labels_K, params)
+    if selection is not None:
+      selection.observe(step, values, params)
+    return values
+  hooks = trainer.Hooks(lambda idx, step: make_batch(prep, idx, step, cfg), trainer.placer(run.shardings, mesh, cfg.batch_size),
+                        evaluate, save, run.log, schedule, partition.local_rows(cfg.batch_size, mesh),
+                        selection.should_stop if selection is not None else None)
   try:
     state, timing = trainer.loop(settings, run.state, step_fn, hooks)
   except TrainingInterrupted as e:  # the checkpoint being written is finished: the run resumes from it
@@ -398,6 +423,13 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   summary = _summary(cfg, prompt, prep, workdir, run.log, step, steps_per_epoch, run.resume_step, final, timing,
                      time.perf_counter() - wall_start)
   _carry_throughput(summary, trainer.finished_run_summary(workdir, run.resume_step))
+  if selection is not None:  # the export is the best evaluation's params, not the last step's
+    summary["selection"] = selection.report()
+    summary["dev_metrics_best"] = next(_metric_values(r) for r in run.log.records
+                                       if r["kind"] == "eval" and r["step"] == selection.best_step)
+    final = selection.best_params()
+    logging.info("train: exporting step %d (%s %.4f): %s", selection.best_step, selection.metric,
+                 selection.best_value, selection.report()["reason"])
   if export_dir:
     summary["export_dir"] = export(cfg, prep, summary, final, export_dir, workdir, overwrite)
   if adapters_dir:
@@ -447,6 +479,9 @@ def export(cfg: TrainConfig, prep: Prepared, summary: dict[str, Any], final, exp
   existing export is replaced with `overwrite`, or when this workdir's earlier run wrote it."""
   info = {k: summary[k] for k in ("train_config", "prompt", "label_ids", "train_queries", "steps",
                                   "dev_metrics_initial", "dev_metrics_final")}
+  if "selection" in summary:
+    info["selection"] = {k: summary["selection"][k] for k in ("metric", "best_step", "best_value", "stopped_at",
+                                                              "reason")}
   # "." when the head was written into its own base checkpoint (paths of this machine mean
   # nothing inside a checkpoint that is copied elsewhere).
   same = pathlib.Path(export_dir).resolve() == pathlib.Path(summary["checkpoint_dir"]).resolve()

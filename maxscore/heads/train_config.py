@@ -24,7 +24,12 @@ class TrainConfig:
   use_bias: bool = True            # lm_labels: a trainable bias on the label logits
   num_outputs: int = 0             # linear/mlp: 1 = one relevance logit, 0 = one logit per label
   mlp_hidden: int = 256            # mlp: hidden width
-  loss: Literal["listwise", "pairwise", "pointwise"] = "listwise"
+  loss: Literal["listwise", "pairwise", "pointwise", "distill"] = "listwise"  # distill: KL to a teacher's scores
+  distill_temperature: float = 1.0  # loss=distill: both score lists are divided by it before the softmax
+  select_metric: Optional[str] = None  # keep and export the params of the best dev eval on this metric; None = last
+  patience: int = 0                # with select_metric: stop after this many dev evals without a gain; 0 = never
+  group_size: int = 0              # items per query per step: one positive and group_size - 1 negatives drawn
+                                   # per step (LCE); 0 = every candidate
   learning_rate: float = 1e-3      # peak of the warmup + cosine schedule
   end_learning_rate: float = 0.0   # value the cosine decays to at the last step
   warmup_steps: int = 10
@@ -61,6 +66,13 @@ class TrainConfig:
     for name in ("batch_size", "num_epochs", "keep_checkpoints", "log_every"):
       if getattr(self, name) < 1:
         raise TrainError(f"{name}={getattr(self, name)} must be >= 1")
+    if not self.distill_temperature > 0:
+      raise TrainError(f"distill_temperature={self.distill_temperature} must be > 0")
+    if self.patience < 0 or (self.patience and not self.select_metric):
+      raise TrainError(f"patience={self.patience} must be >= 0, and 0 without select_metric (it counts dev evals "
+                       f"without a gain on that metric)")
+    if self.group_size == 1 or self.group_size < 0:
+      raise TrainError(f"group_size={self.group_size} must be 0 (every candidate) or >= 2 (a positive and negatives)")
     for name in ("num_steps", "warmup_steps", "eval_every", "save_every", "rank"):
       if getattr(self, name) < 0:
         raise TrainError(f"{name}={getattr(self, name)} must be >= 0")
@@ -110,6 +122,7 @@ class TrainRun:
   """Where a head-training run reads its data and writes its state (configs/train.yml documents each)."""
   checkpoint_dir: Optional[str] = None     # backbone checkpoint; None = the embedded default
   jsonl: Optional[str] = None              # rerank set in the JSONL form; None (and no data_dir) = the embedded one
+  groups_file: Optional[str] = None        # training groups (scripts/mine_negatives.py's JSONL) instead of the train split
   data_dir: Optional[str] = None           # BEIR dataset directory
   run_file: Optional[str] = None           # first-stage TREC run (with data_dir)
   train_split: str = "train"

@@ -276,8 +276,8 @@ def pretrain(cfg: PretrainConfig, tokenizer_path: Optional[os.PathLike], train_t
   save = lambda s, st: checkpoint.save(run.manager, s, st, fingerprint)
   settings = trainer.LoopSettings(cfg.num_steps, cfg.batch_size, len(rows), cfg.log_every, cfg.eval_every,
                                   cfg.save_every, max(1, cfg.num_steps // 20), "pretrain", progress)
-  hooks = trainer.Hooks(lambda idx: ({"rows": rows[np.where(idx >= 0, idx, 0)], "valid": idx >= 0}, 0),
-                        trainer.placer(run.shardings, mesh, cfg.batch_size), lambda p: _held_out(evaluate, p), save,
+  hooks = trainer.Hooks(lambda idx, step: ({"rows": rows[np.where(idx >= 0, idx, 0)], "valid": idx >= 0}, 0),
+                        trainer.placer(run.shardings, mesh, cfg.batch_size), lambda p, step: _held_out(evaluate, p), save,
                         run.log, schedule, partition.local_rows(cfg.batch_size, mesh))
   step_fn = trainer.jit_train_step(make_loss_fn(decoder), optimizer, run.shardings, mesh)
   state, timing = trainer.loop(settings, run.state, step_fn, hooks)

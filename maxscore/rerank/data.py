@@ -63,6 +63,7 @@ class RerankSet:
   qrels: Qrels
   source: dict[str, Any]
   skipped: dict[str, int] = dataclasses.field(default_factory=dict)
+  teacher_scores: Optional[dict[str, dict[str, float]]] = None  # {qid: {docid: score}}: a teacher's, for distillation
 
   @property
   def num_candidates(self) -> int:
@@ -436,3 +437,33 @@ def trec_lines(qid: str, docids: Sequence[str], scores: Sequence[float], tag: st
   """TREC run lines of one query, ranked as trec_eval ranks them: score desc, then docid desc."""
   order = sorted(zip(scores, docids), reverse=True)
   return [f"{qid} Q0 {d} {rank} {format_score(s)} {tag}" for rank, (s, d) in enumerate(order, 1)]
+
+
+# --- BEIR files one at a time (mining, teachers) --------------------------------------------
+text_lines = _lines  # (line number, line) of a UTF-8 file's non-blank lines; DataError when it is not one
+def read_queries(path: os.PathLike) -> dict[str, str]:
+  """queries.jsonl as {qid: text}; a malformed line is a DataError."""
+  return _read_queries(pathlib.Path(path), _Problems(skip_bad=False))
+
+
+def read_corpus(path: os.PathLike, needed: Optional[set] = None) -> dict[str, str]:
+  """corpus.jsonl as {docid: "title text"}, streamed: with `needed`, only those documents are kept, so memory
+  grows with them, not with the corpus. A malformed line, an empty document or a docid repeated with other
+  text is a DataError."""
+  path, problems = pathlib.Path(path), _Problems(skip_bad=False)
+  texts: dict[str, str] = {}
+  seen: set = set()
+  for where, rec in _json_records(path, problems):
+    docid = _id(rec.get("_id"))
+    if docid is None:
+      problems("bad_records", where, f"_id={rec.get('_id')!r} must be a non-empty string without whitespace")
+    if needed is not None and docid not in needed:
+      continue
+    text = _doc_text(rec)
+    if not text.strip():
+      problems("empty_texts", where, f"document {docid!r} has empty title and text")
+    if docid in seen and texts[docid] != text:
+      problems("duplicate_docids", where, f"_id {docid!r} appeared before with other text")
+    texts[docid] = text
+    seen.add(docid)
+  return texts

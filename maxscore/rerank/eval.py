@@ -58,7 +58,7 @@ class EvalConfig(prompts.PromptConfig):
   knobs come from configs/base.yml)."""
   run_tag: str = "maxscore"                # last column of run.trec
   max_queries: int = 0                     # evaluate only the first N queries; 0 = all
-  fusion: Literal["none", "interpolate", "rrf"] = "rrf"    # fusion.trec: the reranked run fused with the first stage
+  fusion: Literal["none", "interpolate", "rrf", "learned"] = "rrf"  # fusion.trec: the reranked run fused with the first stage
   fusion_alpha: str = "dev"                # interpolate's weight of the reranker: a number in [0, 1], or "dev" (tuned)
   rrf_k: float = 60.0                      # rrf's k
 
@@ -143,15 +143,16 @@ def load_data(run: EvalRun, cfg: EvalConfig) -> tuple[RerankSet, Optional[Rerank
   given = the embedded default (its BEIR layout and BM25 run)."""
   sources = data.sources_or_default(run.jsonl, run.data_dir, run.run_file, "eval")
   dataset = data.load_rerank_set(*sources, run.split, run.rerank_top_k, run.skip_bad)
-  if cfg.fusion != "interpolate" or fusion.parse_alpha(cfg.fusion_alpha) is not None:
+  if not fusion.needs_dev(cfg.fusion, cfg.fusion_alpha):
     return dataset, None
+  what = "fusion=learned" if cfg.fusion == "learned" else "fusion_alpha=dev"
   if run.split in ("dev", "all"):
-    raise data.DataError(f"fusion_alpha=dev tunes on the dev split, so --split={run.split} cannot be evaluated "
+    raise data.DataError(f"{what} tunes on the dev split, so --split={run.split} cannot be evaluated "
                          "with it; give a number or evaluate another split")
   try:
     return dataset, data.load_rerank_set(*sources, "dev", run.rerank_top_k, run.skip_bad)
   except data.DataError as e:
-    raise data.DataError(f"fusion_alpha=dev needs a dev split: {e}") from None
+    raise data.DataError(f"{what} needs a dev split: {e}") from None
 
 
 # --- resume state ------------------------------------------------------------------------------
@@ -206,7 +207,8 @@ def _load_results(path: pathlib.Path, header: Mapping[str, Any]) -> dict[str, di
 
 
 # --- the eval loop -------------------------------------------------------------------------------
-def _score_query(scorer: Scorer, builder: prompts.PromptBuilder, q: data.RerankQuery, label_ids, cfg: EvalConfig):
+def score_query(scorer: Scorer, builder: prompts.PromptBuilder, q: data.RerankQuery, label_ids,
+                cfg: prompts.PromptConfig) -> dict[str, Any]:
   """One query's record for results.jsonl: ranking scores of all its candidates from one score call."""
   start = time.perf_counter()
   compiled_before = len(scorer.runner.compiled_shapes)
@@ -336,7 +338,7 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
       total=len(todo) + resumed, initial=resumed, unit="query", disable=not (progress and lead),
       dynamic_ncols=True, desc="eval") as bar:
     for r0 in range(0, mesh_lib.num_rounds(len(todo), group.count), gather_every):
-      recs = [_score_query(scorer, builder, q, label_ids, cfg) for q in mine[r0:r0 + gather_every]]
+      recs = [score_query(scorer, builder, q, label_ids, cfg) for q in mine[r0:r0 + gather_every]]
       for rec in mesh_lib.gather_to_process0(recs, contribute=group.is_leader) or []:
         _append(f, rec, fsync, results_path)
         done[rec["qid"]] = rec

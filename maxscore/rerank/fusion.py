@@ -3,6 +3,8 @@
     fused = fuse(reranked, first, "interpolate", alpha=0.3)   # alpha * minmax(reranked) + (1-alpha) * minmax(first)
     fused = fuse(reranked, first, "rrf", rrf_k=60)            # sum over both runs of 1 / (k + rank)
     alpha, grid = tune_alpha(dev_qrels, dev_reranked, dev_first, "ndcg@10")
+    learned = tune_learned(dev_qrels, dev_reranked, dev_first, dev_texts, "ndcg@10")   # on dev only
+    fused = fuse_learned(reranked, first, texts, learned)
 
 `interpolate` min-max normalizes each run per query (ranx's "min-max": (s - min) / (max - min), 0 where a
 query's scores are all equal), then takes the weighted sum (ranx's "wsum"). `rrf` is reciprocal rank
@@ -15,17 +17,30 @@ The alpha of `interpolate` is given, or tuned on a dev split: each alpha of a fi
 with maxscore's own metrics (the trec_eval numbers the eval reports; ranx's optimizer would score with its
 own), the best on the first metric wins (ties: the smaller alpha, nearer the first stage).
 Tuning takes only the dev split's qrels and runs: the evaluated split is never read.
+
+`learned` scores each document by a convex combination, tuned on dev, of four features: the reranker's score
+and the first stage's (each min-max normalized per query), and two lexical ones that need no model: the share
+of the query's distinct words the document holds (coverage) and that share weighted by each word's IDF. The
+IDF is counted over the dev split's candidate documents, so nothing of the evaluated split (its texts, runs or
+qrels) shapes the weights. The weights run over a grid of step 0.1 on the simplex; the best dev metric wins
+(ties: the grid point with the most weight on the first stage, then on the reranker). The same tuning without
+the reranker's feature (first stage and lexical features only) is kept beside it, so a report can show what
+the reranker adds.
 """
 
+import dataclasses
+import itertools
 import math
-from typing import Optional
+from typing import Mapping, Optional
 
 import numpy as np
 
 from maxscore.errors import ScoreInputError
 from maxscore.rerank import metrics
 
-METHODS = ("none", "interpolate", "rrf")
+METHODS = ("none", "interpolate", "rrf", "learned")
+FEATURES = ("reranker", "first_stage", "coverage", "idf_coverage")
+WEIGHT_STEPS = 10  # the learned weights are multiples of 1 / WEIGHT_STEPS
 ALPHA_GRID = tuple(round(float(a), 2) for a in np.linspace(0.0, 1.0, 21))
 TUNED = "dev"
 
@@ -45,6 +60,11 @@ def parse_alpha(value: str) -> Optional[float]:
   if not 0.0 <= alpha <= 1.0:
     raise FusionError(f"fusion_alpha={value!r} must be 'dev' (tuned on the dev split) or a number in [0, 1]")
   return alpha
+
+
+def needs_dev(method: str, alpha: str) -> bool:
+  """Whether the fusion is tuned on the dev split (interpolate with fusion_alpha=dev, or learned)."""
+  return method == "learned" or (method == "interpolate" and parse_alpha(alpha) is None)
 
 
 def check(method: str, alpha: str, rrf_k: float) -> None:
@@ -126,6 +146,113 @@ def tune_alpha(dev_qrels: metrics.Qrels, dev_reranked: metrics.Run, dev_first: m
 
 
 def params_text(method: str, alpha: Optional[float], rrf_k: float) -> str:
-  """A short label of the fusion settings ("interpolate alpha=0.35", "rrf k=60")."""
+  """A short label of the fusion settings ("interpolate alpha=0.35", "rrf k=60", "learned")."""
+  if method == "learned":
+    return "learned on dev"
   return f"interpolate alpha={alpha:g}" if method == "interpolate" else f"rrf k={rrf_k:g}"
+
+
+# --- learned fusion ------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Texts:
+  """What the lexical features read: each query's text and each candidate document's text."""
+  queries: Mapping[str, str]   # qid -> query text
+  docs: Mapping[str, str]      # docid -> document text
+
+
+@dataclasses.dataclass(frozen=True)
+class Learned:
+  """Tuned weights of FEATURES (summing to 1), the IDF table they were tuned with, and their dev figures."""
+  weights: tuple[float, ...]
+  idf: Mapping[str, float]
+  idf_unseen: float
+  dev_value: float
+  dev_metric: str
+  dev_queries: int
+
+  def to_json(self) -> dict:
+    return {"weights": dict(zip(FEATURES, self.weights)), "dev_metric": self.dev_metric,
+            "dev_value": self.dev_value, "dev_queries": self.dev_queries}
+
+
+def _words(text: str) -> list[str]:
+  from maxscore.rerank.bm25 import words  # pylint: disable=import-outside-toplevel
+  return words(text)
+
+
+def idf_table(docs: Mapping[str, str]) -> tuple[dict[str, float], float]:
+  """({word: log(1 + (n - df + 0.5) / (df + 0.5))} over `docs`, the IDF of a word in none of them)."""
+  n = len(docs)
+  df: dict[str, int] = {}
+  for text in docs.values():
+    for w in set(_words(text)):
+      df[w] = df.get(w, 0) + 1
+  idf = lambda d: math.log(1 + (n - d + 0.5) / (d + 0.5))  # noqa: E731
+  return {w: idf(d) for w, d in sorted(df.items())}, idf(0)
+
+
+def lexical_features(query: str, doc: str, idf: Mapping[str, float], idf_unseen: float) -> tuple[float, float]:
+  """(share of the query's distinct words in the document, the same share weighted by IDF); 0 for a query
+  without words."""
+  q = set(_words(query))
+  if not q:
+    return 0.0, 0.0
+  d = set(_words(doc))
+  hit = q & d
+  weight = lambda ws: sum(idf.get(w, idf_unseen) for w in sorted(ws))  # noqa: E731
+  return len(hit) / len(q), weight(hit) / weight(q)
+
+
+def feature_matrix(reranked: metrics.Run, first: metrics.Run, texts: Texts, idf: Mapping[str, float],
+                   idf_unseen: float) -> dict[str, tuple[list[str], np.ndarray]]:
+  """Per query both runs cover: (docids, features [N, len(FEATURES)] float64)."""
+  out = {}
+  for q in (q for q in reranked if reranked[q] and first.get(q)):
+    r, f = _min_max(reranked[q]), _min_max(first[q])
+    docids = list(reranked[q])
+    rows = [(r[d], f.get(d, 0.0), *lexical_features(texts.queries[q], texts.docs[d], idf, idf_unseen))
+            for d in docids]
+    out[q] = (docids, np.asarray(rows, np.float64))
+  return out
+
+
+def _weight_grid(use_reranker: bool) -> list[tuple[float, ...]]:
+  """Every weight vector on the simplex in steps of 1 / WEIGHT_STEPS, in tie-break order: most weight on the
+  first stage first, then on the reranker."""
+  grid = [c for c in itertools.product(range(WEIGHT_STEPS + 1), repeat=len(FEATURES))
+          if sum(c) == WEIGHT_STEPS and (use_reranker or c[0] == 0)]
+  grid.sort(key=lambda c: (-c[1], -c[0], -c[2], -c[3]))
+  return [tuple(x / WEIGHT_STEPS for x in c) for c in grid]
+
+
+def _score(feats: dict[str, tuple[list[str], np.ndarray]], weights) -> metrics.Run:
+  w = np.asarray(weights, np.float64)
+  return {q: _by_score(dict(zip(docids, (x @ w).tolist()))) for q, (docids, x) in feats.items()}
+
+
+def tune_learned(dev_qrels: metrics.Qrels, dev_reranked: metrics.Run, dev_first: metrics.Run, dev_texts: Texts,
+                 metric: str, use_reranker: bool = True) -> Learned:
+  """The weights of FEATURES with the best mean `metric` on dev (only dev's qrels, runs and texts are read)."""
+  name = metrics.canonical_name(metric)
+  idf, unseen = idf_table({d: dev_texts.docs[d] for q in dev_reranked for d in dev_reranked[q]})
+  feats = feature_matrix(dev_reranked, dev_first, dev_texts, idf, unseen)
+  best, best_value = None, -math.inf
+  for weights in _weight_grid(use_reranker):
+    per_query = metrics.evaluate(dev_qrels, _score(feats, weights), [name])
+    if not per_query:
+      raise FusionError("fusion=learned: no dev query has both judgments and candidates to tune on")
+    value = metrics.aggregate(per_query)[name]
+    if value > best_value:
+      best, best_value = weights, value
+  return Learned(best, idf, unseen, best_value, name, len(feats))
+
+
+def fuse_learned(reranked: metrics.Run, first: metrics.Run, texts: Texts, learned: Learned) -> metrics.Run:
+  """The evaluated split fused with weights and IDF tuned on dev."""
+  for name, run in (("reranked", reranked), ("first stage", first)):
+    bad = next((q for q in run if not all(math.isfinite(s) for s in run[q].values())), None)
+    if bad is not None:
+      raise FusionError(f"fusion=learned needs finite scores; the {name} run of query {bad!r} has an infinite "
+                        "one (score_mode=log_odds?); use fusion=rrf")
+  return _score(feature_matrix(reranked, first, texts, learned.idf, learned.idf_unseen), learned.weights)
 

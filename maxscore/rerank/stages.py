@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence
 from maxscore.rerank import compare, data, first_stage, fusion, metrics
 
 FIRST, RERANKED, FUSED = "first stage", "reranked", "fused"
+FUSED_NO_RERANKER = "fused, no reranker"  # fusion=learned tuned without the reranker's score: what the reranker adds
 RUN_FILE = "fusion.trec"
 RUN_TAG = "fusion"
 
@@ -30,22 +31,28 @@ def first_stage_scores(queries: Sequence[data.RerankQuery], qids) -> metrics.Run
 
 @dataclasses.dataclass(frozen=True)
 class DevSplit:
-  """What tuning alpha may read: the dev split's qrels, reranked run and first-stage scores."""
+  """What tuning may read: the dev split's qrels, reranked run, first-stage scores and texts."""
   qrels: metrics.Qrels
   reranked: metrics.Run
   first: metrics.Run
+  texts: Optional[fusion.Texts] = None
+
+
+def texts_of(queries: Sequence[data.RerankQuery]) -> fusion.Texts:
+  """The query and candidate texts the learned fusion's lexical features read."""
+  return fusion.Texts({q.qid: q.query for q in queries}, {d: t for q in queries for d, t in q.candidates})
 
 
 def dev_queries(queries: Sequence[data.RerankQuery], dev: Optional[data.RerankSet], fusion_name: str,
                 fusion_alpha: Any, max_queries: int) -> list[data.RerankQuery]:
   """The dev split's queries to score for tuning (none unless fusion_alpha=dev asks for them); a query in
   both splits is refused, so tuning never sees an evaluated query."""
-  if dev is None or fusion_name != "interpolate" or fusion.parse_alpha(fusion_alpha) is not None:
+  if dev is None or not fusion.needs_dev(fusion_name, fusion_alpha):
     return []
   chosen = dev.queries[:max_queries] if max_queries else dev.queries
   both = sorted({q.qid for q in queries} & {q.qid for q in chosen})
   if both:
-    raise data.DataError(f"fusion_alpha=dev: queries {both[:3]} are in both the evaluated split and dev; "
+    raise data.DataError(f"fusion tuned on dev: queries {both[:3]} are in both the evaluated split and dev; "
                          "tuning needs a dev split of other queries")
   return list(chosen)
 
@@ -56,7 +63,7 @@ def dev_split(dev: Optional[data.RerankSet], dev_queries, done) -> Optional[DevS
     return None
   reranked = {q.qid: dict(zip(done[q.qid]["docids"], done[q.qid]["scores"])) for q in dev_queries
               if q.qid in done and done[q.qid]["docids"]}
-  return DevSplit(dev.qrels, reranked, first_stage_scores(dev_queries, reranked))
+  return DevSplit(dev.qrels, reranked, first_stage_scores(dev_queries, reranked), texts_of(dev_queries))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +85,19 @@ class Stages:
     return out
 
 
-def _fusion_settings(cfg, dev: Optional[DevSplit]) -> dict[str, Any]:
-  """{"method", "alpha", "alpha_from", "dev_grid", "rrf_k"}; alpha tuned on `dev` when fusion_alpha is dev."""
+def _learned(cfg, dev: Optional[DevSplit]) -> tuple[fusion.Learned, fusion.Learned]:
+  """The learned fusion's weights tuned on `dev`, with the reranker's score and without it."""
+  if dev is None or dev.texts is None:
+    raise fusion.FusionError("fusion=learned is tuned on the dev split's queries (none were given)")
+  return tuple(fusion.tune_learned(dev.qrels, dev.reranked, dev.first, dev.texts, cfg.metrics[0], use_reranker=u)
+               for u in (True, False))
+
+
+def _fusion_settings(cfg, dev: Optional[DevSplit], learned=None) -> dict[str, Any]:
+  """{"method", "alpha", "alpha_from", "dev_grid", "rrf_k"}; alpha tuned on `dev` when fusion_alpha is dev; the
+  learned fusion's weights (and those without the reranker) when fusion=learned."""
+  if cfg.fusion == "learned":
+    return {"method": "learned", **learned[0].to_json(), "without_reranker": learned[1].to_json()}
   if cfg.fusion != "interpolate":
     return {"method": cfg.fusion} | ({"rrf_k": cfg.rrf_k} if cfg.fusion == "rrf" else {})
   alpha = fusion.parse_alpha(cfg.fusion_alpha)
@@ -98,10 +116,18 @@ def evaluate(qrels: metrics.Qrels, queries: Sequence[data.RerankQuery], reranked
   """The fused run (cfg.fusion, cfg.fusion_alpha, cfg.rrf_k) and the tests of reranked and fused against
   the first stage on the queries the reranked run was evaluated on."""
   names = list(dict.fromkeys(metrics.canonical_name(m) for m in cfg.metrics))
-  settings = _fusion_settings(cfg, dev)
+  learned = _learned(cfg, dev) if cfg.fusion == "learned" else None
+  settings = _fusion_settings(cfg, dev, learned)
   evaluated = {FIRST: base.per_query, RERANKED: reranked_per_query}
   fused_run, fused_pq = None, {}
-  if cfg.fusion != "none":
+  if cfg.fusion == "learned":
+    texts, first = texts_of(queries), first_stage_scores(queries, reranked)
+    fused_run = fusion.fuse_learned(reranked, first, texts, learned[0])
+    fused_pq = metrics.evaluate(qrels, fused_run, names)
+    evaluated[FUSED] = fused_pq
+    evaluated[FUSED_NO_RERANKER] = metrics.evaluate(qrels, fusion.fuse_learned(reranked, first, texts, learned[1]),
+                                                    names)
+  elif cfg.fusion != "none":
     fused_run = fusion.fuse(reranked, first_stage_scores(queries, reranked), cfg.fusion,
                             settings.get("alpha", 0.5), cfg.rrf_k)
     fused_pq = metrics.evaluate(qrels, fused_run, names)
@@ -128,7 +154,7 @@ def table(s: Stages, first_stage_name: str = FIRST) -> list[str]:
   width = 27
   label = {FIRST: first_stage_name, RERANKED: RERANKED,
            FUSED: f"{FUSED} ({fusion.params_text(s.fusion['method'], s.fusion.get('alpha'), s.fusion.get('rrf_k', 0))})"
-           if FUSED in s.means else FUSED}
+           if FUSED in s.means else FUSED, FUSED_NO_RERANKER: FUSED_NO_RERANKER}
   lw = max(len(v) for v in label.values())
   lines = [(f"  {'run':<{lw}} " + " ".join(f"{n:<{width}}" for n in names)).rstrip()]
   for run, means in s.means.items():

@@ -14,6 +14,12 @@ each cold one goes to a second thread, the compiler, which calls `compile([paylo
 job back at the head of the queue. So a request waits for its own compile, never for another's. A batch
 whose payloads are each warm but whose stack is not is also handed to the compiler (`compile(payloads)`,
 with no job waiting on it), so the next batch of that make-up runs stacked.
+
+A large request must not stall the small ones behind it either. With `split` and `merge` given, a payload
+is cut into parts (`split(payload) -> [part, ...]`) that run one at a time: after each part the job goes
+back to the tail of the queue, so every job that arrived meanwhile runs before its next part. A request
+behind a large one waits for one part, not for the whole; the large one's caller gets
+`merge(payload, [result of each part])` once its last part has run, or the first part's error.
 """
 
 import asyncio
@@ -42,6 +48,9 @@ class _Job:
   enqueued: float
   abandoned: bool = False
   compiled: bool = False  # back from the compiler: run it even if a probe still calls it cold
+  whole: Any = None  # the submitted payload when it runs in parts (payload is then the part that runs next)
+  rest: list = dataclasses.field(default_factory=list)  # parts not yet run
+  done: list = dataclasses.field(default_factory=list)  # results of the parts that ran
 
 
 def _resolve(future: asyncio.Future, result: Any, error: Optional[BaseException]) -> None:
@@ -59,17 +68,23 @@ class BatchQueue:
   `on_batch(num_jobs)` is called before each run (metrics). `is_warm(payloads)` (whether running them
   together compiles nothing) and `compile(payloads)` (compile what running them together needs) move the
   compilation of new shapes to a compiler thread (see the module docstring); without them every batch runs
-  as gathered."""
+  as gathered. `split(payload)` and `merge(payload, part_results)` run a large payload in parts that take
+  turns with the other jobs; without them each payload runs whole."""
 
   def __init__(self, run_batch: Callable[[Sequence[Any]], Sequence[Any]], max_batch: int, max_wait_s: float,
                max_queue: int, on_batch: Optional[Callable[[int], None]] = None,
                is_warm: Optional[Callable[[Sequence[Any]], bool]] = None,
-               compile: Optional[Callable[[Sequence[Any]], None]] = None):  # pylint: disable=redefined-builtin
+               compile: Optional[Callable[[Sequence[Any]], None]] = None,  # pylint: disable=redefined-builtin
+               split: Optional[Callable[[Any], Sequence[Any]]] = None,
+               merge: Optional[Callable[[Any, list[Any]], Any]] = None):
     if (is_warm is None) != (compile is None):
       raise ValueError("is_warm and compile are given together or not at all")
+    if (split is None) != (merge is None):
+      raise ValueError("split and merge are given together or not at all")
     self._run_batch = run_batch
     self.max_batch, self.max_wait_s, self.max_queue = max_batch, max_wait_s, max_queue
     self._on_batch, self._is_warm, self._compile = on_batch, is_warm, compile
+    self._split, self._merge = split, merge
     self._jobs: collections.deque[_Job] = collections.deque()
     # Waiting for the compiler: (payloads to compile together, the job waiting on it or None).
     self._cold: collections.deque[tuple[list[Any], Optional[_Job]]] = collections.deque()
@@ -96,6 +111,10 @@ class BatchQueue:
     """The payload's result; QueueFull, QueueClosed, asyncio.TimeoutError or the worker's exception."""
     loop = asyncio.get_running_loop()
     job = _Job(payload, loop.create_future(), loop, time.monotonic())
+    if self._split is not None:
+      parts = list(self._split(payload))
+      if len(parts) > 1:
+        job.whole, job.payload, job.rest = payload, parts[0], parts[1:]
     with self._cond:
       if self._closed:
         raise QueueClosed("the server is shutting down")
@@ -218,6 +237,19 @@ class BatchQueue:
         logging.warning("a batch of %d requests failed (%s); running them one by one", len(batch), e)
         outcomes = [self._run_one(j) for j in batch]
     for job, (result, error) in zip(batch, outcomes):
+      if error is None and job.rest:  # more parts: to the tail, behind every job that came meanwhile
+        job.done.append(result)
+        job.payload, job.rest, job.compiled = job.rest[0], job.rest[1:], False
+        with self._cond:
+          if not job.abandoned:
+            self._jobs.append(job)
+            self._cond.notify_all()
+        continue
+      if error is None and job.done:
+        try:
+          result = self._merge(job.whole, job.done + [result])
+        except Exception as e:  # pylint: disable=broad-except
+          result, error = None, e
       try:
         job.loop.call_soon_threadsafe(_resolve, job.future, result, error)
       except RuntimeError:  # the caller's event loop is closed: nobody waits for this result

@@ -25,6 +25,7 @@ class ServeConfig:
   max_queue: int = 256
   request_timeout_s: float = 60.0
   max_items: int = 1024
+  max_items_per_run: int = 64                # larger requests run in parts, taking turns with others; 0 = whole
   warmup_query_tokens: tuple[int, ...] = (32,)
   warmup_items: tuple[int, ...] = (24,)
   warmup_item_tokens: tuple[int, ...] = (64,)
@@ -38,6 +39,8 @@ class ServeConfig:
       raise ServeError(f"port={self.port} must be in [0, 65535] (0 = any free port)")
     if self.max_batch_wait_ms < 0:
       raise ServeError(f"max_batch_wait_ms={self.max_batch_wait_ms} must be >= 0")
+    if self.max_items_per_run < 0:
+      raise ServeError(f"max_items_per_run={self.max_items_per_run} must be >= 0 (0 = run each request whole)")
     if self.request_timeout_s <= 0:
       raise ServeError(f"request_timeout_s={self.request_timeout_s} must be > 0")
     try:

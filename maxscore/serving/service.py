@@ -57,7 +57,7 @@ class ScoringService:
     self.metrics = ServerMetrics(lambda: self.queue.depth, lambda: scorer.runner.num_executables)
     self.queue = batching.BatchQueue(self.run_batch, cfg.max_batch_requests, cfg.max_batch_wait_ms / 1000,
                                      cfg.max_queue, on_batch=self.metrics.batch_requests.observe,
-                                     is_warm=self.is_warm, compile=self.compile)
+                                     is_warm=self.is_warm, compile=self.compile, split=self.split, merge=self.merge)
 
   # --- the worker thread -----------------------------------------------------------------------
   def _score(self, works: Sequence[Work]) -> list[ScoreResult]:
@@ -79,6 +79,24 @@ class ScoringService:
   def compile(self, works: Sequence[Work]) -> None:
     """Builds what run_batch(works) runs, without running it; on the compiler thread, beside the worker."""
     self.scorer.compile_for(lambda: self._score(works))
+
+  def split(self, work: Work) -> list[Work]:
+    """A request of more than max_items_per_run items as parts of that many (the last one shorter), each with
+    the whole query: the batch worker runs them in turns with other requests (batching.BatchQueue)."""
+    n, items = self.cfg.max_items_per_run, work.request.items
+    if not n or len(items) <= n:
+      return [work]
+    return [dataclasses.replace(work, request=dataclasses.replace(work.request, items=items[i:i + n]))
+            for i in range(0, len(items), n)]
+
+  @staticmethod
+  def merge(work: Work, parts: Sequence[ScoreResult]) -> ScoreResult:
+    """The parts' scores in item order; usage as one request (processed_tokens counts the query once per part)."""
+    algorithms = list(dict.fromkeys(p.algorithm for p in parts))
+    processed = sum(p.usage["processed_tokens"] for p in parts)
+    usage = {"prompt_tokens": work.request.num_tokens, "processed_tokens": processed,
+             "total_tokens": work.request.num_tokens}
+    return ScoreResult(np.concatenate([p.scores for p in parts]), "+".join(algorithms), usage)
 
   def run_batch(self, works: Sequence[Work]) -> list[ScoreResult]:
     """Scores gathered requests with as few forwards as their shapes allow (Scorer.score_requests)."""

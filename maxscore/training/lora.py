@@ -8,7 +8,8 @@ each targeted projection, B initialised to zero so step 0 is the base model exac
 - `trainable_mask` is True on adapter leaves only: the optimizer freezes the rest;
 - `merge` folds W + alpha / rank * A @ B into a plain base tree (an ordinary checkpoint);
 - `save_adapters` writes the adapters beside a base checkpoint (and the base's digest);
-  `load_scorer` loads base + adapters as a Scorer, merged on load.
+  `load_scorer` loads base + adapters as a Scorer, merged on load (scripts/export_hf_checkpoint.py merges them
+  the same way into a transformers directory).
 
     <adapters_dir>/adapters/   Orbax tree of the adapter params only
     <adapters_dir>/lora.json   {"format_version", "rank", "alpha", "targets", "model",
@@ -36,8 +37,8 @@ from maxscore.config import model_config_from_dict, model_config_to_dict
 from maxscore.files import identity, safety
 
 __all__ = ["TARGETS", "LoraConfig", "LoraError", "adapt", "add_adapters", "adapter_shardings", "init_adapters",
-           "is_adapter", "load_adapters", "load_scorer", "lora_config", "merge", "save_adapters", "save_merged",
-           "split_adapters", "trainable_mask"]
+           "is_adapter", "load_adapters", "load_adapters_for", "load_scorer", "lora_config", "merge", "save_adapters",
+           "save_merged", "split_adapters", "trainable_mask"]
 
 FORMAT_VERSION = 1
 METADATA_FILE = "lora.json"
@@ -202,16 +203,23 @@ def load_adapters(directory: os.PathLike) -> tuple[dict, LoraConfig, dict]:
   return adapters, lora, meta
 
 
-def load_scorer(checkpoint_dir: os.PathLike, adapters_dir: os.PathLike, mesh: Any = "auto", **overrides: Any):
-  """A Scorer of the base checkpoint plus the adapters, merged on load (so it scores as a merged export).
-
-  Refuses adapters trained on another base (their stored base digest differs)."""
-  from maxscore.scoring.scorer import Scorer  # pylint: disable=g-import-not-at-top  (scoring imports much)
+def load_adapters_for(checkpoint_dir: os.PathLike, adapters_dir: os.PathLike) -> tuple[dict, LoraConfig, dict]:
+  """`load_adapters(adapters_dir)`, refusing adapters trained on another base than `checkpoint_dir` (their
+  stored base digest differs)."""
   adapters, lora, meta = load_adapters(adapters_dir)
   base_digest = storage.params_digest(checkpoint_dir)
   if base_digest != meta["base_params_sha256"]:
     raise LoraError(f"adapters in {adapters_dir} were trained on base params {meta['base_params_sha256']}, but "
                     f"{checkpoint_dir} holds {base_digest}")
+  return adapters, lora, meta
+
+
+def load_scorer(checkpoint_dir: os.PathLike, adapters_dir: os.PathLike, mesh: Any = "auto", **overrides: Any):
+  """A Scorer of the base checkpoint plus the adapters, merged on load (so it scores as a merged export).
+
+  Refuses adapters trained on another base (their stored base digest differs)."""
+  from maxscore.scoring.scorer import Scorer  # pylint: disable=g-import-not-at-top  (scoring imports much)
+  adapters, lora, _ = load_adapters_for(checkpoint_dir, adapters_dir)
   base = Scorer.from_checkpoint(checkpoint_dir, mesh=mesh, **overrides)
   merged = merge(add_adapters(base.runner.params, adapters), lora)
   return Scorer(base.config, merged, base.tokenizer, model_name=base.model_name, mesh=base.mesh)

@@ -222,13 +222,14 @@ class LoopSettings:
 class Hooks:
   """What a task plugs into the loop: its batches, its eval (a dict to log, or None), the save, the log
   and the learning-rate schedule (logged beside the loss)."""
-  make_batch: Callable[[np.ndarray], tuple[Any, int]]  # example indices (-1: padding) -> rows, real items
+  make_batch: Callable[[np.ndarray, int], tuple[Any, int]]  # (example indices (-1: padding), step) -> rows, real items
   place: Callable[[TrainState, Any], tuple[TrainState, Any]]
-  evaluate: Callable[[Any], Optional[dict]]
+  evaluate: Callable[[Any, int], Optional[dict]]  # (params, step) -> metrics to log, or None
   save: Callable[[int, TrainState], None]
   log: MetricsLog
   schedule: Callable[[int], Any]
   local_rows: Optional[np.ndarray] = None  # the batch rows this process builds (None: all)
+  should_stop: Optional[Callable[[], bool]] = None  # asked after each eval (and at the start): stop early
 
 
 @dataclasses.dataclass
@@ -244,7 +245,7 @@ class Timing:
 
 def _log_eval(hooks: Hooks, step: int, params, timing: Timing) -> None:
   t = time.perf_counter()
-  values = hooks.evaluate(params)
+  values = hooks.evaluate(params, step)
   timing.eval_seconds += time.perf_counter() - t
   if values is not None:
     hooks.log.write("eval", step, values)
@@ -280,11 +281,12 @@ def _steps(s: LoopSettings, state: TrainState, step_fn: Callable, hooks: Hooks, 
            delay_s: float) -> tuple[TrainState, Timing]:
   """loop's body; `timing.steps_done` follows the step reached (what a Ctrl-C reports)."""
   step = timing.steps_done = int(state.step)
+  stop = hooks.should_stop or (lambda: False)
   if step == 0:
     _log_eval(hooks, 0, state.params, timing)
-  while step < s.total_steps:
+  while step < s.total_steps and not stop():
     idx = batch_indices(state, s.num_examples, s.batch_size)
-    batch, items = hooks.make_batch(idx if hooks.local_rows is None else idx[hooks.local_rows])
+    batch, items = hooks.make_batch(idx if hooks.local_rows is None else idx[hooks.local_rows], step)
     t = time.perf_counter()
     new_state, metrics = step_fn(*hooks.place(state, batch))
     metrics = {k: float(v) for k, v in partition.host_copy(metrics).items()}  # waits for the step
@@ -306,7 +308,7 @@ def _steps(s: LoopSettings, state: TrainState, step_fn: Callable, hooks: Hooks, 
                                       "learning_rate": float(hooks.schedule(step - 1)), **dict(sorted(metrics.items()))})
     if (s.eval_every and step % s.eval_every == 0) or step == s.total_steps:
       _log_eval(hooks, step, state.params, timing)
-    if (s.save_every and step % s.save_every == 0) or step == s.total_steps:
+    if (s.save_every and step % s.save_every == 0) or step == s.total_steps or stop():
       hooks.save(step, state)
     if s.progress and step % s.progress_every == 0:
       logging.info("%s: step %d/%d loss %.4f", s.name, step, s.total_steps, loss)
