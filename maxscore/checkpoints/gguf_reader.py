@@ -49,7 +49,8 @@ _ARCH_CHECKED = ("attention.value_length", "rope.dimension_count", "rope.scaling
 # tokenizer.* keys: used to build tokenizer.json (maxscore/checkpoints/gguf_tokenizer.py) or naming special tokens
 TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.scores",
                   "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.add_bos_token",
-                  "tokenizer.ggml.add_eos_token", "tokenizer.ggml.add_space_prefix", "tokenizer.chat_template")
+                  "tokenizer.ggml.add_eos_token", "tokenizer.ggml.add_sep_token", "tokenizer.ggml.add_space_prefix",
+                  "tokenizer.chat_template")
 
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
                  "output.weight": "lm_head.weight"}

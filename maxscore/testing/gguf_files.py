@@ -99,6 +99,8 @@ def write_gguf(model, path: pathlib.Path, tensor_type: str = "F32", metadata: Op
   for key, value in (tokenizer or {}).items():
     if isinstance(value, list):
       writer.add_array(key, value)
+    elif isinstance(value, bool):
+      writer.add_bool(key, value)
     elif isinstance(value, int):
       writer.add_uint32(key, value)
     else:
@@ -115,3 +117,23 @@ def write_gguf(model, path: pathlib.Path, tensor_type: str = "F32", metadata: Op
   writer.write_tensors_to_file()
   writer.close()
   return pathlib.Path(path)
+
+
+def sentencepiece_metadata(model_file: pathlib.Path) -> dict[str, Any]:
+  """tokenizer.* keys for a sentencepiece model, as llama.cpp's converter writes them: pieces, scores and types
+  (sentencepiece's piece types are llama.cpp's token types), a user-defined piece's U+2581 written as a space."""
+  from sentencepiece import sentencepiece_model_pb2  # pylint: disable=import-outside-toplevel
+  proto = sentencepiece_model_pb2.ModelProto()
+  proto.ParseFromString(pathlib.Path(model_file).read_bytes())
+  user_defined = sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED
+  pieces = proto.pieces
+  ids = {p.piece: i for i, p in enumerate(pieces)}
+  return {"tokenizer.ggml.model": "llama", "tokenizer.ggml.pre": "default",
+          "tokenizer.ggml.tokens": [p.piece.replace("\u2581", " ") if p.type == user_defined else p.piece
+                                    for p in pieces],
+          "tokenizer.ggml.scores": [float(p.score) for p in pieces],
+          "tokenizer.ggml.token_type": [int(p.type) for p in pieces],
+          "tokenizer.ggml.bos_token_id": proto.trainer_spec.bos_id, "tokenizer.ggml.eos_token_id": proto.trainer_spec.eos_id,
+          "tokenizer.ggml.unknown_token_id": ids["<unk>"], "tokenizer.ggml.padding_token_id": proto.trainer_spec.pad_id,
+          "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False,
+          "tokenizer.ggml.add_space_prefix": bool(proto.normalizer_spec.add_dummy_prefix)}
