@@ -62,9 +62,22 @@ class EvalConfig(prompts.PromptConfig):
   fusion: Literal["none", "interpolate", "rrf", "learned"] = "rrf"  # fusion.trec: the reranked run fused with the first stage
   fusion_alpha: str = "dev"                # interpolate's weight of the reranker: a number in [0, 1], or "dev" (tuned)
   rrf_k: float = 60.0                      # rrf's k
+  passage_tokens: int = 0                  # split documents into passages of this many tokens; 0 = whole documents
+  passage_stride: int = 0                  # a passage starts every this many tokens; 0 = passage_tokens (no overlap)
+  aggregate: Literal["maxp", "firstp", "sump"] = "maxp"  # a document's score from its passages' ranking scores
 
   def validate(self) -> "EvalConfig":
     super().validate()
+    if self.passage_tokens < 0 or self.passage_stride < 0:
+      raise data.DataError(f"passage_tokens={self.passage_tokens} and passage_stride={self.passage_stride} must be "
+                           ">= 0")
+    if self.passage_stride and not self.passage_tokens:
+      raise data.DataError(f"passage_stride={self.passage_stride} needs passage_tokens > 0")
+    if self.passage_stride > self.passage_tokens:
+      raise data.DataError(f"passage_stride={self.passage_stride} above passage_tokens={self.passage_tokens} would "
+                           "skip text between passages")
+    if self.aggregate not in AGGREGATES:
+      raise data.DataError(f"aggregate={self.aggregate!r} is not one of {sorted(AGGREGATES)}")
     try:
       fusion.check(self.fusion, self.fusion_alpha, self.rrf_k)
     except fusion.FusionError as e:
@@ -74,6 +87,10 @@ class EvalConfig(prompts.PromptConfig):
     if not self.run_tag or any(c.isspace() for c in self.run_tag):
       raise data.DataError(f"run_tag={self.run_tag!r} must be one word")
     return self
+
+
+# How a document's ranking score comes from its passages' (passage_tokens > 0): BERT-MaxP / FirstP / SumP.
+AGGREGATES = {"maxp": max, "firstp": lambda scores: scores[0], "sump": sum}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,15 +257,26 @@ def score_query(scorer: Scorer, builder: prompts.PromptBuilder, q: data.RerankQu
   start = time.perf_counter()
   compiled_before = len(scorer.runner.compiled_shapes)
   query_ids, query_truncated = builder.query(q.query)
-  items = [builder.item(text) for _, text in q.candidates]
   texts = [text for _, text in q.candidates]
+  passage_tokens, aggregate = getattr(cfg, "passage_tokens", 0), getattr(cfg, "aggregate", "maxp")
+  if passage_tokens:  # each document as its passages, scored as items of the query
+    units = [builder.passages(text, passage_tokens, cfg.passage_stride, first_only=aggregate == "firstp")
+             for text in texts]
+  else:
+    units = [[text] for text in texts]
+  items = [[builder.item(u) for u in doc] for doc in units]
   scores = cache.get(q.query, texts) if cache is not None else [None] * len(items)
   missing = [i for i, s in enumerate(scores) if s is None]
   algorithm, prompt_tokens, processed_tokens = "cache", 0, 0
   if missing:
-    ranking, result = _model_scores(scorer, query_ids, [items[i][0] for i in missing], label_ids, cfg, q.qid)
-    for i, s in zip(missing, ranking):
-      scores[i] = float(s)
+    item_ids = [ids for i in missing for ids, _ in items[i]]
+    ranking, result = _model_scores(scorer, query_ids, item_ids, label_ids, cfg, q.qid)
+    at = 0
+    for i in missing:
+      n = len(items[i])
+      part = [float(s) for s in ranking[at:at + n]]
+      scores[i] = part[0] if n == 1 else float(np.float32(AGGREGATES[aggregate](part)))
+      at += n
     algorithm, prompt_tokens = result.algorithm, result.usage["prompt_tokens"]
     processed_tokens = result.usage["processed_tokens"]
     if cache is not None and write_cache:
@@ -262,7 +290,8 @@ def score_query(scorer: Scorer, builder: prompts.PromptBuilder, q: data.RerankQu
       "prompt_tokens": prompt_tokens,
       "processed_tokens": processed_tokens,
       "query_truncated": query_truncated,
-      "items_truncated": sum(t for _, t in items),
+      "items_truncated": sum(t for doc in items for _, t in doc),
+      "passages": sum(len(doc) for doc in items),
       "seconds": time.perf_counter() - start,
       "compiled": len(scorer.runner.compiled_shapes) > compiled_before,
       "cached": len(items) - len(missing),

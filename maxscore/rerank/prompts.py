@@ -199,6 +199,17 @@ class PromptBuilder:
     bos = (self.tokenizer.bos_id,) if self.template.bos else ()
     return bos + self._encode(self.template.query_segments, query=query, instruction=self.instruction), truncated
 
+  def passages(self, doc: str, tokens: int, stride: int = 0, first_only: bool = False) -> list[str]:
+    """The document cut in token space into passages of `tokens` tokens starting every `stride` tokens (0 =
+    `tokens`: no overlap), the last one running to the end; a document of at most `tokens` tokens is itself,
+    unchanged. `first_only`: the first passage alone."""
+    ids = self.tokenizer.encode(doc)
+    if len(ids) <= tokens:
+      return [doc]
+    stride = stride or tokens
+    starts = [0] if first_only else list(range(0, max(len(ids) - tokens, 0) + stride, stride))
+    return [self.tokenizer.decode(ids[s:s + tokens]) for s in starts if s < len(ids)]
+
   def _item(self, doc: str) -> tuple[tuple[int, ...], bool]:
     """(item-side token ids, whether the document was truncated)."""
     doc, truncated = self._truncate(doc, self.max_item_tokens)

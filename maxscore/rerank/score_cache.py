@@ -9,7 +9,7 @@ model work for them and writes the same numbers.
 Layout: `DIR/<scorer key>/<host>-<pid>-<random>.jsonl`, one line per pair, `{"k": pair key, "s": score}`.
 - The scorer key digests everything a score depends on: the scorer's identity (model, parameter, tokenizer and
   head digests, dtypes, scoring, kernel and bucket config: maxscore/files/identity.py), the template,
-  instruction, label ids, score mode and truncation. A changed model or prompt reads another directory, so an
+  instruction, label ids, score mode, truncation and passage settings. A changed model or prompt reads another directory, so an
   entry is never trusted across a change.
 - The pair key digests the query text and the document text.
 - Every process appends to a file of its own, line by line, so processes writing at once never touch the
@@ -43,7 +43,8 @@ def scorer_key(scorer: Any, prompt: Any, label_ids: Sequence[int]) -> str:
   what = {"format_version": FORMAT_VERSION, "scorer": identity.scorer_identity(scorer),
           "template": prompt.template, "instruction": prompt.instruction, "label_ids": list(label_ids),
           "score_mode": prompt.score_mode, "max_query_tokens": prompt.max_query_tokens,
-          "max_item_tokens": prompt.max_item_tokens}
+          "max_item_tokens": prompt.max_item_tokens,
+          "passages": [getattr(prompt, k, None) for k in ("passage_tokens", "passage_stride", "aggregate")]}
   return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
