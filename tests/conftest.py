@@ -32,6 +32,11 @@ def _session_compilation_cache() -> str | None:
 
 
 _CACHE_DIR_MADE = _session_compilation_cache()
+# maxscore's own per-user cache (document indexes; compiled programs when JAX_COMPILATION_CACHE_DIR is unset) in
+# a temporary directory of the session, removed at its end: tests never write into the user's ~/.cache.
+_USER_CACHE_MADE = None if os.environ.get("MAXSCORE_CACHE_DIR") else tempfile.mkdtemp(prefix="maxscore-test-cache-")
+if _USER_CACHE_MADE:
+  os.environ["MAXSCORE_CACHE_DIR"] = _USER_CACHE_MADE
 
 import jax
 import numpy as np
@@ -246,5 +251,6 @@ def pytest_terminal_summary(terminalreporter):
 def pytest_unconfigure(config):
   """The process that made the session's compilation cache removes it: every session and CI start clean."""
   del config
-  if _CACHE_DIR_MADE:
-    shutil.rmtree(_CACHE_DIR_MADE, ignore_errors=True)
+  for made in (_CACHE_DIR_MADE, _USER_CACHE_MADE):
+    if made:
+      shutil.rmtree(made, ignore_errors=True)

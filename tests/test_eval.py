@@ -317,6 +317,7 @@ def test_compilation_cache_is_per_user_by_default_and_off_with_one_key(tmp_path)
   assert compilation_cache_path("none", env) is None and compilation_cache_path(None, env) is None
   assert compilation_cache_path("/some/dir", env) == "/some/dir"
   assert compilation_cache_path("user", dict(env, JAX_COMPILATION_CACHE_DIR="/x")) is None  # the user's own wins
+  assert compilation_cache_path("user", dict(env, MAXSCORE_CACHE_DIR="/m")) == "/m/jax"
 
 
 @pytest.mark.slow
@@ -326,6 +327,7 @@ def test_a_second_eval_reads_its_programs_from_the_user_cache(tmp_path):
   from maxscore.testing.processes import REPO, subprocess_env  # pylint: disable=import-outside-toplevel
   env = subprocess_env(1)
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  env.pop("MAXSCORE_CACHE_DIR", None)
   env.update(XDG_CACHE_HOME=str(tmp_path / "xdg"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   cache = tmp_path / "xdg" / "maxscore" / "jax"
 

@@ -26,6 +26,7 @@ import numpy as np
 from absl import logging
 
 from maxscore.errors import ScoreInputError
+from maxscore.rerank import docstore
 
 DEFAULT_DIR = pathlib.Path(__file__).resolve().parent.parent / "assets" / "default"
 DEFAULT_CHECKPOINT = DEFAULT_DIR / "pydoc-tiny-qwen3"
@@ -349,24 +350,8 @@ def load_beir(data_dir: os.PathLike, run_file: os.PathLike, split: str = "test",
   qrels = read_qrels(qrels_path, problems, known_qids=queries)
   run, other_lines = _read_run(run_file, qrels, queries, top_k, problems, _judged_elsewhere(qrels_path))
   needed = {docid for rows in run.values() for docid, _, _ in rows}
-  texts: dict[str, str] = {}
-  first: dict[str, str] = {}  # docid -> where its text was read
-  empty: set[str] = set()  # skipped empty documents: their run lines are not counted again
   corpus_path = data_dir / "corpus.jsonl"
-  for where, rec in _json_records(corpus_path, problems):
-    docid = _id(rec.get("_id"))
-    if docid is None:
-      problems("bad_records", where, f"_id={rec.get('_id')!r} must be a non-empty string without whitespace")
-    elif docid in texts:
-      if _doc_text(rec) != texts[docid]:  # which text was meant is unknown: never keep one silently
-        problems("duplicate_docids", where, f"_id {docid!r} already appeared at {first[docid]} with other text")
-    elif docid in needed and docid not in empty:
-      text = _doc_text(rec)
-      if text.strip():
-        texts[docid], first[docid] = text, str(where)
-      else:
-        empty.add(docid)
-        problems("empty_texts", where, f"document {docid!r} has empty title and text")
+  texts, empty = _read_needed(corpus_path, needed, problems)
   out = []
   for qid, rows in run.items():
     cands, scores = [], []
@@ -386,6 +371,31 @@ def load_beir(data_dir: os.PathLike, run_file: os.PathLike, split: str = "test",
             "top_k": top_k, "judged_queries_without_candidates": missing,
             "run_lines_of_other_splits": other_lines}
   return RerankSet(out, {q: qrels[q] for q in run}, source, problems.counts)
+
+
+def _read_needed(corpus_path: pathlib.Path, needed: set, problems: _Problems) -> tuple[dict[str, str], set]:
+  """({docid: text}, docids with empty text) of the needed documents, read through the corpus's document store
+  (maxscore/rerank/docstore.py: an offset index built once); the corpus's problems are reported in file order,
+  as reading the whole file reports them."""
+  try:
+    store = docstore.DocStore.open(corpus_path)
+  except docstore.StoreError as e:
+    raise DataError(str(e)) from None
+  found = store.get(needed)
+  texts, empty, found_problems = {}, set(), []
+  for docid, (line, rec) in found.items():
+    text = _doc_text(rec)
+    if text.strip():
+      texts[docid] = text
+    else:
+      empty.add(docid)
+      found_problems.append(("empty_texts", f"{corpus_path}:{line}", f"document {docid!r} has empty title and text"))
+  line_of = lambda p: int(p[1].rsplit(":", 1)[1])  # noqa: E731
+  for reason, where, message in sorted(store.problems + found_problems, key=line_of):
+    if reason == "fatal":
+      raise DataError(f"{where}: {message}")
+    problems(reason, where, message)
+  return texts, empty
 
 
 def _judged_elsewhere(qrels_path: pathlib.Path) -> frozenset:

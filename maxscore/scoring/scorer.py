@@ -26,7 +26,7 @@ from maxscore.distributed import mesh as mesh_lib
 from maxscore.scoring.algorithms import ALGORITHMS, AlgorithmContext
 from maxscore.config import Config, from_flat_dict, load_config, to_flat_dict
 from maxscore.errors import ScoreInputError
-from maxscore.files import identity
+from maxscore.files import cache, identity
 from maxscore.scoring.runner import ModelRunner, NotCompiled
 from maxscore.scoring.prefix_cache import PrefixCache
 from maxscore.scoring.requests import TokenRequest, make_request, validate_batch, validate_request
@@ -36,14 +36,14 @@ REQUEST_FIELDS = frozenset({"query", "items", "label_token_ids", "apply_softmax"
 
 
 def compilation_cache_path(setting: Optional[str], environ=os.environ) -> Optional[str]:
-  """The persistent compilation cache directory a `compilation_cache_dir` setting names: "user" = the per-user
-  cache ($XDG_CACHE_HOME or ~/.cache, then maxscore/jax), None or "none" = off, else the directory given. An
-  explicit JAX_COMPILATION_CACHE_DIR in the environment wins (None: leave JAX's own setting)."""
+  """The persistent compilation cache directory a `compilation_cache_dir` setting names: "user" = jax/ in the
+  per-user cache (maxscore/files/cache.py: MAXSCORE_CACHE_DIR, else $XDG_CACHE_HOME/maxscore, else
+  ~/.cache/maxscore), None or "none" = off, else the directory given. An explicit JAX_COMPILATION_CACHE_DIR in
+  the environment wins (None: leave JAX's own setting)."""
   if environ.get("JAX_COMPILATION_CACHE_DIR") or setting in (None, "", "none"):
     return None
   if setting == "user":
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "maxscore", "jax")
+    return str(cache.user_cache_dir(environ) / "jax")
   return setting
 
 

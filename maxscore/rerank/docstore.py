@@ -1,0 +1,195 @@
+"""A document store over a BEIR corpus.jsonl: an offset index built once (streaming), then only the documents a run
+needs are read, so start-up and memory follow the run, not the corpus.
+
+    store = DocStore.open("beir/msmarco/corpus.jsonl")     # builds or checks the index
+    records = store.get({"d1", "d7"})                      # {docid: (line number, the corpus record)}
+    store.problems                                         # what the build found: bad lines, duplicate ids
+
+The index lives in the per-user cache (maxscore/files/cache.py), in docstore/<digest of the corpus's absolute
+path>/, never beside the user's data: `meta.json` and four arrays, read memory-mapped: the 64-bit BLAKE2 hash
+of each docid (sorted), the record's byte offset, its length and its line number. A lookup hashes the wanted ids, finds them by
+binary search and reads each line with one positioned read; the record's own `_id` is checked, so a hash
+collision cannot return another document. Memory: the arrays are mapped, not loaded (20 bytes per document on
+disk), plus the records read.
+
+The index is checked against its corpus before every use: size, modification time and a digest of sampled
+blocks (the first and last 64 KiB and 14 blocks between). A changed corpus rebuilds the index. The build
+records, with their `file:line`, what the eval's loader reports for a corpus (lines that are not JSON objects,
+records without a usable `_id`, an `_id` repeated with other text), so loading through the store reports them
+exactly as reading the whole file does; of a repeated `_id` with the same text the first record is kept.
+"""
+
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import time
+from typing import Any, Iterable, Optional
+
+import numpy as np
+from absl import logging
+
+from maxscore.files import cache
+
+INDEX_VERSION = 1
+_SAMPLE_BLOCK = 1 << 16
+_SAMPLES = 14
+
+
+class StoreError(ValueError):
+  """The corpus cannot be indexed or read (a non-UTF-8 line, an unreadable file)."""
+
+
+def _hash(docid: str) -> int:
+  return int.from_bytes(hashlib.blake2b(docid.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def corpus_signature(path: pathlib.Path) -> dict[str, Any]:
+  """Size, modification time and a digest of sampled blocks: what says the corpus is the one indexed."""
+  st = path.stat()
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    points = {0, max(0, st.st_size - _SAMPLE_BLOCK)}
+    points |= {st.st_size * (i + 1) // (_SAMPLES + 1) for i in range(_SAMPLES)}
+    for at in sorted(points):
+      f.seek(at)
+      h.update(f.read(_SAMPLE_BLOCK))
+  return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sample_sha256": h.hexdigest()}
+
+
+def _index_dir(corpus: pathlib.Path) -> pathlib.Path:
+  key = hashlib.sha256(str(corpus.resolve()).encode()).hexdigest()[:24]
+  return cache.user_cache_dir() / "docstore" / key
+
+
+@dataclasses.dataclass
+class DocStore:
+  corpus: pathlib.Path
+  index_dir: pathlib.Path
+  meta: dict
+  keys: np.ndarray      # uint64 [n], sorted
+  offsets: np.ndarray   # uint64 [n]
+  lengths: np.ndarray   # uint32 [n]
+  lines: np.ndarray     # uint32 [n], 1-based line numbers
+  built_seconds: Optional[float] = None  # set when this open built the index
+
+  @property
+  def problems(self) -> list[tuple[str, str, str]]:
+    """(reason, "file:line", message) of each problem the build found, in file order."""
+    return [tuple(p) for p in self.meta["problems"]]
+
+  @classmethod
+  def open(cls, corpus: os.PathLike, index_dir: Optional[os.PathLike] = None) -> "DocStore":
+    """The store of `corpus`, its index built (or rebuilt, when the corpus changed) first."""
+    corpus = pathlib.Path(corpus)
+    if not corpus.is_file():
+      raise StoreError(f"{corpus}: file does not exist" if not corpus.exists() else f"{corpus}: is not a file")
+    where = pathlib.Path(index_dir) if index_dir else _index_dir(corpus)
+    signature = corpus_signature(corpus)
+    meta_path = where / "meta.json"
+    built = None
+    try:
+      meta = json.loads(meta_path.read_text())
+      fresh = meta.get("version") == INDEX_VERSION and meta.get("corpus") == signature
+    except (OSError, ValueError):
+      fresh = False
+    if not fresh:
+      built = build_index(corpus, where, signature)
+      meta = json.loads(meta_path.read_text())
+    arrays = [np.load(where / f"{name}.npy", mmap_mode="r") for name in ("keys", "offsets", "lengths", "lines")]
+    return cls(corpus, where, meta, *arrays, built_seconds=built)
+
+  def __len__(self) -> int:
+    return len(self.keys)
+
+  def get(self, docids: Iterable[str]) -> dict[str, tuple[int, dict]]:
+    """{docid: (line number, the corpus record)} of the wanted ids the corpus holds (the first record of a
+    repeated id)."""
+    wanted = sorted(set(docids))
+    if not wanted:
+      return {}
+    hashes = np.asarray([_hash(d) for d in wanted], np.uint64)
+    lo = np.searchsorted(self.keys, hashes, side="left")
+    hi = np.searchsorted(self.keys, hashes, side="right")
+    out = {}
+    fd = os.open(self.corpus, os.O_RDONLY)
+    try:
+      for docid, a, b in zip(wanted, lo, hi):
+        for i in range(a, b):  # equal hashes: normally one; a collision holds several ids
+          raw = os.pread(fd, int(self.lengths[i]), int(self.offsets[i]))
+          rec = json.loads(raw)
+          if str(rec.get("_id")) == docid:
+            out[docid] = (int(self.lines[i]), rec)
+            break
+    finally:
+      os.close(fd)
+    return out
+
+
+def build_index(corpus: pathlib.Path, where: pathlib.Path, signature: dict) -> float:
+  """Streams the corpus once and writes the index; returns the seconds it took."""
+  from maxscore.rerank import data  # pylint: disable=import-outside-toplevel  (data reads through this module)
+  start = time.perf_counter()
+  logging.info("indexing %s (%.1f MB) for the document store", corpus, signature["size"] / 1e6)
+  keys, offsets, lengths, lines, problems = [], [], [], [], []
+  first_text: dict[int, list] = {}  # hash -> [(docid, text digest, where)] for the repeat check
+  offset = 0
+  with open(corpus, "rb") as f:
+    for number, raw in enumerate(f, 1):
+      at, offset = offset, offset + len(raw)
+      where_ = f"{corpus}:{number}"
+      try:
+        line = raw.decode("utf-8").rstrip("\r\n")
+      except UnicodeDecodeError as e:
+        problems.append(("fatal", where_, f"not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})"))
+        continue
+      if not line.strip():
+        continue
+      try:
+        rec = json.loads(line)
+      except json.JSONDecodeError as e:
+        problems.append(("bad_json_lines", where_, f"invalid JSON ({e.msg} at column {e.colno})"))
+        continue
+      except RecursionError:
+        problems.append(("bad_json_lines", where_, "JSON nested too deeply"))
+        continue
+      if not isinstance(rec, dict):
+        problems.append(("bad_json_lines", where_, f"expected a JSON object, got {type(rec).__name__}"))
+        continue
+      if "\\u" in line and not data._valid_unicode(rec):  # pylint: disable=protected-access
+        problems.append(("bad_json_lines", where_, "text holds a lone UTF-16 surrogate escape (e.g. \\ud800), "
+                                                   "not valid Unicode"))
+        continue
+      docid = data._id(rec.get("_id"))  # pylint: disable=protected-access
+      if docid is None:
+        problems.append(("bad_records", where_, f"_id={rec.get('_id')!r} must be a non-empty string without "
+                                                "whitespace"))
+        continue
+      h = _hash(docid)
+      text = hashlib.sha256(data._doc_text(rec).encode()).digest()  # pylint: disable=protected-access
+      seen = next((s for s in first_text.get(h, ()) if s[0] == docid), None)
+      if seen is not None:
+        if seen[1] != text:  # which text was meant is unknown: the loader refuses (or skips and counts) it
+          problems.append(("duplicate_docids", where_, f"_id {docid!r} already appeared at {seen[2]} with other "
+                                                       "text"))
+        continue
+      first_text.setdefault(h, []).append((docid, text, where_))
+      keys.append(h)
+      offsets.append(at)
+      lengths.append(len(raw))
+      lines.append(number)
+  order = np.argsort(np.asarray(keys, np.uint64), kind="stable")
+  where.mkdir(parents=True, exist_ok=True)
+  for name, values, dtype in (("keys", keys, np.uint64), ("offsets", offsets, np.uint64),
+                              ("lengths", lengths, np.uint32), ("lines", lines, np.uint32)):
+    tmp = where / f".{name}.tmp.npy"
+    np.save(tmp, np.asarray(values, dtype)[order])
+    os.replace(tmp, where / f"{name}.npy")
+  meta = {"version": INDEX_VERSION, "corpus": signature, "documents": len(keys), "problems": problems}
+  tmp = where / ".meta.json.tmp"
+  tmp.write_text(json.dumps(meta) + "\n")
+  os.replace(tmp, where / "meta.json")  # last: an index without its meta is never used
+  seconds = time.perf_counter() - start
+  logging.info("indexed %d documents of %s in %.1f s", len(keys), corpus, seconds)
+  return seconds
