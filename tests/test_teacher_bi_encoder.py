@@ -1,7 +1,8 @@
 """The sentence_transformer teacher (maxscore/training/bi_encoder.py): cosine scores of mean-pooled, normalized
 embeddings checked by hand against transformers' own outputs on a tiny random BERT, groups scored and written
-back aligned, a split's candidates written as a run, a bad model directory refused in one line, no torch at
-import; and (slow) the packaged all-MiniLM-L6-v2 reranking the embedded test split above BM25."""
+back aligned, a split's candidates written as a run (the maxscore teacher's equal to eval_rerank.py's), a bad model
+directory refused in one line, no torch at import; and (slow) the packaged all-MiniLM-L6-v2 reranking the embedded
+test split above BM25."""
 
 import io
 import json
@@ -187,3 +188,14 @@ def test_packaged_minilm_reranks_the_embedded_test_split_above_bm25(minilm_dir):
         f"{result['queries']} queries)")
   assert result["queries"] == 20 and result["first_stage_ndcg@10"] == pytest.approx(0.3924, abs=1e-4)
   assert result["ndcg@10"] > 0.45
+
+
+def test_the_maxscore_teachers_run_is_the_evals(tmp_path, load_script):
+  """Any teacher measures on a split the same way: the embedded default as the maxscore teacher writes the run
+  eval_rerank.py writes for the same candidates, prompt and score mode, score for score."""
+  common = [f"--data_dir={data.DEFAULT_BEIR_DIR}", f"--run_file={data.DEFAULT_RUN}", "--split=test", "--rerank_top_k=3",
+            "--max_query_tokens=8", "--max_item_tokens=16", "--score_mode=log_odds"]
+  load_script("eval_rerank").run(["x", *common, f"--output_dir={tmp_path / 'eval'}", "--fusion=none", "--plot=false"])
+  load_script("score_teacher").run(["x", *common, f"--output_run={tmp_path / 'teacher.trec'}"])
+  teacher_run = data.read_trec_run(tmp_path / "teacher.trec")
+  assert len(teacher_run) == 20 and teacher_run == data.read_trec_run(tmp_path / "eval" / "run.trec")
