@@ -53,9 +53,9 @@ def test_cosine_scores_equal_a_by_hand_computation(tiny_bert, batch_size):
 
 
 def test_max_seq_length_of_a_sentence_transformers_directory_is_kept(tiny_bert, tmp_path):
-  """A directory with sentence_bert_config.json is cut at its max_seq_length (sentence-transformers' own limit)."""
-  import shutil  # pylint: disable=import-outside-toplevel
-  model = shutil.copytree(tiny_bert, tmp_path / "st")
+  """A sentence-transformers directory (mean pooling, normalized) loads, and is cut at the max_seq_length of its
+  sentence_bert_config.json (sentence-transformers' own limit)."""
+  model = _sentence_transformers_dir(tiny_bert, tmp_path / "st")
   (model / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 8, "do_lower_case": False}))
   encoder = bi_encoder.BiEncoder.load(str(model))
   assert encoder.max_length == 8
@@ -112,11 +112,30 @@ def test_a_split_is_written_as_the_teachers_run(tiny_bert, tmp_path, load_script
   assert f"{len(rset.queries)} queries (dev)" in printed and f"nDCG@10 {ndcg:.4f}" in printed
 
 
+def _sentence_transformers_dir(model, directory, pooling=None, dense=False):
+  """A copy of `model` with sentence-transformers' modules.json: Transformer -> Pooling (mean, unless `pooling`
+  names other modes) -> [Dense] -> Normalize."""
+  import shutil  # pylint: disable=import-outside-toplevel
+  directory = shutil.copytree(model, directory)
+  kinds = ["Transformer", "Pooling"] + (["Dense"] if dense else []) + ["Normalize"]
+  paths = {"Transformer": "", "Pooling": "1_Pooling", "Dense": "2_Dense", "Normalize": "3_Normalize"}
+  (directory / "modules.json").write_text(json.dumps(
+      [{"idx": i, "name": str(i), "path": paths[k], "type": f"sentence_transformers.models.{k}"}
+       for i, k in enumerate(kinds)]))
+  (directory / "1_Pooling").mkdir()
+  (directory / "1_Pooling" / "config.json").write_text(json.dumps(
+      {"word_embedding_dimension": 32, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
+       **(pooling or {})}))
+  return directory
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--teacher=sentence_transformer", "--model_dir={missing}"], "not a directory"),
     (["--teacher=sentence_transformer", "--model_dir={no_weights}"], "missing *.safetensors weights"),
     (["--teacher=sentence_transformer", "--model_dir={no_tokenizer}"], "missing tokenizer.json or vocab.txt"),
     (["--teacher=sentence_transformer", "--model_dir={bad_config}"], "transformers cannot load"),
+    (["--teacher=sentence_transformer", "--model_dir={cls_pooling}"], "this teacher mean-pools only"),
+    (["--teacher=sentence_transformer", "--model_dir={dense}"], "has a Dense module"),
     (["--teacher=sentence_transformer", "--model_dir=package:no-such-distribution"],
      "no installed distribution 'no-such-distribution'"),
     (["--teacher=sentence_transformer"], "needs --model_dir"),
@@ -135,8 +154,11 @@ def test_a_bad_model_dir_is_one_line_and_writes_nothing(tiny_bert, tmp_path, loa
     shutil.copy(tiny_bert / f, no_tokenizer)
   bad_config = shutil.copytree(tiny_bert, tmp_path / "bad_config")
   (bad_config / "config.json").write_text(json.dumps({"model_type": "no-such-model"}))
+  cls_pooling = _sentence_transformers_dir(tiny_bert, tmp_path / "cls", {"pooling_mode_cls_token": True,
+                                                                          "pooling_mode_mean_tokens": False})
+  dense = _sentence_transformers_dir(tiny_bert, tmp_path / "dense", dense=True)
   paths = dict(missing=tmp_path / "missing", no_weights=no_weights, no_tokenizer=no_tokenizer, bad_config=bad_config,
-               tiny=tiny_bert)
+               cls_pooling=cls_pooling, dense=dense, tiny=tiny_bert)
   _groups(tmp_path / "groups.jsonl")
   out = tmp_path / "out" / "teacher.jsonl"
   argv = ["x", f"--groups_file={tmp_path / 'groups.jsonl'}", f"--output={out}"] + [f.format(**paths) for f in flags]

@@ -45,7 +45,7 @@ def package_model_dir(distribution: str) -> pathlib.Path:
   if len(found) != 1:
     raise EncoderError(f"model_dir={PACKAGE_PREFIX}{distribution}: expected one directory with config.json and "
                        f"*.safetensors among the distribution's files, found {[str(d) for d in found] or 'none'}")
-  return found[0]
+  return resolve_model_dir(str(found[0]))
 
 
 def resolve_model_dir(spec: str) -> pathlib.Path:
@@ -65,10 +65,35 @@ def resolve_model_dir(spec: str) -> pathlib.Path:
                                     any((directory / f).is_file() for f in _TOKENIZER_FILES))) if not ok]
   if missing:
     raise EncoderError(f"model_dir={spec}: missing {', '.join(missing)}")
+  check_modules(directory, spec)
   return directory
 
 
-def max_length(directory: pathlib.Path, tokenizer_max: int, positions: int) -> int:
+def check_modules(directory: pathlib.Path, spec: str) -> None:
+  """A sentence-transformers directory (one with modules.json) must compute what this teacher computes:
+  Transformer -> Pooling by the mean only -> optionally Normalize. A Dense layer or CLS pooling is refused, not
+  dropped silently."""
+  modules_file = directory / "modules.json"
+  if not modules_file.is_file():
+    return
+  try:
+    modules = [(str(m.get("type", "")).rsplit(".", 1)[-1], str(m.get("path", "")))
+               for m in json.loads(modules_file.read_text())]
+    pooling = {path: sorted(k for k, v in json.loads((directory / path / "config.json").read_text()).items()
+                            if k.startswith("pooling_mode") and v) for kind, path in modules if kind == "Pooling"}
+  except (OSError, ValueError, AttributeError) as e:
+    raise EncoderError(f"model_dir={spec}: cannot read its sentence-transformers modules: {e}") from None
+  for kind, path in modules:
+    if kind == "Pooling":
+      if pooling[path] != ["pooling_mode_mean_tokens"]:
+        raise EncoderError(f"model_dir={spec}: {directory / path / 'config.json'} pools by {pooling[path]}; this "
+                           "teacher mean-pools only")
+    elif kind not in ("Transformer", "Normalize"):
+      raise EncoderError(f"model_dir={spec}: modules.json has a {kind} module ({path!r}); this teacher "
+                         "computes Transformer -> mean Pooling -> Normalize only")
+
+
+def token_limit(directory: pathlib.Path, tokenizer_max: int, positions: int) -> int:
   """Tokens per text: sentence-transformers' max_seq_length (sentence_bert_config.json) when the directory has
   one, which is what the model was trained and is used with (256 for all-MiniLM-L6-v2); else the tokenizer's
   limit within the model's position embeddings."""
@@ -101,7 +126,7 @@ class BiEncoder:
     except (OSError, ValueError, KeyError, TypeError) as e:
       raise EncoderError(f"model_dir={spec}: transformers cannot load {directory}: {e}") from None
     positions = getattr(model.config, "max_position_embeddings", None) or tokenizer.model_max_length
-    return cls(model.eval(), tokenizer, max_length(directory, tokenizer.model_max_length, positions), batch_size,
+    return cls(model.eval(), tokenizer, token_limit(directory, tokenizer.model_max_length, positions), batch_size,
                str(directory))
 
   def embed(self, texts: Sequence[str]) -> np.ndarray:
