@@ -391,7 +391,9 @@ def _read_needed(corpus_path: pathlib.Path, needed: set, problems: _Problems) ->
       empty.add(docid)
       found_problems.append(("empty_texts", f"{corpus_path}:{line}", f"document {docid!r} has empty title and text"))
   line_of = lambda p: int(p[1].rsplit(":", 1)[1])  # noqa: E731
-  for reason, where, message in sorted(store.problems + found_problems, key=line_of):
+  # A repeated docid matters only when the run needs it (as reading the whole file kept only needed texts).
+  reported = [p[:3] for p in store.problems if p[0] != "duplicate_docids" or p[3] in needed]
+  for reason, where, message in sorted(reported + found_problems, key=line_of):
     if reason == "fatal":
       raise DataError(f"{where}: {message}")
     problems(reason, where, message)

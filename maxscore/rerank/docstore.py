@@ -19,6 +19,7 @@ records without a usable `_id`, an `_id` repeated with other text), so loading t
 exactly as reading the whole file does; of a repeated `_id` with the same text the first record is kept.
 """
 
+import array
 import dataclasses
 import hashlib
 import json
@@ -75,8 +76,9 @@ class DocStore:
   built_seconds: Optional[float] = None  # set when this open built the index
 
   @property
-  def problems(self) -> list[tuple[str, str, str]]:
-    """(reason, "file:line", message) of each problem the build found, in file order."""
+  def problems(self) -> list[tuple]:
+    """(reason, "file:line", message) of each problem the build found, in file order; a repeated docid's ends
+    with the docid."""
     return [tuple(p) for p in self.meta["problems"]]
 
   @classmethod
@@ -128,68 +130,103 @@ class DocStore:
 
 
 def build_index(corpus: pathlib.Path, where: pathlib.Path, signature: dict) -> float:
-  """Streams the corpus once and writes the index; returns the seconds it took."""
+  """Streams the corpus once and writes the index; returns the seconds it took. Memory: 24 bytes per document
+  (compact arrays), not the documents."""
   from maxscore.rerank import data  # pylint: disable=import-outside-toplevel  (data reads through this module)
   start = time.perf_counter()
   logging.info("indexing %s (%.1f MB) for the document store", corpus, signature["size"] / 1e6)
-  keys, offsets, lengths, lines, problems = [], [], [], [], []
-  first_text: dict[int, list] = {}  # hash -> [(docid, text digest, where)] for the repeat check
+  keys, offsets, lengths, lines = array.array("Q"), array.array("Q"), array.array("I"), array.array("I")
+  problems = []
   offset = 0
   with open(corpus, "rb") as f:
     for number, raw in enumerate(f, 1):
       at, offset = offset, offset + len(raw)
-      where_ = f"{corpus}:{number}"
-      try:
-        line = raw.decode("utf-8").rstrip("\r\n")
-      except UnicodeDecodeError as e:
-        problems.append(("fatal", where_, f"not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})"))
+      problem = _check_line(raw, data)
+      if problem is None:
+        continue  # a blank line
+      if isinstance(problem, tuple):
+        problems.append((problem[0], f"{corpus}:{number}", problem[1]))
         continue
-      if not line.strip():
-        continue
-      try:
-        rec = json.loads(line)
-      except json.JSONDecodeError as e:
-        problems.append(("bad_json_lines", where_, f"invalid JSON ({e.msg} at column {e.colno})"))
-        continue
-      except RecursionError:
-        problems.append(("bad_json_lines", where_, "JSON nested too deeply"))
-        continue
-      if not isinstance(rec, dict):
-        problems.append(("bad_json_lines", where_, f"expected a JSON object, got {type(rec).__name__}"))
-        continue
-      if "\\u" in line and not data._valid_unicode(rec):  # pylint: disable=protected-access
-        problems.append(("bad_json_lines", where_, "text holds a lone UTF-16 surrogate escape (e.g. \\ud800), "
-                                                   "not valid Unicode"))
-        continue
-      docid = data._id(rec.get("_id"))  # pylint: disable=protected-access
-      if docid is None:
-        problems.append(("bad_records", where_, f"_id={rec.get('_id')!r} must be a non-empty string without "
-                                                "whitespace"))
-        continue
-      h = _hash(docid)
-      text = hashlib.sha256(data._doc_text(rec).encode()).digest()  # pylint: disable=protected-access
-      seen = next((s for s in first_text.get(h, ()) if s[0] == docid), None)
-      if seen is not None:
-        if seen[1] != text:  # which text was meant is unknown: the loader refuses (or skips and counts) it
-          problems.append(("duplicate_docids", where_, f"_id {docid!r} already appeared at {seen[2]} with other "
-                                                       "text"))
-        continue
-      first_text.setdefault(h, []).append((docid, text, where_))
-      keys.append(h)
+      keys.append(_hash(problem))
       offsets.append(at)
       lengths.append(len(raw))
       lines.append(number)
-  order = np.argsort(np.asarray(keys, np.uint64), kind="stable")
+  keys_np = np.frombuffer(keys, np.uint64) if len(keys) else np.zeros(0, np.uint64)
+  order = np.argsort(keys_np, kind="stable")  # equal hashes keep file order
+  arrays = {"keys": keys_np[order], "offsets": np.frombuffer(offsets, np.uint64)[order] if len(keys) else keys_np,
+            "lengths": np.frombuffer(lengths, np.uint32)[order] if len(keys) else np.zeros(0, np.uint32),
+            "lines": np.frombuffer(lines, np.uint32)[order] if len(keys) else np.zeros(0, np.uint32)}
+  keep, repeats = _repeats(corpus, arrays, data)
+  problems += repeats
+  problems.sort(key=lambda p: int(p[1].rsplit(":", 1)[1]))
   where.mkdir(parents=True, exist_ok=True)
-  for name, values, dtype in (("keys", keys, np.uint64), ("offsets", offsets, np.uint64),
-                              ("lengths", lengths, np.uint32), ("lines", lines, np.uint32)):
+  for name, values in arrays.items():
     tmp = where / f".{name}.tmp.npy"
-    np.save(tmp, np.asarray(values, dtype)[order])
+    np.save(tmp, values[keep])
     os.replace(tmp, where / f"{name}.npy")
-  meta = {"version": INDEX_VERSION, "corpus": signature, "documents": len(keys), "problems": problems}
+  meta = {"version": INDEX_VERSION, "corpus": signature, "documents": int(keep.sum()), "problems": problems}
   tmp = where / ".meta.json.tmp"
   tmp.write_text(json.dumps(meta) + "\n")
   os.replace(tmp, where / "meta.json")  # last: an index without its meta is never used
   seconds = time.perf_counter() - start
-  logging.info("indexed %d documents of %s in %.1f s", len(keys), corpus, seconds)
+  logging.info("indexed %d documents of %s in %.1f s", int(keep.sum()), corpus, seconds)
   return seconds
+
+
+def _check_line(raw: bytes, data):
+  """A corpus line's docid; (reason, message) when the loader would report it; None for a blank line."""
+  try:
+    line = raw.decode("utf-8").rstrip("\r\n")
+  except UnicodeDecodeError as e:
+    return ("fatal", f"not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})")
+  if not line.strip():
+    return None
+  try:
+    rec = json.loads(line)
+  except json.JSONDecodeError as e:
+    return ("bad_json_lines", f"invalid JSON ({e.msg} at column {e.colno})")
+  except RecursionError:
+    return ("bad_json_lines", "JSON nested too deeply")
+  if not isinstance(rec, dict):
+    return ("bad_json_lines", f"expected a JSON object, got {type(rec).__name__}")
+  if "\\u" in line and not data._valid_unicode(rec):  # pylint: disable=protected-access
+    return ("bad_json_lines", "text holds a lone UTF-16 surrogate escape (e.g. \\ud800), not valid Unicode")
+  docid = data._id(rec.get("_id"))  # pylint: disable=protected-access
+  if docid is None:
+    return ("bad_records", f"_id={rec.get('_id')!r} must be a non-empty string without whitespace")
+  return docid
+
+
+def _repeats(corpus: pathlib.Path, arrays: dict, data) -> tuple[np.ndarray, list]:
+  """(which sorted entries to keep, the problems of repeated docids): of a docid repeated with the same text the
+  first record is kept; one repeated with other text is reported (the first kept). Only runs of equal hashes are
+  read again (repeats and the rare hash collision)."""
+  keys = arrays["keys"]
+  keep = np.ones(len(keys), bool)
+  problems = []
+  if len(keys) < 2:
+    return keep, problems
+  same = np.nonzero(keys[1:] == keys[:-1])[0]
+  if not len(same):
+    return keep, problems
+  fd = os.open(corpus, os.O_RDONLY)
+  try:
+    run_starts = sorted(set(int(i) for i in same if i == 0 or keys[i - 1] != keys[i]))
+    for a in run_starts:
+      b = a
+      while b + 1 < len(keys) and keys[b + 1] == keys[a]:
+        b += 1
+      first: dict[str, tuple[str, int]] = {}  # docid -> (text, line) of its first record
+      for i in range(a, b + 1):  # file order within the run (stable sort)
+        rec = json.loads(os.pread(fd, int(arrays["lengths"][i]), int(arrays["offsets"][i])))
+        docid, text, line = data._id(rec.get("_id")), data._doc_text(rec), int(arrays["lines"][i])  # pylint: disable=protected-access
+        if docid in first:
+          keep[i] = False
+          if first[docid][0] != text:  # which text was meant is unknown: the loader refuses (or skips) it
+            problems.append(("duplicate_docids", f"{corpus}:{line}",
+                             f"_id {docid!r} already appeared at {corpus}:{first[docid][1]} with other text", docid))
+        else:
+          first[docid] = (text, line)
+  finally:
+    os.close(fd)
+  return keep, problems
