@@ -458,6 +458,14 @@ def read_queries(path: os.PathLike) -> dict[str, str]:
   return _read_queries(pathlib.Path(path), _Problems(skip_bad=False))
 
 
+def read_documents(path: os.PathLike, needed: set) -> dict[str, str]:
+  """{docid: "title text"} of the needed documents of a corpus.jsonl, read through its document store (an offset
+  index built once): memory and time follow `needed`, not the corpus. A corpus problem is a DataError."""
+  texts, empty = _read_needed(pathlib.Path(path), set(needed), _Problems(skip_bad=False))
+  del empty  # reported as a problem above
+  return texts
+
+
 def read_corpus(path: os.PathLike, needed: Optional[set] = None) -> dict[str, str]:
   """corpus.jsonl as {docid: "title text"}, streamed: with `needed`, only those documents are kept, so memory
   grows with them, not with the corpus. A malformed line, an empty document or a docid repeated with other

@@ -14,8 +14,9 @@ scores). Per query:
   seeded by `seed` and the qid, so a query's negatives do not depend on the other queries or their order).
 
 Every judged-relevant document with text in the corpus is a positive. A query with no positive text, or left
-with no negative, is skipped and counted. Memory: the run-file path keeps the texts of the documents the
-records name (the corpus is streamed once); BM25 indexes the whole corpus, as any BM25 does.
+with no negative, is skipped and counted. Memory: the run-file path reads only the documents the records name,
+through the corpus's document store (maxscore/rerank/docstore.py); BM25 indexes the whole corpus, as any BM25
+does.
 """
 
 import dataclasses
@@ -127,7 +128,7 @@ def mine(cfg: MiningConfig) -> tuple[Iterator[dict], MiningCounts]:
   if cfg.run_file:
     rankings = _run_rankings(pathlib.Path(cfg.run_file), set(qids), cfg.range_max)
     needed = {d for q in qids for d, _ in rankings.get(q, ())} | {d for q in qids for d in relevant[q]}
-    texts = data.read_corpus(root / "corpus.jsonl", needed)
+    texts = data.read_documents(root / "corpus.jsonl", needed)
     ranking_of = lambda q: rankings.get(q, [])  # noqa: E731
     scores_of = lambda q, docs: [s for d, s in rankings.get(q, []) if d in docs]  # noqa: E731
   else:
