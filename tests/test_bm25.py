@@ -79,3 +79,25 @@ def test_bm25_reference_ranks_matching_documents_first():
                                                             ("c", "nothing here")))], {"q": {"b": 1}}, {})
   run = head_study.bm25_run(s)["q"]
   assert run["b"] > run["a"] == run["c"] == 0.0
+
+
+def test_a_corpus_index_is_saved_once_and_memory_mapped_after(tmp_path):
+  import json  # pylint: disable=import-outside-toplevel
+  import os  # pylint: disable=import-outside-toplevel
+  from maxscore.rerank.bm25 import BM25Index  # pylint: disable=import-outside-toplevel
+  docs = {f"d{i}": f"the import statement {i} " + "binds names " * (i % 4) for i in range(50)}
+  path = tmp_path / "corpus.jsonl"
+  path.write_text("".join(json.dumps({"_id": d, "text": t}) + "\n" for d, t in docs.items()))
+  built, ids = BM25Index.for_corpus(path)
+  assert ids == list(docs)
+  loaded, ids_again = BM25Index.for_corpus(path)
+  assert ids_again == ids and loaded is not built
+  in_memory = BM25Index(list(docs.values()))
+  for query in ("import statement", "binds names", "nothing"):
+    assert list(loaded.scores(query)) == list(in_memory.scores(query)) == list(built.scores(query))
+    assert loaded.top_k(query, 5) == in_memory.top_k(query, 5)
+  stat = path.stat()
+  path.write_text(path.read_text().replace("statement 7 ", "statemenX 7 "))  # same size
+  os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+  changed, _ = BM25Index.for_corpus(path)
+  assert changed.scores("statemenx")[7] > 0  # indexed again: the new word is there

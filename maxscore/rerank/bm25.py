@@ -10,12 +10,21 @@ idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len / avg_len)), idf = log(1 + (n 
 which is bm25s's ATIRE term weight with its Lucene idf, in float64.
 """
 
+import hashlib
+import json
 import math
+import os
+import pathlib
 import re
+import shutil
 from typing import Mapping, Sequence
 
 import bm25s
 import numpy as np
+
+from maxscore.files import cache
+
+_INDEX_VERSION = 1  # of the saved index (BM25Index.for_corpus)
 
 _WORD = re.compile(r"[a-z]+")
 
@@ -27,11 +36,14 @@ def words(text: str) -> list[str]:
 class BM25Index:
   """Okapi BM25 (k1, b) over the documents given, indexed by bm25s."""
 
-  def __init__(self, docs: Sequence[str], k1: float = 1.2, b: float = 0.75):
-    self.n = len(docs)
-    tokens = [words(text) for text in docs]
-    self._bm25 = bm25s.BM25(k1=k1, b=b, method="atire", idf_method="lucene", dtype="float64")
-    self._bm25.index(tokens, show_progress=False)
+  def __init__(self, docs: Sequence[str], k1: float = 1.2, b: float = 0.75, _loaded=None):
+    if _loaded is not None:  # BM25Index.for_corpus: an index saved before, memory-mapped
+      self._bm25, self.n = _loaded
+    else:
+      self.n = len(docs)
+      tokens = [words(text) for text in docs]
+      self._bm25 = bm25s.BM25(k1=k1, b=b, method="atire", idf_method="lucene", dtype="float64")
+      self._bm25.index(tokens, show_progress=False)
     indptr = np.asarray(self._bm25.scores["indptr"])
     # word -> number of documents holding it (bm25s stores one entry per (word, document) pair)
     # (its vocabulary may also hold a placeholder word past the index's columns, in no document)
@@ -56,6 +68,35 @@ class BM25Index:
     hits = np.nonzero(s > 0)[0]
     order = hits[np.lexsort((hits, -s[hits]))][:k]
     return [(int(i), float(s[i])) for i in order]
+
+
+  @classmethod
+  def for_corpus(cls, corpus: os.PathLike, k1: float = 1.2, b: float = 0.75) -> tuple["BM25Index", list[str]]:
+    """(the BM25 index of a BEIR corpus.jsonl, its docids in index order), built once and saved by bm25s in the
+    per-user cache (maxscore/files/cache.py: bm25/), then loaded memory-mapped by every later call. The saved index
+    is used only while its corpus is the one indexed (the document store's signature: size, modification time,
+    sampled blocks) with the same k1, b and tokenization."""
+    from maxscore.rerank import data, docstore  # pylint: disable=import-outside-toplevel
+    corpus = pathlib.Path(corpus)
+    key = {"version": _INDEX_VERSION, "corpus": str(corpus.resolve()), "k1": k1, "b": b,
+           "signature": docstore.corpus_signature(corpus)}
+    where = cache.user_cache_dir() / "bm25" / hashlib.sha256(str(corpus.resolve()).encode()).hexdigest()[:24]
+    try:
+      if json.loads((where / "key.json").read_text()) == key:
+        docids = json.loads((where / "docids.json").read_text())
+        loaded = bm25s.BM25.load(str(where / "bm25s"), mmap=True, show_progress=False)
+        return cls((), k1, b, _loaded=(loaded, len(docids))), docids
+    except (OSError, ValueError):
+      pass
+    texts = data.read_corpus(corpus)
+    docids = list(texts)
+    index = cls([texts[d] for d in docids], k1, b)
+    shutil.rmtree(where, ignore_errors=True)
+    where.mkdir(parents=True, exist_ok=True)
+    index._bm25.save(str(where / "bm25s"), show_progress=False)  # pylint: disable=protected-access
+    (where / "docids.json").write_text(json.dumps(docids))
+    (where / "key.json").write_text(json.dumps(key))  # last: a half-saved index is never used
+    return index, docids
 
 
 def first_stage_run(corpus: Mapping[str, str], queries: Mapping[str, str], top_k: int = 100,

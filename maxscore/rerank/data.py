@@ -458,6 +458,33 @@ def read_queries(path: os.PathLike) -> dict[str, str]:
   return _read_queries(pathlib.Path(path), _Problems(skip_bad=False))
 
 
+def document_reader(path: os.PathLike):
+  """get(docids) -> {docid: "title text"} of a corpus.jsonl, each call reading only those documents through the
+  corpus's document store (an offset index built once), so memory follows the documents asked for. A corpus line
+  that is not a record is a DataError at once; an asked-for docid repeated with other text, at the call. A
+  document with empty text is left out."""
+  path = pathlib.Path(path)
+  try:
+    store = docstore.DocStore.open(path)
+  except docstore.StoreError as e:
+    raise DataError(str(e)) from None
+  repeated = {}
+  for p in store.problems:
+    if p[0] == "duplicate_docids":
+      repeated.setdefault(p[3], p)
+    else:
+      raise DataError(f"{p[1]}: {p[2]}")
+
+  def get(docids) -> dict[str, str]:
+    docids = set(docids)
+    bad = sorted(d for d in docids if d in repeated)
+    if bad:
+      raise DataError(f"{repeated[bad[0]][1]}: {repeated[bad[0]][2]}")
+    texts = {d: _doc_text(rec) for d, (_, rec) in store.get(docids).items()}
+    return {d: t for d, t in texts.items() if t.strip()}
+  return get
+
+
 def read_documents(path: os.PathLike, needed: set) -> dict[str, str]:
   """{docid: "title text"} of the needed documents of a corpus.jsonl, read through its document store (an offset
   index built once): memory and time follow `needed`, not the corpus. A corpus problem is a DataError."""

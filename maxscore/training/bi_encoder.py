@@ -12,6 +12,7 @@ eval, scoring) never imports torch. The model runs in float32 on the CPU, in bat
 import dataclasses
 import importlib.metadata
 import json
+import logging
 import pathlib
 from typing import Any, Sequence
 
@@ -120,11 +121,17 @@ class BiEncoder:
     import torch  # pylint: disable=import-outside-toplevel
     import transformers  # pylint: disable=import-outside-toplevel
     directory = resolve_model_dir(spec)
+    # transformers logs its own tracebacks while it tries loaders in turn; what fails is this one error line.
+    hf_logger = logging.getLogger("transformers")
+    level = hf_logger.level
+    hf_logger.setLevel(logging.CRITICAL + 1)
     try:
       tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
       model = transformers.AutoModel.from_pretrained(str(directory), dtype=torch.float32, use_safetensors=True)
     except (OSError, ValueError, KeyError, TypeError) as e:
       raise EncoderError(f"model_dir={spec}: transformers cannot load {directory}: {e}") from None
+    finally:
+      hf_logger.setLevel(level)
     positions = getattr(model.config, "max_position_embeddings", None) or tokenizer.model_max_length
     return cls(model.eval(), tokenizer, token_limit(directory, tokenizer.model_max_length, positions), batch_size,
                str(directory))

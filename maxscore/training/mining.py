@@ -14,9 +14,9 @@ scores). Per query:
   seeded by `seed` and the qid, so a query's negatives do not depend on the other queries or their order).
 
 Every judged-relevant document with text in the corpus is a positive. A query with no positive text, or left
-with no negative, is skipped and counted. Memory: the run-file path reads only the documents the records name,
-through the corpus's document store (maxscore/rerank/docstore.py); BM25 indexes the whole corpus, as any BM25
-does.
+with no negative, is skipped and counted. It streams: each query reads only the documents its record can name,
+through the corpus's document store (maxscore/rerank/docstore.py), and is written before the next; the BM25
+index is built once per corpus and memory-mapped after (BM25Index.for_corpus).
 """
 
 import dataclasses
@@ -125,16 +125,13 @@ def mine(cfg: MiningConfig) -> tuple[Iterator[dict], MiningCounts]:
     raise MiningError(f"{root}/qrels/{cfg.split}.tsv judges none of the queries in {root}/queries.jsonl")
   relevant = {q: {d for d, g in qrels[q].items() if g >= cfg.min_relevance} for q in qids}
   counts = MiningCounts(queries=len(qids))
+  read = data.document_reader(root / "corpus.jsonl")  # per query: only the documents its record names
   if cfg.run_file:
     rankings = _run_rankings(pathlib.Path(cfg.run_file), set(qids), cfg.range_max)
-    needed = {d for q in qids for d, _ in rankings.get(q, ())} | {d for q in qids for d in relevant[q]}
-    texts = data.read_documents(root / "corpus.jsonl", needed)
     ranking_of = lambda q: rankings.get(q, [])  # noqa: E731
     scores_of = lambda q, docs: [s for d, s in rankings.get(q, []) if d in docs]  # noqa: E731
-  else:
-    texts = data.read_corpus(root / "corpus.jsonl")
-    docids = list(texts)
-    index = BM25Index([texts[d] for d in docids])
+  else:  # BM25 over the whole corpus: saved once by bm25s, memory-mapped after
+    index, docids = BM25Index.for_corpus(root / "corpus.jsonl")
     position = {d: i for i, d in enumerate(docids)}
 
     def ranking_of(q):
@@ -146,11 +143,12 @@ def mine(cfg: MiningConfig) -> tuple[Iterator[dict], MiningCounts]:
 
   def records() -> Iterator[dict]:
     for qid in qids:
+      ranked = ranking_of(qid)
+      texts = read(set(relevant[qid]) | {d for d, _ in ranked[cfg.range_min:cfg.range_max]})
       pos_ids = [d for d in sorted(relevant[qid]) if d in texts]
       if not pos_ids:
         counts.skipped_no_positive += 1
         continue
-      ranked = ranking_of(qid)
       if not ranked:
         counts.skipped_no_candidates += 1
         continue
