@@ -190,6 +190,19 @@ def script_log():
     root.removeHandler(absl_handler)
 
 
+_SLOW_LIST = pathlib.Path(__file__).with_name("slow_tests.txt")
+
+
+def pytest_collection_modifyitems(config, items):
+  """Tests listed in tests/slow_tests.txt (measured at 2 s or more) are marked slow: `make test-fast` leaves them
+  out, `make test` runs them."""
+  del config
+  listed = {l.strip() for l in _SLOW_LIST.read_text().splitlines() if l.strip() and not l.startswith("#")}
+  for item in items:
+    if item.nodeid in listed:
+      item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def load_script():
   """scripts/<name>.py as a module: `load_script("eval_rerank").run(argv)` (maxscore/testing/scripts.py)."""
