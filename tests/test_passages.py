@@ -71,6 +71,11 @@ def test_documents_shorter_than_a_passage_score_as_today(scorer, builder, labels
   longest = max(len(builder.tokenizer.encode(t)) for _, t in q.candidates)
   split = _record(scorer, builder, labels, q, dataclasses.replace(CFG, passage_tokens=longest, aggregate="sump"))
   assert split["scores"] == today["scores"] and split["passages"] == len(q.candidates)
+  # a resumed eval (and the score cache) tells passage settings apart; a run without them keeps its fingerprint
+  settings = ({}, dict(passage_tokens=24), dict(passage_tokens=24, passage_stride=16),
+              dict(passage_tokens=24, aggregate="sump"))
+  prints = [eval_lib.score_fingerprint(scorer, dataclasses.replace(CFG, **kw), labels) for kw in settings]
+  assert "passages" not in prints[0] and len({repr(p) for p in prints}) == 4
 
 
 @pytest.mark.parametrize("kw, message", [(dict(passage_tokens=-1), "passage_tokens"),

@@ -10,7 +10,12 @@ import numpy as np
 import pytest
 
 from maxscore.rerank import data, eval as eval_lib
-from maxscore.rerank.score_cache import ScoreCache, pair_key, scorer_key
+from maxscore.rerank.score_cache import ScoreCache, pair_key
+from maxscore.rerank.score_cache import scorer_key as _key_of
+
+
+def scorer_key(scorer, cfg, label_ids):
+  return _key_of(eval_lib.score_fingerprint(scorer, cfg, label_ids))
 
 CFG = eval_lib.EvalConfig(max_queries=3, fusion="none", max_query_tokens=8, max_item_tokens=24)
 

@@ -175,10 +175,12 @@ def load_data(run: EvalRun, cfg: EvalConfig) -> tuple[RerankSet, Optional[Rerank
 
 
 # --- resume state ------------------------------------------------------------------------------
-def _fingerprint(scorer: Scorer, cfg: EvalConfig, label_ids: Sequence[int]) -> dict[str, Any]:
-  """What the scores depend on (maxscore/files/identity.py); a restarted run must match it to reuse
-  results. The data is checked per query (RerankQuery.digest in every record)."""
-  return {
+def score_fingerprint(scorer: Scorer, cfg: EvalConfig, label_ids: Sequence[int]) -> dict[str, Any]:
+  """What a ranking score depends on besides the query and document texts (maxscore/files/identity.py): a
+  restarted run must match it to reuse results, and the score cache keys on it. The data is checked per query
+  (RerankQuery.digest in every record). Passage settings are named only when documents are split, so the
+  fingerprint of a run without them is what it was before passages existed."""
+  out = {
       "format_version": FORMAT_VERSION,
       "scorer": identity.scorer_identity(scorer),
       "template": cfg.template,
@@ -187,6 +189,9 @@ def _fingerprint(scorer: Scorer, cfg: EvalConfig, label_ids: Sequence[int]) -> d
       "score_mode": cfg.score_mode,
       "max_tokens": [cfg.max_query_tokens, cfg.max_item_tokens],
   }
+  if cfg.passage_tokens:
+    out["passages"] = [cfg.passage_tokens, cfg.passage_stride, cfg.aggregate]
+  return out
 
 
 def _load_results(path: pathlib.Path, header: Mapping[str, Any]) -> dict[str, dict]:
@@ -306,7 +311,7 @@ def _resume_state(scorer, cfg, label_ids, queries, out: pathlib.Path, overwrite:
   results_path = out / RESULTS_FILE
   if overwrite and results_path.exists():
     results_path.unlink()
-  done = _load_results(results_path, _fingerprint(scorer, cfg, label_ids))
+  done = _load_results(results_path, score_fingerprint(scorer, cfg, label_ids))
   for q in queries:
     if q.qid in done and done[q.qid]["digest"] != q.digest():
       raise errors.ResumeError(f"{results_path} has query {q.qid!r} scored on other text or candidates "
@@ -387,7 +392,7 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
                  "labels %s, template %s", len(queries), sum(len(q.candidates) for q in queries), resumed,
                  results_path, len(todo), group.count, list(label_ids), cfg.template)
   mine = [todo[i] for i in mesh_lib.query_slice(len(todo), group.index, group.count)]
-  cache = ScoreCache.open(score_cache, scorer, cfg, label_ids) if score_cache else None
+  cache = ScoreCache.open(score_cache, score_fingerprint(scorer, cfg, label_ids)) if score_cache else None
   mesh_lib.sync("eval: score cache loaded")  # every process loads it before any writes: all decide alike
   items_done, seconds = 0, 0.0
   with open(results_path, "a", encoding="utf-8") if lead else contextlib.nullcontext() as f, tqdm(

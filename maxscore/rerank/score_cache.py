@@ -2,15 +2,16 @@
 run that points at it (`--score_cache=DIR`), so a second eval, suite or ablation over the same pairs does no
 model work for them and writes the same numbers.
 
-    cache = ScoreCache.open("cache/", scorer, cfg, label_ids)   # loads what is there
+    cache = ScoreCache.open("cache/", eval.score_fingerprint(scorer, cfg, label_ids))   # loads what is there
     scores = cache.get(query_text, doc_texts)                    # a float or None per document
     cache.put(query_text, doc_texts, scores)                     # appended to this process's own file
 
 Layout: `DIR/<scorer key>/<host>-<pid>-<random>.jsonl`, one line per pair, `{"k": pair key, "s": score}`.
-- The scorer key digests everything a score depends on: the scorer's identity (model, parameter, tokenizer and
-  head digests, dtypes, scoring, kernel and bucket config: maxscore/files/identity.py), the template,
-  instruction, label ids, score mode, truncation and passage settings. A changed model or prompt reads another directory, so an
-  entry is never trusted across a change.
+- The scorer key digests the eval's score fingerprint (eval.score_fingerprint, the one a resumed eval must
+  match): the scorer's identity (model, parameter, tokenizer and head digests, dtypes, scoring, kernel and
+  bucket config: maxscore/files/identity.py), the template, instruction, label ids, score mode, truncation and
+  passage settings. A changed model or prompt reads another directory, so an entry is never trusted across a
+  change.
 - The pair key digests the query text and the document text.
 - Every process appends to a file of its own, line by line, so processes writing at once never touch the
   same file; a torn or corrupt line (a killed writer, a bad disk) is skipped and counted, and its pair is
@@ -29,22 +30,16 @@ import os
 import pathlib
 import socket
 import uuid
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from absl import logging
-
-from maxscore.files import identity
 
 FORMAT_VERSION = 1
 
 
-def scorer_key(scorer: Any, prompt: Any, label_ids: Sequence[int]) -> str:
-  """The digest of what a ranking score depends on besides the query and document texts."""
-  what = {"format_version": FORMAT_VERSION, "scorer": identity.scorer_identity(scorer),
-          "template": prompt.template, "instruction": prompt.instruction, "label_ids": list(label_ids),
-          "score_mode": prompt.score_mode, "max_query_tokens": prompt.max_query_tokens,
-          "max_item_tokens": prompt.max_item_tokens,
-          "passages": [getattr(prompt, k, None) for k in ("passage_tokens", "passage_stride", "aggregate")]}
+def scorer_key(fingerprint: Mapping[str, Any]) -> str:
+  """The digest of a score fingerprint (what a ranking score depends on besides the query and document texts)."""
+  what = {"format_version": FORMAT_VERSION, "fingerprint": fingerprint}
   return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
@@ -63,9 +58,9 @@ class ScoreCache:
   _file: Any = None
 
   @classmethod
-  def open(cls, root: os.PathLike, scorer: Any, prompt: Any, label_ids: Sequence[int]) -> "ScoreCache":
-    """The cache of this scorer and prompt under `root`, with every readable entry loaded."""
-    return cls.load(pathlib.Path(root) / scorer_key(scorer, prompt, label_ids))
+  def open(cls, root: os.PathLike, fingerprint: Mapping[str, Any]) -> "ScoreCache":
+    """The cache of this score fingerprint (eval.score_fingerprint) under `root`, every readable entry loaded."""
+    return cls.load(pathlib.Path(root) / scorer_key(fingerprint))
 
   @classmethod
   def load(cls, directory: os.PathLike) -> "ScoreCache":
