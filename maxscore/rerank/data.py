@@ -100,28 +100,37 @@ def _lines(path: pathlib.Path) -> Iterator[tuple[int, str]]:
       try:
         line = raw.decode("utf-8").rstrip("\r\n")
       except UnicodeDecodeError as e:
-        raise DataError(f"{path}:{number}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})") from None
+        raise DataError(f"{path}:{number}: {not_utf8_message(raw, e)}") from None
       if line.strip():
         yield number, line
+
+
+def not_utf8_message(raw: bytes, error: UnicodeDecodeError) -> str:
+  return f"not UTF-8 text (byte {raw[error.start]:#04x} at column {error.start + 1})"
+
+
+def parse_json_record(line: str) -> tuple[Optional[dict], Optional[str]]:
+  """(the JSON object a line holds, None), or (None, why it is not one: a bad_json_lines message)."""
+  try:
+    record = json.loads(line)
+  except json.JSONDecodeError as e:
+    return None, f"invalid JSON ({e.msg} at column {e.colno})"
+  except RecursionError:
+    return None, "JSON nested too deeply"
+  if not isinstance(record, dict):
+    return None, f"expected a JSON object, got {type(record).__name__}"
+  if "\\u" in line and not _valid_unicode(record):
+    return None, "text holds a lone UTF-16 surrogate escape (e.g. \\ud800), not valid Unicode"
+  return record, None
 
 
 def _json_records(path: pathlib.Path, problems: _Problems) -> Iterator[tuple[str, dict]]:
   """("file:line", object) for each line that parses as a JSON object of valid Unicode text."""
   for number, line in _lines(path):
     where = f"{path}:{number}"
-    try:
-      record = json.loads(line)
-    except json.JSONDecodeError as e:
-      problems("bad_json_lines", where, f"invalid JSON ({e.msg} at column {e.colno})")
-      continue
-    except RecursionError:
-      problems("bad_json_lines", where, "JSON nested too deeply")
-      continue
-    if not isinstance(record, dict):
-      problems("bad_json_lines", where, f"expected a JSON object, got {type(record).__name__}")
-      continue
-    if "\\u" in line and not _valid_unicode(record):
-      problems("bad_json_lines", where, "text holds a lone UTF-16 surrogate escape (e.g. \\ud800), not valid Unicode")
+    record, problem = parse_json_record(line)
+    if problem is not None:
+      problems("bad_json_lines", where, problem)
       continue
     yield where, record
 
@@ -483,14 +492,6 @@ def document_reader(path: os.PathLike):
     texts = {d: _doc_text(rec) for d, (_, rec) in store.get(docids).items()}
     return {d: t for d, t in texts.items() if t.strip()}
   return get
-
-
-def read_documents(path: os.PathLike, needed: set) -> dict[str, str]:
-  """{docid: "title text"} of the needed documents of a corpus.jsonl, read through its document store (an offset
-  index built once): memory and time follow `needed`, not the corpus. A corpus problem is a DataError."""
-  texts, empty = _read_needed(pathlib.Path(path), set(needed), _Problems(skip_bad=False))
-  del empty  # reported as a problem above
-  return texts
 
 
 def read_corpus(path: os.PathLike, needed: Optional[set] = None) -> dict[str, str]:

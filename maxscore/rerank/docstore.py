@@ -132,7 +132,6 @@ class DocStore:
 def build_index(corpus: pathlib.Path, where: pathlib.Path, signature: dict) -> float:
   """Streams the corpus once and writes the index; returns the seconds it took. Memory: 24 bytes per document
   (compact arrays), not the documents."""
-  from maxscore.rerank import data  # pylint: disable=import-outside-toplevel  (data reads through this module)
   start = time.perf_counter()
   logging.info("indexing %s (%.1f MB) for the document store", corpus, signature["size"] / 1e6)
   keys, offsets, lengths, lines = array.array("Q"), array.array("Q"), array.array("I"), array.array("I")
@@ -141,7 +140,7 @@ def build_index(corpus: pathlib.Path, where: pathlib.Path, signature: dict) -> f
   with open(corpus, "rb") as f:
     for number, raw in enumerate(f, 1):
       at, offset = offset, offset + len(raw)
-      problem = _check_line(raw, data)
+      problem = _check_line(raw)
       if problem is None:
         continue  # a blank line
       if isinstance(problem, tuple):
@@ -156,7 +155,7 @@ def build_index(corpus: pathlib.Path, where: pathlib.Path, signature: dict) -> f
   arrays = {"keys": keys_np[order], "offsets": np.frombuffer(offsets, np.uint64)[order] if len(keys) else keys_np,
             "lengths": np.frombuffer(lengths, np.uint32)[order] if len(keys) else np.zeros(0, np.uint32),
             "lines": np.frombuffer(lines, np.uint32)[order] if len(keys) else np.zeros(0, np.uint32)}
-  keep, repeats = _repeats(corpus, arrays, data)
+  keep, repeats = _repeats(corpus, arrays)
   problems += repeats
   problems.sort(key=lambda p: int(p[1].rsplit(":", 1)[1]))
   where.mkdir(parents=True, exist_ok=True)
@@ -173,34 +172,29 @@ def build_index(corpus: pathlib.Path, where: pathlib.Path, signature: dict) -> f
   return seconds
 
 
-def _check_line(raw: bytes, data):
+def _check_line(raw: bytes):
   """A corpus line's docid; (reason, message) when the loader would report it; None for a blank line."""
+  from maxscore.rerank import data  # pylint: disable=import-outside-toplevel  (data reads through this module)
   try:
     line = raw.decode("utf-8").rstrip("\r\n")
   except UnicodeDecodeError as e:
-    return ("fatal", f"not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})")
+    return ("fatal", data.not_utf8_message(raw, e))
   if not line.strip():
     return None
-  try:
-    rec = json.loads(line)
-  except json.JSONDecodeError as e:
-    return ("bad_json_lines", f"invalid JSON ({e.msg} at column {e.colno})")
-  except RecursionError:
-    return ("bad_json_lines", "JSON nested too deeply")
-  if not isinstance(rec, dict):
-    return ("bad_json_lines", f"expected a JSON object, got {type(rec).__name__}")
-  if "\\u" in line and not data._valid_unicode(rec):  # pylint: disable=protected-access
-    return ("bad_json_lines", "text holds a lone UTF-16 surrogate escape (e.g. \\ud800), not valid Unicode")
+  rec, problem = data.parse_json_record(line)
+  if problem is not None:
+    return ("bad_json_lines", problem)
   docid = data._id(rec.get("_id"))  # pylint: disable=protected-access
   if docid is None:
     return ("bad_records", f"_id={rec.get('_id')!r} must be a non-empty string without whitespace")
   return docid
 
 
-def _repeats(corpus: pathlib.Path, arrays: dict, data) -> tuple[np.ndarray, list]:
+def _repeats(corpus: pathlib.Path, arrays: dict) -> tuple[np.ndarray, list]:
   """(which sorted entries to keep, the problems of repeated docids): of a docid repeated with the same text the
   first record is kept; one repeated with other text is reported (the first kept). Only runs of equal hashes are
   read again (repeats and the rare hash collision)."""
+  from maxscore.rerank import data  # pylint: disable=import-outside-toplevel  (data reads through this module)
   keys = arrays["keys"]
   keep = np.ones(len(keys), bool)
   problems = []
