@@ -43,20 +43,13 @@ def test_logits_match_transformers_from_1_token_to_past_the_sliding_window(score
   """<bos> + real text. At 700 tokens the last 256 positions are compared: from position 512 on, the local layers'
   window (512) drops the first keys, so local and global layers see different keys there (the same checkpoint
   with the window set past 700 gave logits 24.6 away from transformers' at those positions)."""
-  import torch
   model, _, _ = gemma3_transformers
   assert model.config.sliding_window == 512 and scorer.runner.model.sliding_window == 512
   ids = [BOS] + scorer.tokenizer.encode(" ".join(corpus.paragraphs()))
-  for t, keep in ((1, 1), (40, 40), (700, 256)):
-    tokens = ids[:t]
-    got = scorer.logits(tokens)[-keep:]
-    with torch.no_grad():
-      want = model(torch.tensor([tokens]), logits_to_keep=keep).logits[0].float().numpy()
-    tolerance = max(1e-4, 1e-5 * float(np.abs(want).max()))
-    err = float(np.abs(got - want).max())
-    print(f"{t} tokens: max |logit| {np.abs(want).max():.2f}, max error {err:.2e} (tolerance {tolerance:.1e})")
+  points = ((1, 1), (40, 40), (700, 256))
+  for t, err, tolerance, same_argmax in corpus.logits_against_transformers(scorer, model, ids, points):
     assert err <= tolerance, (t, err, tolerance)
-    assert (got.argmax(-1) == want.argmax(-1)).mean() > 0.99
+    assert same_argmax > 0.99
 
 
 def test_tokenizer_gives_transformers_ids_on_every_paragraph(scorer, gemma3_transformers):

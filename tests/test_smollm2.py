@@ -41,19 +41,12 @@ def test_conversion_states_the_architecture_and_is_quick(smollm2_checkpoint):
 def test_logits_match_transformers_from_1_to_2000_tokens(scorer, smollm2_transformers):
   """Real text; at 2,000 tokens the last 256 positions (where RoPE has turned furthest) are compared, so transformers
   computes only their lm_head rows."""
-  import torch
   model, _ = smollm2_transformers
   ids = scorer.tokenizer.encode(" ".join(_paragraphs()))
-  for t, keep in ((1, 1), (40, 40), (2000, 256)):
-    tokens = ids[:t]
-    got = scorer.logits(tokens)[-keep:]
-    with torch.no_grad():
-      want = model(torch.tensor([tokens]), logits_to_keep=keep).logits[0].float().numpy()
-    tolerance = max(1e-4, 1e-5 * float(np.abs(want).max()))
-    err = float(np.abs(got - want).max())
-    print(f"{t} tokens: max |logit| {np.abs(want).max():.2f}, max error {err:.2e} (tolerance {tolerance:.1e})")
+  points = ((1, 1), (40, 40), (2000, 256))
+  for t, err, tolerance, same_argmax in corpus.logits_against_transformers(scorer, model, ids, points):
     assert err <= tolerance, (t, err, tolerance)
-    assert (got.argmax(-1) == want.argmax(-1)).mean() > 0.99
+    assert same_argmax > 0.99
 
 
 def test_tokenizer_gives_transformers_ids_on_every_paragraph(scorer, smollm2_transformers):
