@@ -191,6 +191,13 @@ def entry_from_flags(fv: flags.FlagValues, entry: str, sections: Mapping[str, ty
   return config_lib.load_entry(entry, sections, values)
 
 
+def require(opts: Any, *keys: str) -> None:
+  """ConfigError "--a and --b required" for the keys of `opts` left unset (the flags a script cannot run without)."""
+  missing = [f"--{k}" for k in keys if not getattr(opts, k)]
+  if missing:
+    raise config_lib.ConfigError(f"{' and '.join(missing)} required")
+
+
 class _LogFile(logging.handlers.WatchedFileHandler):
   """The log file; a write that fails (a full disk, a removed mount) is one line on stderr naming the
   path, once, and the file is no longer written, instead of a traceback per record."""

@@ -15,7 +15,6 @@ from absl import flags, logging
 
 from maxscore import cli
 from maxscore.checkpoints.convert import convert_gguf_checkpoint
-from maxscore.config import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,9 +38,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
   del argv
   with cli.one_line_errors():
     opts = cli.entry_from_flags(fv, ENTRY, SECTIONS)["convert_gguf"]
-    missing = [f"--{k}" for k in ("gguf", "output_dir") if not getattr(opts, k)]
-    if missing:
-      raise ConfigError(f"{' and '.join(missing)} required")
+    cli.require(opts, "gguf", "output_dir")
     out = convert_gguf_checkpoint(opts.gguf, opts.output_dir, opts.dtype, overwrite=opts.overwrite)
   logging.info("wrote %s", out)
   print(out)

@@ -14,7 +14,6 @@ from absl import flags, logging
 
 from maxscore import cli
 from maxscore.checkpoints.convert import convert_hf_checkpoint
-from maxscore.config import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,9 +37,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
   del argv
   with cli.one_line_errors():
     opts = cli.entry_from_flags(fv, ENTRY, SECTIONS)["convert"]
-    missing = [f"--{k}" for k in ("hf_dir", "output_dir") if not getattr(opts, k)]
-    if missing:
-      raise ConfigError(f"{' and '.join(missing)} required")
+    cli.require(opts, "hf_dir", "output_dir")
     out = convert_hf_checkpoint(opts.hf_dir, opts.output_dir, opts.dtype, overwrite=opts.overwrite)
   logging.info("wrote %s", out)
   print(out)

@@ -15,7 +15,6 @@ from absl import flags, logging
 
 from maxscore import cli
 from maxscore.checkpoints.export import export_hf_checkpoint
-from maxscore.config import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,9 +40,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
   del argv
   with cli.one_line_errors():
     opts = cli.entry_from_flags(fv, ENTRY, SECTIONS)["export"]
-    missing = [f"--{k}" for k in ("checkpoint_dir", "output_dir") if not getattr(opts, k)]
-    if missing:
-      raise ConfigError(f"{' and '.join(missing)} required")
+    cli.require(opts, "checkpoint_dir", "output_dir")
     out = export_hf_checkpoint(opts.checkpoint_dir, opts.output_dir, opts.dtype, adapters_dir=opts.adapters_dir,
                                overwrite=opts.overwrite, drop_head=opts.drop_head)
   logging.info("wrote %s", out)
