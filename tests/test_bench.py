@@ -25,7 +25,7 @@ TINY_SCORE = ["bench.py", "--model=tiny-qwen3", "--num_layers=1", "--labels=3,7"
 def small_peak(monkeypatch):
   """The matmul peak at a small size, so tests do not spend seconds on [4096, 4096] products."""
   real = benchmark.measure_matmul_peak
-  monkeypatch.setattr(benchmark, "measure_matmul_peak", lambda: real(sizes=(256,), repeats=2))
+  monkeypatch.setattr(benchmark, "measure_matmul_peak", lambda **kw: real(sizes=(256,), repeats=2, **kw))
 
 
 def test_model_flops_by_hand():

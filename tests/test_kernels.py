@@ -106,3 +106,25 @@ def test_scorer_with_each_kernel_reproduces_serial(hf_checkpoints, kernel, extra
   want = scorer.score(query, items, labels, algorithm="serial").scores
   got = scorer.score(query, items, labels, algorithm=algorithm).scores
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kernel,extra", [
+    ("reference", {}),
+    ("shared_prefix", {}),
+    ("splash", dict(kernel_interpret=True, splash_block_q=32, splash_block_kv=128)),
+    ("pallas_gpu", dict(kernel_interpret=True, gpu_block_q=16, gpu_block_kv=16)),
+])
+def test_a_kernel_call_whose_output_is_unused_is_dead_code(kernel, extra):
+  """flax's nn.scan (0.12.9 on) proves a layer's broadcast outputs loop-invariant by dead-code elimination of
+  the traced body: a kernel call that survives it, used or not, fails every scanned model with "broadcasted
+  variable has a data dependency on the scan body". A bare pallas_call is never eliminated (its DCE rule
+  keeps every input); a jit around it is."""
+  from jax._src.interpreters import partial_eval as pe
+
+  from layers.kernels import get_kernel
+  q, k, v, layout, _ = random_case(0, 1, 33, 3, 16, 4, 2, h=16)
+  attend = get_kernel(kernel, KernelOptions(**extra))
+  unused = lambda q, k, v: (attend(q, k, v, layout, None), jnp.zeros(()))[1]
+  jaxpr = jax.make_jaxpr(unused)(q, k, v).jaxpr
+  dced, used_inputs = pe.dce_jaxpr(jaxpr, [True])
+  assert not any(used_inputs) and not dced.eqns, [e.primitive.name for e in dced.eqns]

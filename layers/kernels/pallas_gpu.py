@@ -135,7 +135,9 @@ def attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout: SegmentLayout, prefix_kv: Op
                              softcap=softcap)
   kv_spec = pl.BlockSpec((None, sp, None, hp), lambda i, n, j: (i, 0, n // group, 0))
   q_spec = pl.BlockSpec((None, bq, None, hp), lambda i, n, j: (i, j, n, 0))
-  out = pl.pallas_call(
+  # jit around the pallas_call: a bare pallas_call is never dead code (its DCE rule keeps every input), and
+  # flax's nn.scan (0.12.9 on) proves a scanned layer's broadcast outputs loop-invariant by dead-code elimination.
+  out = jax.jit(pl.pallas_call(
       kernel,
       grid=(b, nh, nq),
       in_specs=[pl.BlockSpec((None, None, 4), lambda i, n, j: (i, j, 0)),
@@ -149,5 +151,5 @@ def attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout: SegmentLayout, prefix_kv: Op
       compiler_params=plgpu.CompilerParams(num_warps=4 if hp <= 64 else 8, num_stages=2),
       interpret=options.kernel_interpret,
       name="packed_flash_forward",
-  )(bounds_BxQx4, seg_q_BxT, seg_k_BxS, spos_q_BxT, spos_k_BxS, q, k, v)
+  ))(bounds_BxQx4, seg_q_BxT, seg_k_BxS, spos_q_BxT, spos_k_BxS, q, k, v)
   return out[:, :t, :, :h]

@@ -56,6 +56,7 @@ class BenchOptions:
   hf_batch_size: int = 32
   hf_batch_sizes: tuple[int, ...] = ()  # also try these batch sizes, keep the fastest
   hf_repeats: int = 1
+  hf_device: str = "auto"              # auto: the GPU when JAX runs on one and torch sees it | cpu | cuda
   batch_requests: int = 0              # > 0: score this many requests of the geometry per score_batch call
   warmup_check: bool = False
   mixed_requests: int = 0              # > 0: a mixed-shape run of this many requests (executables vs buckets)
@@ -80,6 +81,8 @@ class BenchOptions:
         raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
     if self.separator_token_id < -1:
       raise ValueError(f"separator_token_id={self.separator_token_id} must be a token id, or -1 for none")
+    if self.hf_device not in ("auto", "cpu", "cuda"):
+      raise ValueError(f"hf_device={self.hf_device!r} must be one of auto, cpu, cuda")
     if any(b < 1 for b in self.hf_batch_sizes):
       raise ValueError(f"hf_batch_sizes={list(self.hf_batch_sizes)} must all be >= 1")
     if self.suite:
@@ -129,7 +132,8 @@ def run_score(opts: BenchOptions, peak_flops: float) -> dict[str, Any]:
     hf_model, hf_error = None, None
     if opts.hf_baseline:
       try:
-        hf_model, scorer = hf_scorer(config.model, config, pathlib.Path(workdir), opts.seed)
+        hf_model, scorer = hf_scorer(config.model, config, pathlib.Path(workdir), opts.seed,
+                                     opts.hf_device)
       except (ValueError, ImportError) as e:  # unsupported family, or no torch/transformers installed
         hf_error = f"HF baseline not run: {type(e).__name__}: {e}"
     if hf_model is None:
@@ -227,7 +231,8 @@ def run_benchmark(opts: BenchOptions) -> dict[str, Any]:
   """The whole benchmark for `opts.mode`: machine, measured peak, rows (JSON-ready)."""
   report: dict[str, Any] = dict(mode=opts.mode, options=dataclasses.asdict(opts), machine=machine_info())
   report["load_before"] = os.getloadavg()  # other jobs on the cores skew every ratio: quote quiet runs only
-  report["peak"] = measure_matmul_peak()
+  dtype = bench_config(opts).runtime.dtype  # the peak in the dtype the scorer computes in
+  report["peak"] = measure_matmul_peak(dtype=dtype)
   peak = report["peak"]["flops_per_s"]
   if opts.mode == "kernels":
     report.update(run_kernels(opts, peak))
@@ -237,6 +242,6 @@ def run_benchmark(opts: BenchOptions) -> dict[str, Any]:
     report.update(run_score(opts, peak))
   else:
     raise ValueError(f"mode={opts.mode!r} is not one of ['score', 'kernels']")
-  report["peak_end"] = measure_matmul_peak()  # a different figure at the end means a noisy machine
+  report["peak_end"] = measure_matmul_peak(dtype=dtype)  # a different figure at the end means a noisy machine
   report["load_after"] = os.getloadavg()
   return report

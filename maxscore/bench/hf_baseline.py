@@ -25,31 +25,33 @@ def hf_label_logprobs(model, request: dict, batch_size: int, separator: Optional
   import torch
   from transformers import DynamicCache
   prefix = list(request["query"]) + ([separator] if separator is not None else [])
-  items, labels = request["items"], torch.tensor(request["label_token_ids"])
+  dev = model.device
+  items, labels = request["items"], torch.tensor(request["label_token_ids"], device=dev)
   p = len(prefix)
   out = np.zeros((len(items), len(labels)), np.float32)
   with torch.inference_mode():  # no_grad, minus version-counter bookkeeping
-    pre = model.model(input_ids=torch.tensor([prefix]), use_cache=True)
+    pre = model.model(input_ids=torch.tensor([prefix], device=dev), use_cache=True)
     kv = [(layer.keys, layer.values) for layer in pre.past_key_values.layers]
     last_prefix_D = pre.last_hidden_state[0, -1]
     for start in range(0, len(items), batch_size):
       chunk = items[start:start + batch_size]
-      b, lens = len(chunk), torch.tensor([len(x) for x in chunk])
+      b, lens = len(chunk), torch.tensor([len(x) for x in chunk], device=dev)
       l = int(lens.max())
       rows = last_prefix_D.expand(b, -1).clone()  # an empty item reads the prefix's last token
       if l:
         ids = torch.zeros((b, l), dtype=torch.long)
         for i, x in enumerate(chunk):
           ids[i, :len(x)] = torch.tensor(x, dtype=torch.long)
-        mask = torch.cat([torch.ones((b, p), dtype=torch.long),
-                          (torch.arange(l)[None, :] < lens[:, None]).long()], dim=1)
+        ids = ids.to(dev)
+        mask = torch.cat([torch.ones((b, p), dtype=torch.long, device=dev),
+                          (torch.arange(l, device=dev)[None, :] < lens[:, None]).long()], dim=1)
         cache = DynamicCache(ddp_cache_data=[(k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)) for k, v in kv])
-        h = model.model(input_ids=ids, attention_mask=mask, position_ids=(p + torch.arange(l)).expand(b, -1),
+        h = model.model(input_ids=ids, attention_mask=mask, position_ids=(p + torch.arange(l, device=dev)).expand(b, -1),
                         past_key_values=cache, use_cache=True).last_hidden_state
         has = lens > 0
-        rows[has] = h[torch.arange(b)[has], lens[has] - 1]
+        rows[has] = h[torch.arange(b, device=dev)[has], lens[has] - 1]
       lp = torch.log_softmax(model.lm_head(rows).float(), dim=-1)[:, labels]
-      out[start:start + b] = lp.numpy()
+      out[start:start + b] = lp.cpu().numpy()  # on a GPU, the copy also waits for the batch
   return out
 
 
@@ -72,6 +74,7 @@ def run_hf_baseline(model, request: dict, batch_size: int, repeats: int, peak_fl
              ms_per_request=1e3 * best, flops_per_request=flops_per_request, useful_flops_per_request=flops_per_request,
              flops_per_s=flops_per_request / best, useful_flops_per_s=flops_per_request / best,
              rss_peak_bytes=rss.peak, rss_delta_bytes=rss.peak - rss.base, torch_threads=torch.get_num_threads(),
+             device=str(model.device), dtype=str(model.dtype).removeprefix("torch."),
              attn_implementation=getattr(model.config, "_attn_implementation", None))
   if peak_flops:
     row["pct_peak"] = row["useful_pct_peak"] = 100 * row["flops_per_s"] / peak_flops
@@ -100,8 +103,19 @@ def hf_model_like(model_cfg: ModelConfig, seed: int = 0):
   return model_cls(config).eval()
 
 
-def hf_scorer(model_cfg: ModelConfig, config: Config, workdir: pathlib.Path, seed: int):
-  """(HF model, Scorer) on the same random weights: built in transformers, saved, converted."""
+def resolve_hf_device(device: str) -> str:
+  """"auto": the GPU when JAX runs on one and torch sees one (the same chip for both), else the CPU."""
+  if device != "auto":
+    return device
+  import jax
+  import torch
+  return "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+
+
+def hf_scorer(model_cfg: ModelConfig, config: Config, workdir: pathlib.Path, seed: int, device: str = "cpu"):
+  """(HF model, Scorer) on the same random weights: built in transformers (float32), saved, converted; the
+  HF model then runs on `device` in the scorer's compute dtype."""
+  import torch
   import transformers
 
   from maxscore.checkpoints.convert import convert_hf_checkpoint
@@ -111,4 +125,5 @@ def hf_scorer(model_cfg: ModelConfig, config: Config, workdir: pathlib.Path, see
   ckpt = convert_hf_checkpoint(workdir / "hf", workdir / "ckpt")
   model_keys = {f.name for f in dataclasses.fields(ModelConfig)}
   flat = {k: v for k, v in to_flat_dict(config).items() if k not in model_keys and k != "checkpoint_dir"}
-  return model, Scorer.from_checkpoint(ckpt, **flat)
+  dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[config.runtime.dtype]
+  return model.to(device=resolve_hf_device(device), dtype=dtype), Scorer.from_checkpoint(ckpt, **flat)

@@ -33,17 +33,20 @@ def machine_info() -> dict[str, Any]:
               jax_version=jax.__version__, processor=platform.processor() or platform.machine())
 
 
-def measure_matmul_peak(sizes: Sequence[int] = (2048, 4096), repeats: int = 5) -> dict[str, Any]:
-  """This machine's float32 matmul FLOP/s: a jitted [n, n] x [n, n] product, best of `repeats` per size."""
+def measure_matmul_peak(sizes: Sequence[int] = (2048, 4096), repeats: int = 5,
+                        dtype: str = "float32") -> dict[str, Any]:
+  """This machine's matmul FLOP/s in `dtype` (the compute dtype the scorer runs in): a jitted
+  [n, n] x [n, n] product, best of `repeats` per size; float32 at HIGHEST precision (no TF32)."""
   by_size = {}
+  precision = jax.lax.Precision.HIGHEST if dtype == "float32" else None
   for n in sizes:
-    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
-    f = jax.jit(lambda x, y: jnp.dot(x, y, precision=jax.lax.Precision.HIGHEST))
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
+    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), dtype)
+    f = jax.jit(lambda x, y: jnp.dot(x, y, precision=precision))
     f(a, b).block_until_ready()
     best = min(timed(lambda: f(a, b).block_until_ready()) for _ in range(repeats))
     by_size[str(n)] = 2 * n ** 3 / best
-  return dict(flops_per_s=max(by_size.values()), by_size=by_size, repeats=repeats)
+  return dict(flops_per_s=max(by_size.values()), by_size=by_size, repeats=repeats, dtype=dtype)
 
 
 def timed(fn: Callable[[], Any]) -> float:

@@ -73,7 +73,7 @@ def format_table(rows: Sequence[dict], columns=SCORE_COLUMNS) -> str:
 def summary(report: dict[str, Any]) -> str:
   """The printed report: peak, FLOPs of the request, the table, cross-checks."""
   peak = report["peak"]["flops_per_s"]
-  lines = [f"matmul peak (f32, best of {report['peak']['repeats']}): {peak / 1e9:.1f} GFLOP/s "
+  lines = [f"matmul peak ({report['peak'].get('dtype', 'float32')}, best of {report['peak']['repeats']}): {peak / 1e9:.1f} GFLOP/s "
            f"({', '.join(f'n={k}: {v / 1e9:.1f}' for k, v in report['peak']['by_size'].items())}); "
            f"{report['machine']['cpu_count']} CPUs, {report['machine']['physical_memory_bytes'] / 2**30:.1f} GiB"]
   end = report.get("peak_end", {}).get("flops_per_s", peak)

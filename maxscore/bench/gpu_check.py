@@ -1,0 +1,192 @@
+"""What `make gpu-check` runs on a machine with a GPU, in one process and a few minutes:
+
+1. the pallas_gpu kernel, compiled by Triton, against the dense reference kernel on the device
+   (f32 and bf16, with and without a cached prefix, GQA, sliding window and soft-capping);
+2. the scorer against transformers on the same device: a small random model, every algorithm with
+   pallas_gpu and with shared_prefix, float32 (bench.run_score's cross-checks);
+3. the real-depth workloads (SmolLM2-135M's and Qwen3-0.6B's dimensions at full depth) against
+   transformers on the same GPU, in bfloat16, against the bf16 matmul peak measured in the run.
+
+    report = run_gpu_check(GpuCheckOptions())   # JSON-ready; summary_lines(report) prints it
+
+`quick=true` runs every part at toy sizes, so the path is exercised on CPU (Pallas interpret mode)
+by the tests. Each part records its error instead of stopping the others.
+"""
+
+import dataclasses
+import functools
+import os
+import time
+import traceback
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from layers.kernels import pallas_gpu, reference
+from layers.kernels.base import KernelOptions, PrefixKV, SegmentLayout
+from maxscore.bench.harness import BenchOptions, run_benchmark
+
+# (name, prefix P, items N, item tokens L, q heads, kv heads, head_dim, dtype, cached prefix, window, softcap)
+_KERNEL_CASES = (
+    ("f32 GQA 4", 37, 5, 23, 8, 2, 64, "float32", False, None, None),
+    ("f32 cached prefix", 300, 12, 40, 8, 8, 128, "float32", True, None, None),
+    ("bf16 GQA 3", 32, 20, 100, 9, 3, 64, "bfloat16", False, None, None),
+    ("bf16 cached prefix", 70, 30, 80, 16, 8, 128, "bfloat16", True, None, None),
+    ("f32 window+softcap", 90, 6, 30, 4, 2, 64, "float32", False, 48, 50.0),
+)
+_TOLERANCE = {"float32": 2e-5, "bfloat16": 3e-2}
+
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuCheckOptions:
+  """scripts/gpu_check.py's settings (configs/gpu_check.yml documents each)."""
+  quick: bool = False                  # every part at toy sizes (CPU, interpret mode): the path, not the figures
+  # Real-depth workloads, each "model:layers:name=QxNxL": full depth, so the scan's per-layer cost shows.
+  speed_workloads: tuple[str, ...] = ("smollm2-135m:30:embedded=70x30x80", "smollm2-135m:30:beir=32x100x256",
+                                      "qwen3-0.6b:28:beir=32x100x256", "qwen3-0.6b:28:msmarco=16x1000x96")
+  dtype: str = "bfloat16"              # the speed part's compute and weight dtype (the parity part is float32)
+  speed_kernels: tuple[str, ...] = ("pallas_gpu", "shared_prefix")  # attention kernels the speed part times
+
+  def validate(self) -> "GpuCheckOptions":
+    if self.dtype not in ("float32", "bfloat16"):
+      raise ValueError(f"dtype={self.dtype!r} must be float32 or bfloat16")
+    self.speed_groups()
+    return self
+
+  def speed_groups(self) -> dict[tuple[str, int], tuple[str, ...]]:
+    """{(model, layers): (suite workloads...)} in the order given."""
+    groups: dict[tuple[str, int], tuple[str, ...]] = {}
+    for w in self.speed_workloads:
+      parts = w.split(":")
+      if len(parts) != 3 or not parts[1].isdigit() or "=" not in parts[2]:
+        raise ValueError(f"speed workload {w!r} is not model:layers:name=QxNxL")
+      key = (parts[0], int(parts[1]))
+      groups[key] = groups.get(key, ()) + (parts[2],)
+    return groups
+
+
+def _case_arrays(rng, b, p, n, l, nh, kh, h, dtype, cached):
+  prefix_valid_B = np.full(b, p)
+  prefix_valid_B[1:] = rng.integers(1, p + 1, b - 1)
+  slot_valid_BxN = rng.integers(0, l + 1, (b, n))
+  slot_valid_BxN[0, 0], slot_valid_BxN[-1, -1] = 0, l
+  layout = SegmentLayout(jnp.asarray(prefix_valid_B, jnp.int32), jnp.asarray(slot_valid_BxN, jnp.int32), p, l, n)
+  t = layout.row_len - (p if cached else 0)
+  normal = lambda *shape: jnp.asarray(rng.normal(size=shape), dtype)
+  q, k, v = normal(b, t, nh, h), normal(b, t, kh, h), normal(b, t, kh, h)
+  pkv = PrefixKV(normal(1, p, kh, h), normal(1, p, kh, h)) if cached else None
+  return q, k, v, layout, pkv
+
+
+def kernel_parity(interpret: bool, cases=_KERNEL_CASES) -> list[dict[str, Any]]:
+  """pallas_gpu (compiled, or interpreted on CPU) against reference.attend on the same arrays; the
+  reference runs in float32 on the f32-cast inputs, so a bf16 row measures the kernel's bf16 error."""
+  rows = []
+  for name, p, n, l, nh, kh, h, dtype, cached, window, softcap in cases:
+    row = dict(name=name, prefix=p, items=n, item_len=l, heads=f"{nh}/{kh}", head_dim=h, dtype=dtype,
+               cached_prefix=cached, window=window, softcap=softcap)
+    try:
+      q, k, v, layout, pkv = _case_arrays(np.random.default_rng(len(rows)), 2, p, n, l, nh, kh, h, dtype, cached)
+      options = KernelOptions(kernel_interpret=interpret)
+      attend = jax.jit(functools.partial(pallas_gpu.attend, options=options, window=window, softcap=softcap))
+      t0 = time.perf_counter()
+      out = np.asarray(attend(q, k, v, layout, pkv).astype(jnp.float32))
+      row["first_call_s"] = time.perf_counter() - t0
+      f32 = lambda x: None if x is None else x.astype(jnp.float32)
+      pkv32 = None if pkv is None else PrefixKV(f32(pkv.k), f32(pkv.v))
+      want = np.asarray(reference.attend(f32(q), f32(k), f32(v), layout, pkv32, options=options, window=window,
+                                         softcap=softcap))
+      row["max_abs_diff"] = float(np.abs(out - want).max())
+      row["finite"] = bool(np.isfinite(out).all())
+      row["ok"] = row["finite"] and row["max_abs_diff"] <= _TOLERANCE[dtype]
+    except Exception as e:  # noqa: BLE001 -- a kernel that does not compile is a finding, not a stop
+      row.update(ok=False, error=f"{type(e).__name__}: {' '.join(str(e).split())[:2000]}")
+    rows.append(row)
+  return rows
+
+
+def _bench(**kw) -> dict[str, Any]:
+  return run_benchmark(BenchOptions(**kw).validate())
+
+
+def _guarded(part: Callable[[], Any]) -> Any:
+  try:
+    return part()
+  except Exception as e:  # noqa: BLE001
+    return dict(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:])
+
+
+def run_gpu_check(opts: GpuCheckOptions, on_part: Optional[Callable[[str, Any], None]] = None) -> dict[str, Any]:
+  """The three parts (module docstring); `on_part(name, result)` sees each as it ends (to save it early)."""
+  quick = opts.quick
+  interpret = jax.default_backend() != "gpu"
+  report: dict[str, Any] = dict(backend=jax.default_backend(), devices=[str(d) for d in jax.devices()],
+                                jax_version=jax.__version__, interpret=interpret, quick=quick,
+                                load_before=os.getloadavg())
+  try:
+    import torch
+    report.update(torch_version=torch.__version__, torch_cuda=torch.cuda.is_available(),
+                  torch_device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+  except ImportError:
+    report["torch_version"] = None
+
+  def part(name, fn):
+    report[name] = _guarded(fn)
+    if on_part:
+      on_part(name, report[name])
+
+  cases = tuple(c[:1] + (9, 2, 5) + c[4:] for c in _KERNEL_CASES) if quick else _KERNEL_CASES
+  part("kernels", lambda: kernel_parity(interpret, cases))
+  parity = dict(model="tiny-qwen3", num_layers=2, query_len=40, num_items=12, item_len=9, labels=(3, 7),
+                algorithms=("serial", "packed", "prefill_extend"), repeats=1, serial_items=4, hf_batch_size=4,
+                kernels=("pallas_gpu", "shared_prefix"),
+                overrides=(f"kernel_interpret={str(interpret).lower()}", "gpu_block_q=16", "gpu_block_kv=16"))
+  part("scorer_parity", lambda: _bench(**parity))
+  runs = []
+  for (model, layers), workloads in opts.speed_groups().items():
+    kw = dict(model=model, num_layers=layers, suite=True, suite_workloads=workloads,
+              algorithms=("serial", "packed", "prefill_extend", "auto"), repeats=3, serial_items=2,
+              hf_batch_size=64, hf_batch_sizes=(16, 256), kernels=opts.speed_kernels,
+              overrides=(f"dtype={opts.dtype}", f"weight_dtype={opts.dtype}",
+                         f"kernel_interpret={str(interpret).lower()}"))
+    if quick:
+      kw.update(num_layers=2, suite_workloads=("tiny=16x6x8",), repeats=1, hf_batch_sizes=(), hf_batch_size=4)
+    part(f"speed_{model}_{layers}", functools.partial(_bench, **kw))
+    runs.append(f"speed_{model}_{layers}")
+  report["speed_parts"] = runs
+  report["load_after"] = os.getloadavg()
+  return report
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+  """A readable digest: device, each kernel case, the parity checks, each speed workload's best rows."""
+  from maxscore.bench.report import summary
+  lines = [f"backend {report['backend']} ({', '.join(report['devices'])}), jax {report['jax_version']}, "
+           f"torch {report.get('torch_version')} cuda={report.get('torch_cuda')} {report.get('torch_device') or ''}"]
+  kernels = report.get("kernels")
+  if isinstance(kernels, dict):
+    lines.append(f"kernels: ERROR {kernels['error']}")
+  else:
+    for r in kernels or []:
+      detail = r.get("error") or f"max |diff| {r['max_abs_diff']:.2e}, first call {r['first_call_s']:.2f} s"
+      lines.append(f"kernel {r['name']:<20} {'ok ' if r['ok'] else 'BAD'} {detail}")
+  for name in ["scorer_parity"] + report.get("speed_parts", []):
+    r = report.get(name)
+    if r is None:
+      continue
+    lines.append(f"== {name}")
+    lines.append(f"ERROR {r['error']}\n{r.get('traceback', '')}" if "error" in r else summary(r))
+  return lines
+
+
+def all_ok(report: dict[str, Any]) -> bool:
+  """Every kernel case within tolerance; in the parity part every algorithm and kernel within 1e-4 of
+  serial, and transformers within 1e-4 of the scorer."""
+  kernels = report.get("kernels")
+  checks = (report.get("scorer_parity") or {}).get("checks", {})
+  vs_serial = [d for k, v in checks.items() if k.startswith("max_abs_logprob_diff_vs_") for d in v.values()]
+  return (isinstance(kernels, list) and all(r["ok"] for r in kernels) and bool(vs_serial)
+          and max(vs_serial) <= 1e-4 and bool(checks.get("hf_agrees_1e4")))
