@@ -343,3 +343,18 @@ def test_a_second_eval_reads_its_programs_from_the_user_cache(tmp_path):
   assert entries
   run("second")
   assert {p.name for p in cache.iterdir()} == entries  # nothing new: every program was read back
+
+
+def test_the_pipelined_loop_writes_what_the_serial_loop_writes(scorer, small, tmp_path):
+  """Tokenizing ahead and writing behind in threads changes no byte of the outputs but the timings."""
+  dataset = data.load_jsonl(small, "all")
+  for name, pipelined in (("pipelined", True), ("serial", False)):
+    eval_lib.run_eval(scorer, dataset, CFG, tmp_path / name, progress=False, pipelined=pipelined)
+  timing = ("seconds", "compiled")
+  records = {name: [{k: v for k, v in json.loads(line).items() if k not in timing}
+                    for line in (tmp_path / name / "results.jsonl").read_text().splitlines()]
+             for name in ("pipelined", "serial")}
+  assert records["pipelined"] == records["serial"]
+  assert [r["qid"] for r in records["pipelined"][1:]] == [q.qid for q in dataset.queries]
+  for f in ("run.trec", "metrics.json", "metrics_per_query.jsonl"):
+    assert (tmp_path / "pipelined" / f).read_bytes() == (tmp_path / "serial" / f).read_bytes(), f

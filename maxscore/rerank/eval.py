@@ -365,7 +365,7 @@ def _agreed_resume_state(scorer, cfg, label_ids, queries, out: pathlib.Path, ove
 def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os.PathLike, *,
              overwrite: bool = False, progress: bool = True, fsync: bool = False,
              gather_every: int = 1, dev: Optional[RerankSet] = None,
-             score_cache: Optional[os.PathLike] = None) -> Optional[EvalReport]:
+             score_cache: Optional[os.PathLike] = None, pipelined: bool = True) -> Optional[EvalReport]:
   """Scores every query not already in output_dir/results.jsonl, then writes the final outputs.
 
   Multi-process (docs/ARCHITECTURE.md section 8): every process calls this with the same arguments; process 0
@@ -385,6 +385,8 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
       tune the fusion's alpha; the reported metrics are `dataset`'s alone.
     score_cache: a score cache directory (maxscore/rerank/score_cache.py): pairs it holds are not scored
       again, new ones are added; None = no cache.
+    pipelined: tokenize ahead and write behind in worker threads (docs/ARCHITECTURE.md section 11); False
+      does each query's host and model work in turn (the benchmark's comparison).
 
   Returns:
     On process 0 the EvalReport (mean and per-query metrics, summary, first-stage and fused comparison);
@@ -423,11 +425,13 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
   items_done, seconds = 0, 0.0
   # Pipelined (maxscore/rerank/pipeline.py): one thread tokenizes the next queries, another appends finished
   # records in order, while this one runs the model.
-  prepared = pipeline.prefetched(lambda q: prepare_query(builder, q, cfg), mine, depth=2)
+  prepare = lambda q: prepare_query(builder, q, cfg)
+  prepared = pipeline.prefetched(prepare, mine, depth=2) if pipelined else map(prepare, mine)
   with open(results_path, "a", encoding="utf-8") if lead else contextlib.nullcontext() as f, tqdm(
       total=len(todo) + resumed, initial=resumed, unit="query", disable=not (progress and lead),
       dynamic_ncols=True, desc="eval") as bar, pipeline.OrderedWriter(
-          lambda rec: _append(f, rec, fsync, results_path)) as writer, contextlib.closing(prepared):
+          lambda rec: _append(f, rec, fsync, results_path), threaded=pipelined) as writer, \
+          contextlib.closing(prepared) if pipelined else contextlib.nullcontext():
     for r0 in range(0, mesh_lib.num_rounds(len(todo), group.count), gather_every):
       recs = []
       for _ in mine[r0:r0 + gather_every]:

@@ -43,9 +43,9 @@ class OrderedWriter:
   writes wait. The first failed write is raised by the next submit() and by close(), and no later
   submission is written."""
 
-  def __init__(self, write: Callable[[Any], None], depth: int = 2):
+  def __init__(self, write: Callable[[Any], None], depth: int = 2, threaded: bool = True):
     self._write, self._depth = write, depth
-    self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="eval-write")
+    self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="eval-write") if threaded else None
     self._pending: collections.deque = collections.deque()
     self._error: Optional[BaseException] = None
     self._failed = False  # set by the worker at a failed write: the writes queued behind it do nothing
@@ -70,11 +70,16 @@ class OrderedWriter:
         raise
 
   def submit(self, x: Any) -> None:
+    if self._pool is None:  # threaded=False: written now, in the caller's thread
+      self._write(x)
+      return
     self._settle(self._depth - 1)
     self._pending.append(self._pool.submit(self._guarded, x))
 
   def close(self) -> None:
     """Waits for every write; raises the first that failed."""
+    if self._pool is None:
+      return
     try:
       self._settle(0)
     finally:
@@ -86,5 +91,5 @@ class OrderedWriter:
   def __exit__(self, exc_type, *_) -> None:
     if exc_type is None:
       self.close()
-    else:  # the loop failed: let queued writes finish (each is a whole record), raise the loop's error
+    elif self._pool is not None:  # the loop failed: queued writes finish (each a whole record); its error is raised
       self._pool.shutdown(wait=True)
