@@ -57,7 +57,7 @@ def _exact_sign_flip(d):
   return fractions.Fraction(hits, 2 ** len(d))
 
 
-@pytest.mark.parametrize("seed,n", [(0, 6), (1, 9), (2, 11)])
+@pytest.mark.parametrize("seed,n", [(0, 6), (1, 9), (2, 11), (3, 2), (5, 3), (6, 14)])
 def test_randomization_exact_matches_enumeration_and_scipy(seed, n):
   a, b = _metric_like_pairs(seed, n)
   p, method = significance.randomization(a - b)
@@ -66,6 +66,14 @@ def test_randomization_exact_matches_enumeration_and_scipy(seed, n):
   ref = stats.permutation_test((a, b), lambda x, y, axis: np.mean(x - y, axis=axis), vectorized=True,
                                permutation_type="samples", n_resamples=np.inf, alternative="two-sided")
   assert p == pytest.approx(ref.pvalue, abs=1e-12)
+
+
+def test_randomization_exact_counts_ties_at_the_observed_sum():
+  """Differences with exact ties (halves, zeros): the sign vectors whose |sum| equals the observed one count."""
+  d = np.array([0.5, 0.5, 0.25, 0.25, 0.0, 0.5, -0.25, 0.125, 0.125])
+  p, method = significance.randomization(d)
+  assert method == "exact" and p == float(_exact_sign_flip(d))
+  assert significance.randomization(np.array([0.3])) == (1.0, "exact")  # one query: both signs reach it
 
 
 def test_randomization_monte_carlo_estimates_the_exact_value():

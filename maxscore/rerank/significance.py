@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-EXACT_MAX_QUERIES = 20  # 2^20 sign vectors: enumerated in a fraction of a second
+EXACT_MAX_QUERIES = 20  # exact up to 2^20 sign vectors (counted by meet in the middle: 2 x 2^10 sums, under 1 ms)
 
 
 def _diffs(d) -> np.ndarray:
@@ -43,6 +43,26 @@ def _extreme(flipped_sums: np.ndarray, observed: float, tol: float) -> int:
   return int(np.count_nonzero(np.abs(flipped_sums) >= observed - tol))
 
 
+def _sign_sums(x: np.ndarray) -> np.ndarray:
+  """The sums s.x of all 2^len(x) sign vectors s."""
+  sums = np.zeros(1)
+  for v in x:
+    sums = np.concatenate([sums + v, sums - v])
+  return sums
+
+
+def _exact_count(d: np.ndarray, threshold: float) -> int:
+  """How many of the 2^n sign vectors s give |s.d| >= threshold, by meet in the middle: the 2^(n/2) sums of
+  each half, one half sorted and searched for each sum of the other (O(2^(n/2) n) instead of O(2^n n))."""
+  if threshold <= 0:
+    return 2 ** d.size
+  half = d.size // 2
+  a, b = _sign_sums(d[:half]), np.sort(_sign_sums(d[half:]))
+  above = b.size - np.searchsorted(b, threshold - a, side="left")  # a + b >= threshold
+  below = np.searchsorted(b, -threshold - a, side="right")          # a + b <= -threshold
+  return int(above.sum() + below.sum())
+
+
 def randomization(d, num_samples: int = 10_000, seed: int = 0,
                   exact_max_queries: int = EXACT_MAX_QUERIES) -> tuple[float, str]:
   """(two-sided p, "exact" or "monte_carlo") of the paired sign-flip test on the mean difference."""
@@ -51,13 +71,7 @@ def randomization(d, num_samples: int = 10_000, seed: int = 0,
   observed = abs(float(d.sum()))
   tol = 1e-9 * max(float(np.abs(d).sum()), 1e-300)  # float noise in the sums, not a real difference
   if n <= exact_max_queries or 2 ** n <= num_samples:
-    count, chunk = 0, 1 << 16
-    bits = np.arange(n)
-    for start in range(0, 2 ** n, chunk):
-      codes = np.arange(start, min(start + chunk, 2 ** n))
-      signs = 1.0 - 2.0 * ((codes[:, None] >> bits) & 1)
-      count += _extreme(signs @ d, observed, tol)
-    return count / 2 ** n, "exact"
+    return _exact_count(d, observed - tol) / 2 ** n, "exact"
   if num_samples < 1:
     raise ValueError(f"num_samples={num_samples} must be >= 1 for {n} queries (> {exact_max_queries} to enumerate)")
   rng = np.random.default_rng(seed)
