@@ -292,11 +292,12 @@ class ListwiseConfig:
   reranker: str = "first"            # first (sliding windows) or setwise (heap sort)
   window: int = 20                   # passages per window (first) or per set (setwise)
   stride: int = 10                   # first: positions a window moves up
-  top_k: int = 20                    # the head of the incoming list reranked (0 = all); setwise: ranked to
+  top_k: int = 20                    # first: the head of the list reranked; setwise: the best k sorted (0 = all)
   identifiers: str = "letters"       # letters (A..Z) or numbers (1..100); each must be one token
   max_passage_tokens: int = 128      # each passage is cut to this many tokens (and less if the window needs)
   max_window_tokens: int = 4096      # a window's prompt holds at most this many tokens (0 = no limit)
   chat: bool = True                  # the prompt is a user turn of the tokenizer's chat template
+  max_query_tokens: int = 128        # the query is cut to this many tokens (0 = no limit)
 
 
 def listwise_rerank(scorer, queries: Sequence[str], candidates: Sequence[Sequence[str]], config: ListwiseConfig,
@@ -305,7 +306,7 @@ def listwise_rerank(scorer, queries: Sequence[str], candidates: Sequence[Sequenc
   if config.reranker not in LISTWISE_TEMPLATES:
     raise ScoreInputError(f"reranker={config.reranker!r} is not one of {sorted(LISTWISE_TEMPLATES)}")
   builder = WindowPrompts(scorer.tokenizer, LISTWISE_TEMPLATES[config.reranker], config.identifiers,
-                          config.max_passage_tokens, config.max_window_tokens, chat=config.chat)
+                          config.max_passage_tokens, config.max_window_tokens, config.max_query_tokens, config.chat)
   if config.window > builder.max_window:
     raise ScoreInputError(f"listwise window={config.window} exceeds the {builder.max_window} identifiers of "
                           f"identifiers={config.identifiers!r}")
