@@ -1,6 +1,7 @@
 """Listwise (FIRST) and setwise reranking: window arithmetic and orders against references written by hand,
 the identifier check, and window scores against `Scorer.score` on the same sequence (a tiny random model)."""
 
+import dataclasses
 import json
 import shutil
 
@@ -9,8 +10,8 @@ import pytest
 
 from maxscore import Scorer
 from maxscore.checkpoints.tokenizer import load_tokenizer
-from maxscore.errors import ScoreInputError
-from maxscore.rerank import listwise
+from maxscore.errors import ResumeError, ScoreInputError
+from maxscore.rerank import data, eval as eval_lib, listwise
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -176,3 +177,58 @@ def test_listwise_rerank_end_to_end(scorer):
   assert [sorted(o) for o in setwise] == [list(range(8)), list(range(3))]
   with pytest.raises(ScoreInputError, match="exceeds the 26 identifiers"):
     listwise.listwise_rerank(scorer, queries, cands, listwise.ListwiseConfig(window=30, chat=False))
+
+
+# --- the eval's listwise stage -------------------------------------------------------------------------------
+def _rerank_set(path, num_queries=2, num_cands=7):
+  lines = []
+  for q in range(num_queries):
+    cands = [{"docid": f"d{j}", "text": DOCS[(j + q) % len(DOCS)]} for j in range(num_cands)]
+    lines.append(json.dumps({"qid": f"q{q}", "query": ["sort a list", "immutable"][q % 2], "candidates": cands,
+                             "qrels": {"d1": 1, "d4": 2}}))
+  path.write_text("\n".join(lines) + "\n")
+  return data.load_jsonl(path, "all")
+
+
+def _ranked(out):
+  return {q: sorted(r, key=lambda d: -r[d]) for q, r in data.read_trec_run(out / "run.trec").items()}
+
+
+def test_eval_listwise_stage_reorders_the_pointwise_head(tmp_path):
+  scorer = eval_lib.build_scorer()  # the embedded default model; the listwise stage reads its backbone
+  dataset = _rerank_set(tmp_path / "set.jsonl")
+  common = dict(max_query_tokens=8, max_item_tokens=24, fusion="none")
+  pointwise = eval_lib.run_eval(scorer, dataset, eval_lib.EvalConfig(**common), tmp_path / "pw", progress=False)
+  assert pointwise.summary["listwise"] is None
+  cfg = eval_lib.EvalConfig(**common, reranker="first", listwise_window=4, listwise_stride=2, listwise_top_k=5,
+                            listwise_passage_tokens=12, listwise_chat=False)
+  report = eval_lib.run_eval(scorer, dataset, cfg, tmp_path / "lw", progress=False)
+  before, after = _ranked(tmp_path / "pw"), _ranked(tmp_path / "lw")
+  for q in dataset.queries:
+    texts = dict(q.candidates)
+    head = before[q.qid][:5]
+    scorer.scorer.prefix_cache.clear()
+    (order,) = listwise.listwise_rerank(scorer.scorer, [q.query], [[texts[d] for d in head]], cfg.listwise())
+    assert after[q.qid] == [head[i] for i in order] + before[q.qid][5:]  # the tail keeps the pointwise order
+    assert sorted(data.read_trec_run(tmp_path / "lw" / "run.trec")[q.qid].values()) == list(range(1, 8))
+  lw = report.summary["listwise"]  # 5 candidates, window 4, stride 2: windows [1, 5) and [0, 3) per query
+  assert (lw["forwards"], lw["forwards_per_query"]) == (4, 2.0) and lw["tokens_per_query"] > 0
+  with pytest.raises(ResumeError):  # the listwise settings are part of the resume identity
+    eval_lib.run_eval(scorer, dataset, dataclasses.replace(cfg, listwise_window=3), tmp_path / "lw", progress=False)
+
+
+def test_eval_script_setwise_and_a_bad_listwise_flag(tmp_path, capsys, load_script):
+  _rerank_set(tmp_path / "set.jsonl", num_queries=1, num_cands=5)
+  eval_rerank = load_script("eval_rerank")
+  flags = [f"--jsonl={tmp_path / 'set.jsonl'}", "--split=all", "--max_query_tokens=8", "--max_item_tokens=24",
+           "--noprogress", "--noplot", "--fusion=none"]
+  eval_rerank.run(["eval_rerank.py", *flags, f"--output_dir={tmp_path / 'o'}", "--reranker=setwise",
+                   "--listwise_window=3", "--listwise_top_k=4", "--listwise_passage_tokens=12", "--nolistwise_chat"])
+  summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+  assert summary["listwise"]["reranker"] == "setwise" and summary["listwise"]["forwards"] >= 3
+  assert "setwise over the pointwise top 4" in capsys.readouterr().out
+  with pytest.raises(SystemExit) as e:
+    eval_rerank.run(["eval_rerank.py", *flags, f"--output_dir={tmp_path / 'o2'}", "--reranker=first",
+                     "--listwise_stride=30"])
+  assert e.value.code == 2 and "listwise_stride=30 must be in [1, listwise_window]" in capsys.readouterr().err
+  assert not (tmp_path / "o2").exists()

@@ -91,8 +91,9 @@ class EvalConfig(prompts.PromptConfig):
     if not smallest <= self.listwise_window <= len(listwise.LETTERS):
       raise data.DataError(f"listwise_window={self.listwise_window} must be in [{smallest}, {len(listwise.LETTERS)}] "
                            "(one identifier A..Z per passage)")
-    if not 0 < self.listwise_stride <= self.listwise_window:
-      raise data.DataError(f"listwise_stride={self.listwise_stride} must be in [1, listwise_window]")
+    if self.listwise_stride < 1 or (self.reranker == "first" and self.listwise_stride > self.listwise_window):
+      raise data.DataError(f"listwise_stride={self.listwise_stride} must be in [1, listwise_window] (reranker=first "
+                           "moves windows that overlap or touch)")
     for name in ("listwise_top_k", "listwise_passage_tokens", "listwise_window_tokens"):
       if getattr(self, name) < 0:
         raise data.DataError(f"{name}={getattr(self, name)} must be >= 0")
