@@ -92,11 +92,11 @@ def test_setwise_heap_by_hand():
   relevance = {0: 0.1, 1: 0.5, 2: 0.2, 3: 0.0, 4: 0.3, 5: 0.9, 6: 0.4}
   calls = []
   order = listwise.setwise_rerank([list(range(7))], relevance_scorer(relevance, calls), set_size=3, top_k=3)
-  # heap 0 1 2 3 4 5 6. node 2 (2; 5 6) -> 5 up: 0 1 5 3 4 2 6. node 1 (1; 3 4): 1 stays. node 0 (0; 1 5) -> 5 up:
-  # 5 1 0 3 4 2 6, then node 2 (0; 2 6) -> 6 up: 5 1 6 3 4 2 0. Take 5; the last (0) to the root: 0 1 6 3 4 2,
-  # (0; 1 6) -> 1: 1 0 6 3 4 2, node 1 (0; 3 4) -> 4: 1 4 6 3 0 2. Take 1; root 2: 2 4 6 3 0, (2; 4 6) -> 6:
-  # 6 4 2 3 0, node 2 has no children. Take 6. The rest keep the incoming order.
-  assert calls == [[[2, 5, 6]], [[1, 3, 4]], [[0, 1, 5]], [[0, 2, 6]], [[0, 1, 6]], [[0, 3, 4]], [[2, 4, 6]]]
+  # heap 0 1 2 3 4 5 6. Level 1 in one call: node 1 (1; 3 4): 1 stays; node 2 (2; 5 6) -> 5 up: 0 1 5 3 4 2 6.
+  # Node 0 (0; 1 5) -> 5 up: 5 1 0 3 4 2 6, then node 2 (0; 2 6) -> 6 up: 5 1 6 3 4 2 0. Take 5; the last (0) to
+  # the root: 0 1 6 3 4 2, (0; 1 6) -> 1: 1 0 6 3 4 2, node 1 (0; 3 4) -> 4: 1 4 6 3 0 2. Take 1; root 2:
+  # 2 4 6 3 0, (2; 4 6) -> 6: 6 4 2 3 0, node 2 has no children. Take 6. The rest keep the incoming order.
+  assert calls == [[[1, 3, 4], [2, 5, 6]], [[0, 1, 5]], [[0, 2, 6]], [[0, 1, 6]], [[0, 3, 4]], [[2, 4, 6]]]
   assert order == [[5, 1, 6, 0, 2, 3, 4]]
 
 
@@ -105,6 +105,14 @@ def test_setwise_full_sort_and_short_lists():
   relevance = dict(enumerate(rng.permutation(23).astype(float)))
   got = listwise.setwise_rerank([list(range(23)), [3], []], relevance_scorer(relevance), set_size=4, top_k=0)
   assert got == [sorted(range(23), key=lambda i: -relevance[i]), [3], []]
+  # Any size, set size and k, with ties (few distinct scores): the top k by score then incoming rank, then the
+  # rest in the incoming order. Lists of one call step together.
+  for n, c, k in [(1, 2, 1), (2, 2, 5), (9, 2, 4), (10, 3, 3), (31, 4, 10), (40, 5, 0), (17, 8, 6)]:
+    incoming = [int(x) for x in rng.permutation(n)]
+    rel = {x: float(rng.integers(0, 4)) for x in incoming}
+    top = sorted(incoming, key=lambda x: (-rel[x], incoming.index(x)))[:k or n]
+    want = top + [x for x in incoming if x not in top]
+    assert listwise.setwise_rerank([incoming, incoming[::-1]], relevance_scorer(rel), c, k)[0] == want
   with pytest.raises(ScoreInputError, match="set_size"):
     listwise.setwise_rerank([[0, 1]], relevance_scorer({0: 0, 1: 1}), set_size=1)
 
@@ -152,11 +160,14 @@ def test_chat_prompt_wraps_the_user_turn(tmp_path, hf_tokenizer_path):
 
 def test_window_scores_equal_scorer_score_on_the_same_sequence(scorer, tok):
   builder = listwise.WindowPrompts(tok, listwise.FIRST, max_passage_tokens=8, chat=False)
+  # The first and the last share their prefix and identifiers: two items of one request.
   windows = [builder.window("sort a list", DOCS[:5]), builder.window("sort a list", DOCS[3:7]),
-             builder.window("immutable tuple", DOCS[:5])]
+             builder.window("immutable tuple", DOCS[:5]), builder.window("sort a list", DOCS[2:7])]
+  assert windows[0].prefix == windows[3].prefix and windows[0].body != windows[3].body
   usage = listwise.Usage()
   got = listwise.score_windows(scorer, windows, usage)
-  assert usage.forwards == 3 and usage.tokens == sum(len(w.prefix) + len(w.body) for w in windows)
+  assert usage.forwards == 4
+  assert usage.tokens == sum(len(w.body) for w in windows) + sum(len(w.prefix) for w in windows[:3])
   for w, lp in zip(windows, got):
     want = scorer.score(list(w.prefix + w.body), [[]], list(w.label_ids), apply_softmax=False,
                         algorithm="serial", separator_token_id=None).scores[0]

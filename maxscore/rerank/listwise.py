@@ -161,7 +161,8 @@ class WindowPrompts:
 
 @dataclasses.dataclass
 class Usage:
-  """What a rerank cost: forward sequences (one per window or set) and the tokens they hold."""
+  """What a rerank cost: forward sequences (one per window or set) and the tokens of their requests (a prefix
+  shared by the windows of one request counted once)."""
   forwards: int = 0
   tokens: int = 0
 
@@ -169,15 +170,23 @@ class Usage:
 def score_windows(scorer, windows: Sequence[Window], usage: Optional[Usage] = None) -> list[np.ndarray]:
   """Log-probs of each window's identifiers at its answer position (the log of the identifiers' softmax: one
   position per window, so the vocabulary log-sum-exp is common and the order is that of the full log-probs).
-  All windows go through one `score_requests` call."""
-  reqs = [scorer.make_request(list(w.prefix), [list(w.body)], list(w.label_ids), apply_softmax=True,
-                              separator_token_id=None) for w in windows]
+  All windows go through one `score_requests` call; windows with the same prefix and identifiers are the items
+  of one request (they share the prefix, section 2)."""
+  groups: dict[tuple, list[int]] = {}
+  for i, w in enumerate(windows):
+    groups.setdefault((w.prefix, w.label_ids), []).append(i)
+  reqs = [scorer.make_request(list(prefix), [list(windows[i].body) for i in idx], list(labels), apply_softmax=True,
+                              separator_token_id=None) for (prefix, labels), idx in groups.items()]
   results = scorer.score_requests(reqs)
   if usage is not None:
     usage.forwards += len(windows)
     usage.tokens += sum(r.usage["prompt_tokens"] for r in results)
-  with np.errstate(divide="ignore"):
-    return [np.log(r.scores[0]) for r in results]
+  out: list = [None] * len(windows)
+  for idx, result in zip(groups.values(), results):
+    with np.errstate(divide="ignore"):
+      for i, row in zip(idx, np.log(result.scores)):
+        out[i] = row
+  return out
 
 
 # --- sliding windows -------------------------------------------------------------------------------------------
@@ -238,30 +247,57 @@ def _sift_down(heap: list, size: int, i: int, children: int) -> Generator[list, 
     i = best
 
 
-def setwise_top_k(items: Sequence, set_size: int = 4, top_k: int = 10) -> Generator[list, int, list]:
-  """Heap sort with sets of `set_size` (a node and `set_size - 1` children) to the best `top_k`, as a
-  generator: it yields each set to compare and is sent the index of that set's best. Returns the top k in
-  order followed by the rest in their incoming order."""
+def _side_by_side(runs: Sequence[Generator]) -> Generator[list, list, None]:
+  """Runs compare generators (as _sift_down) together: yields the list of their pending sets, is sent the list
+  of those sets' bests."""
+  pending = {}
+  for j, run in enumerate(runs):
+    try:
+      pending[j] = next(run)
+    except StopIteration:
+      pass
+  while pending:
+    keys = sorted(pending)
+    bests = yield [pending[j] for j in keys]
+    for j, best in zip(keys, bests):
+      try:
+        pending[j] = runs[j].send(best)
+      except StopIteration:
+        del pending[j]
+
+
+def setwise_top_k(items: Sequence, set_size: int = 4, top_k: int = 10) -> Generator[list, list, list]:
+  """Heap sort with sets of `set_size` (a node and `set_size - 1` children) to the best `top_k` (0 = all), as a
+  generator: it yields the list of sets it can compare now and is sent the index of each one's best. Returns the
+  top k in order followed by the rest in their incoming order.
+
+  The heap is built a level at a time, deepest first: the nodes of one level head disjoint subtrees, so their
+  sift-downs run side by side (their sets are compared together) and leave the heap the one-at-a-time build
+  leaves. Each extraction is one sift-down from the root, a set at a time."""
   if set_size < 2:
     raise ScoreInputError(f"setwise set_size={set_size}: a set compares at least 2 passages")
   heap, children, n = list(items), set_size - 1, len(items)
   k = min(top_k if top_k > 0 else n, n)
-  for i in range((n - 2) // children, -1, -1):
-    yield from _sift_down(heap, n, i, children)
+  levels, first = [], 0
+  while first <= (n - 2) // children:  # the levels of internal nodes: [first, first + children ** depth)
+    levels.append(range(first, min(first + children ** len(levels), (n - 2) // children + 1)))
+    first = first * children + 1
+  for level in reversed(levels):
+    yield from _side_by_side([_sift_down(heap, n, i, children) for i in level])
   top = []
   for size in range(n, 0, -1):
     top.append(heap[0])
     if len(top) == k:
       break
     heap[0] = heap[size - 1]
-    yield from _sift_down(heap, size - 1, 0, children)
+    yield from _side_by_side([_sift_down(heap, size - 1, 0, children)])
   chosen = set(top)
   return top + [x for x in items if x not in chosen]
 
 
 def setwise_rerank(orders: Sequence[Sequence], score: ScoreFn, set_size: int = 4, top_k: int = 10) -> list[list]:
-  """setwise_top_k over each list (items must be hashable and distinct within a list), the compares of every
-  list that has one pending batched into one `score` call per step (as sliding_window_rerank)."""
+  """setwise_top_k over each list (items must be hashable and distinct within a list): at each step every set
+  that any list can compare goes into one `score` call (as sliding_window_rerank)."""
   runs = {q: setwise_top_k(o, set_size, top_k) for q, o in enumerate(orders)}
   ranks = [{x: i for i, x in enumerate(o)} for o in orders]
   out: list = [None] * len(orders)
@@ -272,13 +308,15 @@ def setwise_rerank(orders: Sequence[Sequence], score: ScoreFn, set_size: int = 4
     except StopIteration as stop:
       out[q] = stop.value
   while pending:
-    qs = sorted(pending)
-    scores = score([(q, pending[q]) for q in qs])
-    for q, sc in zip(qs, scores):
-      sc = np.asarray(sc, np.float64)
-      best = min(range(len(sc)), key=lambda j: (-sc[j], ranks[q][pending[q][j]]))
+    asked = [(q, items) for q in sorted(pending) for items in pending[q]]
+    scores = iter(score(asked))
+    for q in sorted(pending):
+      bests = []
+      for items in pending[q]:
+        sc = np.asarray(next(scores), np.float64)
+        bests.append(min(range(len(sc)), key=lambda j: (-sc[j], ranks[q][items[j]])))
       try:
-        pending[q] = runs[q].send(best)
+        pending[q] = runs[q].send(bests)
       except StopIteration as stop:
         out[q] = stop.value
         del pending[q]
