@@ -21,6 +21,7 @@ order, and equal scores everywhere give the incoming order). Below the top k the
 """
 
 import dataclasses
+import functools
 import re
 from typing import Callable, Generator, Optional, Sequence
 
@@ -119,16 +120,23 @@ class WindowPrompts:
         raise ScoreInputError("the tokenizer's chat template does not render the user message once")
       self._chat = tuple(text.split(mark))
     self._markers = {}
+    # A query's text recurs in each of its windows and a document in several windows: each is encoded once.
+    self._query_text = functools.lru_cache(maxsize=1 << 10)(self._cut_query)
+    self._content = functools.lru_cache(maxsize=1 << 14)(self._encode_content)
 
   @property
   def max_window(self) -> int:
     return len(self.identifiers)
 
-  def _query_text(self, query: str) -> str:
+  def _cut_query(self, query: str) -> str:
     ids = self.tokenizer.encode(query)
     if 0 < self.max_query_tokens < len(ids):
       query = self.tokenizer.decode(ids[:self.max_query_tokens])
     return query
+
+  def _encode_content(self, doc: str) -> tuple[int, ...]:
+    """A passage's tokens (after a space, as it follows its identifier), its own "[x]" written "(x)"."""
+    return tuple(self.tokenizer.encode(" " + _BRACKETED.sub(r"(\1)", doc.strip())))
 
   def _marker(self, i: int) -> tuple[int, ...]:
     if i not in self._markers:
@@ -145,7 +153,7 @@ class WindowPrompts:
     prefix = tuple(enc(self._chat[0] + t.head.format(num=num, query=query)))
     tail = tuple(enc(t.tail.format(num=num, query=query) + self._chat[1])) + tuple(enc(t.answer))
     newline = tuple(enc("\n"))
-    contents = [enc(" " + _BRACKETED.sub(r"(\1)", d.strip())) for d in docs]
+    contents = [self._content(d) for d in docs]
     fixed = len(prefix) + len(tail) + sum(len(self._marker(i)) + len(newline) for i in range(num))
     budget = self.max_passage_tokens if self.max_passage_tokens > 0 else max(len(c) for c in contents)
     if self.max_window_tokens > 0:
@@ -155,7 +163,7 @@ class WindowPrompts:
                               f"instruction, query and identifiers alone take {fixed} tokens")
     body: list[int] = []
     for i, content in enumerate(contents):
-      body.extend(self._marker(i) + tuple(content[:budget]) + newline)
+      body.extend(self._marker(i) + content[:budget] + newline)
     return Window(prefix, tuple(body) + tail, self.label_ids[:num])
 
 
@@ -338,13 +346,19 @@ class ListwiseConfig:
   max_query_tokens: int = 128        # the query is cut to this many tokens (0 = no limit)
 
 
+@functools.lru_cache(maxsize=8)
+def _window_prompts(tokenizer: Tokenizer, config: "ListwiseConfig") -> WindowPrompts:
+  """One WindowPrompts per tokenizer and settings (the eval reranks a query at a time)."""
+  return WindowPrompts(tokenizer, LISTWISE_TEMPLATES[config.reranker], config.identifiers, config.max_passage_tokens,
+                       config.max_window_tokens, config.max_query_tokens, config.chat)
+
+
 def listwise_rerank(scorer, queries: Sequence[str], candidates: Sequence[Sequence[str]], config: ListwiseConfig,
                     usage: Optional[Usage] = None) -> list[list[int]]:
   """Each query's candidate texts reranked (as indices into its list, best first) by `config.reranker`."""
   if config.reranker not in LISTWISE_TEMPLATES:
     raise ScoreInputError(f"reranker={config.reranker!r} is not one of {sorted(LISTWISE_TEMPLATES)}")
-  builder = WindowPrompts(scorer.tokenizer, LISTWISE_TEMPLATES[config.reranker], config.identifiers,
-                          config.max_passage_tokens, config.max_window_tokens, config.max_query_tokens, config.chat)
+  builder = _window_prompts(scorer.tokenizer, config)
   if config.window > builder.max_window:
     raise ScoreInputError(f"listwise window={config.window} exceeds the {builder.max_window} identifiers of "
                           f"identifiers={config.identifiers!r}")
