@@ -156,6 +156,9 @@ def test_chat_prompt_wraps_the_user_turn(tmp_path, hf_tokenizer_path):
   w = listwise.WindowPrompts(tok, listwise.SETWISE, max_window_tokens=0).window("q", DOCS[:2])
   text = tok.decode(list(w.prefix + w.body))
   assert text.startswith("<|im_start|>user\nFor the query \"q\"") and text.endswith("<|im_start|>assistant\n[")
+  first = listwise.WindowPrompts(tok, listwise.FIRST, max_window_tokens=0).window("q", DOCS[:2])
+  text = tok.decode(list(first.prefix + first.body))
+  assert text.startswith(f"<|im_start|>system\n{listwise.FIRST.system}<|im_end|>\n<|im_start|>user\nYou will get 2")
 
 
 def test_window_scores_equal_scorer_score_on_the_same_sequence(scorer, tok):

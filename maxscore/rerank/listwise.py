@@ -39,17 +39,20 @@ IDENTIFIER_SETS = {"letters": LETTERS, "numbers": tuple(str(i) for i in range(1,
 class ListwiseTemplate:
   """A window prompt: `head` ({num}, {query}), one `passage` line per candidate ({id}, then its text), `tail`
   ({num}, {query}) and the `answer` prefix the identifier token follows. In a chat prompt head .. tail is the
-  user turn of the tokenizer's chat template and the answer prefix starts the assistant's reply."""
+  user turn of the tokenizer's chat template, after a `system` turn if there is one, and the answer prefix
+  starts the assistant's reply."""
   head: str
   passage: str
   tail: str
   answer: str = "["
+  system: str = ""
 
 
-# After RankLLM's RankGPT-style prompt as FIRST uses it (castorini/rank_llm, rank_listwise_os_llm.py: the
-# prefix and post prompts around "[id] passage" lines), reworded; the reply starts with "[" so that the next
-# token is an identifier.
+# After RankLLM's RankGPT-style prompt as FIRST uses it (castorini/rank_llm, rank_listwise_os_llm.py: a system
+# message, the prefix and post prompts around "[id] passage" lines), reworded; the reply starts with "[" so that
+# the next token is an identifier.
 FIRST = ListwiseTemplate(
+    system="You are RankLLM, an assistant that ranks passages by how relevant they are to a search query.",
     head=("You will get {num} passages, each marked by an identifier in brackets []. Order them by how relevant "
           "they are to the search query: {query}.\n\n"),
     passage="[{id}]",
@@ -115,7 +118,7 @@ class WindowPrompts:
     self._chat = ("", "")
     if chat:
       mark = "\x00TURN\x00"
-      text = prompts.render_user_turn(tokenizer, mark)
+      text = prompts.render_user_turn(tokenizer, mark, template.system)
       if text.count(mark) != 1:
         raise ScoreInputError("the tokenizer's chat template does not render the user message once")
       self._chat = tuple(text.split(mark))

@@ -113,9 +113,10 @@ def _chat_template_source(tokenizer: Tokenizer) -> str:
   return source
 
 
-def render_user_turn(tokenizer: Tokenizer, content: str) -> str:
-  """The tokenizer's chat template rendered for one user turn holding `content`, with the generation prompt
-  (as transformers' apply_chat_template(..., add_generation_prompt=True, tokenize=False))."""
+def render_user_turn(tokenizer: Tokenizer, content: str, system: str = "") -> str:
+  """The tokenizer's chat template rendered for one user turn holding `content` (after a system turn when
+  `system` is given), with the generation prompt (as transformers' apply_chat_template(...,
+  add_generation_prompt=True, tokenize=False))."""
   import jinja2.ext  # pylint: disable=import-outside-toplevel
   import jinja2.sandbox  # pylint: disable=import-outside-toplevel
   env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
@@ -127,7 +128,8 @@ def render_user_turn(tokenizer: Tokenizer, content: str) -> str:
   special = {name: tokenizer.decode([i]) if i is not None else "" for name, i in
              (("bos_token", tokenizer.bos_id), ("eos_token", tokenizer.eos_id))}
   return env.from_string(_chat_template_source(tokenizer)).render(
-      messages=[{"role": "user", "content": content}], add_generation_prompt=True, **special)
+      messages=[{"role": "system", "content": system}] * bool(system) + [{"role": "user", "content": content}],
+      add_generation_prompt=True, **special)
 
 
 def chat_segments(tokenizer: Tokenizer, template: Template) -> Template:
