@@ -230,7 +230,7 @@ def run_fingerprint(scorer: Scorer, cfg: EvalConfig, label_ids: Sequence[int]) -
   if getattr(cfg, "reranker", "pointwise") != "pointwise":
     out["listwise"] = {k: getattr(cfg, k) for k in ("reranker", "listwise_window", "listwise_stride", "listwise_top_k",
                                                      "listwise_passage_tokens", "listwise_window_tokens",
-                                                     "listwise_chat", "max_query_tokens")}
+                                                     "listwise_chat")}
   return out
 
 

@@ -11,13 +11,16 @@ many queries go through one `Scorer.score_requests` call per step.
 The window order is RankLLM's sliding window (castorini/rank_llm, ListwiseRankLLM's sliding windows): a
 window of `window` positions starts at the bottom of the ranked list and moves up `stride` positions at a
 time, the last window clipped at the top. Within a window the candidates are sorted by their identifier's
-log-prob, highest first; equal log-probs keep their order in the window (an earlier position, i.e. a better
-incoming rank, wins the tie).
+log-prob, highest first; equal log-probs keep the order the window was given (the earlier position wins).
 
 Setwise runs a heap sort over sets of `set_size` candidates, a parent and its `set_size - 1` children
 (ielab/llm-rankers' heapsort), to the top `top_k`; each comparison reads the set's identifier log-probs and
 takes the highest, a tie going to the candidate with the better incoming rank (so the heap sorts by one total
-order, and equal scores everywhere give the incoming order). Below the top k the incoming order is kept.
+order, and equal scores everywhere give the incoming order). Below the top k the incoming order is kept. The
+heap is built a level at a time, a level's sets compared in one call.
+
+Both passes are pure functions of the window scores (`sliding_window_rerank`, `setwise_rerank` take a score
+callback), which the tests drive with scores written by hand; `listwise_rerank` runs them on a Scorer.
 """
 
 import dataclasses
