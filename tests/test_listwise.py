@@ -122,6 +122,8 @@ def test_identifiers_must_each_be_one_token(tok):
   assert len(listwise.identifier_ids(tok, listwise.LETTERS)) == 26
   with pytest.raises(ScoreInputError, match=r"identifier 'Qzx#9' is not one token in the tokenizer .*tokenizer"):
     listwise.WindowPrompts(tok, listwise.FIRST, identifiers=["A", "Qzx#9"], chat=False)
+  with pytest.raises(ScoreInputError, match="no chat_template.*listwise_chat=false"):
+    listwise.WindowPrompts(tok, listwise.FIRST)
   with pytest.raises(ScoreInputError, match="identifiers='roman'"):
     listwise.WindowPrompts(tok, listwise.FIRST, identifiers="roman", chat=False)
 

@@ -121,7 +121,11 @@ class WindowPrompts:
     self._chat = ("", "")
     if chat:
       mark = "\x00TURN\x00"
-      text = prompts.render_user_turn(tokenizer, mark, template.system)
+      try:
+        text = prompts.render_user_turn(tokenizer, mark, template.system)
+      except ScoreInputError as e:
+        raise ScoreInputError(f"the listwise prompt is a chat turn (listwise_chat), but: {e}; a plain-text prompt "
+                              "needs listwise_chat=false") from None
       if text.count(mark) != 1:
         raise ScoreInputError("the tokenizer's chat template does not render the user message once")
       self._chat = tuple(text.split(mark))
