@@ -3,6 +3,8 @@
   python scripts/profile_shares.py                    # reference workload, Qwen3-0.6B dims, 2 layers
   python scripts/profile_shares.py --query_len=32 --num_items=64 --item_len=256   # one BEIR-like extend chunk
   python scripts/profile_shares.py --repeats=5
+  python scripts/profile_shares.py --model=smollm2-135m --num_layers=4 --query_len=70 --num_items=30 --item_len=80 \
+      --hf_profile                                    # transformers' own profile of the same workload beside it
 
 What each part is: maxscore/bench/profile.py. Every flag is a key of configs/profile.yml. The load
 average is printed before and after the timed runs.
@@ -37,6 +39,12 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS) -> dict:
   whole = next(iter(best.values()))
   for name, s in list(best.items()) + list(profile.derived_shares(best).items()):
     print(f"{name:66s} best {s:8.3f} s   {s / whole:6.1%} of the full forward")
+  if opts.hf_profile:
+    hf = profile.hf_profile(opts)
+    print(f"load average after transformers: {os.getloadavg()}")
+    for name, s in hf.items():
+      print(f"{name:66s}      {s:8.3f} s   {s / whole:6.1%} of maxscore's full forward")
+    best.update(hf)
   return best
 
 

@@ -44,6 +44,7 @@ class ProfileOptions:
   query_len: int = 2000
   num_items: int = 500
   item_len: int = 20
+  hf_profile: bool = False   # also profile transformers on the same workload (torch.profiler, by op category)
 
   def validate(self) -> "ProfileOptions":
     for name in ("repeats", "num_layers", "query_len", "num_items", "item_len"):
@@ -146,6 +147,44 @@ def derived_shares(best: dict[str, float]) -> dict[str, float]:
   get = lambda prefix: next(v for k, v in best.items() if k.startswith(prefix))
   return {"norms + RoPE + embedding (dense only - dense matmuls)": get("dense only") - get("  of which dense"),
           "prefix attention (kernel - own attention)": get("attention kernel") - get("  of which own")}
+
+
+# torch ops by category: the weight products (nn.Linear: q/k/v/o, gate/up/down, lm_head) and attention
+# (sdpa and its CPU flash kernel, or an eager bmm); everything else is norms, RoPE, activations and copies.
+_HF_DENSE = ("aten::mm", "aten::addmm")
+_HF_ATTENTION = ("scaled_dot_product", "flash_attention", "aten::bmm", "aten::baddbmm", "aten::_softmax")
+
+
+def hf_profile(opts: ProfileOptions) -> dict[str, float]:
+  """transformers on the same workload (prefix K/V reused, all items in one batch), best of `repeats` wall
+  seconds, and one profiled run's self CPU seconds by category, scaled to that wall time."""
+  import torch
+
+  from maxscore.bench.hf_baseline import hf_label_logprobs, hf_model_like
+  cfg = bench_config(BenchOptions(model=opts.model, num_layers=opts.num_layers))
+  model = hf_model_like(cfg.model)
+  rng = np.random.default_rng(0)
+  request = dict(query=rng.integers(0, cfg.model.vocab_size, opts.query_len).tolist(),
+                 items=[rng.integers(0, cfg.model.vocab_size, opts.item_len).tolist() for _ in range(opts.num_items)],
+                 label_token_ids=[x % cfg.model.vocab_size for x in LABELS])
+  run = lambda: hf_label_logprobs(model, request, opts.num_items, cfg.scoring.separator_token_id)
+  run()
+  walls = []
+  for _ in range(opts.repeats):
+    t0 = time.perf_counter()
+    run()
+    walls.append(time.perf_counter() - t0)
+  with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    run()
+  self_s = {e.key: e.self_cpu_time_total / 1e6 for e in prof.key_averages()}
+  total = sum(self_s.values()) or 1.0
+  dense = sum(v for k, v in self_s.items() if k in _HF_DENSE)
+  attention = sum(v for k, v in self_s.items() if any(a in k for a in _HF_ATTENTION))
+  wall = min(walls)
+  return {"transformers forward (prefix reused, one batch)": wall,
+          "  dense matmuls (nn.Linear: QKV, O, MLP, lm_head)": wall * dense / total,
+          "  attention (sdpa)": wall * attention / total,
+          "  norms, RoPE, activations, copies (the rest)": wall * (total - dense - attention) / total}
 
 
 def time_parts(todo: dict, repeats: int) -> dict[str, list[float]]:

@@ -34,7 +34,7 @@ from absl import logging
 from tqdm import tqdm
 
 from maxscore.heads import head_scorer, head_storage
-from maxscore.rerank import data, first_stage, fusion, listwise, metrics, prompts, stages
+from maxscore.rerank import data, first_stage, fusion, listwise, metrics, pipeline, prompts, stages
 from maxscore.rerank.score_cache import ScoreCache
 from maxscore.distributed import mesh as mesh_lib
 from maxscore.config import load_config, parse_override, to_flat_dict
@@ -293,14 +293,21 @@ def _model_scores(scorer: Scorer, query_ids, item_ids, label_ids, cfg: prompts.P
   return ranking, result
 
 
-def score_query(scorer: Scorer, builder: prompts.PromptBuilder, q: data.RerankQuery, label_ids,
-                cfg: prompts.PromptConfig, cache: Optional[ScoreCache] = None,
-                write_cache: bool = True) -> dict[str, Any]:
-  """One query's record for results.jsonl: ranking scores of all its candidates from one score call (of the
-  candidates `cache` does not hold; those it holds are its scores, and the new ones are added to it when
-  `write_cache`)."""
+@dataclasses.dataclass
+class PreparedQuery:
+  """A query's host work, done before its model work: token ids of the query and of every candidate's
+  items (its passages, or itself), ready for one score call."""
+  query: data.RerankQuery
+  query_ids: list
+  query_truncated: bool
+  texts: list
+  items: list       # per candidate: [(item token ids, truncated), ...]
+  seconds: float    # the host work's own time
+
+
+def prepare_query(builder: prompts.PromptBuilder, q: data.RerankQuery, cfg: prompts.PromptConfig) -> PreparedQuery:
+  """Tokenizes the query and its candidates (the host half of score_query; safe in a worker thread)."""
   start = time.perf_counter()
-  compiled_before = len(scorer.runner.compiled_shapes)
   query_ids, query_truncated = builder.query(q.query)
   texts = [text for _, text in q.candidates]
   passage_tokens, aggregate = getattr(cfg, "passage_tokens", 0), getattr(cfg, "aggregate", "maxp")
@@ -310,12 +317,24 @@ def score_query(scorer: Scorer, builder: prompts.PromptBuilder, q: data.RerankQu
   else:
     units = [[text] for text in texts]
   items = [[builder.item(u) for u in doc] for doc in units]
+  return PreparedQuery(q, query_ids, query_truncated, texts, items, time.perf_counter() - start)
+
+
+def score_prepared(scorer: Scorer, prep: PreparedQuery, label_ids, cfg: prompts.PromptConfig,
+                   cache: Optional[ScoreCache] = None, write_cache: bool = True) -> dict[str, Any]:
+  """One query's record for results.jsonl from its prepared ids: ranking scores of all its candidates from one
+  score call (of the candidates `cache` does not hold; those it holds are its scores, and the new ones are
+  added to it when `write_cache`). `seconds` is the host work plus this call."""
+  start = time.perf_counter()
+  q, items, texts = prep.query, prep.items, prep.texts
+  aggregate = getattr(cfg, "aggregate", "maxp")
+  compiled_before = len(scorer.runner.compiled_shapes)
   scores = cache.get(q.query, texts) if cache is not None else [None] * len(items)
   missing = [i for i, s in enumerate(scores) if s is None]
   algorithm, prompt_tokens, processed_tokens = "cache", 0, 0
   if missing:
     item_ids = [ids for i in missing for ids, _ in items[i]]
-    ranking, result = _model_scores(scorer, query_ids, item_ids, label_ids, cfg, q.qid)
+    ranking, result = _model_scores(scorer, prep.query_ids, item_ids, label_ids, cfg, q.qid)
     at = 0
     for i in missing:
       n = len(items[i])
@@ -338,15 +357,22 @@ def score_query(scorer: Scorer, builder: prompts.PromptBuilder, q: data.RerankQu
       "algorithm": algorithm,
       "prompt_tokens": prompt_tokens,
       "processed_tokens": processed_tokens,
-      "query_truncated": query_truncated,
+      "query_truncated": prep.query_truncated,
       "items_truncated": sum(t for doc in items for _, t in doc),
       "passages": sum(len(doc) for doc in items),
-      "seconds": time.perf_counter() - start,
+      "seconds": prep.seconds + time.perf_counter() - start,
       "compiled": len(scorer.runner.compiled_shapes) > compiled_before,
       "cached": len(items) - len(missing),
       "listwise_forwards": usage.forwards,
       "listwise_tokens": usage.tokens,
   }
+
+
+def score_query(scorer: Scorer, builder: prompts.PromptBuilder, q: data.RerankQuery, label_ids,
+                cfg: prompts.PromptConfig, cache: Optional[ScoreCache] = None,
+                write_cache: bool = True) -> dict[str, Any]:
+  """prepare_query then score_prepared: one query's record for results.jsonl, host and model work in turn."""
+  return score_prepared(scorer, prepare_query(builder, q, cfg), label_ids, cfg, cache, write_cache)
 
 
 def listwise_stage(scorer: Scorer, q: data.RerankQuery, scores: Sequence[float], cfg: listwise.ListwiseConfig,
@@ -462,14 +488,24 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
   cache = ScoreCache.open(score_cache, score_fingerprint(scorer, cfg, label_ids)) if score_cache else None
   mesh_lib.sync("eval: score cache loaded")  # every process loads it before any writes: all decide alike
   items_done, seconds = 0, 0.0
+  # Pipelined (maxscore/rerank/pipeline.py): one thread tokenizes the next queries, another appends finished
+  # records in order, while this one runs the model.
+  prepared = pipeline.prefetched(lambda q: prepare_query(builder, q, cfg), mine, depth=2)
   with open(results_path, "a", encoding="utf-8") if lead else contextlib.nullcontext() as f, tqdm(
       total=len(todo) + resumed, initial=resumed, unit="query", disable=not (progress and lead),
-      dynamic_ncols=True, desc="eval") as bar:
+      dynamic_ncols=True, desc="eval") as bar, pipeline.OrderedWriter(
+          lambda rec: _append(f, rec, fsync, results_path)) as writer, contextlib.closing(prepared):
     for r0 in range(0, mesh_lib.num_rounds(len(todo), group.count), gather_every):
-      recs = [score_query(scorer, builder, q, label_ids, cfg, cache, write_cache=group.is_leader)
-              for q in mine[r0:r0 + gather_every]]
+      recs = []
+      for _ in mine[r0:r0 + gather_every]:
+        t0 = time.perf_counter()
+        prep = next(prepared)
+        rec = score_prepared(scorer, prep, label_ids, cfg, cache, write_cache=group.is_leader)
+        # the loop's time for this query: waiting for its prepared ids (0 when they came ahead) plus the call
+        rec["seconds"] = time.perf_counter() - t0
+        recs.append(rec)
       for rec in mesh_lib.gather_to_process0(recs, contribute=group.is_leader) or []:
-        _append(f, rec, fsync, results_path)
+        writer.submit(rec)
         done[rec["qid"]] = rec
         items_done, seconds = items_done + len(rec["docids"]), seconds + rec["seconds"]
         bar.set_postfix_str(f"{items_done / max(seconds, 1e-9):.0f} items/s, {rec['algorithm']}", refresh=False)
