@@ -34,7 +34,7 @@ from absl import logging
 from tqdm import tqdm
 
 from maxscore.heads import head_scorer, head_storage
-from maxscore.rerank import data, first_stage, fusion, metrics, pipeline, prompts, stages
+from maxscore.rerank import data, first_stage, fusion, listwise, metrics, pipeline, prompts, stages
 from maxscore.rerank.score_cache import ScoreCache
 from maxscore.distributed import mesh as mesh_lib
 from maxscore.config import load_config, parse_override, to_flat_dict
@@ -65,9 +65,38 @@ class EvalConfig(prompts.PromptConfig):
   passage_tokens: int = 0                  # split documents into passages of this many tokens; 0 = whole documents
   passage_stride: int = 0                  # a passage starts every this many tokens; 0 = passage_tokens (no overlap)
   aggregate: Literal["maxp", "firstp", "sump"] = "maxp"  # a document's score from its passages' ranking scores
+  reranker: Literal["pointwise", "first", "setwise"] = "pointwise"  # a listwise stage after the pointwise scores
+  listwise_window: int = 20                # first: passages per window; setwise: passages per set
+  listwise_stride: int = 10                # first: positions a window moves up
+  listwise_top_k: int = 20                 # the listwise stage reranks the pointwise top k (0 = all)
+  listwise_passage_tokens: int = 128       # each passage in a window is cut to this many tokens
+  listwise_window_tokens: int = 4096       # a window prompt's token budget (passages cut further to fit); 0 = none
+  listwise_chat: bool = True               # the window prompt is a user turn of the tokenizer's chat template
+
+  def listwise(self) -> Optional[listwise.ListwiseConfig]:
+    """The listwise stage's settings (None for reranker=pointwise); it sorts the whole head it is given."""
+    if self.reranker == "pointwise":
+      return None
+    return listwise.ListwiseConfig(self.reranker, self.listwise_window, self.listwise_stride, 0,
+                                   max_passage_tokens=self.listwise_passage_tokens,
+                                   max_window_tokens=self.listwise_window_tokens, chat=self.listwise_chat,
+                                   max_query_tokens=self.max_query_tokens)
 
   def validate(self) -> "EvalConfig":
     super().validate()
+    if self.reranker not in ("pointwise", *listwise.LISTWISE_TEMPLATES):
+      raise data.DataError(f"reranker={self.reranker!r} is not one of ['pointwise', "
+                           f"{', '.join(repr(k) for k in listwise.LISTWISE_TEMPLATES)}]")
+    smallest = 2 if self.reranker == "setwise" else 1
+    if not smallest <= self.listwise_window <= len(listwise.LETTERS):
+      raise data.DataError(f"listwise_window={self.listwise_window} must be in [{smallest}, {len(listwise.LETTERS)}] "
+                           "(one identifier A..Z per passage)")
+    if self.listwise_stride < 1 or (self.reranker == "first" and self.listwise_stride > self.listwise_window):
+      raise data.DataError(f"listwise_stride={self.listwise_stride} must be in [1, listwise_window] (reranker=first "
+                           "moves windows that overlap or touch)")
+    for name in ("listwise_top_k", "listwise_passage_tokens", "listwise_window_tokens"):
+      if getattr(self, name) < 0:
+        raise data.DataError(f"{name}={getattr(self, name)} must be >= 0")
     if self.passage_tokens < 0 or self.passage_stride < 0:
       raise data.DataError(f"passage_tokens={self.passage_tokens} and passage_stride={self.passage_stride} must be "
                            ">= 0")
@@ -194,6 +223,17 @@ def score_fingerprint(scorer: Scorer, cfg: EvalConfig, label_ids: Sequence[int])
   return out
 
 
+def run_fingerprint(scorer: Scorer, cfg: EvalConfig, label_ids: Sequence[int]) -> dict[str, Any]:
+  """What a finished query's record depends on: the score fingerprint (the pointwise scores, which the score
+  cache holds), and the listwise stage's settings when there is one (its order is not a per-pair score)."""
+  out = score_fingerprint(scorer, cfg, label_ids)
+  if getattr(cfg, "reranker", "pointwise") != "pointwise":
+    out["listwise"] = {k: getattr(cfg, k) for k in ("reranker", "listwise_window", "listwise_stride", "listwise_top_k",
+                                                     "listwise_passage_tokens", "listwise_window_tokens",
+                                                     "listwise_chat")}
+  return out
+
+
 def _load_results(path: pathlib.Path, header: Mapping[str, Any]) -> dict[str, dict]:
   """Finished queries from results.jsonl (its first line is the header); a torn last line
   (the previous run was killed while writing it) is cut off."""
@@ -305,6 +345,10 @@ def score_prepared(scorer: Scorer, prep: PreparedQuery, label_ids, cfg: prompts.
     processed_tokens = result.usage["processed_tokens"]
     if cache is not None and write_cache:
       cache.put(q.query, [texts[i] for i in missing], [scores[i] for i in missing])
+  usage = listwise.Usage()
+  lw = cfg.listwise() if hasattr(cfg, "listwise") else None
+  if lw is not None:
+    scores = listwise_stage(scorer, q, scores, lw, cfg.listwise_top_k, usage)
   return {
       "qid": q.qid,
       "digest": q.digest(),
@@ -319,6 +363,8 @@ def score_prepared(scorer: Scorer, prep: PreparedQuery, label_ids, cfg: prompts.
       "seconds": prep.seconds + time.perf_counter() - start,
       "compiled": len(scorer.runner.compiled_shapes) > compiled_before,
       "cached": len(items) - len(missing),
+      "listwise_forwards": usage.forwards,
+      "listwise_tokens": usage.tokens,
   }
 
 
@@ -329,6 +375,27 @@ def score_query(scorer: Scorer, builder: prompts.PromptBuilder, q: data.RerankQu
   return score_prepared(scorer, prepare_query(builder, q, cfg), label_ids, cfg, cache, write_cache)
 
 
+def listwise_stage(scorer: Scorer, q: data.RerankQuery, scores: Sequence[float], cfg: listwise.ListwiseConfig,
+                   top_k: int, usage: listwise.Usage) -> list[float]:
+  """The query's candidates with the pointwise top `top_k` (0 = all) reordered by the listwise stage.
+
+  A listwise stage gives an order, not scores: every candidate's score becomes n - rank (n candidates; the best
+  n, the last 1), the listwise order over the head and the pointwise order below it (equal pointwise scores
+  in first-stage order), so run.trec, the metrics and the fusion read it as any reranked run. The stage reads
+  the model's label log-probs, never a trained score head's."""
+  n = len(scores)
+  pointwise = sorted(range(n), key=lambda i: (-scores[i], i))
+  head = pointwise[:top_k] if top_k > 0 else pointwise
+  backbone = getattr(scorer, "scorer", scorer)  # HeadScorer: its backbone
+  backbone.prefix_cache.clear()
+  (order,) = listwise.listwise_rerank(backbone, [q.query], [[q.candidates[i][1] for i in head]], cfg, usage)
+  final = [head[i] for i in order] + pointwise[len(head):]
+  out = [0.0] * n
+  for rank, i in enumerate(final):
+    out[i] = float(n - rank)
+  return out
+
+
 def _resume_state(scorer, cfg, label_ids, queries, out: pathlib.Path, overwrite: bool,
                   inputs: Sequence[Any]) -> dict[str, dict]:
   """Process 0's finished records from results.jsonl (after --overwrite and the digest check)."""
@@ -337,7 +404,7 @@ def _resume_state(scorer, cfg, label_ids, queries, out: pathlib.Path, overwrite:
   results_path = out / RESULTS_FILE
   if overwrite and results_path.exists():
     results_path.unlink()
-  done = _load_results(results_path, score_fingerprint(scorer, cfg, label_ids))
+  done = _load_results(results_path, run_fingerprint(scorer, cfg, label_ids))
   for q in queries:
     if q.qid in done and done[q.qid]["digest"] != q.digest():
       raise errors.ResumeError(f"{results_path} has query {q.qid!r} scored on other text or candidates "
@@ -542,6 +609,7 @@ def _summary(scorer: Scorer, dataset: RerankSet, queries, done, cfg: EvalConfig,
       "items": items,
       "prompt_tokens": tokens,
       "processed_tokens": sum(r["processed_tokens"] for r in recs),
+      "listwise": _listwise_summary(cfg, recs),
       "algorithms": dict(sorted(collections.Counter(r["algorithm"] for r in recs).items())),
       "truncation": {"max_query_tokens": cfg.max_query_tokens,
                      "queries_truncated": sum(r["query_truncated"] for r in recs),
@@ -557,6 +625,20 @@ def _summary(scorer: Scorer, dataset: RerankSet, queries, done, cfg: EvalConfig,
       "metrics": dict(means),
       "config": flat,
   }
+
+
+def _listwise_summary(cfg: EvalConfig, recs: Sequence[Mapping[str, Any]]) -> Optional[dict[str, Any]]:
+  """The listwise stage's settings and cost: forward sequences (one per window or set) and their tokens, in all
+  and per query scored; None for reranker=pointwise."""
+  if cfg.reranker == "pointwise":
+    return None
+  forwards = sum(r.get("listwise_forwards", 0) for r in recs)
+  tokens = sum(r.get("listwise_tokens", 0) for r in recs)
+  per = lambda x: x / len(recs) if recs else None
+  return {"reranker": cfg.reranker, "window": cfg.listwise_window, "stride": cfg.listwise_stride,
+          "top_k": cfg.listwise_top_k, "forwards": forwards, "tokens": tokens, "forwards_per_query": per(forwards),
+          "tokens_per_query": per(tokens),
+          "pointwise_tokens_per_query": per(sum(r["prompt_tokens"] for r in recs))}
 
 
 def _first_stage_name(source: Mapping[str, Any]) -> str:
@@ -579,6 +661,11 @@ def format_report(report: EvalReport) -> str:
                f"{rate(s['tokens_per_s'])}, wall {s['wall_seconds']:.1f} s, "
                f"{s['queries_that_compiled']} queries compiled")
   lines.append("  algorithm " + ", ".join(f"{k} x{v}" for k, v in s["algorithms"].items()))
+  lw = s.get("listwise")
+  if lw and lw["forwards_per_query"] is not None:
+    lines.append(f"  {lw['reranker']} over the pointwise top {lw['top_k'] or 'all'}: {lw['forwards_per_query']:.1f} "
+                 f"forwards and {lw['tokens_per_query']:,.0f} tokens per query (pointwise "
+                 f"{lw['pointwise_tokens_per_query']:,.0f})")
   if "score_cache" in s:
     c = s["score_cache"]
     lines.append(f"  score cache: {c['hits']} pairs read, {c['misses']} scored and added ({c['dir']})")

@@ -113,16 +113,12 @@ def _chat_template_source(tokenizer: Tokenizer) -> str:
   return source
 
 
-def chat_segments(tokenizer: Tokenizer, template: Template) -> Template:
-  """`template` with segments rendered from the tokenizer's chat template (one user turn + generation prompt).
-
-  Rendered once with markers for the query and the document, then split before the document: the
-  query side ends with "<Document>:", the item side starts with " {doc}" (as the plain template).
-  """
+def render_user_turn(tokenizer: Tokenizer, content: str, system: str = "") -> str:
+  """The tokenizer's chat template rendered for one user turn holding `content` (after a system turn when
+  `system` is given), with the generation prompt (as transformers' apply_chat_template(...,
+  add_generation_prompt=True, tokenize=False))."""
   import jinja2.ext  # pylint: disable=import-outside-toplevel
   import jinja2.sandbox  # pylint: disable=import-outside-toplevel
-  q_mark, d_mark = "\x00QUERY\x00", "\x00DOC\x00"
-  content = CHAT_USER_MESSAGE.replace("{query}", q_mark).replace(" {doc}", d_mark)
   env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                                      extensions=[jinja2.ext.loopcontrols])
 
@@ -131,8 +127,20 @@ def chat_segments(tokenizer: Tokenizer, template: Template) -> Template:
   env.globals["raise_exception"] = raise_exception
   special = {name: tokenizer.decode([i]) if i is not None else "" for name, i in
              (("bos_token", tokenizer.bos_id), ("eos_token", tokenizer.eos_id))}
-  text = env.from_string(_chat_template_source(tokenizer)).render(
-      messages=[{"role": "user", "content": content}], add_generation_prompt=True, **special)
+  return env.from_string(_chat_template_source(tokenizer)).render(
+      messages=[{"role": "system", "content": system}] * bool(system) + [{"role": "user", "content": content}],
+      add_generation_prompt=True, **special)
+
+
+def chat_segments(tokenizer: Tokenizer, template: Template) -> Template:
+  """`template` with segments rendered from the tokenizer's chat template (one user turn + generation prompt).
+
+  Rendered once with markers for the query and the document, then split before the document: the
+  query side ends with "<Document>:", the item side starts with " {doc}" (as the plain template).
+  """
+  q_mark, d_mark = "\x00QUERY\x00", "\x00DOC\x00"
+  content = CHAT_USER_MESSAGE.replace("{query}", q_mark).replace(" {doc}", d_mark)
+  text = render_user_turn(tokenizer, content)
   if text.count(d_mark) != 1 or text.count(q_mark) != 1:
     raise ScoreInputError("template='chat': the tokenizer's chat template does not render the user message once")
   escape = lambda x: x.replace("{", "{{").replace("}", "}}")
