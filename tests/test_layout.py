@@ -105,13 +105,15 @@ def test_serial_batches_sort_and_pad():
 def test_split_for_buckets_pads_little_and_keeps_every_item():
   from maxscore.scoring.layout import split_for_buckets
   buckets = load_config([]).buckets.item_count_buckets
-  assert split_for_buckets(100, buckets) == [96, 4] and split_for_buckets(17, buckets) == [16, 1]
+  assert split_for_buckets(100, buckets) == [100]  # in 112 slots: within an eighth
+  assert split_for_buckets(100, buckets, 1 / 16) == [96, 4] and split_for_buckets(17, buckets, 1 / 16) == [16, 1]
   assert split_for_buckets(64, buckets) == [64] and split_for_buckets(7, buckets) == [7]
-  for n in range(1, 300):
-    sizes = split_for_buckets(n, buckets)
-    assert sum(sizes) == n and all(s > 0 for s in sizes)
-    padded = [bucket(s, buckets, "x") for s in sizes]
-    assert all(b - s <= b / 8 for s, b in zip(sizes, padded)), (n, sizes)
+  for share in (1 / 8, 1 / 16):
+    for n in range(1, 300):
+      sizes = split_for_buckets(n, buckets, share)
+      assert sum(sizes) == n and all(s > 0 for s in sizes)
+      padded = [bucket(s, buckets, "x") for s in sizes]
+      assert all(b - s <= b * share for s, b in zip(sizes, padded)), (n, sizes)
 
 
 def test_prefill_extend_with_split_chunks_reproduces_serial(hf_checkpoints):

@@ -25,13 +25,19 @@ def prefix_state(ctx: AlgorithmContext, prefix):
   return ctx.prefix_cache.get_or_compute((tuple(prefix), p), compute)
 
 
+# An extend chunk whose item-count bucket would pad more than this share of its slots is split instead: a
+# piece of k items computes exactly what k padded slots would waste, so splitting costs one dispatch and saves
+# the padded work (100 items -> 96 + 4, not 100 in a bucket of 112).
+_CHUNK_MAX_PADDING = 1 / 16
+
+
 def _chunks(rows, count_buckets, max_tokens: int):
   """Each row cut into chunks of at most `max_tokens` slot tokens whose item counts pad little
   (layout.split_for_buckets)."""
   for row in rows:
     cap = max(1, max_tokens // max(row.slot_len, 1))
     sizes = [s for full in range(0, len(row.items), cap)
-             for s in split_for_buckets(min(cap, len(row.items) - full), count_buckets)]
+             for s in split_for_buckets(min(cap, len(row.items) - full), count_buckets, _CHUNK_MAX_PADDING)]
     start = 0
     for size in sizes:
       yield dataclasses.replace(row, items=row.items[start:start + size],
