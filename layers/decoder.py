@@ -84,9 +84,8 @@ class Decoder(nn.Module):
 
   def setup(self):
     cfg = self.config
-    if quant.check(self.quantization) != "none" and (self.lora is not None or self.remat):
-      raise ValueError(f"quantization={self.quantization!r} is for scoring only: a quantized model cannot be "
-                       "trained (LoRA adapters or rematerialization asked for); use quantization=none")
+    if self.lora is not None or self.remat:
+      quant.refuse_training(self.quantization, "a Decoder with LoRA adapters or rematerialization")
     self.embed = Embed(cfg.vocab_size, cfg.hidden_size, self.dtype, self.param_dtype, cfg.embed_scale)
     layer = nn.remat(DecoderLayer, prevent_cse=False) if self.remat else DecoderLayer
     scanned = nn.scan(layer, variable_axes={"params": 0, "intermediates": 0}, split_rngs={"params": True},

@@ -45,6 +45,13 @@ def check(mode: str) -> str:
   return mode
 
 
+def refuse_training(mode: str, what: str, error: type[Exception] = ValueError) -> None:
+  """Raises `error` when `mode` quantizes: the int8 weights are for scoring only (nothing trains through them)."""
+  if check(mode) != "none":
+    raise error(f"quantization={mode!r} is for scoring only, and {what} trains the model; "
+                     "use quantization=none")
+
+
 def quantize(w: jax.Array, contracting_axes: Sequence[int]) -> tuple[jax.Array, jax.Array]:
   """(int8 Wq, float32 scale) with W ~= Wq * scale, one scale per output channel (the axes not contracted).
 
