@@ -74,8 +74,9 @@ def quantize_params(params: Any, mode: str) -> Any:
   """The Decoder's unboxed float params with every projection (and a separate lm_head) quantized for `mode`:
   each such weight becomes int8 and gains a `<name>_scale` sibling. `none` returns `params` unchanged.
 
-  Scanned layer weights [layers, contracting..., output...] get a scale per layer and output channel."""
-  if check(mode) == "none":
+  Scanned layer weights [layers, contracting..., output...] get a scale per layer and output channel. Params
+  quantized already (int8 weights with their scales: both modes read the same) are returned as they are."""
+  if check(mode) == "none" or holds_int8(params):
     return params
 
   def walk(tree, module: Optional[str], scanned: bool):
@@ -92,6 +93,11 @@ def quantize_params(params: Any, mode: str) -> Any:
       out[key], out[f"{key}_scale"] = quantize(value, tuple(range(lead, lead + table[key])))
     return out
   return walk(dict(params), None, False)
+
+
+def holds_int8(params: Any) -> bool:
+  """Whether `params` (arrays or ShapeDtypeStructs) hold int8 weights, i.e. were quantized already."""
+  return any(jnp.dtype(x.dtype) == jnp.int8 for x in jax.tree_util.tree_leaves(params))
 
 
 def is_quantized_leaf(path: Sequence[Any]) -> bool:

@@ -172,3 +172,19 @@ def test_quantization_is_part_of_the_scorer_identity():
                                             params_digest="same")) for m in ("none", "int8_weights", "int8")}
   assert "quantization" not in ids["none"]  # float identities are unchanged
   assert ids["int8_weights"]["quantization"] == "int8_weights" and ids["int8"] != ids["int8_weights"]
+
+
+def test_bench_times_quantized_rows_beside_the_float_ones(monkeypatch):
+  from maxscore import bench as benchmark
+  real = benchmark.measure_matmul_peak
+  monkeypatch.setattr(benchmark, "measure_matmul_peak", lambda **kw: real(sizes=(256,), repeats=2, **kw))
+  opts = benchmark.BenchOptions(model="tiny-qwen3", num_layers=1, labels=(3,), query_len=20, num_items=4, item_len=5,
+                                algorithms=("packed",), repeats=1, hf_baseline=False, quantizations=("int8",))
+  report = benchmark.run_benchmark(opts.validate())
+  rows = {r["name"]: r for r in report["rows"]}
+  assert set(rows) == {"packed[shared_prefix]", "packed[shared_prefix][int8]"}
+  quantized, float_row = rows["packed[shared_prefix][int8]"], rows["packed[shared_prefix]"]
+  assert quantized["x_float"] == pytest.approx(quantized["items_per_s"] / float_row["items_per_s"])
+  assert "x_float" in benchmark.format_table(report["rows"])
+  with pytest.raises(ValueError, match=r"quantizations=\['int4'\] must name each of \['int8_weights', 'int8'\]"):
+    benchmark.BenchOptions(quantizations=("int4",)).validate()

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
+from layers import quantization as quant
 from layers.config import ModelConfig
 from layers.decoder import Decoder, init_params
 from layers.kernels import get_kernel
@@ -49,9 +50,10 @@ class Checkpoint:
   digest: str = ""  # params_sha256: digest of the parameter arrays (maxscore/files/identity.py)
 
 
-def abstract_params(model: ModelConfig, dtype: Any = jnp.float32) -> Any:
-  """ShapeDtypeStructs of the (unboxed) params for `model`, without allocating them."""
-  decoder = Decoder(model, get_kernel("reference"), param_dtype=dtype)
+def abstract_params(model: ModelConfig, dtype: Any = jnp.float32, quantization: str = "none") -> Any:
+  """ShapeDtypeStructs of the (unboxed) params for `model`, without allocating them (quantized: int8 weights
+  and their float32 scales, layers/quantization.py)."""
+  decoder = Decoder(model, get_kernel("reference"), param_dtype=dtype, quantization=quantization)
   boxed = jax.eval_shape(lambda: init_params(decoder, jax.random.PRNGKey(0)))
   return nn.unbox(boxed)
 
@@ -65,8 +67,10 @@ def _flatten(tree) -> dict[str, Any]:
 
 
 def check_params(params: Any, model: ModelConfig, where: str = "params") -> None:
-  """Raises CheckpointError naming each missing, unexpected or mis-shaped parameter."""
-  want, got = _flatten(abstract_params(model)), _flatten(params)
+  """Raises CheckpointError naming each missing, unexpected or mis-shaped parameter. Params that hold int8
+  weights are checked against the quantized layout (each weight with its `_scale`)."""
+  quantization = "int8" if quant.holds_int8(params) else "none"
+  want, got = _flatten(abstract_params(model, quantization=quantization)), _flatten(params)
   problems = [f"missing {k} {tuple(want[k].shape)}" for k in sorted(set(want) - set(got))]
   problems += [f"unexpected {k} {tuple(got[k].shape)}" for k in sorted(set(got) - set(want))]
   problems += [f"{k} has shape {tuple(got[k].shape)}, the model config needs {tuple(want[k].shape)}"

@@ -151,6 +151,9 @@ class ModelRunner:
     # int8 weights and their scales are computed here from the float params (post-training quantization,
     # layers/quantization.py) and keep their dtypes; every other param is cast to weight_dtype.
     self.quantization = runtime.quantization
+    if self.quantization == "none" and quant.holds_int8(params):
+      raise ValueError("these params hold int8 weights (quantized): score them with quantization=int8_weights or "
+                       "int8, or give the float params for quantization=none")
     wdtype = DTYPES[runtime.weight_dtype]
     keeps = lambda path: self.quantization != "none" and quant.is_quantized_leaf(path)
     quantize = lambda p: quant.quantize_params(p, self.quantization)
