@@ -1,4 +1,5 @@
-"""int8 post-training quantization of the projection einsums: per-output-channel symmetric weight scales.
+"""int8 post-training quantization of the projection einsums: per-output-channel symmetric weight scales
+(docs/ARCHITECTURE.md section 14).
 
 Modes (`quantization:` in the config):
 - `none`: the float weights, as trained.
