@@ -207,3 +207,26 @@ def test_int8_on_the_embedded_eval_stays_within_measured_bounds(mode, logprob, s
   assert r["max_abs_score"] < score, r
   assert r["kendall_tau_min"] > tau_min and r["kendall_tau_mean"] > 0.97, r
   assert abs(r["metric_deltas"]["ndcg_cut_10"]) < 0.01, r
+
+
+def test_a_checkpoint_quantized_at_conversion_equals_one_quantized_at_load(hf_checkpoints, tmp_path):
+  """convert --quantize=int8 stores the int8 weights and scales that a scorer computes at load from the float
+  checkpoint, bit for bit; maxscore.json says so; the scores are the same; float-only paths refuse it by name."""
+  from maxscore.checkpoints import storage
+  from maxscore.checkpoints.convert import convert_hf_checkpoint
+  from maxscore.checkpoints.export import ExportError, export_hf_checkpoint
+  _, hf_dir, float_ckpt = hf_checkpoints("llama_kv2_untied_scaled_bias")
+  int8_ckpt = convert_hf_checkpoint(hf_dir, tmp_path / "int8", quantize="int8")
+  assert storage.stored_quantization(int8_ckpt) == "int8" and storage.stored_quantization(float_ckpt) == "none"
+  at_load = Scorer.from_checkpoint(float_ckpt, mesh=None, quantization="int8", separator_token_id=3)
+  stored = Scorer.from_checkpoint(int8_ckpt, mesh=None, quantization="int8", separator_token_id=3)
+  same = jax.tree_util.tree_map(lambda a, b: a.dtype == b.dtype and np.array_equal(a, b), at_load.runner.params,
+                                stored.runner.params)
+  assert all(jax.tree_util.tree_leaves(same))
+  query, items, labels = [4, 9, 33, 7], [[5, 6], [100, 200, 300], []], [5, 17, 300]
+  np.testing.assert_array_equal(stored.score(query, items, labels).scores, at_load.score(query, items, labels).scores)
+  assert Scorer.from_checkpoint(int8_ckpt, mesh=None).config.runtime.quantization == "int8_weights"
+  with pytest.raises(ValueError, match="hold int8 weights.*quantization=int8_weights or int8"):
+    Scorer.from_checkpoint(int8_ckpt, mesh=None, quantization="none")
+  with pytest.raises(ExportError, match="holds int8 weights"):
+    export_hf_checkpoint(int8_ckpt, tmp_path / "hf")

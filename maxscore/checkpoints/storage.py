@@ -2,7 +2,8 @@
 
     <dir>/params/          Orbax StandardCheckpointer tree (the Decoder's unboxed params)
     <dir>/maxscore.json    {"format_version", "model": ModelConfig fields, "tokenizer": relative path | null,
-                            "params_sha256": digest of the parameter arrays, "params_files": {path: size}}
+                            "params_sha256": digest of the parameter arrays, "params_files": {path: size},
+                            "quantization": "int8" only when the params hold int8 weights and their scales}
     <dir>/tokenizer/       copy of the tokenizer file(s), when the source had one
     <dir>/.maxscore-owned  the marker that lets --overwrite replace the directory (maxscore/files)
 
@@ -126,6 +127,8 @@ def write_checkpoint_files(directory: pathlib.Path, params: Any, model: ModelCon
   meta = {"format_version": FORMAT_VERSION, "model": model_config_to_dict(model), "tokenizer": tokenizer,
           "params_sha256": digest,
           "params_files": identity.dir_manifest(directory / "params")}
+  if quant.holds_int8(params):  # what the params are: int8 projection weights with float32 scales
+    meta["quantization"] = "int8"
   (directory / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
 
@@ -150,6 +153,16 @@ def params_digest(directory: os.PathLike) -> str:
                           f"changed, added or missing: {', '.join(diff[:4])}); convert or export the "
                           f"checkpoint again")
   return str(meta["params_sha256"])
+
+
+def stored_quantization(directory: os.PathLike) -> str:
+  """What a checkpoint's params hold: "none" (float weights) or "int8" (int8 projection weights and float32
+  per-output-channel scales, written by a conversion with quantize=int8)."""
+  value = _read_meta(pathlib.Path(directory)).get("quantization", "none")
+  if value not in ("none", "int8"):
+    raise CheckpointError(f"{pathlib.Path(directory) / METADATA_FILE} is corrupt: quantization={value!r} is not "
+                          "one of ['none', 'int8']")
+  return value
 
 
 def read_metadata(directory: os.PathLike) -> tuple[ModelConfig, Optional[pathlib.Path]]:
