@@ -49,8 +49,7 @@ def check(mode: str) -> str:
 def refuse_training(mode: str, what: str, error: type[Exception] = ValueError) -> None:
   """Raises `error` when `mode` quantizes: the int8 weights are for scoring only (nothing trains through them)."""
   if check(mode) != "none":
-    raise error(f"quantization={mode!r} is for scoring only, and {what} trains the model; "
-                     "use quantization=none")
+    raise error(f"quantization={mode!r} is for scoring only, and {what} trains the model; use quantization=none")
 
 
 def quantize(w: jax.Array, contracting_axes: Sequence[int]) -> tuple[jax.Array, jax.Array]:
@@ -111,11 +110,11 @@ def is_quantized_leaf(path: Sequence[Any]) -> bool:
 
 
 def weight(module: nn.Module, name: str, axes: tuple[Optional[str], ...], shape: tuple[int, ...],
-           num_contracting: int, mode: str, init=None):
-  """Creates the weight `name` in `module`: the float param as before for `none` (normal(0.02), or `init`),
-  else (int8 `name`, float32 `name_scale`); the quantized pair's values come from `quantize_params`."""
+           num_contracting: int, mode: str):
+  """Creates the weight `name` in `module`: the float param as before for `none` (normal(0.02)), else (int8
+  `name`, float32 `name_scale`), whose values come from `quantize_params` (init gives zeros and ones)."""
   if mode == "none":
-    init = init or nn.initializers.normal(stddev=0.02)
+    init = nn.initializers.normal(stddev=0.02)
     return module.param(name, nn.with_logical_partitioning(init, axes), shape, module.param_dtype)
   zeros = lambda key, s, dtype: jnp.zeros(s, dtype)
   wq = module.param(name, nn.with_logical_partitioning(zeros, axes), shape, jnp.int8)

@@ -191,7 +191,8 @@ def test_bench_times_quantized_rows_beside_the_float_ones(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode,logprob,score,tau_min", [("int8_weights", 0.04, 0.01, 0.95), ("int8", 0.07, 0.015, 0.93)])
+@pytest.mark.parametrize("mode,logprob,score,tau_min", [("int8_weights", 0.04, 0.01, 0.95),
+                                                       ("int8", 0.07, 0.015, 0.93)])
 def test_int8_on_the_embedded_eval_stays_within_measured_bounds(mode, logprob, score, tau_min):
   """The pretrained + fine-tuned default, no head, 20 queries x 24 candidates. Measured: int8_weights max |d
   log-prob| 0.018, max |d score| 0.0039, tau mean / min 0.995 / 0.986, d nDCG@10 -0.0004; int8 0.035, 0.0071,
