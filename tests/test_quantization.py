@@ -231,3 +231,31 @@ def test_a_checkpoint_quantized_at_conversion_equals_one_quantized_at_load(hf_ch
     Scorer.from_checkpoint(int8_ckpt, mesh=None, quantization="none")
   with pytest.raises(ExportError, match="holds int8 weights"):
     export_hf_checkpoint(int8_ckpt, tmp_path / "hf")
+
+
+_MESH_SCRIPT = """
+import numpy as np
+from maxscore.config import load_config
+from maxscore.distributed import mesh as mesh_lib
+from maxscore.scoring.scorer import Scorer
+cfg = load_config(dict(num_layers=2, tie_word_embeddings=False, separator_token_id=3))
+params = Scorer.from_config(cfg, mesh=None).runner.params
+query, items, labels = [4, 9, 33, 7, 8], [[5, 6], [100, 200, 300], []], [5, 17, 300]
+for mode in ("int8_weights", "int8"):
+  want = Scorer(cfg.replace(quantization=mode), params, mesh=None).score(query, items, labels).scores
+  for axis in ("tensor", "fsdp"):
+    c = cfg.replace(quantization=mode, ici_data_parallelism=1, **{f"ici_{axis}_parallelism": 2})
+    got = Scorer(c, params, mesh=mesh_lib.default_scoring_mesh(c.mesh)).score(query, items, labels).scores
+    assert np.abs(got - want).max() < 1e-6, (mode, axis, np.abs(got - want).max())
+print("ok")
+"""
+
+
+def test_quantized_scoring_on_a_two_device_mesh_matches_one_device():
+  """The int8 weights and their scales are placed by the same logical-axis rules (tensor and fsdp split)."""
+  import subprocess
+  import sys
+  from maxscore.testing.processes import subprocess_env
+  p = subprocess.run([sys.executable, "-c", _MESH_SCRIPT], env=subprocess_env(2), capture_output=True, text=True,
+                     timeout=300)
+  assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]
