@@ -16,8 +16,9 @@ import jax.numpy as jnp
 from layers.config import ModelConfig
 from layers.embeddings import apply_rope, rope_inv_freq
 from layers.kernels.base import PrefixKV, SegmentLayout
+from layers import quantization as quant
 from layers.lora import LoraConfig, adapts, lora_delta
-from layers.normalization import RMSNorm, logical
+from layers.normalization import RMSNorm
 
 
 class Attention(nn.Module):
@@ -28,6 +29,7 @@ class Attention(nn.Module):
   param_dtype: jnp.dtype = jnp.float32
   precision: jax.lax.Precision | None = None
   lora: Optional[LoraConfig] = None  # low-rank adapters on the projections it targets (layers/lora.py)
+  quantization: str = "none"  # int8 projection weights (and activations) (layers/quantization.py)
 
   @nn.compact
   def __call__(self, x_BxTxD, positions_BxT, layout: SegmentLayout, prefix_kv: Optional[PrefixKV] = None,
@@ -36,8 +38,8 @@ class Attention(nn.Module):
     d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
     def proj(name, heads, axis):
-      w = self.param(name, logical(("embed", axis, "head_dim")), (d, heads, h), self.param_dtype)
-      y = jnp.einsum("BTD,DNH->BTNH", x_BxTxD, w.astype(self.dtype), precision=self.precision)
+      w = quant.weight(self, name, ("embed", axis, "head_dim"), (d, heads, h), 1, self.quantization)
+      y = quant.einsum("BTD,DNH->BTNH", x_BxTxD, w, 1, self.quantization, self.dtype, self.precision)
       if adapts(self.lora, name):
         y = y + lora_delta(self, name, "BTD,DNH->BTNH", x_BxTxD, (d, heads, h), ("embed", axis, "head_dim"), 1,
                            self.lora, self.precision)
@@ -62,9 +64,9 @@ class Attention(nn.Module):
     q_BxTxNxH = nn.with_logical_constraint(q_BxTxNxH, ("activation_batch", "activation_length", "activation_heads",
                                                        "head_dim"))
     out_BxTxNxH = self._attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout, prefix_kv, uses_window)
-    w_o = self.param("o", logical(("heads", "head_dim", "embed")), (n, h, d), self.param_dtype)
-    out_BxTxD = jnp.einsum("BTNH,NHD->BTD", out_BxTxNxH.astype(self.dtype), w_o.astype(self.dtype),
-                           precision=self.precision)
+    w_o = quant.weight(self, "o", ("heads", "head_dim", "embed"), (n, h, d), 2, self.quantization)
+    out_BxTxD = quant.einsum("BTNH,NHD->BTD", out_BxTxNxH.astype(self.dtype), w_o, 2, self.quantization, self.dtype,
+                             self.precision)
     if adapts(self.lora, "o"):
       out_BxTxD = out_BxTxD + lora_delta(self, "o", "BTNH,NHD->BTD", out_BxTxNxH.astype(self.dtype), (n, h, d),
                                          ("heads", "head_dim", "embed"), 2, self.lora, self.precision)

@@ -15,13 +15,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from layers import quantization as quant
 from layers.attention import Attention
 from layers.config import ModelConfig
 from layers.embeddings import Embed
 from layers.kernels.base import PrefixKV, SegmentLayout
 from layers.lora import LoraConfig
 from layers.mlp import MLP
-from layers.normalization import RMSNorm, logical
+from layers.normalization import RMSNorm
 
 PRECISIONS = {"default": jax.lax.Precision.DEFAULT, "high": jax.lax.Precision.HIGH,
               "highest": jax.lax.Precision.HIGHEST}
@@ -41,6 +42,7 @@ class DecoderLayer(nn.Module):
   precision: jax.lax.Precision | None
   return_kv: bool = False
   lora: Optional[LoraConfig] = None
+  quantization: str = "none"
 
   @nn.compact
   def __call__(self, x_BxTxD, positions_BxT, layout, prefix_kv: Optional[PrefixKV], uses_window: jax.Array):
@@ -48,13 +50,14 @@ class DecoderLayer(nn.Module):
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     norm = lambda name: RMSNorm(cfg.rms_norm_eps, plus_one=cfg.gemma_style, name=name, **kw)
     h = norm("input_norm")(x_BxTxD)
-    attn, kv = Attention(cfg, self.attend, precision=self.precision, lora=self.lora, name="attn", **kw)(
+    attn, kv = Attention(cfg, self.attend, precision=self.precision, lora=self.lora, quantization=self.quantization,
+                         name="attn", **kw)(
         h, positions_BxT, layout, prefix_kv, uses_window)
     x_BxTxD = x_BxTxD + (norm("attn_out_norm")(attn) if cfg.sandwich_norm else attn)
     h = norm("post_attn_norm")(x_BxTxD)
     act = "gelu_tanh" if cfg.gemma_style else "silu"
     mlp = MLP(cfg.hidden_size, cfg.mlp_dim, precision=self.precision, activation=act, lora=self.lora,
-              name="mlp", **kw)(h)
+              quantization=self.quantization, name="mlp", **kw)(h)
     x_BxTxD = x_BxTxD + (norm("mlp_out_norm")(mlp) if cfg.sandwich_norm else mlp)
     x_BxTxD = nn.with_logical_constraint(x_BxTxD, ("activation_batch", "activation_length", "activation_embed"))
     # Kept only when the caller applies with mutable=["intermediates"] (Decoder.residuals).
@@ -76,20 +79,24 @@ class Decoder(nn.Module):
   return_kv: bool = False
   remat: bool = False  # rematerialize each layer in the backward pass (same params; for training)
   lora: Optional[LoraConfig] = None  # low-rank adapters beside the targeted projections (layers/lora.py)
+  # int8 projections and separate lm_head (layers/quantization.py); params from quantization.quantize_params.
+  quantization: str = "none"
 
   def setup(self):
     cfg = self.config
+    if self.lora is not None or self.remat:
+      quant.refuse_training(self.quantization, "a Decoder with LoRA adapters or rematerialization")
     self.embed = Embed(cfg.vocab_size, cfg.hidden_size, self.dtype, self.param_dtype, cfg.embed_scale)
     layer = nn.remat(DecoderLayer, prevent_cse=False) if self.remat else DecoderLayer
     scanned = nn.scan(layer, variable_axes={"params": 0, "intermediates": 0}, split_rngs={"params": True},
                       in_axes=(nn.broadcast, nn.broadcast, 0, 0), length=cfg.num_layers,
                       metadata_params={nn.PARTITION_NAME: "layers"})
     self.layers = scanned(cfg, self.attend, self.dtype, self.param_dtype, PRECISIONS[self.precision],
-                          self.return_kv, self.lora)
+                          self.return_kv, self.lora, self.quantization)
     self.final_norm = RMSNorm(cfg.rms_norm_eps, self.dtype, self.param_dtype, plus_one=cfg.gemma_style)
     if not cfg.tie_word_embeddings:
-      self.lm_head = self.param("lm_head", logical(("embed", "vocab")), (cfg.hidden_size, cfg.vocab_size),
-                                self.param_dtype)
+      self.lm_head = quant.weight(self, "lm_head", ("embed", "vocab"), (cfg.hidden_size, cfg.vocab_size), 1,
+                                  self.quantization)
 
   def __call__(self, tokens_BxT, positions_BxT, layout: SegmentLayout, prefix_kv: Optional[PrefixKV] = None):
     """Final hidden states [B, T, D], and the stacked per-layer K/V [layers, B, T, K, H] when return_kv."""
@@ -112,8 +119,8 @@ class Decoder(nn.Module):
     if self.config.tie_word_embeddings:
       logits = self.embed.attend(h_xD)
     else:
-      logits = jnp.einsum("...D,DV->...V", h_xD.astype(jnp.float32), self.lm_head.astype(jnp.float32),
-                          precision=jax.lax.Precision.HIGHEST)
+      logits = quant.einsum("...D,DV->...V", h_xD.astype(jnp.float32), self.lm_head, 1, self.quantization,
+                            jnp.float32, jax.lax.Precision.HIGHEST)
     return softcap(logits, self.config.final_logit_softcap)
 
   def label_logits(self, h_xD: jax.Array, ids_K: jax.Array) -> jax.Array:
@@ -124,8 +131,12 @@ class Decoder(nn.Module):
     if self.config.tie_word_embeddings:
       logits = self.embed.attend_rows(h_xD, ids_K)
     else:
-      cols_DxK = jnp.take(self.lm_head, ids_K, axis=1).astype(jnp.float32)
-      logits = jnp.einsum("...D,DK->...K", h_xD.astype(jnp.float32), cols_DxK, precision=jax.lax.Precision.HIGHEST)
+      if self.quantization == "none":
+        cols_DxK = jnp.take(self.lm_head, ids_K, axis=1)
+      else:  # the K int8 columns and their scales
+        cols_DxK = (jnp.take(self.lm_head[0], ids_K, axis=1), jnp.take(self.lm_head[1], ids_K, axis=0))
+      logits = quant.einsum("...D,DK->...K", h_xD.astype(jnp.float32), cols_DxK, 1, self.quantization, jnp.float32,
+                            jax.lax.Precision.HIGHEST)
     return softcap(logits, self.config.final_logit_softcap)
 
 

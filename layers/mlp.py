@@ -6,8 +6,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from layers import quantization as quant
 from layers.lora import LoraConfig, adapts, lora_delta
-from layers.normalization import logical
 
 
 class MLP(nn.Module):
@@ -19,21 +19,21 @@ class MLP(nn.Module):
   precision: jax.lax.Precision | None = None
   activation: str = "silu"
   lora: Optional[LoraConfig] = None  # low-rank adapters on the projections it targets (layers/lora.py)
+  quantization: str = "none"  # int8 projection weights (and activations) (layers/quantization.py)
 
   @nn.compact
   def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
     d, f = self.hidden_size, self.mlp_dim
-    gate = self.param("gate", logical(("embed", "mlp")), (d, f), self.param_dtype)
-    up = self.param("up", logical(("embed", "mlp")), (d, f), self.param_dtype)
-    down = self.param("down", logical(("mlp", "embed")), (f, d), self.param_dtype)
     axes = {"gate": ("embed", "mlp"), "up": ("embed", "mlp"), "down": ("mlp", "embed")}
+    shapes = {"gate": (d, f), "up": (d, f), "down": (f, d)}
+    weights = {name: quant.weight(self, name, axes[name], shapes[name], 1, self.quantization) for name in axes}
 
-    def dot(eq, a, w, name):
-      y = jnp.einsum(eq, a, w.astype(self.dtype), precision=self.precision)
+    def dot(eq, a, name):
+      y = quant.einsum(eq, a, weights[name], 1, self.quantization, self.dtype, self.precision)
       if adapts(self.lora, name):
-        y = y + lora_delta(self, name, eq, a, w.shape, axes[name], 1, self.lora, self.precision)
+        y = y + lora_delta(self, name, eq, a, shapes[name], axes[name], 1, self.lora, self.precision)
       return y
     act = {"silu": nn.silu, "gelu_tanh": lambda x: nn.gelu(x, approximate=True)}[self.activation]
-    h_BxTxF = act(dot("BTD,DF->BTF", x_BxTxD, gate, "gate")) * dot("BTD,DF->BTF", x_BxTxD, up, "up")
+    h_BxTxF = act(dot("BTD,DF->BTF", x_BxTxD, "gate")) * dot("BTD,DF->BTF", x_BxTxD, "up")
     h_BxTxF = nn.with_logical_constraint(h_BxTxF, ("activation_batch", "activation_length", "activation_mlp"))
-    return dot("BTF,FD->BTD", h_BxTxF, down, "down")
+    return dot("BTF,FD->BTD", h_BxTxF, "down")

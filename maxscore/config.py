@@ -32,6 +32,7 @@ class RuntimeConfig:
   dtype: Literal["float32", "bfloat16"] = "float32"
   weight_dtype: Literal["float32", "bfloat16"] = "float32"
   matmul_precision: Literal["default", "high", "highest"] = "highest"
+  quantization: Literal["none", "int8_weights", "int8"] = "none"  # layers/quantization.py
   init_seed: int = 0
   checkpoint_dir: Optional[str] = None
   tokenizer_path: Optional[str] = None

@@ -1,6 +1,7 @@
 """Converts a Hugging Face directory (config.json + safetensors) into a maxscore checkpoint.
 
   python scripts/convert_hf_checkpoint.py --hf_dir=Qwen3-0.6B --output_dir=ckpt/qwen3-0.6b [--dtype=bfloat16]
+  python scripts/convert_hf_checkpoint.py --hf_dir=Qwen3-0.6B --output_dir=ckpt/qwen3-0.6b-int8 --quantize=int8
 
 Every flag is a key of configs/convert.yml. --output_dir may not be the Hugging Face directory
 (nor inside it). --overwrite replaces only a directory that maxscore wrote (it carries a
@@ -22,6 +23,7 @@ class ConvertOptions:
   hf_dir: Optional[str] = None
   output_dir: Optional[str] = None
   dtype: Literal["float32", "bfloat16"] = "float32"
+  quantize: Literal["none", "int8"] = "none"
   overwrite: bool = False
 
 
@@ -38,7 +40,8 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
   with cli.one_line_errors():
     opts = cli.entry_from_flags(fv, ENTRY, SECTIONS)["convert"]
     cli.require(opts, "hf_dir", "output_dir")
-    out = convert_hf_checkpoint(opts.hf_dir, opts.output_dir, opts.dtype, overwrite=opts.overwrite)
+    out = convert_hf_checkpoint(opts.hf_dir, opts.output_dir, opts.dtype, overwrite=opts.overwrite,
+                                quantize=opts.quantize)
   logging.info("wrote %s", out)
   print(out)
 

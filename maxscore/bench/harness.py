@@ -17,6 +17,7 @@ from typing import Any, Literal, Optional
 
 import numpy as np
 
+from layers.quantization import QUANTIZATIONS
 from maxscore.bench.hf_baseline import hf_scorer, run_hf_baseline
 from maxscore.bench.kernels import run_kernels
 from maxscore.bench.measure import machine_info, measure_matmul_peak
@@ -48,6 +49,7 @@ class BenchOptions:
   separator_token_id: int = 198        # P = query_len + 1, as in the kernel geometry P=2001; -1: none
   algorithms: tuple[str, ...] = ("serial", "packed", "prefill_extend", "auto")
   kernels: tuple[str, ...] = ()        # (): shared_prefix (score), shared_prefix,reference (kernels)
+  quantizations: tuple[str, ...] = ()  # score mode: also time int8_weights / int8 on the same float weights
   labels: tuple[int, ...] = (9454, 2753)
   apply_softmax: bool = False          # true: scores need only the label rows of the lm_head (no vocabulary lse)
   repeats: int = 3
@@ -72,6 +74,10 @@ class BenchOptions:
   suite_only: tuple[str, ...] = ()     # run only these suite workloads (): all
 
   def validate(self) -> "BenchOptions":
+    bad = [q for q in self.quantizations if q not in QUANTIZATIONS[1:]]
+    if bad or len(set(self.quantizations)) != len(self.quantizations):
+      raise ValueError(f"quantizations={list(self.quantizations)} must name each of {list(QUANTIZATIONS[1:])} "
+                       "at most once (the float rows always run)")
     for name in ("query_len", "num_items", "item_len", "repeats", "hf_batch_size", "hf_repeats", "num_heads",
                  "num_kv_heads", "head_dim"):
       if getattr(self, name) < 1:
@@ -123,6 +129,9 @@ def _max_diff(a: list, b: list, n_items: Optional[int] = None) -> float:
 def run_score(opts: BenchOptions, peak_flops: float) -> dict[str, Any]:
   """Every algorithm (and the HF baseline) on the workload; rows plus cross-checks of their scores."""
   config = bench_config(opts)
+  if opts.quantizations and config.runtime.quantization != "none":
+    raise ValueError(f"quantizations={list(opts.quantizations)} times them against float rows: leave "
+                     f"quantization={config.runtime.quantization} out of the configs/base.yml overrides")
   separator = config.scoring.separator_token_id
   bad = [t for t in list(opts.labels) + [separator or 0] if not 0 <= t < config.model.vocab_size]
   if bad:
@@ -145,16 +154,21 @@ def run_score(opts: BenchOptions, peak_flops: float) -> dict[str, Any]:
                         separator is not None, lm_head_cols(requests[0]))
     choice = scorer.choose(scorer.validate(requests[0]), "auto")
     rows = []
-    for kernel in opts.kernel_list():
-      kscorer = scorer if kernel == scorer.config.kernel.attention else fresh_scorer(scorer, attention=kernel)
-      for alg in opts.algorithms:
-        max_items = (opts.serial_items or None) if alg == "serial" else None
-        try:
-          row = run_algorithm(kscorer, request, alg, opts.repeats, max_items, peak_flops, separator is not None)
-        except Exception as e:  # noqa: BLE001 -- e.g. the reference kernel refusing a long row
-          row = dict(name=alg, algorithm=alg, error=f"{type(e).__name__}: {' '.join(str(e).split())}")
-        row.update(kernel=kernel, name=f"{alg}[{kernel}]" + (f" x{opts.batch_requests}" if opts.batch_requests else ""))
-        rows.append(row)
+    base_quantization = scorer.config.runtime.quantization
+    for quantization in (base_quantization,) + tuple(opts.quantizations):
+      for kernel in opts.kernel_list():
+        same = kernel == scorer.config.kernel.attention and quantization == base_quantization
+        kscorer = scorer if same else fresh_scorer(scorer, attention=kernel, quantization=quantization)
+        for alg in opts.algorithms:
+          max_items = (opts.serial_items or None) if alg == "serial" else None
+          try:
+            row = run_algorithm(kscorer, request, alg, opts.repeats, max_items, peak_flops, separator is not None)
+          except Exception as e:  # noqa: BLE001 -- e.g. the reference kernel refusing a long row
+            row = dict(name=alg, algorithm=alg, error=f"{type(e).__name__}: {' '.join(str(e).split())}")
+          tag = "" if quantization == base_quantization else f"[{quantization}]"
+          row.update(kernel=kernel, quantization=quantization, name=f"{alg}[{kernel}]{tag}"
+                     + (f" x{opts.batch_requests}" if opts.batch_requests else ""))
+          rows.append(row)
     hf = None
     if hf_model is not None:
       # transformers always computes the full-vocabulary lm_head: its FLOPs count it
@@ -218,6 +232,8 @@ def _cross_checks(rows: list[dict], hf: Optional[dict], num_items: int) -> dict[
 def _add_speedups(rows: list[dict]) -> None:
   serial = next((r for r in rows if r.get("algorithm") == "serial" and "items_per_s" in r), None)
   hf = next((r for r in rows if r.get("algorithm") == "hf_prefix_reuse"), None)
+  unquantized = {(r["algorithm"], r.get("kernel")): r for r in rows
+                 if r.get("quantization") == "none" and "items_per_s" in r}
   for r in rows:
     if "items_per_s" not in r:
       continue
@@ -225,6 +241,9 @@ def _add_speedups(rows: list[dict]) -> None:
       r["x_serial"] = r["items_per_s"] / serial["items_per_s"]
     if hf:
       r["x_hf"] = r["items_per_s"] / hf["items_per_s"]
+    float_row = unquantized.get((r["algorithm"], r.get("kernel")))
+    if r.get("quantization", "none") != "none" and float_row:
+      r["x_float"] = r["items_per_s"] / float_row["items_per_s"]  # the same algorithm and kernel, unquantized
 
 
 def run_benchmark(opts: BenchOptions) -> dict[str, Any]:

@@ -28,6 +28,7 @@ SCORE_COLUMNS = (
     ("useful%", lambda r: r.get("useful_pct_peak"), ".1f"),
     ("x_serial", lambda r: r.get("x_serial"), ".1f"),
     ("x_hf", lambda r: r.get("x_hf"), ".2f"),
+    ("x_float", lambda r: r.get("x_float"), ".2f"),
     ("compile_s", lambda r: r.get("compile_s"), ".1f"),
     ("#exe", lambda r: r.get("model_executables"), "d"),
     ("temp_MiB", lambda r: r.get("memory", {}).get("temp_bytes", 0) / MiB if r.get("memory") else None, ".0f"),

@@ -23,11 +23,12 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from layers import quantization as quant
 from layers import sharding
 from layers.kernels import get_kernel
 from maxscore.bench import measure, train_compile
 from maxscore.bench import train_program as tp
-from maxscore.config import CODE_ONLY, load_config, parse_override
+from maxscore.config import CODE_ONLY, ConfigError, load_config, parse_override
 from maxscore.scoring.runner import DTYPES
 
 _FORCE = "--xla_force_host_platform_device_count"
@@ -68,7 +69,9 @@ class TrainBenchOptions:
 def _config(options: TrainBenchOptions):
   over = dict(parse_override(a) for a in options.overrides)
   over.update(model_name=options.model, num_layers=options.num_layers)
-  return load_config(over)
+  config = load_config(over)
+  quant.refuse_training(config.runtime.quantization, "the training benchmark", ConfigError)
+  return config
 
 
 def _placed_state(params, optimizer, model, mesh: Optional[Mesh]):

@@ -30,6 +30,7 @@ import numpy as np
 from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from layers import quantization as quant
 from layers import sharding
 from layers.config import ModelConfig
 from layers.kernels import get_kernel
@@ -180,6 +181,7 @@ class Target:
 
 def make_target(config: Config, mesh: Mesh, chip: chips.Chip, devices_per_chip: int,
                 options: TrainCompileOptions) -> Target:
+  quant.refuse_training(config.runtime.quantization, "the training step", TrainError)
   if config.kernel.attention not in TRAIN_KERNELS:
     raise TrainError(f"attention={config.kernel.attention!r} has no backward pass; training compiles with one of "
                      f"{sorted(TRAIN_KERNELS)} (auto = shared_prefix)")

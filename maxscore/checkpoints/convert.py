@@ -23,10 +23,12 @@ import re
 import tempfile
 from typing import Any, Iterator, Optional
 
+import jax
 import ml_dtypes
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
+from layers import quantization as quant
 from layers.config import ModelConfig
 from maxscore.checkpoints.storage import read_json_object, save_checkpoint
 from maxscore.checkpoints.tokenizer import find_tokenizer_file
@@ -37,6 +39,7 @@ from maxscore.files import safety
 FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
             "gemma2": "gemma2", "gemma3_text": "gemma3"}
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
+STORED_QUANTIZATIONS = ("none", "int8")  # int8: int8 projection weights and float32 scales
 SOURCE_DTYPES = ("F32", "BF16", "F16")  # safetensors dtypes of floating-point weights
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
 
@@ -405,7 +408,7 @@ def _check_output_dir(output_dir: os.PathLike, source: pathlib.Path, overwrite: 
 
 
 def convert_hf_checkpoint(hf_dir: os.PathLike, output_dir: os.PathLike, dtype: str = "float32",
-                          overwrite: bool = False) -> pathlib.Path:
+                          overwrite: bool = False, quantize: str = "none") -> pathlib.Path:
   """Converts a Hugging Face directory of a supported family into a self-describing maxscore checkpoint.
 
   Args:
@@ -413,6 +416,9 @@ def convert_hf_checkpoint(hf_dir: os.PathLike, output_dir: os.PathLike, dtype: s
     output_dir: the new checkpoint directory; it may not be (or lie inside) `hf_dir`.
     dtype: float32 or bfloat16, the stored weights' dtype.
     overwrite: replace an existing `output_dir`, only when maxscore wrote it (maxscore/files/safety.py).
+    quantize: none, or int8: store the projections (and a separate lm_head) as int8 weights with float32
+      per-output-channel scales, as a scorer quantizes them at load (layers/quantization.py); maxscore.json
+      then says `"quantization": "int8"`, and the checkpoint scores with quantization=int8_weights or int8.
 
   Returns:
     The checkpoint directory: params/, maxscore.json (model config and params digest) and, when `hf_dir` has
@@ -425,6 +431,8 @@ def convert_hf_checkpoint(hf_dir: os.PathLike, output_dir: os.PathLike, dtype: s
   hf_dir = pathlib.Path(hf_dir)
   if dtype not in DTYPES:
     raise ConversionError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")
+  if quantize not in STORED_QUANTIZATIONS:
+    raise ConversionError(f"quantize={quantize!r} is not one of {list(STORED_QUANTIZATIONS)}")
   if not hf_dir.is_dir():
     raise ConversionError(f"--hf_dir {hf_dir} does not exist or is not a directory")
   _check_output_dir(output_dir, hf_dir, overwrite)
@@ -442,6 +450,8 @@ def convert_hf_checkpoint(hf_dir: os.PathLike, output_dir: os.PathLike, dtype: s
   for name in ("tokenizer_config.json", "chat_template.jinja"):  # special tokens; the chat template
     if tokenizer and (hf_dir / name).is_file():
       files += (hf_dir / name,)
+  if quantize == "int8":  # both int8 modes read the same int8 weights and scales
+    params = jax.tree_util.tree_map(np.asarray, quant.quantize_params(params, "int8_weights"))
   return save_checkpoint(output_dir, params, cfg, tokenizer_files=files, overwrite=overwrite, inputs=(hf_dir,))
 
 

@@ -223,6 +223,9 @@ def export_hf_checkpoint(checkpoint_dir: os.PathLike, output_dir: os.PathLike, d
   if dtype not in DTYPES:
     raise ExportError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")
   model, tokenizer = storage.read_metadata(checkpoint_dir)
+  if storage.stored_quantization(checkpoint_dir) != "none":
+    raise ExportError(f"{checkpoint_dir} holds int8 weights (converted with quantize=int8): export is conversion "
+                      f"backwards and needs the float weights; export the checkpoint converted without quantize")
   adapters = None
   if adapters_dir:
     from maxscore.training import lora as lora_lib  # pylint: disable=import-outside-toplevel  (heavy, optional)

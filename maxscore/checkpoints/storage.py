@@ -2,7 +2,8 @@
 
     <dir>/params/          Orbax StandardCheckpointer tree (the Decoder's unboxed params)
     <dir>/maxscore.json    {"format_version", "model": ModelConfig fields, "tokenizer": relative path | null,
-                            "params_sha256": digest of the parameter arrays, "params_files": {path: size}}
+                            "params_sha256": digest of the parameter arrays, "params_files": {path: size},
+                            "quantization": "int8" only when the params hold int8 weights and their scales}
     <dir>/tokenizer/       copy of the tokenizer file(s), when the source had one
     <dir>/.maxscore-owned  the marker that lets --overwrite replace the directory (maxscore/files)
 
@@ -25,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
+from layers import quantization as quant
 from layers.config import ModelConfig
 from layers.decoder import Decoder, init_params
 from layers.kernels import get_kernel
@@ -49,9 +51,10 @@ class Checkpoint:
   digest: str = ""  # params_sha256: digest of the parameter arrays (maxscore/files/identity.py)
 
 
-def abstract_params(model: ModelConfig, dtype: Any = jnp.float32) -> Any:
-  """ShapeDtypeStructs of the (unboxed) params for `model`, without allocating them."""
-  decoder = Decoder(model, get_kernel("reference"), param_dtype=dtype)
+def abstract_params(model: ModelConfig, dtype: Any = jnp.float32, quantization: str = "none") -> Any:
+  """ShapeDtypeStructs of the (unboxed) params for `model`, without allocating them (quantized: int8 weights
+  and their float32 scales, layers/quantization.py)."""
+  decoder = Decoder(model, get_kernel("reference"), param_dtype=dtype, quantization=quantization)
   boxed = jax.eval_shape(lambda: init_params(decoder, jax.random.PRNGKey(0)))
   return nn.unbox(boxed)
 
@@ -65,8 +68,10 @@ def _flatten(tree) -> dict[str, Any]:
 
 
 def check_params(params: Any, model: ModelConfig, where: str = "params") -> None:
-  """Raises CheckpointError naming each missing, unexpected or mis-shaped parameter."""
-  want, got = _flatten(abstract_params(model)), _flatten(params)
+  """Raises CheckpointError naming each missing, unexpected or mis-shaped parameter. Params that hold int8
+  weights are checked against the quantized layout (each weight with its `_scale`)."""
+  quantization = "int8" if quant.holds_int8(params) else "none"
+  want, got = _flatten(abstract_params(model, quantization=quantization)), _flatten(params)
   problems = [f"missing {k} {tuple(want[k].shape)}" for k in sorted(set(want) - set(got))]
   problems += [f"unexpected {k} {tuple(got[k].shape)}" for k in sorted(set(got) - set(want))]
   problems += [f"{k} has shape {tuple(got[k].shape)}, the model config needs {tuple(want[k].shape)}"
@@ -122,6 +127,8 @@ def write_checkpoint_files(directory: pathlib.Path, params: Any, model: ModelCon
   meta = {"format_version": FORMAT_VERSION, "model": model_config_to_dict(model), "tokenizer": tokenizer,
           "params_sha256": digest,
           "params_files": identity.dir_manifest(directory / "params")}
+  if quant.holds_int8(params):  # what the params are: int8 projection weights with float32 scales
+    meta["quantization"] = "int8"
   (directory / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
 
@@ -146,6 +153,16 @@ def params_digest(directory: os.PathLike) -> str:
                           f"changed, added or missing: {', '.join(diff[:4])}); convert or export the "
                           f"checkpoint again")
   return str(meta["params_sha256"])
+
+
+def stored_quantization(directory: os.PathLike) -> str:
+  """What a checkpoint's params hold: "none" (float weights) or "int8" (int8 projection weights and float32
+  per-output-channel scales, written by a conversion with quantize=int8)."""
+  value = _read_meta(pathlib.Path(directory)).get("quantization", "none")
+  if value not in ("none", "int8"):
+    raise CheckpointError(f"{pathlib.Path(directory) / METADATA_FILE} is corrupt: quantization={value!r} is not "
+                          "one of ['none', 'int8']")
+  return value
 
 
 def read_metadata(directory: os.PathLike) -> tuple[ModelConfig, Optional[pathlib.Path]]:

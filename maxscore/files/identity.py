@@ -85,7 +85,10 @@ def scorer_identity(scorer: Any) -> dict[str, Any]:
   the scoring, kernel and bucket config (algorithms and padding agree to 1e-5, not bit for bit),
   and the score head (when it has one). The mesh is left out: data-parallel runs are bit-identical."""
   rt, cfg = scorer.config.runtime, scorer.config
+  # Quantization is named only when on, so the identities of float scorers stay what they were.
+  quantized = {} if rt.quantization == "none" else {"quantization": rt.quantization}
   return {
+      **quantized,
       "model": dataclasses.asdict(cfg.model),
       "params_sha256": scorer.params_digest,
       "tokenizer_sha256": tokenizer_digest(scorer.tokenizer),

@@ -148,6 +148,10 @@ def prepare(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str
             progress: bool = True) -> Prepared:
   """Loads the backbone, builds the prompts as the eval does, and the features training reads."""
   scorer = build_scorer(checkpoint_dir, overrides, use_head=False)
+  if cfg.train_backbone and scorer.config.runtime.quantization != "none":
+    raise TrainError(f"quantization={scorer.config.runtime.quantization!r} is for scoring only, and "
+                     "train_backbone trains the backbone; use quantization=none (a head alone trains on the "
+                     "quantized backbone's features)")
   label_ids = prompts.resolve_labels(scorer.tokenizer, prompt.labels or prompts.TEMPLATES[prompt.template].default_labels)
   examples = {"train": make_examples(scorer, train_set, prompt, label_ids)}
   if dev_set is not None:

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from layers import quantization as quant
 from layers import sharding
 from layers.config import ModelConfig
 from layers.decoder import Decoder
@@ -147,15 +148,26 @@ class ModelRunner:
     self.platform = platform or jax.default_backend()  # where the programs run (or are compiled for)
     self.default_kernel = resolve_auto(platform) if kernel.attention == "auto" else kernel.attention
     self.abstract = is_abstract(params)
+    # int8 weights and their scales are computed here from the float params (post-training quantization,
+    # layers/quantization.py) and keep their dtypes; every other param is cast to weight_dtype.
+    self.quantization = runtime.quantization
+    if self.quantization == "none" and quant.holds_int8(params):
+      raise ValueError("these params hold int8 weights (quantized): score them with quantization=int8_weights or "
+                       "int8, or give the float params for quantization=none")
     wdtype = DTYPES[runtime.weight_dtype]
+    keeps = lambda path: self.quantization != "none" and quant.is_quantized_leaf(path)
+    quantize = lambda p: quant.quantize_params(p, self.quantization)
     if self.abstract:
       if mesh is None:
         raise ValueError("abstract params (ShapeDtypeStructs) need a mesh: they are compiled for its devices")
-      self.params = jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, wdtype, sharding=s),
-                                           params, sharding.model_param_shardings(model, mesh))
+      shardings = sharding.model_param_shardings(model, mesh, quantization=self.quantization)
+      self.params = jax.tree_util.tree_map_with_path(
+          lambda path, x, s: jax.ShapeDtypeStruct(x.shape, x.dtype if keeps(path) else wdtype, sharding=s),
+          jax.eval_shape(quantize, params), shardings)
     else:
-      self.params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, wdtype), params)
-      self.params = sharding.place_params(self.params, model, mesh)
+      self.params = jax.tree_util.tree_map_with_path(lambda path, x: x if keeps(path) else jnp.asarray(x, wdtype),
+                                                     quantize(params))
+      self.params = sharding.place_params(self.params, model, mesh, self.quantization)
     self._put = sharding.abstract_put if self.abstract else sharding.put
     self.compiled_shapes: set[tuple] = set()
     self._mode = threading.local()  # compile_only / probing, per thread
@@ -185,7 +197,7 @@ class ModelRunner:
   def decoder(self, kernel: str, return_kv: bool = False) -> Decoder:
     attend = sharding.shard_kernel(get_kernel(kernel, self.options), self.mesh)  # shard_map on a mesh
     return Decoder(self.model, attend, dtype=self.dtype, param_dtype=self.dtype,
-                   precision=self.precision, return_kv=return_kv)
+                   precision=self.precision, return_kv=return_kv, quantization=self.quantization)
 
   def _jit(self, name: str, kernel: str, build):
     key = (name, kernel)

@@ -183,18 +183,22 @@ class Scorer:
   @classmethod
   def from_checkpoint(cls, checkpoint_dir: os.PathLike, mesh: Any = "auto", **overrides: Any) -> "Scorer":
     """Loads a converted checkpoint; `overrides` are flat config keys (model keys come from the checkpoint).
+    A checkpoint stored quantized (int8) scores with quantization=int8_weights unless the overrides say int8.
 
     On a mesh each parameter is read straight into its NamedSharding (each host reads its shards).
     """
     model, _ = checkpointing.read_metadata(checkpoint_dir)
+    stored = checkpointing.stored_quantization(checkpoint_dir)
     flat = to_flat_dict(load_config())
+    if stored != "none":  # int8 weights as stored, float dots, unless the overrides ask for int8
+      flat["quantization"] = "int8_weights"
     flat.update({k: v for k, v in overrides.items()})
     flat.update(dataclasses.asdict(model))
     flat["checkpoint_dir"] = str(pathlib.Path(checkpoint_dir).resolve())
     config = from_flat_dict(flat, where="overrides")
     mesh = mesh_lib.default_scoring_mesh(config.mesh) if isinstance(mesh, str) else mesh
     sharding.check_divisible(config.model, mesh)
-    targets = None if mesh is None else sharding.model_param_shardings(config.model, mesh)
+    targets = None if mesh is None else sharding.model_param_shardings(config.model, mesh, quantization=stored)
     ckpt = checkpointing.restore_checkpoint(checkpoint_dir, shardings=targets)
     tok_path = config.runtime.tokenizer_path or ckpt.tokenizer_path
     tokenizer = load_tokenizer(tok_path) if tok_path else None

@@ -217,9 +217,11 @@ def load_adapters_for(checkpoint_dir: os.PathLike, adapters_dir: os.PathLike) ->
 def load_scorer(checkpoint_dir: os.PathLike, adapters_dir: os.PathLike, mesh: Any = "auto", **overrides: Any):
   """A Scorer of the base checkpoint plus the adapters, merged on load (so it scores as a merged export).
 
-  Refuses adapters trained on another base (their stored base digest differs)."""
+  Refuses adapters trained on another base (their stored base digest differs). A quantized scorer quantizes the
+  merged float weights."""
   from maxscore.scoring.scorer import Scorer  # pylint: disable=g-import-not-at-top  (scoring imports much)
   adapters, lora, _ = load_adapters_for(checkpoint_dir, adapters_dir)
-  base = Scorer.from_checkpoint(checkpoint_dir, mesh=mesh, **overrides)
+  base = Scorer.from_checkpoint(checkpoint_dir, mesh=mesh, **{**overrides, "quantization": "none"})
   merged = merge(add_adapters(base.runner.params, adapters), lora)
-  return Scorer(base.config, merged, base.tokenizer, model_name=base.model_name, mesh=base.mesh)
+  config = base.config.replace(quantization=overrides.get("quantization", base.config.runtime.quantization))
+  return Scorer(config, merged, base.tokenizer, model_name=base.model_name, mesh=base.mesh)
