@@ -112,6 +112,13 @@ def test_the_merged_qlora_model_is_float_and_scores_as_the_qlora_model(tmp_path)
   assert meta["base_quantization"] == MODE
   np.testing.assert_allclose(score(lora_lib.load_scorer(base_dir, tmp_path / "adapters", **kw)), oracle, rtol=0,
                              atol=MERGE_ATOL)
+  # export_hf_checkpoint.py --adapters_dir merges them alike: the same tensors as the merged checkpoint's export.
+  from safetensors.numpy import load_file
+  from maxscore.checkpoints.export import export_hf_checkpoint
+  a = load_file(export_hf_checkpoint(base_dir, tmp_path / "hf", adapters_dir=tmp_path / "adapters") /
+                "model.safetensors")
+  b = load_file(export_hf_checkpoint(tmp_path / "merged", tmp_path / "hf_merged") / "model.safetensors")
+  assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
   # Merged onto the float base instead, the scores move by the int8 rounding: the comparisons above see it.
   float_merged = Scorer(merged_scorer.config, lora_lib.merge(lora_lib.add_adapters(
       base, lora_lib.split_adapters(after)[1]), lora), mesh=None)
