@@ -50,8 +50,7 @@ def refuse_training(mode: str, what: str, error: type[Exception] = ValueError) -
   """Raises `error` when `mode` quantizes: the int8 weights are integers, so nothing trains them; only LoRA
   adapters train beside a frozen int8_weights base (QLoRA, `refuse_qlora`)."""
   if check(mode) != "none":
-    raise error(f"quantization={mode!r} is for scoring only, and {what} trains the model; use quantization=none "
-                f"(or LoRA adapters, --lora_rank > 0, on a quantization=int8_weights base)")
+    raise error(f"quantization={mode!r} is for scoring only, and {what} trains the model; use quantization=none")
 
 
 def refuse_qlora(mode: str, error: type[Exception] = ValueError) -> None:
