@@ -329,6 +329,8 @@ def test_q8_0_loads_as_per_channel_int8_exactly_where_a_channel_shares_one_block
     bound = np.expand_dims(np.asarray(got["layers"]["attn"][f"{name}_scale"]), (1, 2) if name == "o" else (1,))
     assert np.all(np.abs(np.asarray(w) - flt["layers"]["attn"][name]) <= bound / 2 + 1e-9)
   np.testing.assert_array_equal(got["layers"]["mlp"]["down"], at_load["layers"]["mlp"]["down"])
+  np.testing.assert_array_equal(got["lm_head"], at_load["lm_head"])  # the separate lm_head is Q8_0 too
+  assert got["lm_head"].dtype == np.int8
   # It scores as the float conversion quantized at load, up to the exact channels (which are closer).
   kw = dict(mesh=None, separator_token_id=3)
   a = Scorer.from_checkpoint(ckpt, **kw).score([4, 9, 12], [[5, 6], [7, 8, 9]], [5, 17]).scores
