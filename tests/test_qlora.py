@@ -78,6 +78,29 @@ def test_a_qlora_step_moves_only_the_adapters():
   assert sum(x.size for x in moments) == 2 * adapter_size
 
 
+@pytest.mark.parametrize("grad_accum_steps", [1, 2])
+def test_integer_params_get_no_gradient_and_keep_their_bytes(grad_accum_steps):
+  """The trainer's step on a toy with an int8 weight beside a float one (QLoRA's shape, in small): the int8
+  leaf's gradient is an int8 zero (no float copy of it, accumulated or not) and it leaves the step unchanged."""
+  rng = np.random.default_rng(0)
+  params = {"wq": jnp.asarray(rng.integers(-127, 128, (3, 2)), jnp.int8), "b": jnp.zeros((2,), jnp.float32)}
+  batch = {"x": rng.normal(size=(4, 3)).astype(np.float32), "y": rng.normal(size=(4, 2)).astype(np.float32)}
+  loss_fn = lambda p, b, _: (jnp.mean((b["x"] @ p["wq"].astype(jnp.float32) * 0.01 + p["b"] - b["y"]) ** 2), {})
+  settings = OptimizerConfig(learning_rate=1e-2, end_learning_rate=1e-2, warmup_steps=0, weight_decay=0.0,
+                             clip_norm=1.0)
+  optimizer, _ = make_optimizer(settings, 2, {"wq": False, "b": True})
+  state = fresh(params, optimizer.init(params), jax.random.PRNGKey(0))
+  step = jax.jit(functools.partial(trainer.train_step, loss_fn=loss_fn, optimizer=optimizer,
+                                   grad_accum_steps=grad_accum_steps))
+  grads = jax.eval_shape(trainer._value_and_float_grad(loss_fn), params, batch, None)[1]
+  assert grads["wq"].dtype == jnp.int8
+  for _ in range(2):
+    state, metrics = step(state, batch)
+  assert state.params["wq"].dtype == jnp.int8
+  assert np.asarray(state.params["wq"]).tobytes() == np.asarray(params["wq"]).tobytes()
+  assert np.any(state.params["b"] != 0) and np.isfinite(float(metrics["grad_norm"]))
+
+
 def test_the_merged_qlora_model_is_float_and_scores_as_the_qlora_model(tmp_path):
   from maxscore.checkpoints import storage
   from maxscore.scoring.scorer import Scorer

@@ -178,7 +178,9 @@ def train_step(state: TrainState, batch: Any, *, loss_fn: Callable, optimizer: o
         batch, grad_accum_steps)), rng)
     zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), (l0, a0, g0))
     total, _ = jax.lax.scan(body, zeros, (jnp.arange(grad_accum_steps), _micro_batches(batch, grad_accum_steps)))
-    loss, aux, grads = jax.tree_util.tree_map(lambda x: x / grad_accum_steps, total)
+    # An integer leaf's gradient (a zero, _value_and_float_grad) stays an integer of its own dtype.
+    mean = lambda x: x / grad_accum_steps if jnp.issubdtype(x.dtype, jnp.inexact) else x
+    loss, aux, grads = jax.tree_util.tree_map(mean, total)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), **aux}
