@@ -13,7 +13,8 @@ each targeted projection, B initialised to zero so step 0 is the base model exac
 
     <adapters_dir>/adapters/   Orbax tree of the adapter params only
     <adapters_dir>/lora.json   {"format_version", "rank", "alpha", "targets", "model",
-                                "base_params_sha256", "adapters_sha256"}
+                                "base_params_sha256", "adapters_sha256",
+                                "base_quantization" (only for QLoRA: int8_weights)}
 """
 
 import json
