@@ -84,8 +84,10 @@ class Decoder(nn.Module):
 
   def setup(self):
     cfg = self.config
-    if self.lora is not None or self.remat:
-      quant.refuse_training(self.quantization, "a Decoder with LoRA adapters or rematerialization")
+    if self.lora is not None:  # QLoRA: float adapters beside a frozen int8_weights base
+      quant.refuse_qlora(self.quantization)
+    elif self.remat:
+      quant.refuse_training(self.quantization, "a rematerialized Decoder (for training)")
     self.embed = Embed(cfg.vocab_size, cfg.hidden_size, self.dtype, self.param_dtype, cfg.embed_scale)
     layer = nn.remat(DecoderLayer, prevent_cse=False) if self.remat else DecoderLayer
     scanned = nn.scan(layer, variable_axes={"params": 0, "intermediates": 0}, split_rngs={"params": True},

@@ -47,9 +47,19 @@ def check(mode: str) -> str:
 
 
 def refuse_training(mode: str, what: str, error: type[Exception] = ValueError) -> None:
-  """Raises `error` when `mode` quantizes: the int8 weights are for scoring only (nothing trains through them)."""
+  """Raises `error` when `mode` quantizes: the int8 weights are integers, so nothing trains them; only LoRA
+  adapters train beside a frozen int8_weights base (QLoRA, `refuse_qlora`)."""
   if check(mode) != "none":
     raise error(f"quantization={mode!r} is for scoring only, and {what} trains the model; use quantization=none")
+
+
+def refuse_qlora(mode: str, error: type[Exception] = ValueError) -> None:
+  """Raises `error` unless `mode` is a base LoRA adapters can train on: none or int8_weights. w8a8 (`int8`)
+  rounds the activations in the forward, and a rounding has zero gradient, so nothing below a w8a8 projection
+  would learn (no straight-through estimator here)."""
+  if check(mode) == "int8":
+    raise error("quantization='int8' (w8a8) rounds the activations, which passes no gradient to the adapters "
+                "below; train LoRA adapters on quantization=int8_weights (QLoRA), or on quantization=none")
 
 
 def quantize(w: jax.Array, contracting_axes: Sequence[int]) -> tuple[jax.Array, jax.Array]:
@@ -91,6 +101,28 @@ def quantize_params(params: Any, mode: str) -> Any:
         continue
       lead = 1 if scanned else 0
       out[key], out[f"{key}_scale"] = quantize(value, tuple(range(lead, lead + table[key])))
+    return out
+  return walk(dict(params), None, False)
+
+
+def dequantize_params(params: Any) -> Any:
+  """The inverse of `quantize_params` up to its rounding: every int8 weight with its `<name>_scale` sibling
+  becomes the float32 Wq * scale, the scales are dropped and every other leaf is kept as it is (float params,
+  and adapters beside the weights, pass through). A QLoRA model merges its adapters into these weights."""
+
+  def walk(tree, module: Optional[str], scanned: bool):
+    out = {}
+    for key, value in tree.items():
+      if isinstance(value, Mapping):
+        out[key] = walk(value, key, scanned or key == "layers")
+        continue
+      table = _TOP if module is None else _CONTRACTING.get(module, {})
+      name = key.removesuffix("_scale")
+      if name not in table or jnp.dtype(tree[name].dtype) != jnp.int8:
+        out[key] = value
+      elif key == name:
+        lead = 1 if scanned else 0
+        out[key] = dequantize(value, tree[f"{key}_scale"], tuple(range(lead, lead + table[key])))
     return out
   return walk(dict(params), None, False)
 

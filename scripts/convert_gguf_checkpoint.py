@@ -4,8 +4,10 @@
 
 Every flag is a key of configs/convert_gguf.yml. Tensors are dequantized to float32 exactly as llama.cpp's
 reference dequantizers do (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K); the tokenizer
-metadata becomes tokenizer.json with its chat template. --overwrite replaces only a directory that maxscore
-wrote (it carries a .maxscore-owned marker).
+metadata becomes tokenizer.json with its chat template. --quantize=int8 stores the projections as int8 with
+per-output-channel scales instead (Q8_0 ones keep their stored codes where a channel's blocks share one scale,
+else are requantized per channel: maxscore/checkpoints/gguf_quants.py q8_0_per_channel). --overwrite replaces
+only a directory that maxscore wrote (it carries a .maxscore-owned marker).
 """
 
 import dataclasses
@@ -23,6 +25,7 @@ class GGUFConvertOptions:
   gguf: Optional[str] = None
   output_dir: Optional[str] = None
   dtype: Literal["float32", "bfloat16"] = "float32"
+  quantize: Literal["none", "int8"] = "none"
   overwrite: bool = False
 
 
@@ -39,7 +42,8 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
   with cli.one_line_errors():
     opts = cli.entry_from_flags(fv, ENTRY, SECTIONS)["convert_gguf"]
     cli.require(opts, "gguf", "output_dir")
-    out = convert_gguf_checkpoint(opts.gguf, opts.output_dir, opts.dtype, overwrite=opts.overwrite)
+    out = convert_gguf_checkpoint(opts.gguf, opts.output_dir, opts.dtype, overwrite=opts.overwrite,
+                                  quantize=opts.quantize)
   logging.info("wrote %s", out)
   print(out)
 

@@ -289,3 +289,72 @@ def test_script_converts_and_refuses_a_missing_file_in_one_line(gguf_variants, t
     script.run(["convert_gguf_checkpoint.py", f"--gguf={tmp_path / 'nope.gguf'}", f"--output_dir={tmp_path / 'x'}"])
   assert e.value.code == 2 and f"{tmp_path / 'nope.gguf'} does not exist" in capsys.readouterr().err
   assert not (tmp_path / "x").exists()
+
+
+def test_q8_0_loads_as_per_channel_int8_exactly_where_a_channel_shares_one_block_scale(small_llama, tmp_path):
+  """--quantize=int8 on a Q8_0 file: a channel whose blocks share one scale keeps its stored codes and scale (no
+  rounding); any other channel is requantized per channel from the exact dequantized values, within s / 2 of
+  them and equal to what a scorer quantizing the float conversion at load computes."""
+  from layers import quantization as quant
+  from maxscore.checkpoints import gguf_quants, storage
+
+  def shared_up(tensors):  # every 32-block of each ffn_up row holds the row's largest |w|: one Q8_0 scale per row
+    w = tensors["blk.0.ffn_up.weight"].copy()
+    w[:, ::32] = np.abs(w).max(axis=1, keepdims=True) * 1.5
+    return dict(tensors, **{"blk.0.ffn_up.weight": w})
+  path = write_gguf(small_llama, tmp_path / "m.gguf", tensor_type="Q8_0", edit=shared_up)
+  f = gguf_reader.GGUFFile(path)
+  codes, scale, exact = gguf_quants.q8_0_per_channel(f.tensors["blk.0.ffn_up.weight"].data,
+                                                     f.shape("blk.0.ffn_up.weight"))
+  stored = gguf_quants.unpack(f.tensors["blk.0.ffn_up.weight"].data, "Q8_0")
+  assert exact.all() and np.array_equal(codes.reshape(-1), stored.codes_NxGxE.reshape(-1))
+  assert np.array_equal(scale, stored.scale_NxGx1.reshape(len(scale), -1)[:, 0])
+  assert not gguf_quants.q8_0_per_channel(f.tensors["blk.0.ffn_down.weight"].data,
+                                          f.shape("blk.0.ffn_down.weight"))[2].any()  # per-block scales differ
+
+  ckpt = convert_gguf_checkpoint(path, tmp_path / "int8", quantize="int8")
+  float_ckpt = convert_gguf_checkpoint(path, tmp_path / "float")
+  assert storage.stored_quantization(ckpt) == "int8"
+  got = storage.restore_checkpoint(ckpt).params
+  flt = storage.restore_checkpoint(float_ckpt).params
+  up, up_scale = np.asarray(got["layers"]["mlp"]["up"][0]), np.asarray(got["layers"]["mlp"]["up_scale"][0])
+  assert up.dtype == np.int8 and np.array_equal(up, codes.T) and np.array_equal(up_scale, scale)
+  np.testing.assert_array_equal(up * up_scale, flt["layers"]["mlp"]["up"][0])  # no rounding at all
+  # Requantized channels (every other projection, llama's permuted q/k among them): as quantized at load.
+  at_load = quant.quantize_params(flt, "int8_weights")
+  for name in ("q", "k", "o"):
+    np.testing.assert_array_equal(got["layers"]["attn"][name], at_load["layers"]["attn"][name])
+    w = quant.dequantize(got["layers"]["attn"][name], got["layers"]["attn"][f"{name}_scale"],
+                         (1, 2) if name == "o" else (1,))
+    bound = np.expand_dims(np.asarray(got["layers"]["attn"][f"{name}_scale"]), (1, 2) if name == "o" else (1,))
+    assert np.all(np.abs(np.asarray(w) - flt["layers"]["attn"][name]) <= bound / 2 + 1e-9)
+  np.testing.assert_array_equal(got["layers"]["mlp"]["down"], at_load["layers"]["mlp"]["down"])
+  np.testing.assert_array_equal(got["lm_head"], at_load["lm_head"])  # the separate lm_head is Q8_0 too
+  assert got["lm_head"].dtype == np.int8
+  # It scores as the float conversion quantized at load, up to the exact channels (which are closer).
+  kw = dict(mesh=None, separator_token_id=3)
+  a = Scorer.from_checkpoint(ckpt, **kw).score([4, 9, 12], [[5, 6], [7, 8, 9]], [5, 17]).scores
+  b = Scorer.from_checkpoint(float_ckpt, quantization="int8_weights", **kw).score(
+      [4, 9, 12], [[5, 6], [7, 8, 9]], [5, 17]).scores
+  np.testing.assert_allclose(a, b, atol=1e-3)
+
+
+def test_q8_0_channels_sharing_a_scale_keep_codes_that_requantizing_would_round():
+  """Block bytes written by hand: row 0's two blocks share d and no code reaches 127 (gguf's quantizer always
+  reaches it, a file need not), so requantizing its float values (s = max|w| / 127) would round the codes
+  again; the exact load keeps them. Row 1's blocks differ in d: requantized, within s / 2."""
+  from layers import quantization as quant
+  from maxscore.checkpoints import gguf_quants
+  rng = np.random.default_rng(0)
+  q = rng.integers(-100, 101, size=(2, 2, 32)).astype(np.int8)
+  d = np.asarray([[0.01, 0.01], [0.01, 0.02]], np.float16)
+  blocks = np.concatenate([d.reshape(4, 1).view(np.uint8), q.reshape(4, 32).view(np.uint8)], axis=1)
+  codes, scale, exact = gguf_quants.q8_0_per_channel(blocks.reshape(-1), (2, 64))
+  assert exact.tolist() == [True, False]
+  assert np.array_equal(codes[0], q[0].reshape(-1)) and scale[0] == np.float32(d[0, 0])
+  w = gguf_quants.dequantize(blocks.reshape(-1), "Q8_0", (2, 64))
+  requantized, requantized_scale = (np.asarray(x) for x in quant.quantize(w, (1,)))
+  assert not np.array_equal(requantized[0], codes[0])  # what the float round trip would have stored
+  assert np.array_equal(codes[1], requantized[1]) and scale[1] == requantized_scale[1]
+  assert np.abs(codes[1] * scale[1] - w[1]).max() <= scale[1] / 2
+  assert np.array_equal(codes[0] * scale[0], w[0])

@@ -153,7 +153,7 @@ def test_where_quantization_cannot_be_used_is_one_clear_error():
   with pytest.raises(ConfigError, match=r"quantization='int4' is not one of \['none', 'int8_weights', 'int8'\]"):
     load_config(["quantization=int4"])
   decoder = Decoder(ModelConfig(), get_kernel("reference"), quantization="int8", lora=LoraConfig(4, 8.0))
-  with pytest.raises(ValueError, match="quantization='int8' is for scoring only.*LoRA.*use quantization=none"):
+  with pytest.raises(ValueError, match=r"quantization='int8' \(w8a8\) rounds the activations.*int8_weights"):
     init_params(decoder, jax.random.PRNGKey(0))
   with pytest.raises(ValueError, match="is not one of"):
     quant.quantize_params({}, "int4")

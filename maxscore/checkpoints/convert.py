@@ -15,6 +15,7 @@ config.json dict and its tensors under HF names, so the mapping, the checks and 
 """
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -455,8 +456,42 @@ def convert_hf_checkpoint(hf_dir: os.PathLike, output_dir: os.PathLike, dtype: s
   return save_checkpoint(output_dir, params, cfg, tokenizer_files=files, overwrite=overwrite, inputs=(hf_dir,))
 
 
+def _int8_params(params: dict, reader, cfg: ModelConfig, dtype) -> dict:
+  """`params` (float32) stored as int8 (layers/quantization.py's layout): each projection and a separate lm_head
+  as int8 codes with float32 per-output-channel scales, the rest cast to `dtype`. A projection stored as Q8_0
+  takes its codes and block scale as stored where every block of a channel shares one scale (exact, no float
+  round trip), else is requantized per channel from its exact float values (gguf_quants.q8_0_per_channel says
+  why, and bounds the extra rounding); every other tensor is quantized from its float values, as at load."""
+  out = jax.tree_util.tree_map(np.asarray, quant.quantize_params(params, "int8_weights"))
+  get_int8 = getattr(reader, "get_int8", None)
+  exact = total = 0
+  specs = [(("layers",) + p, [f"model.layers.{i}.{t}" for i in range(cfg.num_layers)], f)
+           for p, t, _, f in _layer_specs(cfg)] + [(p, [t], f) for p, t, _, f in _global_specs(cfg)]
+  for path, names, fn in specs:
+    tree = functools.reduce(lambda t, key: t[key], path[:-1], out)
+    name = path[-1]
+    if get_int8 is None or f"{name}_scale" not in tree:  # not a quantized weight
+      continue
+    loaded = [get_int8(n) for n in names]
+    if any(x is None for x in loaded):  # not Q8_0: quantized from the float values above
+      continue
+    stacked = path[0] == "layers"
+    scale_shape = tree[f"{name}_scale"].shape[1:] if stacked else tree[f"{name}_scale"].shape
+    codes = np.stack([fn(c) for c, _, _ in loaded])
+    scales = np.stack([s.reshape(scale_shape) for _, s, _ in loaded])
+    tree[name] = (codes if stacked else codes[0]).astype(np.int8)
+    tree[f"{name}_scale"] = (scales if stacked else scales[0]).astype(np.float32)
+    exact += sum(int(e.sum()) for _, _, e in loaded)
+    total += sum(e.size for _, _, e in loaded)
+  if total:
+    logging.info("Q8_0 projections: %d of %d output channels loaded exactly (one block scale per channel), the "
+                 "rest requantized per channel", exact, total)
+  cast = lambda path, x: x if quant.is_quantized_leaf(path) else np.asarray(x, dtype)
+  return jax.tree_util.tree_map_with_path(cast, out)
+
+
 def convert_gguf_checkpoint(gguf_path: os.PathLike, output_dir: os.PathLike, dtype: str = "float32",
-                            overwrite: bool = False) -> pathlib.Path:
+                            overwrite: bool = False, quantize: str = "none") -> pathlib.Path:
   """Converts a GGUF file (llama.cpp's format) of a supported architecture into a self-describing checkpoint.
 
   The metadata becomes the model config (as the config.json it stands for), the tensors are dequantized to
@@ -468,6 +503,8 @@ def convert_gguf_checkpoint(gguf_path: os.PathLike, output_dir: os.PathLike, dty
     output_dir: the new checkpoint directory; it may not be the GGUF file nor hold it.
     dtype: float32 or bfloat16, the stored weights' dtype.
     overwrite: replace an existing `output_dir`, only when maxscore wrote it.
+    quantize: none, or int8: store the projections (and a separate lm_head) as int8 with float32 per-output-channel
+      scales, as convert_hf_checkpoint does; Q8_0 tensors keep their codes where that is exact (`_int8_params`).
 
   Returns:
     The checkpoint directory (params/, maxscore.json and, when the GGUF has tokenizer metadata, tokenizer/).
@@ -481,6 +518,8 @@ def convert_gguf_checkpoint(gguf_path: os.PathLike, output_dir: os.PathLike, dty
   path = pathlib.Path(gguf_path)
   if dtype not in DTYPES:
     raise ConversionError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")
+  if quantize not in STORED_QUANTIZATIONS:
+    raise ConversionError(f"quantize={quantize!r} is not one of {list(STORED_QUANTIZATIONS)}")
   if not path.is_file():
     raise ConversionError(f"--gguf {path} does not exist or is not a file")
   _check_output_dir(output_dir, path, overwrite)
@@ -497,7 +536,11 @@ def convert_gguf_checkpoint(gguf_path: os.PathLike, output_dir: os.PathLike, dty
                  cfg.num_params() / 1e6, output_dir)
     with tempfile.TemporaryDirectory(prefix="maxscore-gguf-tokenizer-") as tmp:
       files = gguf_tokenizer.build_tokenizer(f, pathlib.Path(tmp)) or ()
-      params = convert_params(gguf_reader.GGUFTensorReader(f, hf), cfg, DTYPES[dtype])
+      reader = gguf_reader.GGUFTensorReader(f, hf)
+      if quantize == "int8":
+        params = _int8_params(convert_params(reader, cfg, np.float32), reader, cfg, DTYPES[dtype])
+      else:
+        params = convert_params(reader, cfg, DTYPES[dtype])
       return save_checkpoint(output_dir, params, cfg, tokenizer_files=files, overwrite=overwrite, inputs=(path,))
   except gguf_reader.GGUFError as e:
     raise ConversionError(str(e)) from None

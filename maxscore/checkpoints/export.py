@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors.numpy import save_file
 
+from layers import quantization as quant
 from layers.config import ModelConfig
 from maxscore.checkpoints import storage
 from maxscore.checkpoints.convert import (DTYPES, FAMILIES, ConversionError, _check_output_dir, _global_specs,
@@ -243,7 +244,9 @@ def export_hf_checkpoint(checkpoint_dir: os.PathLike, output_dir: os.PathLike, d
                     heads[0])
   params = storage.restore_checkpoint(checkpoint_dir, dtype=jnp.float32).params
   if adapters is not None:
-    weights, lora, _ = adapters
+    weights, lora, meta = adapters
+    # QLoRA adapters were trained on the int8 base: quantize as in training; merge dequantizes it (float).
+    params = quant.quantize_params(params, meta["base_quantization"])
     params = lora_lib.merge(lora_lib.add_adapters(params, weights), lora)
   tensors = hf_tensors(params, model, DTYPES[dtype])
   logging.info("exporting %s (%s, %d layers%s) to %s", checkpoint_dir, model.family, model.num_layers,

@@ -4,7 +4,8 @@ Each block format is split in two steps: `unpack` reads a block's bytes into int
 scale (and, for the affine formats, one offset) per group of codes, and `Blocks.dequantize` forms
 `scale * codes + offset` in float32. The float result is bit-identical to the reference (the same
 float32 products and sums, in the same order), and the unpacked form is what an int8 weight path
-would load without a float round trip (Q8_0: int8 codes, one float scale per 32 weights).
+would load without a float round trip (Q8_0: int8 codes, one float scale per 32 weights; `q8_0_per_channel`
+says when that load is exact in the per-output-channel layout a scorer reads).
 
 Formats (llama.cpp's ggml-common.h; bytes per block / weights per block):
     Q8_0  34/32   f16 d, 32 x int8 q                         w = d * q
@@ -155,3 +156,29 @@ def dequantize(data: np.ndarray, type_name: str, shape: tuple[int, ...]) -> np.n
   if type_name in FLOAT_TYPES:
     return np.ascontiguousarray(data).view(FLOAT_TYPES[type_name]).astype(np.float32).reshape(shape)
   return unpack(data, type_name).dequantize().reshape(shape)
+
+
+def q8_0_per_channel(data: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """A Q8_0 matrix [rows, cols] (rows: output channels; blocks run along cols, the contracting dim) in the
+  per-output-channel int8 layout of layers/quantization.py: (int8 codes [rows, cols], float32 scale [rows],
+  exact [rows] bool).
+
+  Q8_0 keeps one f16 scale d per 32 weights, finer than one scale per channel, so a load is exact only where
+  every block of a row shares one d: that row keeps its codes and d as they are stored (no float round trip,
+  no rounding at all). Any other row is requantized per channel from its dequantized values d_b * q, which are
+  exact in float32 (an 11-bit f16 mantissa times an 8-bit code): s = max|w| / 127 over the row, codes
+  round(w / s) (layers/quantization.py's `quantize`), so each weight moves from the file's value by at most
+  s / 2 <= max_b(d_b) * max|q| / 254 (on top of Q8_0's own rounding of the original weights, <= d_b / 2). A
+  row of zeros (d = 0) gets scale 1 and zero codes, as `quantize` gives it."""
+  from layers import quantization as quant  # pylint: disable=import-outside-toplevel  (jax, only for this)
+  rows, cols = shape
+  blocks = unpack(data, "Q8_0")
+  codes = blocks.codes_NxGxE.reshape(rows, cols)
+  d = blocks.scale_NxGx1.reshape(rows, cols // 32)
+  exact = np.all(d == d[:, :1], axis=1)
+  w = blocks.dequantize().reshape(rows, cols)
+  requant, requant_scale = (np.asarray(x) for x in quant.quantize(w, (1,)))
+  zero = d[:, 0] == 0
+  out_codes = np.where((exact & ~zero)[:, None], codes, requant).astype(np.int8)
+  out_scale = np.where(exact & ~zero, d[:, 0], requant_scale).astype(np.float32)
+  return out_codes, out_scale, exact

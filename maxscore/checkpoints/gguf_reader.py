@@ -253,6 +253,20 @@ class GGUFTensorReader:
     gguf_name = self._names[name]
     return self._f.shape(gguf_name), self._f.type_name(gguf_name)
 
+  def get_int8(self, name: str) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """A Q8_0 2-D tensor as per-output-channel int8 (gguf_quants.q8_0_per_channel: codes [out, in], float32
+    scale [out], which rows loaded exactly), rows in the HF order; None for any other type."""
+    gguf_name = self._names[name]
+    shape = self._f.shape(gguf_name)
+    if self._f.type_name(gguf_name) != "Q8_0" or len(shape) != 2:
+      return None
+    codes, scale, exact = gguf_quants.q8_0_per_channel(self._f.tensors[gguf_name].data, shape)
+    if self._arch == "llama" and gguf_name.split(".")[-2] in ("attn_q", "attn_k"):  # rows permuted: as in `get`
+      heads = self._hf["num_attention_heads"]
+      heads = heads if gguf_name.split(".")[-2] == "attn_q" else self._hf.get("num_key_value_heads") or heads
+      codes, scale, exact = (_unpermute(x, heads) for x in (codes, scale, exact))
+    return codes, scale, exact
+
   def get(self, name: str, dtype) -> np.ndarray:
     gguf_name = self._names[name]
     w = self._f.read(gguf_name)

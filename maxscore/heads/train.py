@@ -53,6 +53,7 @@ import numpy as np
 from absl import logging
 from jax.sharding import Mesh
 
+from layers import quantization as quant
 from layers import sharding as sharding_lib
 from layers.decoder import Decoder
 from layers.kernels import get_kernel
@@ -148,10 +149,13 @@ def prepare(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str
             progress: bool = True) -> Prepared:
   """Loads the backbone, builds the prompts as the eval does, and the features training reads."""
   scorer = build_scorer(checkpoint_dir, overrides, use_head=False)
-  if cfg.train_backbone and scorer.config.runtime.quantization != "none":
-    raise TrainError(f"quantization={scorer.config.runtime.quantization!r} is for scoring only, and "
-                     "train_backbone trains the backbone; use quantization=none (a head alone trains on the "
-                     "quantized backbone's features)")
+  quantization = scorer.config.runtime.quantization
+  if cfg.train_backbone and _lora(cfg) is None and quantization != "none":
+    raise TrainError(f"quantization={quantization!r} is for scoring only, and train_backbone trains the whole "
+                     "backbone; use quantization=none, or train LoRA adapters on the quantized base (--lora_rank > 0 "
+                     "with quantization=int8_weights: QLoRA), or a head alone on the quantized backbone's features")
+  if _lora(cfg) is not None:  # QLoRA: the int8 base stays frozen, the float adapters train
+    quant.refuse_qlora(quantization, TrainError)
   label_ids = prompts.resolve_labels(scorer.tokenizer, prompt.labels or prompts.TEMPLATES[prompt.template].default_labels)
   examples = {"train": make_examples(scorer, train_set, prompt, label_ids)}
   if dev_set is not None:
@@ -198,7 +202,7 @@ def backbone_decoder(cfg: TrainConfig, scorer: Scorer, mesh: Optional[Mesh] = No
   dtype = DTYPES[cfg.compute_dtype] if cfg.compute_dtype else runner.dtype
   param_dtype = DTYPES[cfg.param_dtype] if cfg.param_dtype else runner.dtype
   decoder = Decoder(scorer.config.model, attend, dtype=dtype, param_dtype=param_dtype, precision=runner.precision,
-                    remat=cfg.remat != "none")
+                    remat=cfg.remat != "none", quantization=runner.quantization)
   return lora_lib.adapt(decoder, _lora(cfg))
 
 
@@ -212,8 +216,11 @@ def init_params(cfg: TrainConfig, prep: Prepared) -> dict[str, Any]:
   init_key, _ = jax.random.split(jax.random.PRNGKey(cfg.seed))
   params = {"head": head.init_head(prep.head_cfg, init_key)}
   if cfg.train_backbone:
-    cast = (lambda x: jnp.asarray(x, DTYPES[cfg.param_dtype])) if cfg.param_dtype else jnp.asarray
-    params["backbone"] = jax.tree_util.tree_map(cast, prep.scorer.runner.params)
+    # A QLoRA base's int8 weights and their float32 scales keep their dtypes (they stay frozen).
+    keeps = lambda path: prep.scorer.runner.quantization != "none" and quant.is_quantized_leaf(path)
+    cast = lambda path, x: (jnp.asarray(x, DTYPES[cfg.param_dtype]) if cfg.param_dtype and not keeps(path)
+                            else jnp.asarray(x))
+    params["backbone"] = jax.tree_util.tree_map_with_path(cast, prep.scorer.runner.params)
     if _lora(cfg) is not None:  # adapters in float32 (A random, B zero: step 0 is the base model exactly)
       adapter_key = jax.random.fold_in(init_key, 1)
       params["backbone"] = lora_lib.add_adapters(params["backbone"], lora_lib.init_adapters(
@@ -230,7 +237,8 @@ def param_shardings(cfg: TrainConfig, params: dict[str, Any], prep: Prepared, me
   rep = partition.replicated(mesh)
   out = jax.tree_util.tree_map(lambda _: rep, params)
   if "backbone" in params:
-    out["backbone"] = sharding_lib.model_param_shardings(prep.scorer.config.model, mesh)
+    out["backbone"] = sharding_lib.model_param_shardings(prep.scorer.config.model, mesh,
+                                                         quantization=prep.scorer.runner.quantization)
     if _lora(cfg) is not None:
       out["backbone"] = lora_lib.add_adapters(out["backbone"], lora_lib.adapter_shardings(
           prep.scorer.config.model, _lora(cfg), mesh))
@@ -506,7 +514,8 @@ def export_adapters(cfg: TrainConfig, prep: Prepared, summary: dict[str, Any], f
   base = prep.scorer.config.runtime.checkpoint_dir
   ours = safety.exported_by(adapters_dir, workdir)
   out = lora_lib.save_adapters(adapters_dir, jax.device_get(final["backbone"]), _lora(cfg), base,
-                               overwrite=overwrite or ours, workdir=str(workdir))
+                               overwrite=overwrite or ours, workdir=str(workdir),
+                               base_quantization=prep.scorer.runner.quantization)
   info = {k: summary[k] for k in ("train_config", "prompt", "label_ids", "train_queries", "steps")}
   head_storage.save_head(out, prep.head_cfg, jax.device_get(final["head"]), {**info, "base_checkpoint": base})
   return str(out)

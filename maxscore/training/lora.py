@@ -13,7 +13,8 @@ each targeted projection, B initialised to zero so step 0 is the base model exac
 
     <adapters_dir>/adapters/   Orbax tree of the adapter params only
     <adapters_dir>/lora.json   {"format_version", "rank", "alpha", "targets", "model",
-                                "base_params_sha256", "adapters_sha256"}
+                                "base_params_sha256", "adapters_sha256",
+                                "base_quantization" (only for QLoRA: int8_weights)}
 """
 
 import json
@@ -28,6 +29,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import traverse_util
 
+from layers import quantization as quant
 from layers import sharding
 from layers.decoder import Decoder, init_params
 from layers.kernels import get_kernel
@@ -114,8 +116,13 @@ def adapter_shardings(model, lora: LoraConfig, mesh: jax.sharding.Mesh, rules=sh
 
 def merge(params: Any, lora: LoraConfig) -> dict:
   """The base tree with every adapted weight replaced by W + alpha / rank * A @ B (float32 sums, cast
-  back to W's dtype); what `storage.save_checkpoint` writes as an ordinary checkpoint."""
+  back to W's dtype); what `storage.save_checkpoint` writes as an ordinary checkpoint.
+
+  A QLoRA base (int8 weights and their scales, layers/quantization.py) is dequantized first: every int8 weight,
+  adapted or not, becomes the float32 Wq * scale the adapters were trained against, so the merged model is
+  float and computes what the quantized base plus adapters computed, up to float rounding."""
   base, adapters = split_adapters(params)
+  base = quant.dequantize_params(base)
   flat, flat_adapters = traverse_util.flatten_dict(base), traverse_util.flatten_dict(adapters)
   for key_a in [k for k in flat_adapters if k[-1].endswith("_lora_a")]:
     key_w = key_a[:-1] + (key_a[-1][:-len("_lora_a")],)
@@ -157,8 +164,10 @@ def _check_adapters(adapters: Any, model, lora: LoraConfig, where: str) -> None:
 
 
 def save_adapters(directory: os.PathLike, params: Any, lora: LoraConfig, base_checkpoint: os.PathLike,
-                  overwrite: bool = False, **owner_info: Any) -> pathlib.Path:
+                  overwrite: bool = False, base_quantization: str = "none", **owner_info: Any) -> pathlib.Path:
   """Writes the adapters of `params` beside the base checkpoint they were trained on (its digest kept).
+  `base_quantization` is the quantization the base was trained under (QLoRA: int8_weights), kept so that
+  `load_scorer` merges the adapters into the same dequantized weights they were trained against.
   `owner_info` goes into the directory's ownership marker (a trainer's workdir: its rerun may replace it)."""
   model, _ = storage.read_metadata(base_checkpoint)
   base_digest = storage.params_digest(base_checkpoint)
@@ -167,6 +176,8 @@ def save_adapters(directory: os.PathLike, params: Any, lora: LoraConfig, base_ch
   meta = {"format_version": FORMAT_VERSION, "rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.targets),
           "model": model_config_to_dict(model), "base_params_sha256": base_digest,
           "adapters_sha256": identity.tree_digest(adapters)}
+  if quant.check(base_quantization) != "none":  # absent: a float base (adapter directories written before QLoRA)
+    meta["base_quantization"] = base_quantization
   with safety.replace_dir(directory, "lora_adapters", overwrite, (base_checkpoint,), "adapter directory",
                           **owner_info) as tmp:
     checkpointer = ocp.StandardCheckpointer()
@@ -191,6 +202,7 @@ def load_adapters(directory: os.PathLike) -> tuple[dict, LoraConfig, dict]:
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
     lora = LoraConfig(int(meta["rank"]), float(meta["alpha"]), tuple(meta["targets"])).validate()
     model = model_config_from_dict(meta["model"], where=str(meta_path))
+    quant.refuse_qlora(meta.setdefault("base_quantization", "none"))
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise LoraError(f"{meta_path} is corrupt: {' '.join(str(e).split())}") from None
   try:
@@ -217,11 +229,16 @@ def load_adapters_for(checkpoint_dir: os.PathLike, adapters_dir: os.PathLike) ->
 def load_scorer(checkpoint_dir: os.PathLike, adapters_dir: os.PathLike, mesh: Any = "auto", **overrides: Any):
   """A Scorer of the base checkpoint plus the adapters, merged on load (so it scores as a merged export).
 
-  Refuses adapters trained on another base (their stored base digest differs). A quantized scorer quantizes the
-  merged float weights."""
+  Refuses adapters trained on another base (their stored base digest differs). Adapters trained on a quantized
+  base (QLoRA, lora.json's base_quantization) are merged into that base quantized as in training and
+  dequantized (as is a base stored int8), so the merged model is float and scores as the QLoRA model did. It
+  scores with quantization=none unless the overrides name another (which quantizes the merged float weights)."""
   from maxscore.scoring.scorer import Scorer  # pylint: disable=g-import-not-at-top  (scoring imports much)
-  adapters, lora, _ = load_adapters_for(checkpoint_dir, adapters_dir)
-  base = Scorer.from_checkpoint(checkpoint_dir, mesh=mesh, **{**overrides, "quantization": "none"})
+  adapters, lora, meta = load_adapters_for(checkpoint_dir, adapters_dir)
+  load_as = meta["base_quantization"]
+  if load_as == "none" and storage.stored_quantization(checkpoint_dir) != "none":
+    load_as = "int8_weights"  # int8 as stored; merge dequantizes it
+  base = Scorer.from_checkpoint(checkpoint_dir, mesh=mesh, **{**overrides, "quantization": load_as})
   merged = merge(add_adapters(base.runner.params, adapters), lora)
-  config = base.config.replace(quantization=overrides.get("quantization", base.config.runtime.quantization))
+  config = base.config.replace(quantization=overrides.get("quantization", "none"))
   return Scorer(config, merged, base.tokenizer, model_name=base.model_name, mesh=base.mesh)

@@ -135,6 +135,20 @@ def _micro_batches(batch: Any, k: int) -> Any:
   return jax.tree_util.tree_map(lambda x: x.reshape(k, x.shape[0] // k, *x.shape[1:]), batch)
 
 
+def _value_and_float_grad(loss_fn: Callable) -> Callable:
+  """jax.value_and_grad(loss_fn, has_aux=True) over params that may hold integer leaves (a QLoRA base's int8
+  weights): those are no variables (an integer has no gradient), so their gradient is a zero of their own
+  dtype, which the optimizer's frozen branch (set_to_zero) passes on and apply_updates adds as nothing; the
+  int8 weights leave each step byte-identical."""
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True, allow_int=True)
+
+  def fn(params, *args):
+    value, grads = grad_fn(params, *args)
+    zero_ints = lambda g, p: jnp.zeros(jnp.shape(p), p.dtype) if g.dtype == jax.dtypes.float0 else g
+    return value, jax.tree_util.tree_map(zero_ints, grads, params)
+  return fn
+
+
 def train_step(state: TrainState, batch: Any, *, loss_fn: Callable, optimizer: optax.GradientTransformation,
                grad_accum_steps: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer step.
@@ -152,7 +166,7 @@ def train_step(state: TrainState, batch: Any, *, loss_fn: Callable, optimizer: o
     metrics: {"loss", "grad_norm"} and the aux scalars of loss_fn.
   """
   rng = jax.random.fold_in(jnp.asarray(state.rng), state.step)
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  grad_fn = _value_and_float_grad(loss_fn)
   if grad_accum_steps == 1:
     (loss, aux), grads = grad_fn(state.params, batch, rng)
   else:
@@ -164,7 +178,9 @@ def train_step(state: TrainState, batch: Any, *, loss_fn: Callable, optimizer: o
         batch, grad_accum_steps)), rng)
     zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), (l0, a0, g0))
     total, _ = jax.lax.scan(body, zeros, (jnp.arange(grad_accum_steps), _micro_batches(batch, grad_accum_steps)))
-    loss, aux, grads = jax.tree_util.tree_map(lambda x: x / grad_accum_steps, total)
+    # An integer leaf's gradient (a zero, _value_and_float_grad) stays an integer of its own dtype.
+    mean = lambda x: x / grad_accum_steps if jnp.issubdtype(x.dtype, jnp.inexact) else x
+    loss, aux, grads = jax.tree_util.tree_map(mean, total)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), **aux}
