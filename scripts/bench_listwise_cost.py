@@ -74,6 +74,8 @@ def main():
   ap.add_argument("--stride", type=int, default=10)
   ap.add_argument("--set_size", type=int, default=4)
   ap.add_argument("--setwise_top_k", type=int, default=10)
+  ap.add_argument("--algorithm", default="auto", help="the scorer's algorithm (configs/base.yml): auto | packed | "
+                  "prefill_extend | serial; the prefix cache holds prefix states of prefill_extend")
   ap.add_argument("--chat", type=lambda s: s.lower() in ("1", "true", "yes"), default=False)
   args = ap.parse_args()
   ds = data.load_jsonl(args.jsonl or data.DEFAULT_JSONL, split=args.split)
@@ -82,7 +84,8 @@ def main():
   out = {"queries": len(queries), "candidates_per_query": float(np.mean([len(q.candidates) for q in queries])),
          "args": vars(args), "prefix_cache": {}}
   for cache_bytes in (1 << 30, 0):
-    scorer = eval_lib.build_scorer(args.checkpoint_dir, [f"prefix_cache_bytes={cache_bytes}"], use_head=False)
+    scorer = eval_lib.build_scorer(args.checkpoint_dir, [f"prefix_cache_bytes={cache_bytes}",
+                                                                f"algorithm={args.algorithm}"], use_head=False)
     label_ids = prompts.resolve_labels(scorer.tokenizer, cfg.labels or prompts.TEMPLATES[cfg.template].default_labels)
     builder = prompts.PromptBuilder(scorer.tokenizer, prompts.get_template(cfg.template), cfg.instruction,
                                     cfg.max_query_tokens, cfg.max_item_tokens)
