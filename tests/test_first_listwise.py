@@ -168,3 +168,16 @@ def test_gradients_reach_the_backbone_only_when_it_trains():
       assert train_lib._trainable(cfg, params) is not None  # pylint: disable=protected-access
     else:
       assert not b_grads and np.abs(np.asarray(grads["backbone"]["embed"]["embedding"])).max() > 0
+
+
+@pytest.mark.slow
+def test_cost_bench_counts_the_windows_and_sets(load_script):
+  """scripts/bench_listwise_cost.py on one query: FIRST over 8 candidates with windows of 4, stride 2, is 3
+  windows; pointwise is one forward; every row has both prefix-cache settings."""
+  report = load_script("bench_listwise_cost").run(["x", "--max_queries=1", "--top_k=8", "--window=4", "--stride=2",
+                                                   "--set_size=3", "--setwise_top_k=2"])
+  for cache in ("on", "off"):
+    rows = report["prefix_cache"][cache]
+    assert rows["pointwise"]["forwards"] == 1 and rows["first"]["forwards"] == 3
+    assert rows["setwise"]["forwards"] >= 3 and all(r["seconds"] > 0 and r["prompt_tokens"] > 0
+                                                     for r in rows.values())
