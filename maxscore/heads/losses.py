@@ -5,6 +5,8 @@ The targets are the qrels grades, or for `distill` a teacher's scores."""
 import jax
 import jax.numpy as jnp
 
+from maxscore.training.first_listwise import weighted_ranknet
+
 MASK_LOGIT = -1e9  # ranking logit of padding items: exp underflows to 0, gradients stay finite
 
 
@@ -47,8 +49,10 @@ def distill_kl(logits_BxN, teacher_BxN, mask_BxN, temperature: float = 1.0):
   return t * t * kl, (mask_BxN.sum(-1) > 1).astype(jnp.float32)
 
 
+# first_listwise: FIRST's weighted RankNet over one window's identifier logits [B, K] (maxscore/training/
+# first_listwise.py), the targets each identifier's grade.
 LOSSES = {"listwise": listwise_softmax_ce, "pairwise": pairwise_logistic, "pointwise": pointwise_bce,
-          "distill": distill_kl}
+          "distill": distill_kl, "first_listwise": weighted_ranknet}
 
 
 def batch_loss(name: str, logits_BxN, targets_BxN, mask_BxN, **kw) -> jax.Array:

@@ -73,7 +73,7 @@ from maxscore.heads.features import (
 )
 from maxscore.heads.losses import MASK_LOGIT, batch_loss, probe_bce, probe_logits
 from maxscore.heads.train_config import LORA_TARGETS, TrainConfig
-from maxscore.training import checkpoint, groups, partition, trainer
+from maxscore.training import checkpoint, first_listwise, groups, partition, trainer
 from maxscore.training import lora as lora_lib
 from maxscore.training.metrics_log import MetricsLog
 from maxscore.training.optimizer import make_optimizer
@@ -107,7 +107,9 @@ def evaluate_split(cfg_head: head.HeadConfig, params, hidden, logprobs, examples
 # stands for that setting at its value here (the TrainConfig default).
 _IDENTITY_DEFAULTS = {"coverage_on": "probe", "lora_rank": 0, "lora_alpha": 16.0, "lora_targets": LORA_TARGETS,
                       "grad_accum_steps": 1, "compute_dtype": None, "param_dtype": None, "remat": "per_layer",
-                      "group_size": 0, "distill_temperature": 1.0, "select_metric": None, "patience": 0}
+                      "group_size": 0, "distill_temperature": 1.0, "select_metric": None, "patience": 0,
+                      "listwise_window": 20, "listwise_identifiers": "letters", "listwise_passage_tokens": 128,
+                      "listwise_window_tokens": 4096, "listwise_chat": True}
 
 
 def train_identity(cfg: TrainConfig) -> dict:
@@ -138,6 +140,7 @@ class Prepared:
   cached: bool = False
   match_targets: bool = False        # batches carry the token-match targets (match_loss_weight > 0)
   teacher: Optional[np.ndarray] = None  # the train split's teacher scores [Q, N] (loss=distill)
+  window_grades: Optional[dict] = None  # loss=first_listwise: per split (grades [Q, K], mask [Q, K]) per identifier
 
   @property
   def num_train(self) -> int:
@@ -156,10 +159,21 @@ def prepare(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str
                      "with quantization=int8_weights: QLoRA), or a head alone on the quantized backbone's features")
   if _lora(cfg) is not None:  # QLoRA: the int8 base stays frozen, the float adapters train
     quant.refuse_qlora(quantization, TrainError)
-  label_ids = prompts.resolve_labels(scorer.tokenizer, prompt.labels or prompts.TEMPLATES[prompt.template].default_labels)
-  examples = {"train": make_examples(scorer, train_set, prompt, label_ids)}
-  if dev_set is not None:
-    examples["dev"] = make_examples(scorer, dev_set, prompt, label_ids)
+  window_grades = None
+  if cfg.loss == "first_listwise":  # one FIRST window per query; its identifiers are the labels
+    builder = first_listwise.window_prompts(scorer.tokenizer, cfg.listwise_window, cfg.listwise_identifiers,
+                                            cfg.listwise_passage_tokens, cfg.listwise_window_tokens, cfg.listwise_chat)
+    label_ids = builder.label_ids[:cfg.listwise_window]
+    built = {s: first_listwise.window_examples(scorer, ds, builder, cfg.listwise_window)
+             for s, ds in (("train", train_set), ("dev", dev_set)) if ds is not None}
+    examples = {s: b[0] for s, b in built.items()}
+    window_grades = {s: b[1:] for s, b in built.items()}
+  else:
+    label_ids = prompts.resolve_labels(scorer.tokenizer,
+                                       prompt.labels or prompts.TEMPLATES[prompt.template].default_labels)
+    examples = {"train": make_examples(scorer, train_set, prompt, label_ids)}
+    if dev_set is not None:
+      examples["dev"] = make_examples(scorer, dev_set, prompt, label_ids)
   if not examples["train"].requests:
     raise data.DataError("the train split has no queries with candidates")
   if cfg.loss == "distill" and examples["train"].teacher is None:
@@ -167,7 +181,8 @@ def prepare(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str
                      "neg_scores in every group (scripts/score_teacher.py writes them)")
   prep = Prepared(scorer, tuple(label_ids), cfg.head_config(label_ids, scorer.config.model.hidden_size), examples,
                   {s: ex.grid() for s, ex in examples.items()},
-                  teacher=examples["train"].teacher_grid() if cfg.loss == "distill" else None)
+                  teacher=examples["train"].teacher_grid() if cfg.loss == "distill" else None,
+                  window_grades=window_grades)
   if cfg.train_backbone:
     prep.geometry = {s: packed_geometry(scorer, ex) for s, ex in examples.items()}
     prep.match_targets = cfg.match_loss_weight > 0
@@ -270,6 +285,9 @@ def make_loss_fn(cfg: TrainConfig, head_cfg: head.HeadConfig, decoder: Optional[
       h, lp = features(params["backbone"], batch, False)
     else:
       h, lp = batch["hidden"], batch["logprobs"]
+    if cfg.loss == "first_listwise":  # the head's identifier log-probs at each window's one item
+      label_lp = head.apply_head(head_cfg, params["head"], h, lp)[:, 0, :]
+      return batch_loss("first_listwise", label_lp, batch["id_grades"], batch["id_mask"]), parts
     logits = jnp.where(batch["mask"], head.relevance(head.apply_head(head_cfg, params["head"], h, lp)), MASK_LOGIT)
     if cfg.match_loss_weight:
       coverage = logits if cfg.coverage_on == "score" else probe_logits(params["match_probe"]["coverage"], h)
@@ -298,6 +316,9 @@ def make_batch(prep: Prepared, idx: np.ndarray, step: int = 0, cfg: Optional[Tra
     batch["mask"] = groups.draw_group_mask(batch["grades"], batch["mask"], idx, step, cfg.group_size, cfg.seed)
   if prep.teacher is not None:
     batch["teacher"] = prep.teacher[safe]
+  if prep.window_grades is not None:
+    id_grades, id_mask = prep.window_grades["train"]
+    batch.update(id_grades=id_grades[safe], id_mask=id_mask[safe] & valid[:, None])
   if prep.geometry is not None:
     plan = plan_packed([prep.examples["train"].requests[i] if i >= 0 else None for i in idx], prep.geometry["train"],
                        match_targets=prep.match_targets)
@@ -321,6 +342,9 @@ def dev_metrics(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, decoder:
                                        labels_K, cfg.batch_size)
   else:
     h, lp = prep.feats["dev"].hidden, prep.feats["dev"].logprobs
+  if cfg.loss == "first_listwise":  # each dev window ordered by its identifiers' scores
+    label_lp = np.asarray(head.jit_apply(prep.head_cfg)(params["head"], h, lp))[:, 0, :]
+    return {"split": "dev", **first_listwise.evaluate_windows(label_lp, prep.examples["dev"], prompt.metrics)}
   return {"split": "dev", **evaluate_split(prep.head_cfg, params["head"], h, lp, prep.examples["dev"], prompt)}
 
 

@@ -24,7 +24,13 @@ class TrainConfig:
   use_bias: bool = True            # lm_labels: a trainable bias on the label logits
   num_outputs: int = 0             # linear/mlp: 1 = one relevance logit, 0 = one logit per label
   mlp_hidden: int = 256            # mlp: hidden width
-  loss: Literal["listwise", "pairwise", "pointwise", "distill"] = "listwise"  # distill: KL to a teacher's scores
+  loss: Literal["listwise", "pairwise", "pointwise", "distill", "first_listwise"] = "listwise"  # distill: KL to a
+                                   # teacher's scores; first_listwise: FIRST's loss on a window's identifier logits
+  listwise_window: int = 20        # loss=first_listwise: passages per training window (positives first picked)
+  listwise_identifiers: str = "letters"  # loss=first_listwise: letters (A..Z) or numbers (1..100), each one token
+  listwise_passage_tokens: int = 128  # loss=first_listwise: each passage in a window cut to this many tokens
+  listwise_window_tokens: int = 4096  # loss=first_listwise: a window prompt's token budget; 0 = no limit
+  listwise_chat: bool = True       # loss=first_listwise: the window prompt is a chat user turn (false: plain text)
   distill_temperature: float = 1.0  # loss=distill: both score lists are divided by it before the softmax
   select_metric: Optional[str] = None  # keep and export the params of the best dev eval on this metric; None = last
   patience: int = 0                # with select_metric: stop after this many dev evals without a gain; 0 = never
@@ -88,7 +94,19 @@ class TrainConfig:
     if self.coverage_on not in COVERAGE_ON:
       raise TrainError(f"coverage_on={self.coverage_on!r} is not one of {list(COVERAGE_ON)}")
     self._validate_lora()
+    self._validate_first_listwise()
     return self
+
+  def _validate_first_listwise(self) -> None:
+    if self.loss != "first_listwise":
+      return
+    if self.head != "lm_labels":
+      raise TrainError(f"loss=first_listwise ranks a window by its identifier logits: it needs head=lm_labels, "
+                       f"not {self.head!r}")
+    if self.group_size or self.match_loss_weight:
+      raise TrainError("loss=first_listwise trains one window per query: group_size and match_loss_weight must be 0")
+    if self.listwise_window < 2:
+      raise TrainError(f"listwise_window={self.listwise_window} must be >= 2")
 
   def _validate_lora(self) -> None:
     if self.lora_rank < 0:
