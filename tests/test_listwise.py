@@ -231,6 +231,12 @@ def test_eval_listwise_stage_reorders_the_pointwise_head(tmp_path):
   assert (lw["forwards"], lw["forwards_per_query"]) == (4, 2.0) and lw["tokens_per_query"] > 0
   with pytest.raises(ResumeError):  # the listwise settings are part of the resume identity
     eval_lib.run_eval(scorer, dataset, dataclasses.replace(cfg, listwise_window=3), tmp_path / "lw", progress=False)
+  part = tmp_path / "part"  # one query scored, the run killed, then resumed: the outputs of the whole run
+  eval_lib.run_eval(scorer, dataset, dataclasses.replace(cfg, max_queries=1), part, progress=False)
+  resumed = eval_lib.run_eval(scorer, dataset, cfg, part, progress=False)
+  assert resumed.summary["queries_resumed"] == 1
+  for f in ("run.trec", "metrics.json", "metrics_per_query.jsonl"):
+    assert (part / f).read_bytes() == (tmp_path / "lw" / f).read_bytes(), f
 
 
 def test_eval_script_setwise_and_a_bad_listwise_flag(tmp_path, capsys, load_script):
