@@ -24,7 +24,7 @@ share one module (`attn`) and gate/up/down another (`mlp`), and the lm_head rows
 """
 
 from collections.abc import Mapping
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -80,6 +80,26 @@ def dequantize(wq: jax.Array, scale: jax.Array, contracting_axes: Sequence[int])
   return wq.astype(jnp.float32) * jnp.expand_dims(scale, tuple(contracting_axes))
 
 
+def _map_projections(params: Any, fn: Callable[[Mapping, str, tuple], dict]) -> dict:
+  """`params` with each projection weight `key` (and its `<key>_scale` sibling, if any) replaced by what
+  `fn(tree, key, contracting_axes)` returns; `tree` is the weight's module dict, and the axes follow the layer
+  axis of scanned weights. Every other leaf is kept."""
+
+  def walk(tree, module: Optional[str], scanned: bool):
+    table = _TOP if module is None else _CONTRACTING.get(module, {})
+    out = {}
+    for key, value in tree.items():
+      if isinstance(value, Mapping):
+        out[key] = walk(value, key, scanned or key == "layers")
+      elif key in table:
+        lead = 1 if scanned else 0
+        out.update(fn(tree, key, tuple(range(lead, lead + table[key]))))
+      elif not (key.endswith("_scale") and key.removesuffix("_scale") in table):
+        out[key] = value
+    return out
+  return walk(dict(params), None, False)
+
+
 def quantize_params(params: Any, mode: str) -> Any:
   """The Decoder's unboxed float params with every projection (and a separate lm_head) quantized for `mode`:
   each such weight becomes int8 and gains a `<name>_scale` sibling. `none` returns `params` unchanged.
@@ -89,20 +109,10 @@ def quantize_params(params: Any, mode: str) -> Any:
   if check(mode) == "none" or holds_int8(params):
     return params
 
-  def walk(tree, module: Optional[str], scanned: bool):
-    out = {}
-    for key, value in tree.items():
-      if isinstance(value, Mapping):
-        out[key] = walk(value, key, scanned or key == "layers")
-        continue
-      table = _TOP if module is None else _CONTRACTING.get(module, {})
-      if key not in table:
-        out[key] = value
-        continue
-      lead = 1 if scanned else 0
-      out[key], out[f"{key}_scale"] = quantize(value, tuple(range(lead, lead + table[key])))
-    return out
-  return walk(dict(params), None, False)
+  def one(tree, key, axes):
+    wq, scale = quantize(tree[key], axes)
+    return {key: wq, f"{key}_scale": scale}
+  return _map_projections(params, one)
 
 
 def dequantize_params(params: Any) -> Any:
@@ -110,21 +120,11 @@ def dequantize_params(params: Any) -> Any:
   becomes the float32 Wq * scale, the scales are dropped and every other leaf is kept as it is (float params,
   and adapters beside the weights, pass through). A QLoRA model merges its adapters into these weights."""
 
-  def walk(tree, module: Optional[str], scanned: bool):
-    out = {}
-    for key, value in tree.items():
-      if isinstance(value, Mapping):
-        out[key] = walk(value, key, scanned or key == "layers")
-        continue
-      table = _TOP if module is None else _CONTRACTING.get(module, {})
-      name = key.removesuffix("_scale")
-      if name not in table or jnp.dtype(tree[name].dtype) != jnp.int8:
-        out[key] = value
-      elif key == name:
-        lead = 1 if scanned else 0
-        out[key] = dequantize(value, tree[f"{key}_scale"], tuple(range(lead, lead + table[key])))
-    return out
-  return walk(dict(params), None, False)
+  def one(tree, key, axes):
+    if jnp.dtype(tree[key].dtype) != jnp.int8:
+      return {k: tree[k] for k in (key, f"{key}_scale") if k in tree}
+    return {key: dequantize(tree[key], tree[f"{key}_scale"], axes)}
+  return _map_projections(params, one)
 
 
 def holds_int8(params: Any) -> bool:
