@@ -256,14 +256,13 @@ def test_bf16_base_stays_frozen_while_f32_adapters_train():
                                                            lora_lib.split_adapters(after)[1]))
 
 
-def _serial_unmerged_scores(lora, params) -> np.ndarray:
-  """The oracle: each Q + I_i as its own causal row (right-padded) through the adapted, unmerged decoder;
-  full-vocabulary label probabilities at its last token."""
+def serial_logprobs(decoder, params) -> np.ndarray:
+  """Each Q + I_i as its own causal row (right-padded) through `decoder`; full-vocabulary label log-probs at its
+  last token."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp
   from layers.kernels import SegmentLayout
   from maxscore.scoring.runner import label_logprobs
-  decoder = _adapted_decoder(lora)
   seqs = [QUERY + item for item in ITEMS]
   t = max(map(len, seqs))
   tokens = jnp.asarray([s + [0] * (t - len(s)) for s in seqs], jnp.int32)
@@ -275,7 +274,12 @@ def _serial_unmerged_scores(lora, params) -> np.ndarray:
     h_NxTxD, _ = decoder.apply({"params": params}, tokens, positions, SegmentLayout.causal(valid, t))
     h_NxD = jnp.take_along_axis(h_NxTxD, (valid - 1)[:, None, None], axis=1)[:, 0]
     return label_logprobs(decoder, params, h_NxD, jnp.asarray(LABELS))
-  return np.exp(np.asarray(fn(params)))
+  return np.asarray(fn(params))
+
+
+def _serial_unmerged_scores(lora, params) -> np.ndarray:
+  """The oracle: serial_logprobs through the adapted, unmerged decoder, as probabilities."""
+  return np.exp(serial_logprobs(_adapted_decoder(lora), params))
 
 
 def test_merged_and_adapter_exports_score_equally(trained, tmp_path):

@@ -119,7 +119,7 @@ def test_the_merged_qlora_model_is_float_and_scores_as_the_qlora_model(tmp_path)
 
   # The oracle: the QLoRA model itself (int8 base + adapters, unmerged) on each Q + I_i as a causal row.
   decoder = _qlora_decoder(lora)
-  oracle = _serial_scores(decoder, after)
+  oracle = lora_tests.serial_logprobs(decoder, after)
   kw = dict(mesh=None, attention="shared_prefix")
   lora_lib.save_merged(tmp_path / "merged", after, lora, model)
   score = lambda s: np.log(s.score(lora_tests.QUERY, lora_tests.ITEMS, lora_tests.LABELS, apply_softmax=False,
@@ -146,23 +146,6 @@ def test_the_merged_qlora_model_is_float_and_scores_as_the_qlora_model(tmp_path)
   float_merged = Scorer(merged_scorer.config, lora_lib.merge(lora_lib.add_adapters(
       base, lora_lib.split_adapters(after)[1]), lora), mesh=None)
   assert np.abs(score(float_merged) - oracle).max() > 10 * MERGE_ATOL
-
-
-def _serial_scores(decoder, params) -> np.ndarray:
-  from layers.kernels import SegmentLayout
-  from maxscore.scoring.runner import label_logprobs
-  seqs = [lora_tests.QUERY + item for item in lora_tests.ITEMS]
-  t = max(map(len, seqs))
-  tokens = jnp.asarray([s + [0] * (t - len(s)) for s in seqs], jnp.int32)
-  valid = jnp.asarray([len(s) for s in seqs], jnp.int32)
-
-  @jax.jit
-  def fn(params):
-    positions = jnp.broadcast_to(jnp.arange(t), tokens.shape)
-    h_NxTxD, _ = decoder.apply({"params": params}, tokens, positions, SegmentLayout.causal(valid, t))
-    h_NxD = jnp.take_along_axis(h_NxTxD, (valid - 1)[:, None, None], axis=1)[:, 0]
-    return label_logprobs(decoder, params, h_NxD, jnp.asarray(lora_tests.LABELS))
-  return np.asarray(fn(params))
 
 
 def test_dequantize_params_inverts_quantize_params_up_to_half_a_step():
