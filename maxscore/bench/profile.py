@@ -28,6 +28,7 @@ from layers.decoder import Decoder
 from layers.kernels import SegmentLayout, get_kernel
 from layers.kernels import shared_prefix as sp
 from maxscore.bench.harness import BenchOptions, bench_config
+from maxscore.bench.workloads import make_requests
 from maxscore.scoring import runner as runner_lib
 from maxscore.scoring.layout import bucket
 from maxscore.scoring.scorer import Scorer
@@ -163,10 +164,8 @@ def hf_profile(opts: ProfileOptions) -> dict[str, float]:
   from maxscore.bench.hf_baseline import hf_label_logprobs, hf_model_like
   cfg = bench_config(BenchOptions(model=opts.model, num_layers=opts.num_layers))
   model = hf_model_like(cfg.model)
-  rng = np.random.default_rng(0)
-  request = dict(query=rng.integers(0, cfg.model.vocab_size, opts.query_len).tolist(),
-                 items=[rng.integers(0, cfg.model.vocab_size, opts.item_len).tolist() for _ in range(opts.num_items)],
-                 label_token_ids=[x % cfg.model.vocab_size for x in LABELS])
+  request = make_requests(cfg.model.vocab_size, opts.query_len, opts.num_items, opts.item_len,
+                          [x % cfg.model.vocab_size for x in LABELS])[0]
   run = lambda: hf_label_logprobs(model, request, opts.num_items, cfg.scoring.separator_token_id)
   run()
   walls = []
