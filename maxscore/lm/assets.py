@@ -46,6 +46,7 @@ from maxscore.heads import train as train_lib
 from maxscore.heads import train_config
 from maxscore.lm import corpus as corpus_lib
 from maxscore.lm import default_set
+from maxscore.lm import docs_set
 from maxscore.lm import pairs as pairs_lib
 from maxscore.lm import pretrain as pretrain_lib
 from maxscore.lm import tokenizer_training
@@ -83,6 +84,9 @@ class AssetOptions:
   finetune_full_warmup_steps: int = 20
   finetune_full_coverage_on: str = "score"
   bm25_top_k: int = 30
+  docs_html: Optional[str] = None     # the Python documentation's HTML (`make docs-source`); None = keep the shipped python_docs_beir/
+  docs_test_queries: int = 150        # python_docs_beir/: test queries (whole pages, so a few more)
+  docs_dev_queries: int = 100         # python_docs_beir/: dev queries (whole pages)
   data_only: bool = False
   overwrite: bool = False
 
@@ -91,7 +95,8 @@ class AssetOptions:
     at_least = {"min_tokens": 1, "num_candidates": 2, "layout_vocab_size": 256, "finetune_queries": 1,
                 "finetune_steps": 1, "finetune_batch_size": 1, "pretrain_steps": 0, "finetune_keyword_queries": 0,
                 "finetune_match_weight": 0, "finetune_warmup_steps": 0, "finetune_max_item_tokens": 0,
-                "finetune_full_steps": 0, "finetune_full_warmup_steps": 0, "bm25_top_k": 1}
+                "finetune_full_steps": 0, "finetune_full_warmup_steps": 0, "bm25_top_k": 1,
+                "docs_test_queries": 1, "docs_dev_queries": 1}
     bad = [f"{k}={getattr(self, k)} must be >= {v}" for k, v in at_least.items() if getattr(self, k) < v]
     if self.max_tokens < self.min_tokens:
       bad.append(f"max_tokens={self.max_tokens} must be >= min_tokens={self.min_tokens}")
@@ -155,7 +160,22 @@ def write_rerank_data_only(options: AssetOptions) -> pathlib.Path:
     built = rerank_data(options, layout_tokenizer(tmp, options))
   out = output_dir(options)
   out.mkdir(parents=True, exist_ok=True)
+  write_docs_set(options, out)
   return write_rerank_data(out, built)
+
+
+def write_docs_set(options: AssetOptions, out: pathlib.Path) -> Optional[pathlib.Path]:
+  """python_docs_beir/ under `out` from `docs_html` (maxscore/lm/docs_set.py); None when no docs_html is given."""
+  if not options.docs_html:
+    return None
+  sections = docs_set.read_sections(options.docs_html)
+  files = docs_set.build_files(sections, options.seed, options.docs_test_queries, options.docs_dev_queries,
+                               options.bm25_top_k)
+  target = out / data.DEFAULT_DOCS_DIR.name
+  for name, text in files.items():
+    (target / name).parent.mkdir(parents=True, exist_ok=True)
+    safety.atomic_write_text(target / name, text)
+  return target
 
 
 def prepare_directories(options: AssetOptions) -> None:
@@ -229,6 +249,7 @@ def _data(options: AssetOptions, out: pathlib.Path,
                                   hard_negatives=options.finetune_hard_negatives,
                                   keyword_queries=options.finetune_keyword_queries,
                                   min_tokens=options.min_tokens, max_tokens=options.max_tokens)
+  write_docs_set(options, out)
   jsonl, pairs_file = write_rerank_data(out, built), work / PAIRS_FILE
   _write_jsonl(pairs_file, pairs)
   info = {"queries": len(pairs), "from": dict(collections.Counter(_pairs_source(r["qid"]) for r in pairs))}

@@ -33,6 +33,8 @@ DEFAULT_CHECKPOINT = DEFAULT_DIR / "pydoc-tiny-qwen3"
 DEFAULT_JSONL = DEFAULT_DIR / "pydoc_rerank.jsonl"
 DEFAULT_BEIR_DIR = DEFAULT_DIR / "pydoc_beir"        # the same queries over the whole corpus (BEIR layout)
 DEFAULT_RUN = DEFAULT_BEIR_DIR / "bm25.trec"          # its BM25 first stage (maxscore/lm/default_set.py)
+DEFAULT_DOCS_DIR = DEFAULT_DIR / "python_docs_beir"   # the held-out set: the Python docs' section titles (maxscore/lm/docs_set.py)
+DEFAULT_DOCS_RUN = DEFAULT_DOCS_DIR / "bm25.trec"
 
 Qrels = dict[str, dict[str, int]]
 
