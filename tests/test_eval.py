@@ -126,6 +126,8 @@ def test_no_arguments_runs_the_embedded_default(scorer, tmp_path, monkeypatch, c
   assert set(tests) == {(r, m) for r in ("reranked", "fused") for m in saved["metrics"]}
   assert float(reranked[2]) == pytest.approx(tests["reranked", "ndcg_cut_10"]["delta"], abs=5e-5)
   assert reranked[3].rstrip("†") == f"p={tests['reranked', 'ndcg_cut_10']['p_randomization_holm']:.3f}"
+  t = tests["reranked", "ndcg_cut_10"]  # the first metric's 95% bootstrap interval, around its delta
+  assert reranked[4] == f"[{t['ci_low']:+.3f},{t['ci_high']:+.3f}]" and t["ci_low"] <= t["delta"] <= t["ci_high"]
   assert fused[5].rstrip("†") == f"p={tests['fused', 'ndcg_cut_10']['p_randomization_holm']:.3f}"
   # fusion.trec is RRF of run.trec and BM25's run at the same depth.
   bm25_run = {q: v for q, v in data.read_trec_run(data.DEFAULT_RUN).items() if q in saved_qids(out)}

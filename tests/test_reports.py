@@ -261,3 +261,20 @@ def test_eval_script_console_is_quiet_and_logs_to_a_file(tmp_path):
   assert re.search(r"^I\d{4} .*eval: 1 queries", log, re.M) and "orbax" in log.lower()
   loud = subprocess.run(cmd + ["-v"], env=env, capture_output=True, text=True, timeout=300)
   assert loud.returncode == 0 and re.search(r"^I\d{4} .*eval: 1 queries", loud.stderr, re.M)
+
+
+def test_bootstrap_interval_of_the_mean_difference():
+  rng = np.random.default_rng(3)
+  d = rng.normal(0.05, 0.2, size=400)
+  low, high = significance.bootstrap_ci(d)
+  # For many queries the percentile interval is close to the normal one, mean +- 1.96 sd / sqrt(n).
+  half = 1.96 * d.std(ddof=1) / np.sqrt(d.size)
+  assert low < d.mean() < high
+  assert low == pytest.approx(d.mean() - half, abs=0.15 * half) and high == pytest.approx(d.mean() + half, abs=0.15 * half)
+  assert significance.bootstrap_ci(d, level=0.5)[1] - significance.bootstrap_ci(d, level=0.5)[0] < high - low
+  assert significance.bootstrap_ci(d) == (low, high)  # seeded
+  assert significance.bootstrap_ci([0.25]) == (0.25, 0.25) and significance.bootstrap_ci([0.0, 0.0]) == (0.0, 0.0)
+  r = significance.paired(d + 1.0, np.ones_like(d))
+  assert (r.ci_low, r.ci_high) == pytest.approx((low, high))
+  with pytest.raises(ValueError, match="level"):
+    significance.bootstrap_ci(d, level=1.0)

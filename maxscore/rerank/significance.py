@@ -7,6 +7,8 @@
   else estimated from `num_samples` random sign vectors (the observed one counted, so p > 0).
 * `holm`: Holm-Bonferroni adjusted p-values across the comparisons made.
 * `effect_size`: Cohen's d for paired samples (mean / standard deviation of d).
+* `bootstrap_ci`: a confidence interval of the mean difference, by the percentile bootstrap over queries
+  (scipy.stats.bootstrap, `num_samples` resamples, seeded).
 """
 
 import dataclasses
@@ -104,6 +106,20 @@ def effect_size(d) -> Optional[float]:
   return float(d.mean()) / sd if sd > 0 else None
 
 
+def bootstrap_ci(d, level: float = 0.95, num_samples: int = 10_000, seed: int = 0) -> tuple[float, float]:
+  """(low, high): the percentile bootstrap interval of mean(d) at `level` (scipy.stats.bootstrap, queries
+  resampled with replacement); constant differences, one query included, give (d, d)."""
+  d = _diffs(d)
+  if not 0.0 < level < 1.0:
+    raise ValueError(f"level must be in (0, 1), got {level}")
+  if np.all(d == d[0]):
+    return float(d[0]), float(d[0])
+  from scipy import stats  # pylint: disable=import-outside-toplevel  (seconds to import; only when testing)
+  r = stats.bootstrap((d,), np.mean, n_resamples=num_samples, confidence_level=level, method="percentile",
+                      random_state=np.random.default_rng(seed))
+  return float(r.confidence_interval.low), float(r.confidence_interval.high)
+
+
 @dataclasses.dataclass(frozen=True)
 class PairedResult:
   """One system-vs-baseline comparison on one metric (p-values before any correction)."""
@@ -117,17 +133,20 @@ class PairedResult:
   wins: int
   ties: int
   losses: int
+  ci_low: float         # 95% percentile-bootstrap interval of delta (bootstrap_ci)
+  ci_high: float
 
 
 def paired(system: Sequence[float], baseline: Sequence[float], num_samples: int = 10_000,
            seed: int = 0) -> PairedResult:
-  """Both tests, the effect size and wins/ties/losses of `system` against `baseline`, query by query."""
+  """Both tests, the effect size, the delta's 95% bootstrap interval and wins/ties/losses of `system` against `baseline`, query by query."""
   s, b = np.asarray(system, np.float64), np.asarray(baseline, np.float64)
   if s.shape != b.shape:
     raise ValueError(f"paired values need one per query on both sides, got {s.shape} and {b.shape}")
   d = _diffs(s - b)
   t, p_t = paired_t(d)
   p_r, method = randomization(d, num_samples, seed)
+  ci_low, ci_high = bootstrap_ci(d, 0.95, num_samples, seed)
   return PairedResult(queries=d.size, delta=float(d.mean()), t=t, p_t=p_t, p_randomization=p_r,
                       randomization_method=method, effect_size=effect_size(d), wins=int(np.sum(d > 0)),
-                      ties=int(np.sum(d == 0)), losses=int(np.sum(d < 0)))
+                      ties=int(np.sum(d == 0)), losses=int(np.sum(d < 0)), ci_low=ci_low, ci_high=ci_high)

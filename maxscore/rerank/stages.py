@@ -137,7 +137,8 @@ def evaluate(qrels: metrics.Qrels, queries: Sequence[data.RerankQuery], reranked
   result = compare.compare_per_query({k: {q: v[q] for q in reranked_per_query} for k, v in evaluated.items()},
                                      names, baseline=FIRST)
   tests = [{k: t[k] for k in ("run", "metric", "delta", "p_randomization", "p_randomization_holm", "p_t",
-                               "p_t_holm", "randomization_method", "wins", "ties", "losses", "significant")}
+                               "p_t_holm", "randomization_method", "wins", "ties", "losses", "ci_low", "ci_high",
+                               "significant")}
            for t in result.tests]
   return Stages(result.means, fused_run, fused_pq, settings, tests)
 
@@ -156,16 +157,19 @@ def table(s: Stages, first_stage_name: str = FIRST) -> list[str]:
            FUSED: f"{FUSED} ({fusion.params_text(s.fusion['method'], s.fusion.get('alpha'), s.fusion.get('rrf_k', 0))})"
            if FUSED in s.means else FUSED, FUSED_NO_RERANKER: FUSED_NO_RERANKER}
   lw = max(len(v) for v in label.values())
-  lines = [(f"  {'run':<{lw}} " + " ".join(f"{n:<{width}}" for n in names)).rstrip()]
+  lines = [(f"  {'run':<{lw}} " + " ".join(f"{n:<{width + (16 if i == 0 else 0)}}" for i, n in enumerate(names))).rstrip()]
   for run, means in s.means.items():
     cells = []
-    for n in names:
+    for i, n in enumerate(names):
       t = by.get((run, n))
       cell = f"{means[n]:.4f}" if t is None else (
           f"{means[n]:.4f} {t['delta']:+.4f} p={t['p_randomization_holm']:.3f}{compare.MARK if t['significant'] else ''}")
-      cells.append(f"{cell:<{width}}")
+      if t is not None and i == 0:  # the first metric's delta with its 95% interval
+        cell += f" [{t['ci_low']:+.3f},{t['ci_high']:+.3f}]"
+      cells.append(f"{cell:<{width + (16 if i == 0 else 0)}}")
     lines.append(f"  {label[run]:<{lw}} " + " ".join(cells).rstrip())
   if s.tests:
     lines.append(f"  (delta and p against the {first_stage_name}: paired randomization test, two-sided, "
-                 f"Holm over {len(s.tests)} comparisons; {compare.MARK} p < 0.05)")
+                 f"Holm over {len(s.tests)} comparisons; {compare.MARK} p < 0.05; [low,high]: the 95% interval of "
+                 f"the {names[0]} delta, percentile bootstrap over queries)")
   return lines
