@@ -2,6 +2,8 @@
 
   python scripts/build_default_assets.py          # about 28 min on 2 CPU cores; resumes where a killed run stopped
   python scripts/build_default_assets.py --data_only   # just the rerank set and its BEIR layout (seconds)
+  python scripts/build_default_assets.py --recipe_only # the fine-tuning recipe from the shipped model (minutes)
+  make docs-source && python scripts/build_default_assets.py --data_only --docs_html=out/python-docs/usr/share/doc/python3.11/html
 
 The steps (rerank set, pretraining, fine-tuning pairs, two fine-tuning stages, manifest) are
 maxscore/lm/assets.py's; every flag is a key of configs/assets.yml. Prints the manifest JSON.
@@ -34,6 +36,9 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     return
   with cli.one_line_errors():
     assets.prepare_directories(options)
+  if options.recipe_only:
+    print(json.dumps(assets.build_recipe_only(options), indent=2))
+    return
   print(json.dumps(assets.build(options), indent=2))
 
 

