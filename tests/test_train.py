@@ -277,6 +277,48 @@ def test_remat_decoder_matches_decoder():
   assert "remat" in str(jax.make_jaxpr(jax.grad(loss))(scorer.runner.params))
 
 
+def test_a_group_packs_only_its_drawn_items_with_the_same_features():
+  """A training group's row holds only the items drawn for the step: their hidden states and label
+  log-probs equal those of the row that packs every item (items never see each other)."""
+  scorer = eval_lib.build_scorer(use_head=False)
+  ex = features.make_examples(scorer, _split("train", 2), eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=6),
+                               (4, 5))
+  reqs = [dataclasses.replace(r, items=r.items[:5]) for r in ex.requests]
+  p, l, _ = features.packed_geometry(scorer, ex)
+  attend = scorer.runner.decoder("shared_prefix").attend
+  labels = jnp.asarray([4, 5])
+  run = lambda plan: features.packed_features(Decoder(scorer.config.model, attend), scorer.runner.params, plan.batch,
+                                              plan.gather_QxN, labels)
+  whole = features.plan_packed(reqs, (p, l, 8))
+  columns = [[0, 2, 4], [1, 3]]
+  drawn = features.plan_packed(reqs, (p, l, 4), columns=columns, num_columns=8)
+  assert drawn.batch["tokens"].shape[1] < whole.batch["tokens"].shape[1]
+  assert drawn.gather_QxN.shape == (2, 8) and drawn.mask_QxN.sum(-1).tolist() == [3, 2]
+  (h0, lp0), (h1, lp1) = run(whole), run(drawn)
+  for q, cols in enumerate(columns):
+    assert drawn.mask_QxN[q, cols].all()
+    np.testing.assert_allclose(h1[q, cols], h0[q, cols], atol=2e-5, rtol=0)
+    np.testing.assert_allclose(lp1[q, cols], lp0[q, cols], atol=2e-5, rtol=0)
+  with pytest.raises(ValueError, match="match targets"):
+    features.plan_packed(reqs, (p, l, 4), match_targets=True, columns=columns, num_columns=8)
+
+
+def test_train_backbone_with_groups_packs_the_drawn_group():
+  """With group_size, a train_backbone step's rows have room for the group alone, and the gather finds each
+  drawn item (the mask's) in them."""
+  cfg = TrainConfig(train_backbone=True, group_size=3, batch_size=2)
+  prep = train_lib.prepare(cfg, PROMPT, None, _split("train", 2), None, progress=False)
+  whole = features.packed_geometry(prep.scorer, prep.examples["train"])
+  assert prep.geometry["train"][:2] == whole[:2] and 3 <= prep.geometry["train"][2] < whole[2]  # 24 candidates
+  batch, items = train_lib.make_batch(prep, np.array([0, 1]), step=0, cfg=cfg)
+  assert items == 6 and batch["gather"].shape == batch["mask"].shape
+  n = prep.geometry["train"][2]
+  assert batch["packed"]["tokens"].shape[0] == 2
+  for q in range(2):
+    slots = sorted(batch["gather"][q][batch["mask"][q]])
+    assert len(set(slots)) == 3 and all(q * n <= x < (q + 1) * n for x in slots)  # in the query's own row
+
+
 @pytest.mark.slow
 def test_train_backbone_two_steps(tmp_path):
   cfg = TrainConfig(train_backbone=True, batch_size=2, num_steps=2, eval_every=0, warmup_steps=0,

@@ -182,15 +182,24 @@ def packed_geometry(scorer: Scorer, examples: Examples) -> tuple[int, int, int]:
 
 
 def plan_packed(reqs: Sequence[Optional[TokenRequest]], geometry: tuple[int, int, int],
-                match_targets: bool = False) -> PackedPlan:
+                match_targets: bool = False, columns: Optional[Sequence[Sequence[int]]] = None,
+                num_columns: Optional[int] = None) -> PackedPlan:
   """Each request in one packed row of the fixed geometry (None = an empty padding row); with
-  `match_targets`, also the targets of the auxiliary match losses."""
+  `match_targets`, also the targets of the auxiliary match losses. With `columns`, request i packs only its
+  items columns[i] (e.g. the ones a training group drew), and the gather is [len(reqs), num_columns] over
+  the requests' item indices, 0 where an item was not packed."""
   p, l, n = geometry
-  rows = [RowSpec(i, r.prefix, tuple(range(len(r.items))), r.items, l) for i, r in enumerate(reqs) if r is not None]
+  if columns is not None and match_targets:
+    raise ValueError("match targets cover every item of a request: they cannot be planned for chosen columns")
+  picked = [() if r is None else range(len(r.items)) if columns is None else [int(c) for c in columns[i]]
+            for i, r in enumerate(reqs)]
+  rows = [RowSpec(i, r.prefix, tuple(picked[i]), tuple(r.items[c] for c in picked[i]), l)
+          for i, r in enumerate(reqs) if r is not None]
   pb = pack_rows(rows, p, l, n, len(reqs))
   layout = SegmentLayout(jnp.asarray(pb.prefix_valid_B), jnp.asarray(pb.slot_valid_BxN), p, l, n)
-  gather = np.zeros((len(reqs), n), np.int32)
-  mask = np.zeros((len(reqs), n), bool)
+  width = n if num_columns is None else num_columns
+  gather = np.zeros((len(reqs), width), np.int32)
+  mask = np.zeros((len(reqs), width), bool)
   for b, j in zip(*np.nonzero(pb.item_BxN >= 0)):
     gather[pb.request_BxN[b, j], pb.item_BxN[b, j]] = b * n + j
     mask[pb.request_BxN[b, j], pb.item_BxN[b, j]] = True

@@ -73,6 +73,7 @@ from maxscore.heads.features import (
 )
 from maxscore.heads.losses import MASK_LOGIT, batch_loss, probe_bce, probe_logits
 from maxscore.heads.train_config import LORA_TARGETS, TrainConfig
+from maxscore.scoring.layout import bucket
 from maxscore.training import checkpoint, first_listwise, groups, partition, trainer
 from maxscore.training import lora as lora_lib
 from maxscore.training.metrics_log import MetricsLog
@@ -186,6 +187,10 @@ def prepare(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str
   if cfg.train_backbone:
     prep.geometry = {s: packed_geometry(scorer, ex) for s, ex in examples.items()}
     prep.match_targets = cfg.match_loss_weight > 0
+    if cfg.group_size and not prep.match_targets:  # a row packs only the group drawn for the step
+      p, l, n = prep.geometry["train"]
+      prep.geometry["train"] = (p, l, min(n, bucket(cfg.group_size, scorer.config.buckets.item_count_buckets,
+                                                    "group size")))
   else:
     prep.feats = load_or_extract(scorer, examples, feature_cache, cfg.algorithm, progress)
     prep.feature_seconds = sum(f.seconds for f in prep.feats.values())
@@ -320,8 +325,12 @@ def make_batch(prep: Prepared, idx: np.ndarray, step: int = 0, cfg: Optional[Tra
     id_grades, id_mask = prep.window_grades["train"]
     batch.update(id_grades=id_grades[safe], id_mask=id_mask[safe] & valid[:, None])
   if prep.geometry is not None:
-    plan = plan_packed([prep.examples["train"].requests[i] if i >= 0 else None for i in idx], prep.geometry["train"],
-                       match_targets=prep.match_targets)
+    reqs = [prep.examples["train"].requests[i] if i >= 0 else None for i in idx]
+    if cfg is not None and cfg.group_size and not prep.match_targets:  # only the drawn items are packed
+      plan = plan_packed(reqs, prep.geometry["train"], columns=[np.nonzero(m)[0] for m in batch["mask"]],
+                         num_columns=grades.shape[1])
+    else:
+      plan = plan_packed(reqs, prep.geometry["train"], match_targets=prep.match_targets)
     batch.update(packed=plan.batch, gather=plan.gather_QxN[:, :grades.shape[1]])
     if prep.match_targets:
       batch.update(match=plan.match_BxT, match_mask=plan.match_mask_BxT,
