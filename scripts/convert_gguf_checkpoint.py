@@ -26,6 +26,7 @@ class GGUFConvertOptions:
   output_dir: Optional[str] = None
   dtype: Literal["float32", "bfloat16"] = "float32"
   quantize: Literal["none", "int8"] = "none"
+  keep_layers: int = 0
   overwrite: bool = False
 
 
@@ -43,7 +44,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     opts = cli.entry_from_flags(fv, ENTRY, SECTIONS)["convert_gguf"]
     cli.require(opts, "gguf", "output_dir")
     out = convert_gguf_checkpoint(opts.gguf, opts.output_dir, opts.dtype, overwrite=opts.overwrite,
-                                  quantize=opts.quantize)
+                                  quantize=opts.quantize, keep_layers=opts.keep_layers)
   logging.info("wrote %s", out)
   print(out)
 

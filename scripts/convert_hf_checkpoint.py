@@ -24,6 +24,7 @@ class ConvertOptions:
   output_dir: Optional[str] = None
   dtype: Literal["float32", "bfloat16"] = "float32"
   quantize: Literal["none", "int8"] = "none"
+  keep_layers: int = 0
   overwrite: bool = False
 
 
@@ -41,7 +42,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     opts = cli.entry_from_flags(fv, ENTRY, SECTIONS)["convert"]
     cli.require(opts, "hf_dir", "output_dir")
     out = convert_hf_checkpoint(opts.hf_dir, opts.output_dir, opts.dtype, overwrite=opts.overwrite,
-                                quantize=opts.quantize)
+                                quantize=opts.quantize, keep_layers=opts.keep_layers)
   logging.info("wrote %s", out)
   print(out)
 

@@ -134,3 +134,32 @@ def test_an_unrelated_output_dir_is_refused_with_or_without_overwrite(three_laye
     with pytest.raises(UnsafeOutputError):
       convert_hf_checkpoint(three_layer_dir, out, overwrite=overwrite)
   assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "keep"
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
+def test_keep_layers_is_the_model_of_its_first_layers(tmp_path, family):
+  """keep_layers=2 of a 3-layer model: logits equal transformers' model loaded with num_hidden_layers=2 from the
+  same directory (the first two layers, the final norm and the head); out of range is one clear error."""
+  import transformers
+  from maxscore import Scorer
+  from maxscore.checkpoints.convert import convert_gguf_checkpoint
+  from maxscore.testing.hf_models import hf_logits
+  from maxscore.testing.gguf_files import write_gguf
+  extra = {"rope_scaling": None} if family == "llama" else {}  # the GGUF writer of the tests keeps default RoPE only
+  whole = make_hf_model(family, vocab_size=96, num_hidden_layers=3, **extra)
+  hf_dir = save_hf_model(whole, tmp_path / "hf")
+  model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, num_hidden_layers=2,
+                                                            attn_implementation="eager").eval()
+  assert model.config.num_hidden_layers == 2
+  tokens = np.arange(40) * 7 % 96
+  scorer = Scorer.from_checkpoint(convert_hf_checkpoint(hf_dir, tmp_path / "ckpt", keep_layers=2))
+  assert scorer.config.model.num_layers == 2
+  np.testing.assert_allclose(scorer.logits(tokens), hf_logits(model, tokens), atol=1e-4, rtol=0)
+  for bad in (4, -1):
+    with pytest.raises(ConversionError, match=f"keep_layers={bad} must be between 1 and the model's 3 layers"):
+      convert_hf_checkpoint(hf_dir, tmp_path / f"bad{bad}", keep_layers=bad)
+  gguf = write_gguf(whole, tmp_path / "m.gguf") or tmp_path / "m.gguf"
+  from_gguf = Scorer.from_checkpoint(convert_gguf_checkpoint(gguf, tmp_path / "g", keep_layers=2))
+  np.testing.assert_allclose(from_gguf.logits(tokens), hf_logits(model, tokens), atol=1e-4, rtol=0)
+  with pytest.raises(ConversionError, match="keep_layers=9"):
+    convert_gguf_checkpoint(gguf, tmp_path / "g9", keep_layers=9)

@@ -313,8 +313,9 @@ def _shorten(names: list[str], limit: int = 8) -> str:
   return ", ".join(names[:limit]) + more
 
 
-def check_tensors(reader: _TensorReader, cfg: ModelConfig) -> None:
-  """Every expected tensor present with the config's shape and a float dtype; no tensor left unused."""
+def check_tensors(reader: _TensorReader, cfg: ModelConfig, source_layers: Optional[int] = None) -> None:
+  """Every expected tensor present with the config's shape and a float dtype; no tensor left unused, except
+  the layers from cfg.num_layers to `source_layers` of a checkpoint cut to its first layers (`keep_layers`)."""
   expected = {name: shape for _, name, shape, _ in _global_specs(cfg)}
   for _, template, shape, _ in _layer_specs(cfg):
     expected.update({f"model.layers.{i}.{template}": shape for i in range(cfg.num_layers)})
@@ -333,6 +334,9 @@ def check_tensors(reader: _TensorReader, cfg: ModelConfig) -> None:
                           (f" and {len(bad) - 8} more" if len(bad) > 8 else ""))
   allowed = dict(UNUSED_TENSORS, **(TIED_UNUSED if cfg.tie_word_embeddings else {}))
   unused = sorted(n for n in reader.names() - set(expected) if not any(re.fullmatch(p, n) for p in allowed))
+  if source_layers:
+    cut = re.compile(r"model\.layers\.(\d+)\.")
+    unused = [n for n in unused if not ((m := cut.match(n)) and cfg.num_layers <= int(m.group(1)) < source_layers)]
   if unused:
     raise ConversionError(f"tensors in {reader.files_name} that {reader.config_name} does not use (a conversion "
                           f"would drop them): {_shorten(unused)}")
@@ -355,10 +359,10 @@ def _check_tied_lm_head(reader: _TensorReader, cfg: ModelConfig) -> None:
                           "to what the checkpoint was trained with")
 
 
-def convert_params(reader: _TensorReader, cfg: ModelConfig, dtype) -> dict:
+def convert_params(reader: _TensorReader, cfg: ModelConfig, dtype, source_layers: Optional[int] = None) -> dict:
   """The Decoder param tree (numpy) from HF tensors; layers stacked on axis 0. Checks come first;
   a tensor holding NaN or Inf is refused, naming it."""
-  check_tensors(reader, cfg)
+  check_tensors(reader, cfg, source_layers)
   _check_tied_lm_head(reader, cfg)
   params: dict = {}
   non_finite: list[str] = []
@@ -408,8 +412,20 @@ def _check_output_dir(output_dir: os.PathLike, source: pathlib.Path, overwrite: 
     raise UnsafeOutputError(f"output_dir {output_dir} already exists; pass --overwrite to replace it")
 
 
+def keep_first_layers(cfg: ModelConfig, keep_layers: int) -> tuple[ModelConfig, Optional[int]]:
+  """(the config of the model's first `keep_layers` decoder layers, the source's layer count) for a layerwise
+  backbone, as bge-reranker-v2-minicpm-layerwise reads an early layer; 0 keeps every layer: (cfg, None). A
+  cycled layer_pattern describes the first layers as it does the whole stack."""
+  if not keep_layers:
+    return cfg, None
+  if not 1 <= keep_layers <= cfg.num_layers:
+    raise ConversionError(f"keep_layers={keep_layers} must be between 1 and the model's {cfg.num_layers} layers "
+                          "(0 keeps them all)")
+  return dataclasses.replace(cfg, num_layers=keep_layers), cfg.num_layers
+
+
 def convert_hf_checkpoint(hf_dir: os.PathLike, output_dir: os.PathLike, dtype: str = "float32",
-                          overwrite: bool = False, quantize: str = "none") -> pathlib.Path:
+                          overwrite: bool = False, quantize: str = "none", keep_layers: int = 0) -> pathlib.Path:
   """Converts a Hugging Face directory of a supported family into a self-describing maxscore checkpoint.
 
   Args:
@@ -417,6 +433,8 @@ def convert_hf_checkpoint(hf_dir: os.PathLike, output_dir: os.PathLike, dtype: s
     output_dir: the new checkpoint directory; it may not be (or lie inside) `hf_dir`.
     dtype: float32 or bfloat16, the stored weights' dtype.
     overwrite: replace an existing `output_dir`, only when maxscore wrote it (maxscore/files/safety.py).
+    keep_layers: keep only the first this many decoder layers (then the final norm and the head, as the whole
+      model has them); 0 keeps every layer.
     quantize: none, or int8: store the projections (and a separate lm_head) as int8 weights with float32
       per-output-channel scales, as a scorer quantizes them at load (layers/quantization.py); maxscore.json
       then says `"quantization": "int8"`, and the checkpoint scores with quantization=int8_weights or int8.
@@ -437,11 +455,11 @@ def convert_hf_checkpoint(hf_dir: os.PathLike, output_dir: os.PathLike, dtype: s
   if not hf_dir.is_dir():
     raise ConversionError(f"--hf_dir {hf_dir} does not exist or is not a directory")
   _check_output_dir(output_dir, hf_dir, overwrite)
-  cfg = _read_hf_config(hf_dir / "config.json")
+  cfg, source_layers = keep_first_layers(_read_hf_config(hf_dir / "config.json"), keep_layers)
   logging.info("converting %s (%s, %d layers, %.1fM params) to %s", hf_dir, cfg.family, cfg.num_layers,
                cfg.num_params() / 1e6, output_dir)
   try:
-    params = convert_params(_TensorReader(hf_dir), cfg, DTYPES[dtype])
+    params = convert_params(_TensorReader(hf_dir), cfg, DTYPES[dtype], source_layers)
   except (SafetensorError, OSError, ValueError) as e:
     if isinstance(e, ConversionError):
       raise
@@ -491,7 +509,7 @@ def _int8_params(params: dict, reader, cfg: ModelConfig, dtype) -> dict:
 
 
 def convert_gguf_checkpoint(gguf_path: os.PathLike, output_dir: os.PathLike, dtype: str = "float32",
-                            overwrite: bool = False, quantize: str = "none") -> pathlib.Path:
+                            overwrite: bool = False, quantize: str = "none", keep_layers: int = 0) -> pathlib.Path:
   """Converts a GGUF file (llama.cpp's format) of a supported architecture into a self-describing checkpoint.
 
   The metadata becomes the model config (as the config.json it stands for), the tensors are dequantized to
@@ -505,6 +523,7 @@ def convert_gguf_checkpoint(gguf_path: os.PathLike, output_dir: os.PathLike, dty
     overwrite: replace an existing `output_dir`, only when maxscore wrote it.
     quantize: none, or int8: store the projections (and a separate lm_head) as int8 with float32 per-output-channel
       scales, as convert_hf_checkpoint does; Q8_0 tensors keep their codes where that is exact (`_int8_params`).
+    keep_layers: keep only the first this many decoder layers, as convert_hf_checkpoint; 0 keeps every layer.
 
   Returns:
     The checkpoint directory (params/, maxscore.json and, when the GGUF has tokenizer metadata, tokenizer/).
@@ -527,8 +546,10 @@ def convert_gguf_checkpoint(gguf_path: os.PathLike, output_dir: os.PathLike, dty
     f = gguf_reader.GGUFFile(path)
     hf = gguf_reader.hf_config(f)
     try:
-      cfg = model_config_from_hf(hf)
+      cfg, source_layers = keep_first_layers(model_config_from_hf(hf), keep_layers)
     except ConversionError as e:
+      if str(e).startswith("keep_layers="):
+        raise
       raise ConversionError(f"{path}: its metadata, read as {e}") from None
     except KeyError as e:
       raise ConversionError(f"{path}: the metadata lacks {gguf_reader.gguf_key(f, e.args[0])}") from None
@@ -538,9 +559,9 @@ def convert_gguf_checkpoint(gguf_path: os.PathLike, output_dir: os.PathLike, dty
       files = gguf_tokenizer.build_tokenizer(f, pathlib.Path(tmp)) or ()
       reader = gguf_reader.GGUFTensorReader(f, hf)
       if quantize == "int8":
-        params = _int8_params(convert_params(reader, cfg, np.float32), reader, cfg, DTYPES[dtype])
+        params = _int8_params(convert_params(reader, cfg, np.float32, source_layers), reader, cfg, DTYPES[dtype])
       else:
-        params = convert_params(reader, cfg, DTYPES[dtype])
+        params = convert_params(reader, cfg, DTYPES[dtype], source_layers)
       return save_checkpoint(output_dir, params, cfg, tokenizer_files=files, overwrite=overwrite, inputs=(path,))
   except gguf_reader.GGUFError as e:
     raise ConversionError(str(e)) from None
