@@ -9,6 +9,7 @@ import pytest
 
 from layers.kernels import reference, splash
 from layers.kernels.base import KernelOptions, PrefixKV, SegmentLayout
+from maxscore.testing import kernel_grads
 
 # Interpret mode needs block_kv to be a multiple of 128; block_q may be small.
 _OPTIONS = KernelOptions(splash_block_q=32, splash_block_kv=128, kernel_interpret=True)
@@ -131,28 +132,6 @@ def test_block_skip_stats_skips_most_tiles_for_many_items():
   assert stats["partial_blocks"] <= stats["active_blocks"] < causal_tiles
 
 
-def _loss_and_grads(attend, q, k, v, layout, prefix_kv, window=None, softcap=None):
-  """A scalar loss over the real query positions (callers ignore padded outputs) and its gradients."""
-  real_BxT = (layout.segment_ids(include_prefix=prefix_kv is None) >= 0)[:, :, None, None]
-  weight = jnp.asarray(np.random.default_rng(0).standard_normal(q.shape, np.float32))
-
-  def loss(q, k, v):
-    out = attend(q, k, v, layout, prefix_kv, window=window, softcap=softcap)
-    return jnp.sum(jnp.where(real_BxT, out * weight, 0.0))
-  return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, k, v)
-
-
-def check_gradients(kernel_attend, q, k, v, layout, prefix_kv, options, window=None, softcap=None, atol=1e-5):
-  """Loss, dq, dk and dv of `kernel_attend` equal the reference kernel's within atol (float32)."""
-  got = _loss_and_grads(functools.partial(kernel_attend, options=options), q, k, v, layout, prefix_kv, window, softcap)
-  want = _loss_and_grads(functools.partial(reference.attend, options=options), q, k, v, layout, prefix_kv, window,
-                         softcap)
-  np.testing.assert_allclose(float(got[0]), float(want[0]), atol=atol, rtol=1e-6)
-  for name, g, w in zip(("dq", "dk", "dv"), got[1], want[1]):
-    assert g.shape == w.shape, name
-    np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=atol, rtol=0, err_msg=name)
-
-
 @pytest.mark.parametrize("prefix_len,num_slots,slot_len,heads,kv_heads,window,softcap", [
     (17, 5, 7, 4, 2, None, None),
     (17, 4, 9, 2, 1, 6, None),
@@ -162,9 +141,9 @@ def check_gradients(kernel_attend, q, k, v, layout, prefix_kv, options, window=N
 def test_gradients_match_reference(prefix_len, num_slots, slot_len, heads, kv_heads, window, softcap):
   """splash's Pallas backward (dq and dkv kernels) on ragged items, sliding windows and soft-capping."""
   q, k, v, layout, _ = _case(prefix_len * num_slots, 2, prefix_len, num_slots, slot_len, heads, kv_heads)
-  check_gradients(splash.attend, q, k, v, layout, None, _OPTIONS, window, softcap)
+  kernel_grads.assert_gradients_match_reference(splash.attend, q, k, v, layout, None, _OPTIONS, window, softcap)
 
 
 def test_gradients_with_cached_prefix_match_reference():
   q, k, v, layout, prefix_kv = _case(4, 2, 17, 4, 7, 4, 2, with_prefix_kv=True)
-  check_gradients(splash.attend, q, k, v, layout, prefix_kv, _OPTIONS)
+  kernel_grads.assert_gradients_match_reference(splash.attend, q, k, v, layout, prefix_kv, _OPTIONS)
