@@ -119,6 +119,7 @@ def test_summary_reports_metrics_and_throughput(frozen_run):
   assert t["train_items_per_s"] > 0 and 0 < t["frozen_forward_share"] <= 1 and t["frozen_forward_seconds"] > 0
   assert not t["features_from_cache"]
   assert set(summary["dev_metrics_final"]) >= {"ndcg_cut_10", "map"}
+  assert summary["attention"] is None  # a frozen backbone differentiates no attention
   lines = [json.loads(l) for l in (root / "work" / "metrics.jsonl").read_text().splitlines()]
   assert [l["step"] for l in lines if l["kind"] == "eval"] == [0, 2, 4, 6, 8, 9]
   assert [l["step"] for l in lines if l["kind"] == "train"] == list(range(1, 10))
@@ -284,6 +285,7 @@ def test_train_backbone_two_steps(tmp_path):
   summary = train_lib.train(cfg, PROMPT, None, _split("train", 4), _split("dev", 2), tmp_path / "work",
                             export_dir=tmp_path / "export", progress=False)
   assert summary["steps"] == 2 and np.isfinite(summary["final_train_loss"])
+  assert summary["attention"]["kernel"] == "shared_prefix" and "auto on cpu" in summary["attention"]["reason"]
   base = checkpointing.restore_checkpoint(data.DEFAULT_CHECKPOINT).params
   tuned = checkpointing.restore_checkpoint(tmp_path / "export").params
   changed = [not np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(base), jax.tree_util.tree_leaves(tuned))]

@@ -141,7 +141,7 @@ def test_script_bad_train_flags_are_one_line_errors(capsys, tmp_path):
                       (["--train=full", "--topology=v6e:2x2", "--batch_size=6", "ici_fsdp_parallelism=4"],
                        ["batch_size=6", "data x fsdp", "4"]),
                       (["--train=full", "--geometries=60x8x16x4"], ["--batch_size"]),
-                      (["--train=full", "attention=splash"], ["attention", "backward"])]:
+                      (["--train=full", "attention=pallas_gpu"], ["attention=pallas_gpu", "GPU", "splash"])]:
     with pytest.raises(SystemExit) as e:
       compile_check.run(["compile_check", "--model=tiny-qwen3", f"--output_json={out}", *args])
     err = capsys.readouterr().err.strip()
