@@ -4,6 +4,8 @@ Tests marked `tpu_aot` compile the training step with libtpu for described TPU t
 runs on a TPU.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -132,6 +134,19 @@ def test_train_step_compiles_fits_and_shards_with_fsdp(mode):
     assert m4["optimizer"] < 0.3 * m1["optimizer"]
   # the cost model's work is split over the 4 chips (batch over fsdp)
   assert s4["flops_per_device"] == pytest.approx(s1["flops_per_device"] / 4)
+
+
+@pytest.mark.tpu_aot
+@pytest.mark.slow
+def test_train_step_runs_splash_forward_and_backward_kernels():
+  """attention=auto trains with splash on TPU: the compiled step holds splash's Pallas fwd, dq and dkv calls."""
+  report = _report("v6e:1x1", "lora")
+  (step,) = report["steps"]
+  assert report["attention"] == "splash" and step["error"] is None and step["fits"], step
+  phases = {re.match(r"splash_mha_(fwd|dq|dkv)_", name).group(1) for name in step["pallas_kernels"]}
+  assert phases == {"fwd", "dq", "dkv"}, step["pallas_kernels"]
+  shared = _report("v6e:1x1", "lora", "attention=shared_prefix")
+  assert shared["attention"] == "shared_prefix" and shared["steps"][0]["pallas_kernels"] == []
 
 
 @pytest.mark.tpu_aot

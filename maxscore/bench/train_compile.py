@@ -245,7 +245,8 @@ def compile_step(target: Target, batch: int, geometry) -> dict[str, Any]:
                          aliased=ma.alias_size_in_bytes, code=ma.generated_code_size_in_bytes),
              hbm_bytes=total, hbm_capacity=capacity, fits=total <= capacity, flops=flops,
              flops_per_device=flops_device, bytes_per_device=bytes_device, roofline_s=roofline,
-             bound="compute" if t_compute >= t_memory else "memory", tokens=tokens, tokens_per_s=tokens / roofline)
+             bound="compute" if t_compute >= t_memory else "memory", tokens=tokens, tokens_per_s=tokens / roofline,
+             pallas_kernels=compile_report.pallas_kernels(compiled.as_text(), target.kernel))
   return out
 
 
