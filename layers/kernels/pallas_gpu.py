@@ -78,6 +78,12 @@ def _logits(q, k, pos_q, pos_k, seg_q, seg_k, spos_q, spos_k, *, scale, window, 
   return s, vis
 
 
+def _soft_cap_grad(s, cap):
+  """d(c tanh(x / c)) / dx = 1 - tanh^2, from the capped logits s = c tanh(x / c)."""
+  t = s / cap
+  return 1.0 - t * t
+
+
 def _dot(a, b, dtype):
   """a @ b accumulated in float32, the operands in `dtype`."""
   return jax.lax.dot_general(a.astype(dtype), b.astype(dtype), (((1,), (0,)), ((), ())), precision=_HI,
@@ -131,8 +137,8 @@ def _dq_kernel(bounds_ref, seg_q_ref, seg_k_ref, spos_q_ref, spos_k_ref, q_ref, 
     p = jnp.where(vis, jnp.exp(s - lse[:, None]), 0.0)
     dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), precision=_HI, preferred_element_type=jnp.float32)
     ds = p * (dp - delta[:, None])
-    if softcap is not None:  # d(c tanh(x / c)) / dx = 1 - tanh^2 = 1 - (s / c)^2
-      ds = ds * (1.0 - (s / softcap) ** 2)
+    if softcap is not None:
+      ds = ds * _soft_cap_grad(s, softcap)
     return dq + _dot(ds, k, k.dtype) * scale
 
   dq = jax.lax.fori_loop(0, bounds_ref[0], body, jnp.zeros((block_q, head_dim), jnp.float32))
@@ -160,7 +166,7 @@ def _dkv_kernel(qbounds_ref, seg_q_ref, seg_k_ref, spos_q_ref, spos_k_ref, q_ref
     dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), precision=_HI, preferred_element_type=jnp.float32)
     ds = p * (dp - delta[:, None])
     if softcap is not None:
-      ds = ds * (1.0 - (s / softcap) ** 2)
+      ds = ds * _soft_cap_grad(s, softcap)
     return dk + _dot(ds.T, q, q.dtype) * scale, dv
 
   zeros = jnp.zeros((block_kv, head_dim), jnp.float32)
