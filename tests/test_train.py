@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from layers.decoder import Decoder
+from layers.kernels import KernelOptions, get_kernel
 from maxscore.checkpoints import storage as checkpointing
 from maxscore.errors import ResumeError, TrainError
 from maxscore.heads import features, head_storage, losses, study as head_study, train as train_lib
@@ -276,6 +277,31 @@ def test_remat_decoder_matches_decoder():
   np.testing.assert_allclose(h0[0, :4], scorer.hidden_states_requests(list(ex.requests), "packed")[0], atol=2e-5)
   loss = lambda p: features.packed_features(remat, p, plan.batch, plan.gather_QxN, labels)[1].sum()
   assert "remat" in str(jax.make_jaxpr(jax.grad(loss))(scorer.runner.params))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel,options", [
+    ("splash", KernelOptions(kernel_interpret=True, splash_block_q=32, splash_block_kv=128)),
+    ("pallas_gpu", KernelOptions(kernel_interpret=True, gpu_block_q=16, gpu_block_kv=16)),
+])
+def test_backbone_gradients_through_a_pallas_kernel_equal_shared_prefix(kernel, options):
+  """The backbone's gradient through the scanned, rematerialized decoder with splash's or pallas_gpu's Pallas
+  backward (interpret mode) equals the one through shared_prefix: the kernel a TPU or GPU trains with."""
+  scorer = eval_lib.build_scorer(use_head=False)
+  ex = features.make_examples(scorer, _split("train", 1), eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=6),
+                               (4, 5))
+  ex = dataclasses.replace(ex, requests=(dataclasses.replace(ex.requests[0], items=ex.requests[0].items[:4]),))
+  plan = features.plan_packed(list(ex.requests), features.packed_geometry(scorer, ex))
+  labels = jnp.asarray([4, 5])
+
+  def loss_and_grads(name, opts):
+    decoder = Decoder(scorer.config.model, get_kernel(name, opts), remat=True)
+    loss = lambda p: features.packed_features(decoder, p, plan.batch, plan.gather_QxN, labels)[1].sum()
+    return jax.jit(jax.value_and_grad(loss))(scorer.runner.params)
+  (got, got_g), (want, want_g) = loss_and_grads(kernel, options), loss_and_grads("shared_prefix", KernelOptions())
+  assert abs(float(got) - float(want)) < 1e-4
+  for g, w in zip(jax.tree_util.tree_leaves(got_g), jax.tree_util.tree_leaves(want_g)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-5, rtol=0)
 
 
 @pytest.mark.slow
