@@ -1,6 +1,8 @@
-"""pallas_gpu kernel (interpret mode on CPU) against the dense reference, and its block skipping."""
+"""pallas_gpu kernel (interpret mode on CPU) against the dense reference, forward and gradients; its block skipping;
+its lowering to Triton."""
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -178,3 +180,20 @@ def test_dkv_q_block_ranges_cover_every_visible_pair(p, l, n, bq, bk, offset):
       assert q_hi[kb] == q_lo[kb], kb
   if n > 1 and l >= bk:  # a later item's q blocks skip the first item's whole kv blocks
     assert (q_hi - q_lo).sum() < sum(nq - kb * bk // bq for kb in range(nk))
+
+
+@pytest.mark.parametrize("dtype,window,softcap", [(jnp.float32, None, None), (jnp.bfloat16, 8, 30.0)])
+def test_backward_lowers_to_triton(dtype, window, softcap):
+  """Lowered for CUDA on this host (Pallas to Triton IR; no GPU, no PTX compile): the gradient holds the forward,
+  dq and dkv Triton calls; the forward alone holds one."""
+  layout = SegmentLayout(jnp.array([20, 13], jnp.int32), jnp.array([[9, 16, 3], [16, 0, 7]], jnp.int32), 32, 16, 3)
+  options = KernelOptions(gpu_block_q=32, gpu_block_kv=32)
+  attend = functools.partial(pallas_gpu.attend, layout=layout, options=options, window=window, softcap=softcap)
+  loss = lambda q, k, v: attend(q, k, v).astype(jnp.float32).sum()
+  q, kv = jax.ShapeDtypeStruct((2, 80, 4, 64), dtype), jax.ShapeDtypeStruct((2, 80, 2, 64), dtype)
+
+  def calls(fn):
+    text = jax.jit(fn).trace(q, kv, kv).lower(lowering_platforms=("cuda",)).as_text()
+    return text.count("__gpu$xla.gpu.triton"), sorted(set(re.findall(r"packed_flash_\w+", text)))
+  assert calls(jax.grad(loss, argnums=(0, 1, 2))) == (3, ["packed_flash_dkv", "packed_flash_dq", "packed_flash_forward"])
+  assert calls(attend) == (1, ["packed_flash_forward"])
