@@ -1,6 +1,8 @@
-"""pallas_gpu kernel (interpret mode on CPU) against the dense reference, and its block skipping."""
+"""pallas_gpu kernel (interpret mode on CPU) against the dense reference, forward and gradients; its block skipping;
+its lowering to Triton."""
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +11,7 @@ import pytest
 
 from layers.kernels import pallas_gpu, reference
 from layers.kernels.base import KernelOptions, PrefixKV, SegmentLayout
+from maxscore.testing import kernel_grads
 
 
 def _layout(rng, b, p, l, n):
@@ -135,3 +138,62 @@ def test_block_counts_equal_needed_blocks(p, l, n, bq, bk):
   assert counts["visited_blocks"] == needed.sum()
   causal = sum(int((np.arange(nk) * bk <= min(i * bq + bq, t) - 1).sum()) for i in range(nq))
   assert counts["total_blocks"] == causal
+
+
+@pytest.mark.parametrize("p,n,l,group,blocks,window,softcap,prefix_kv", [
+    (17, 4, 7, 2, (8, 16), None, None, False),
+    (9, 3, 10, 1, (16, 8), 6, None, False),
+    (5, 3, 8, 2, (8, 8), None, 2.0, False),
+    (11, 3, 6, 2, (8, 16), 5, 3.0, True),
+])
+def test_gradients_match_reference(p, n, l, group, blocks, window, softcap, prefix_kv):
+  """The Pallas backward (dq kernel, dkv kernel) on ragged items, GQA, windows, soft-capping, a cached prefix."""
+  rng = np.random.default_rng(p * 10 + n)
+  b, kh = 2, 2
+  layout = _layout(rng, b, p, l, n)
+  q, k, v = _qkv(rng, b, layout.row_len - (p if prefix_kv else 0), kh * group, kh, 12)
+  pkv = PrefixKV(*_qkv(rng, 1, p, kh, kh, 12)[1:]) if prefix_kv else None
+  options = KernelOptions(gpu_block_q=blocks[0], gpu_block_kv=blocks[1], kernel_interpret=True)
+  kernel_grads.assert_gradients_match_reference(pallas_gpu.attend, q, k, v, layout, pkv, options, window, softcap)
+
+
+@pytest.mark.parametrize("p,l,n,bq,bk,offset", [(17, 7, 5, 8, 8, 0), (5, 3, 9, 4, 8, 0), (33, 20, 4, 16, 4, 0),
+                                                (1, 1, 30, 8, 8, 0), (17, 7, 5, 8, 16, 17), (6, 0, 0, 4, 4, 0)])
+def test_dkv_q_block_ranges_cover_every_visible_pair(p, l, n, bq, bk, offset):
+  """The backward's dkv kernel visits, per kv block, the q blocks [q_lo, q_hi): every visible (query, key) pair
+  lies in them; a block of prefix padding has none, and later items skip an earlier item's blocks."""
+  rng = np.random.default_rng(p + n)
+  layout = _layout(rng, 1, p, l, n)
+  seg_K = np.asarray(layout.segment_ids())[0]
+  s = layout.row_len
+  vis_TxK = np.asarray(reference.visibility(layout.segment_ids()[:, offset:], layout.segment_ids(), offset))[0]
+  t = s - offset
+  nq, nk = -(-t // bq), -(-s // bk)
+  k_first = np.arange(nk) * bk
+  q_lo, q_hi = pallas_gpu._q_block_bounds(np, p, l, k_first, np.minimum(k_first + bk, s) - 1,
+                                          int(layout.prefix_valid_B[0]), offset, s, bq, nq)
+  for kb in range(nk):
+    q_blocks = np.flatnonzero(vis_TxK[:, kb * bk:(kb + 1) * bk].any(axis=1)) // bq
+    if q_blocks.size:
+      assert q_lo[kb] <= q_blocks.min() and q_blocks.max() < q_hi[kb], kb
+    if (kb + 1) * bk <= p and not (seg_K[kb * bk:(kb + 1) * bk] >= 0).any():  # prefix padding only
+      assert q_hi[kb] == q_lo[kb], kb
+  if n > 1 and l >= bk:  # a later item's q blocks skip the first item's whole kv blocks
+    assert (q_hi - q_lo).sum() < sum(nq - kb * bk // bq for kb in range(nk))
+
+
+@pytest.mark.parametrize("dtype,window,softcap", [(jnp.float32, None, None), (jnp.bfloat16, 8, 30.0)])
+def test_backward_lowers_to_triton(dtype, window, softcap):
+  """Lowered for CUDA on this host (Pallas to Triton IR; no GPU, no PTX compile): the gradient holds the forward,
+  dq and dkv Triton calls; the forward alone holds one."""
+  layout = SegmentLayout(jnp.array([20, 13], jnp.int32), jnp.array([[9, 16, 3], [16, 0, 7]], jnp.int32), 32, 16, 3)
+  options = KernelOptions(gpu_block_q=32, gpu_block_kv=32)
+  attend = functools.partial(pallas_gpu.attend, layout=layout, options=options, window=window, softcap=softcap)
+  loss = lambda q, k, v: attend(q, k, v).astype(jnp.float32).sum()
+  q, kv = jax.ShapeDtypeStruct((2, 80, 4, 64), dtype), jax.ShapeDtypeStruct((2, 80, 2, 64), dtype)
+
+  def calls(fn):
+    text = jax.jit(fn).trace(q, kv, kv).lower(lowering_platforms=("cuda",)).as_text()
+    return text.count("__gpu$xla.gpu.triton"), sorted(set(re.findall(r"packed_flash_\w+", text)))
+  assert calls(jax.grad(loss, argnums=(0, 1, 2))) == (3, ["packed_flash_dkv", "packed_flash_dq", "packed_flash_forward"])
+  assert calls(attend) == (1, ["packed_flash_forward"])

@@ -9,6 +9,7 @@ import pytest
 
 from layers.kernels import reference, splash
 from layers.kernels.base import KernelOptions, PrefixKV, SegmentLayout
+from maxscore.testing import kernel_grads
 
 # Interpret mode needs block_kv to be a multiple of 128; block_q may be small.
 _OPTIONS = KernelOptions(splash_block_q=32, splash_block_kv=128, kernel_interpret=True)
@@ -129,3 +130,20 @@ def test_block_skip_stats_skips_most_tiles_for_many_items():
   causal_tiles = 18 * 19 // 2  # 2300 tokens padded to 18 tiles of 128
   assert stats["total_blocks"] == 18 * 18
   assert stats["partial_blocks"] <= stats["active_blocks"] < causal_tiles
+
+
+@pytest.mark.parametrize("prefix_len,num_slots,slot_len,heads,kv_heads,window,softcap", [
+    (17, 5, 7, 4, 2, None, None),
+    (17, 4, 9, 2, 1, 6, None),
+    (5, 3, 8, 2, 2, None, 2.0),
+    (9, 3, 6, 4, 2, 5, 3.0),
+])
+def test_gradients_match_reference(prefix_len, num_slots, slot_len, heads, kv_heads, window, softcap):
+  """splash's Pallas backward (dq and dkv kernels) on ragged items, sliding windows and soft-capping."""
+  q, k, v, layout, _ = _case(prefix_len * num_slots, 2, prefix_len, num_slots, slot_len, heads, kv_heads)
+  kernel_grads.assert_gradients_match_reference(splash.attend, q, k, v, layout, None, _OPTIONS, window, softcap)
+
+
+def test_gradients_with_cached_prefix_match_reference():
+  q, k, v, layout, prefix_kv = _case(4, 2, 17, 4, 7, 4, 2, with_prefix_kv=True)
+  kernel_grads.assert_gradients_match_reference(splash.attend, q, k, v, layout, prefix_kv, _OPTIONS)

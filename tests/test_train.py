@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from layers.decoder import Decoder
+from layers.kernels import KernelOptions, get_kernel
 from maxscore.checkpoints import storage as checkpointing
 from maxscore.errors import ResumeError, TrainError
 from maxscore.heads import features, head_storage, losses, study as head_study, train as train_lib
@@ -119,6 +120,7 @@ def test_summary_reports_metrics_and_throughput(frozen_run):
   assert t["train_items_per_s"] > 0 and 0 < t["frozen_forward_share"] <= 1 and t["frozen_forward_seconds"] > 0
   assert not t["features_from_cache"]
   assert set(summary["dev_metrics_final"]) >= {"ndcg_cut_10", "map"}
+  assert summary["attention"] is None  # a frozen backbone differentiates no attention
   lines = [json.loads(l) for l in (root / "work" / "metrics.jsonl").read_text().splitlines()]
   assert [l["step"] for l in lines if l["kind"] == "eval"] == [0, 2, 4, 6, 8, 9]
   assert [l["step"] for l in lines if l["kind"] == "train"] == list(range(1, 10))
@@ -320,12 +322,38 @@ def test_train_backbone_with_groups_packs_the_drawn_group():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kernel,options", [
+    ("splash", KernelOptions(kernel_interpret=True, splash_block_q=32, splash_block_kv=128)),
+    ("pallas_gpu", KernelOptions(kernel_interpret=True, gpu_block_q=16, gpu_block_kv=16)),
+])
+def test_backbone_gradients_through_a_pallas_kernel_equal_shared_prefix(kernel, options):
+  """The backbone's gradient through the scanned, rematerialized decoder with splash's or pallas_gpu's Pallas
+  backward (interpret mode) equals the one through shared_prefix: the kernel a TPU or GPU trains with."""
+  scorer = eval_lib.build_scorer(use_head=False)
+  ex = features.make_examples(scorer, _split("train", 1), eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=6),
+                               (4, 5))
+  ex = dataclasses.replace(ex, requests=(dataclasses.replace(ex.requests[0], items=ex.requests[0].items[:4]),))
+  plan = features.plan_packed(list(ex.requests), features.packed_geometry(scorer, ex))
+  labels = jnp.asarray([4, 5])
+
+  def loss_and_grads(name, opts):
+    decoder = Decoder(scorer.config.model, get_kernel(name, opts), remat=True)
+    loss = lambda p: features.packed_features(decoder, p, plan.batch, plan.gather_QxN, labels)[1].sum()
+    return jax.jit(jax.value_and_grad(loss))(scorer.runner.params)
+  (got, got_g), (want, want_g) = loss_and_grads(kernel, options), loss_and_grads("shared_prefix", KernelOptions())
+  assert abs(float(got) - float(want)) < 1e-4
+  for g, w in zip(jax.tree_util.tree_leaves(got_g), jax.tree_util.tree_leaves(want_g)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-5, rtol=0)
+
+
+@pytest.mark.slow
 def test_train_backbone_two_steps(tmp_path):
   cfg = TrainConfig(train_backbone=True, batch_size=2, num_steps=2, eval_every=0, warmup_steps=0,
                     learning_rate=1e-3)
   summary = train_lib.train(cfg, PROMPT, None, _split("train", 4), _split("dev", 2), tmp_path / "work",
                             export_dir=tmp_path / "export", progress=False)
   assert summary["steps"] == 2 and np.isfinite(summary["final_train_loss"])
+  assert summary["attention"]["kernel"] == "shared_prefix" and "auto on cpu" in summary["attention"]["reason"]
   base = checkpointing.restore_checkpoint(data.DEFAULT_CHECKPOINT).params
   tuned = checkpointing.restore_checkpoint(tmp_path / "export").params
   changed = [not np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(base), jax.tree_util.tree_leaves(tuned))]

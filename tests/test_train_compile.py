@@ -4,6 +4,8 @@ Tests marked `tpu_aot` compile the training step with libtpu for described TPU t
 runs on a TPU.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -135,13 +137,26 @@ def test_train_step_compiles_fits_and_shards_with_fsdp(mode):
 
 
 @pytest.mark.tpu_aot
+@pytest.mark.slow
+def test_train_step_runs_splash_forward_and_backward_kernels():
+  """attention=auto trains with splash on TPU: the compiled step holds splash's Pallas fwd, dq and dkv calls."""
+  report = _report("v6e:1x1", "lora")
+  (step,) = report["steps"]
+  assert report["attention"] == "splash" and step["error"] is None and step["fits"], step
+  phases = {re.match(r"splash_mha_(fwd|dq|dkv)_", name).group(1) for name in step["pallas_kernels"]}
+  assert phases == {"fwd", "dq", "dkv"}, step["pallas_kernels"]
+  shared = _report("v6e:1x1", "lora", "attention=shared_prefix")
+  assert shared["attention"] == "shared_prefix" and shared["steps"][0]["pallas_kernels"] == []
+
+
+@pytest.mark.tpu_aot
 def test_script_bad_train_flags_are_one_line_errors(capsys, tmp_path):
   out = tmp_path / "r.json"
   for args, words in [(["--train=lora", "--lora_targets=q,qkv"], ["lora_targets", "gate"]),
                       (["--train=full", "--topology=v6e:2x2", "--batch_size=6", "ici_fsdp_parallelism=4"],
                        ["batch_size=6", "data x fsdp", "4"]),
                       (["--train=full", "--geometries=60x8x16x4"], ["--batch_size"]),
-                      (["--train=full", "attention=splash"], ["attention", "backward"])]:
+                      (["--train=full", "attention=pallas_gpu"], ["attention=pallas_gpu", "GPU", "splash"])]:
     with pytest.raises(SystemExit) as e:
       compile_check.run(["compile_check", "--model=tiny-qwen3", f"--output_json={out}", *args])
     err = capsys.readouterr().err.strip()

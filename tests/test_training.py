@@ -15,6 +15,7 @@ import numpy as np
 import optax
 import pytest
 
+from layers.kernels.base import training_kernel
 from maxscore.checkpoints import storage
 from maxscore.errors import TrainError
 from maxscore.testing.processes import free_port as _free_port
@@ -307,9 +308,11 @@ def test_lora_two_processes_equal_one_process(lora_one_process, tmp_path):
   _assert_same_run(lora_one_process, tmp_path)
 
 
-def test_training_differentiates_a_kernel_with_a_backward_pass():
-  # splash (TPU) and pallas_gpu (GPU) are forward-only: the training step takes shared_prefix there.
-  assert train_lib.training_kernel("splash") == "shared_prefix"
-  assert train_lib.training_kernel("pallas_gpu") == "shared_prefix"
-  assert train_lib.training_kernel("reference") == "reference"
-  assert train_lib.training_kernel("shared_prefix") == "shared_prefix"
+def test_training_kernel_is_the_platforms_kernel_with_its_backward():
+  """auto trains with splash on TPU and pallas_gpu on GPU (both with a Pallas backward), shared_prefix on CPU; a
+  named kernel trains as named, since every registered kernel has a backward pass."""
+  assert [training_kernel("auto", p)[0] for p in ("tpu", "gpu", "cpu")] == ["splash", "pallas_gpu", "shared_prefix"]
+  for name in ("reference", "shared_prefix", "splash", "pallas_gpu"):
+    assert training_kernel(name, "cpu")[0] == name
+  with pytest.raises(ValueError, match="attention='flash'"):
+    training_kernel("flash", "cpu")

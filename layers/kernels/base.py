@@ -129,6 +129,26 @@ def resolve_auto(backend: Optional[str] = None) -> str:
   return {"tpu": "splash", "gpu": "pallas_gpu"}.get(backend, "shared_prefix")
 
 
+# Kernels whose backward pass jax.grad can run: reference and shared_prefix by XLA's autodiff, splash by its
+# own Pallas dq and dkv kernels, pallas_gpu by its custom VJP's Pallas kernels (ARCHITECTURE.md section 4).
+BACKWARD_KERNELS = ("reference", "shared_prefix", "splash", "pallas_gpu")
+
+
+def training_kernel(attention: str, platform: Optional[str] = None) -> tuple[str, str]:
+  """(kernel, reason): the attention kernel a training step differentiates. `auto` takes the platform's fast
+  kernel (splash on TPU, pallas_gpu on GPU, shared_prefix on CPU); a named kernel is used when it has a
+  backward pass, else shared_prefix."""
+  platform = platform or jax.default_backend()
+  if attention == "auto":
+    name = resolve_auto(platform)
+    return name, f"attention=auto on {platform}: {name} and its backward pass"
+  if attention not in KERNELS:
+    raise ValueError(f"attention={attention!r} is not one of {sorted(KERNELS) + ['auto']}")
+  if attention in BACKWARD_KERNELS:
+    return attention, f"attention={attention} has a backward pass"
+  return "shared_prefix", f"attention={attention} has no backward pass; shared_prefix (XLA) trains instead"
+
+
 @dataclasses.dataclass(frozen=True)
 class BoundKernel:
   """A kernel with its options bound; hashable and comparable by (name, options)."""

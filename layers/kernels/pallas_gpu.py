@@ -1,4 +1,4 @@
-"""Pallas flash-attention forward for the packed layout (Triton on GPU; `interpret=True` on CPU).
+"""Pallas flash attention, forward and backward, for the packed layout (Triton on GPU; `interpret=True` on CPU).
 
 Grid (batch, q head, q block). A q block visits only two kv-block ranges, computed outside the
 kernel per (row, q block): the prefix blocks [0, pre_hi) holding real prefix keys it can see, and
@@ -10,8 +10,16 @@ key (only possible with prefix_valid = 0) returns zeros, never NaN.
 Sliding window W: the mask also requires pos[q] - pos[k] < W on serial positions (read from two
 small position vectors beside the segment ids); logit soft-capping applies before the mask.
 The visited block ranges are those of the full mask (a superset; the window only masks more).
+
+Backward (a custom VJP; FlashAttention-2's scheme). The forward of a gradient also writes each query's
+log-sum-exp. A dq kernel on the forward's grid recomputes each visited tile's probabilities from it; a dkv
+kernel on a (row, q head, kv block) grid visits the q blocks [q_lo, q_hi) that can see its keys (every later
+block for a prefix block, up to the end of its last slot for an item block, none for prefix padding) and
+writes dk and dv per query head, summed over each GQA group outside. delta = rowsum(o * do) is computed
+outside the kernels. Soft-capping is differentiated as 1 - (s / c)^2 on the capped logits.
 """
 
+import dataclasses
 import functools
 from typing import Optional
 
@@ -46,9 +54,46 @@ def block_counts(P: int, L: int, N: int, block_q: int, block_kv: int) -> dict:
               visited_blocks=int((pre_hi + own_hi - own_lo).sum()))
 
 
-def _flash_kernel(bounds_ref, seg_q_ref, seg_k_ref, spos_q_ref, spos_k_ref, q_ref, k_ref, v_ref, o_ref, *,
+def _q_block_bounds(xp, prefix_len, slot_len, k_first, k_last, prefix_valid, offset, num_keys, block_q, num_q_blocks):
+  """Per kv block (absolute keys k_first..k_last): the q blocks [q_lo, q_hi) holding a query that can see one of
+  its keys. A block with a real prefix key is seen by every later q block; a block of slot keys only by the q
+  blocks up to the end of the last slot it touches; a block of prefix padding, or past the row, by none."""
+  q_lo = xp.clip((k_first - offset) // block_q, 0, num_q_blocks)
+  sees_prefix = k_first < xp.minimum(prefix_valid, prefix_len)
+  last_slot = (xp.maximum(k_last, prefix_len) - prefix_len) // max(slot_len, 1)
+  slot_end = prefix_len + (last_slot + 1) * max(slot_len, 1)  # one past the last query of that slot
+  q_hi = xp.where(k_last >= prefix_len, xp.minimum(-(-(slot_end - offset) // block_q), num_q_blocks), q_lo)
+  q_hi = xp.where(sees_prefix, num_q_blocks, q_hi)
+  return q_lo, xp.where(k_first < num_keys, xp.maximum(q_hi, q_lo), q_lo)
+
+
+def _logits(q, k, pos_q, pos_k, seg_q, seg_k, spos_q, spos_k, *, scale, window, softcap):
+  """Soft-capped logits [bq, bk] (float32) and the visibility of each (query, key) pair."""
+  s = soft_cap(jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=_HI,
+                                   preferred_element_type=jnp.float32) * scale, softcap)
+  vis = ((pos_k[None, :] <= pos_q[:, None]) & (seg_k[None, :] >= 0)
+         & ((seg_k[None, :] == 0) | (seg_k[None, :] == seg_q[:, None])))
+  if window is not None:
+    vis &= (spos_q[:, None] - spos_k[None, :]) < window
+  return s, vis
+
+
+def _soft_cap_grad(s, cap):
+  """d(c tanh(x / c)) / dx = 1 - tanh^2, from the capped logits s = c tanh(x / c)."""
+  t = s / cap
+  return 1.0 - t * t
+
+
+def _dot(a, b, dtype):
+  """a @ b accumulated in float32, the operands in `dtype`."""
+  return jax.lax.dot_general(a.astype(dtype), b.astype(dtype), (((1,), (0,)), ((), ())), precision=_HI,
+                             preferred_element_type=jnp.float32)
+
+
+def _flash_kernel(bounds_ref, seg_q_ref, seg_k_ref, spos_q_ref, spos_k_ref, q_ref, k_ref, v_ref, o_ref, *lse_ref,
                   block_kv, offset, scale, window, softcap):
-  """One (row, q head, q block): online softmax over the kv blocks named in bounds_ref."""
+  """One (row, q head, q block): online softmax over the kv blocks named in bounds_ref; with `lse_ref` (the
+  forward of a gradient) also each query's log-sum-exp, which the backward kernels read."""
   block_q, head_dim = q_ref.shape
   q = q_ref[...]
   seg_q = seg_q_ref[...]
@@ -58,27 +103,76 @@ def _flash_kernel(bounds_ref, seg_q_ref, seg_k_ref, spos_q_ref, spos_k_ref, q_re
   def body(j, carry):
     acc, m, l = carry
     kv = pl.ds(j * block_kv, block_kv)
-    k, v, seg_k = k_ref[kv, :], v_ref[kv, :], seg_k_ref[kv]
-    s = soft_cap(jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=_HI,
-                                     preferred_element_type=jnp.float32) * scale, softcap)
-    pos_k = j * block_kv + jnp.arange(block_kv)
-    vis = ((pos_k[None, :] <= pos_q[:, None]) & (seg_k[None, :] >= 0)
-           & ((seg_k[None, :] == 0) | (seg_k[None, :] == seg_q[:, None])))
-    if window is not None:
-      vis &= (spos_q[:, None] - spos_k_ref[kv][None, :]) < window
+    k, v = k_ref[kv, :], v_ref[kv, :]
+    s, vis = _logits(q, k, pos_q, j * block_kv + jnp.arange(block_kv), seg_q, seg_k_ref[kv], spos_q,
+                     spos_k_ref[kv], scale=scale, window=window, softcap=softcap)
     s = jnp.where(vis, s, MASK_VALUE)
     m_new = jnp.maximum(m, jnp.max(s, axis=1))
     p = jnp.where(vis, jnp.exp(s - m_new[:, None]), 0.0)
     alpha = jnp.exp(m - m_new)
-    pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=_HI,
-                             preferred_element_type=jnp.float32)
-    return alpha[:, None] * acc + pv, m_new, alpha * l + jnp.sum(p, axis=1)
+    return alpha[:, None] * acc + _dot(p, v, v.dtype), m_new, alpha * l + jnp.sum(p, axis=1)
 
   carry = (jnp.zeros((block_q, head_dim), jnp.float32), jnp.full((block_q,), MASK_VALUE, jnp.float32),
            jnp.zeros((block_q,), jnp.float32))
   carry = jax.lax.fori_loop(0, bounds_ref[0], body, carry)
-  acc, _, l = jax.lax.fori_loop(bounds_ref[1], bounds_ref[2], body, carry)
+  acc, m, l = jax.lax.fori_loop(bounds_ref[1], bounds_ref[2], body, carry)
   o_ref[...] = (acc / jnp.where(l > 0, l, 1.0)[:, None]).astype(o_ref.dtype)
+  if lse_ref:  # a query that sees no key keeps 0: its probabilities are masked to 0 in the backward anyway
+    lse_ref[0][...] = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), 0.0)
+
+
+def _dq_kernel(bounds_ref, seg_q_ref, seg_k_ref, spos_q_ref, spos_k_ref, q_ref, k_ref, v_ref, do_ref, lse_ref,
+               delta_ref, dq_ref, *, block_kv, offset, scale, window, softcap):
+  """dq of one (row, q head, q block), over the same kv blocks as the forward."""
+  block_q, head_dim = q_ref.shape
+  q, do = q_ref[...], do_ref[...]
+  seg_q, spos_q, lse, delta = seg_q_ref[...], spos_q_ref[...], lse_ref[...], delta_ref[...]
+  pos_q = offset + pl.program_id(2) * block_q + jnp.arange(block_q)
+
+  def body(j, dq):
+    kv = pl.ds(j * block_kv, block_kv)
+    k, v = k_ref[kv, :], v_ref[kv, :]
+    s, vis = _logits(q, k, pos_q, j * block_kv + jnp.arange(block_kv), seg_q, seg_k_ref[kv], spos_q,
+                     spos_k_ref[kv], scale=scale, window=window, softcap=softcap)
+    p = jnp.where(vis, jnp.exp(s - lse[:, None]), 0.0)
+    dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), precision=_HI, preferred_element_type=jnp.float32)
+    ds = p * (dp - delta[:, None])
+    if softcap is not None:
+      ds = ds * _soft_cap_grad(s, softcap)
+    return dq + _dot(ds, k, k.dtype) * scale
+
+  dq = jax.lax.fori_loop(0, bounds_ref[0], body, jnp.zeros((block_q, head_dim), jnp.float32))
+  dq = jax.lax.fori_loop(bounds_ref[1], bounds_ref[2], body, dq)
+  dq_ref[...] = dq.astype(dq_ref.dtype)
+
+
+def _dkv_kernel(qbounds_ref, seg_q_ref, seg_k_ref, spos_q_ref, spos_k_ref, q_ref, k_ref, v_ref, do_ref, lse_ref,
+                delta_ref, dk_ref, dv_ref, *, block_q, offset, scale, window, softcap):
+  """dk and dv of one (row, q head, kv block) from the q blocks [q_lo, q_hi) that can see it (per q head; the
+  caller sums a GQA group's heads)."""
+  block_kv, head_dim = k_ref.shape
+  k, v = k_ref[...], v_ref[...]
+  seg_k, spos_k = seg_k_ref[...], spos_k_ref[...]
+  pos_k = pl.program_id(2) * block_kv + jnp.arange(block_kv)
+
+  def body(i, carry):
+    dk, dv = carry
+    rows = pl.ds(i * block_q, block_q)
+    q, do, lse, delta = q_ref[rows, :], do_ref[rows, :], lse_ref[rows], delta_ref[rows]
+    s, vis = _logits(q, k, offset + i * block_q + jnp.arange(block_q), pos_k, seg_q_ref[rows], seg_k,
+                     spos_q_ref[rows], spos_k, scale=scale, window=window, softcap=softcap)
+    p = jnp.where(vis, jnp.exp(s - lse[:, None]), 0.0)
+    dv = dv + _dot(p.T, do, do.dtype)
+    dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), precision=_HI, preferred_element_type=jnp.float32)
+    ds = p * (dp - delta[:, None])
+    if softcap is not None:
+      ds = ds * _soft_cap_grad(s, softcap)
+    return dk + _dot(ds.T, q, q.dtype) * scale, dv
+
+  zeros = jnp.zeros((block_kv, head_dim), jnp.float32)
+  dk, dv = jax.lax.fori_loop(qbounds_ref[0], qbounds_ref[1], body, (zeros, zeros))
+  dk_ref[...] = dk.astype(dk_ref.dtype)
+  dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
 def _block(requested: int, length: int, name: str, interpret: bool) -> int:
@@ -123,33 +217,110 @@ def attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout: SegmentLayout, prefix_kv: Op
   spos_q_BxT = _pad(spos_k_BxS[:, offset:], 1, tp)
   spos_k_BxS = _pad(spos_k_BxS, 1, sp)
 
-  nq = tp // bq
+  nq, nk = tp // bq, sp // bk
   q_first_Q = offset + jnp.arange(nq) * bq
   q_last_Q = jnp.minimum(q_first_Q + bq, offset + t) - 1
   bounds = _kv_block_bounds(jnp, p, layout.slot_len, q_first_Q[None], q_last_Q[None],
                             layout.prefix_valid_B[:, None], bk)
   bounds_BxQx4 = jnp.stack(jnp.broadcast_arrays(*bounds, jnp.zeros((b, nq), jnp.int32)), -1).astype(jnp.int32)
+  k_first_K = jnp.arange(nk) * bk
+  qbounds = _q_block_bounds(jnp, p, layout.slot_len, k_first_K[None], jnp.minimum(k_first_K + bk, s)[None] - 1,
+                            layout.prefix_valid_B[:, None], offset, s, bq, nq)
+  qbounds_BxKx2 = jnp.stack(jnp.broadcast_arrays(*qbounds), -1).astype(jnp.int32)
+  geo = _Geometry(group=nh // kh, block_q=bq, block_kv=bk, offset=offset, scale=h ** -0.5, window=window,
+                  softcap=softcap, interpret=options.kernel_interpret)
+  ints = (bounds_BxQx4, qbounds_BxKx2, seg_q_BxT, seg_k_BxS, spos_q_BxT, spos_k_BxS)
+  return _flash(geo, ints, q, k, v)[:, :t, :, :h]
 
-  group = nh // kh
-  kernel = functools.partial(_flash_kernel, block_kv=bk, offset=offset, scale=h ** -0.5, window=window,
-                             softcap=softcap)
-  kv_spec = pl.BlockSpec((None, sp, None, hp), lambda i, n, j: (i, 0, n // group, 0))
-  q_spec = pl.BlockSpec((None, bq, None, hp), lambda i, n, j: (i, j, n, 0))
+
+@dataclasses.dataclass(frozen=True)
+class _Geometry:
+  """The static settings the forward and backward kernels share."""
+  group: int  # query heads per kv head
+  block_q: int
+  block_kv: int
+  offset: int  # absolute index of query 0 (P with a cached prefix)
+  scale: float
+  window: Optional[int]
+  softcap: Optional[float]
+  interpret: bool
+
+
+def _specs(geo: _Geometry, tp: int, sp: int, hp: int, grid_over_kv: bool):
+  """BlockSpecs of (seg_q, seg_k, spos_q, spos_k, q, k, v, do, lse, delta) for a grid (row, q head, block): the
+  block axis tiles the queries (forward, dq) or the keys (dkv); the other side is read whole."""
+  bq, bk, group = geo.block_q, geo.block_kv, geo.group
+  if grid_over_kv:
+    seg_q, seg_k = pl.BlockSpec((None, tp), lambda i, n, j: (i, 0)), pl.BlockSpec((None, bk), lambda i, n, j: (i, j))
+    q = pl.BlockSpec((None, tp, None, hp), lambda i, n, j: (i, 0, n, 0))
+    kv = pl.BlockSpec((None, bk, None, hp), lambda i, n, j: (i, j, n // group, 0))
+    per_query = pl.BlockSpec((None, None, tp), lambda i, n, j: (i, n, 0))
+  else:
+    seg_q, seg_k = pl.BlockSpec((None, bq), lambda i, n, j: (i, j)), pl.BlockSpec((None, sp), lambda i, n, j: (i, 0))
+    q = pl.BlockSpec((None, bq, None, hp), lambda i, n, j: (i, j, n, 0))
+    kv = pl.BlockSpec((None, sp, None, hp), lambda i, n, j: (i, 0, n // group, 0))
+    per_query = pl.BlockSpec((None, None, bq), lambda i, n, j: (i, n, j))
+  return [seg_q, seg_k, seg_q, seg_k, q, kv, kv, q, per_query, per_query]
+
+
+def _call(kernel, geo: _Geometry, grid, in_specs, out_specs, out_shape, head_dim: int, name: str):
   # jit around the pallas_call: a bare pallas_call is never dead code (its DCE rule keeps every input), and
   # flax's nn.scan (0.12.9 on) proves a scanned layer's broadcast outputs loop-invariant by dead-code elimination.
-  out = jax.jit(pl.pallas_call(
-      kernel,
-      grid=(b, nh, nq),
-      in_specs=[pl.BlockSpec((None, None, 4), lambda i, n, j: (i, j, 0)),
-                pl.BlockSpec((None, bq), lambda i, n, j: (i, j)),
-                pl.BlockSpec((None, sp), lambda i, n, j: (i, 0)),
-                pl.BlockSpec((None, bq), lambda i, n, j: (i, j)),
-                pl.BlockSpec((None, sp), lambda i, n, j: (i, 0)),
-                q_spec, kv_spec, kv_spec],
-      out_specs=q_spec,
-      out_shape=jax.ShapeDtypeStruct((b, tp, nh, hp), q.dtype),
-      compiler_params=plgpu.CompilerParams(num_warps=4 if hp <= 64 else 8, num_stages=2),
-      interpret=options.kernel_interpret,
-      name="packed_flash_forward",
-  ))(bounds_BxQx4, seg_q_BxT, seg_k_BxS, spos_q_BxT, spos_k_BxS, q, k, v)
-  return out[:, :t, :, :h]
+  return jax.jit(pl.pallas_call(
+      kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+      compiler_params=plgpu.CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=2),
+      interpret=geo.interpret, name=name))
+
+
+def _forward(geo: _Geometry, ints, q, k, v, with_lse: bool):
+  bounds_BxQx4, _, seg_q_BxT, seg_k_BxS, spos_q_BxT, spos_k_BxS = ints
+  b, tp, nh, hp = q.shape
+  kernel = functools.partial(_flash_kernel, block_kv=geo.block_kv, offset=geo.offset, scale=geo.scale,
+                             window=geo.window, softcap=geo.softcap)
+  specs = _specs(geo, tp, k.shape[1], hp, grid_over_kv=False)
+  out_specs = [specs[4]] + ([specs[8]] if with_lse else [])
+  out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)] + (
+      [jax.ShapeDtypeStruct((b, nh, tp), jnp.float32)] if with_lse else [])
+  bounds_spec = pl.BlockSpec((None, None, 4), lambda i, n, j: (i, j, 0))
+  return _call(kernel, geo, (b, nh, tp // geo.block_q), [bounds_spec] + specs[:7], out_specs, out_shape, hp,
+               "packed_flash_forward")(bounds_BxQx4, seg_q_BxT, seg_k_BxS, spos_q_BxT, spos_k_BxS, q, k, v)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(geo: _Geometry, ints, q, k, v):
+  return _forward(geo, ints, q, k, v, with_lse=False)[0]
+
+
+def _flash_fwd(geo: _Geometry, ints, q, k, v):
+  out, lse_BxNxT = _forward(geo, ints, q, k, v, with_lse=True)
+  return out, (ints, q, k, v, out, lse_BxNxT)
+
+
+def _flash_bwd(geo: _Geometry, residuals, do):
+  """dq from a q-block grid over the forward's kv blocks; dk and dv from a kv-block grid over the q blocks that
+  see each kv block, per query head, then summed over each GQA group. delta = rowsum(o * do) is the softmax
+  backward's per-query term (FlashAttention-2)."""
+  ints, q, k, v, out, lse_BxNxT = residuals
+  bounds_BxQx4, qbounds_BxKx2, seg_q_BxT, seg_k_BxS, spos_q_BxT, spos_k_BxS = ints
+  b, tp, nh, hp = q.shape
+  sp, kh = k.shape[1], k.shape[2]
+  delta_BxNxT = jnp.einsum("BTNH,BTNH->BNT", out.astype(jnp.float32), do.astype(jnp.float32))
+  args = (seg_q_BxT, seg_k_BxS, spos_q_BxT, spos_k_BxS, q, k, v, do.astype(q.dtype), lse_BxNxT, delta_BxNxT)
+  statics = dict(offset=geo.offset, scale=geo.scale, window=geo.window, softcap=geo.softcap)
+
+  q_specs = _specs(geo, tp, k.shape[1], hp, grid_over_kv=False)
+  dq = _call(functools.partial(_dq_kernel, block_kv=geo.block_kv, **statics), geo, (b, nh, tp // geo.block_q),
+             [pl.BlockSpec((None, None, 4), lambda i, n, j: (i, j, 0))] + q_specs, q_specs[4],
+             jax.ShapeDtypeStruct(q.shape, q.dtype), hp, "packed_flash_dq")(bounds_BxQx4, *args)
+
+  kv_specs = _specs(geo, tp, sp, hp, grid_over_kv=True)
+  per_head = pl.BlockSpec((None, geo.block_kv, None, hp), lambda i, n, j: (i, j, n, 0))
+  dk_BxSxNxH, dv_BxSxNxH = _call(
+      functools.partial(_dkv_kernel, block_q=geo.block_q, **statics), geo, (b, nh, sp // geo.block_kv),
+      [pl.BlockSpec((None, None, 2), lambda i, n, j: (i, j, 0))] + kv_specs, [per_head, per_head],
+      [jax.ShapeDtypeStruct((b, sp, nh, hp), jnp.float32)] * 2, hp, "packed_flash_dkv")(qbounds_BxKx2, *args)
+  group_sum = lambda x, like: x.reshape(b, sp, kh, geo.group, hp).sum(3).astype(like.dtype)
+  return None, dq, group_sum(dk_BxSxNxH, k), group_sum(dv_BxSxNxH, v)
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)

@@ -6,8 +6,16 @@ skips every tile that is neither prefix nor a query block's own item; padding co
 diagonal holds and both ids are 1), so no row is fully masked and padded outputs stay finite
 (they differ from the reference there, and callers ignore them). With `prefix_kv` the cached
 prefix K/V are concatenated in front of the row and the mask is rectangular, queries offset
-by P (no dummy prefix queries). Forward only: no backward block sizes are configured.
-Tested on CPU with `interpret=True`; splash needs block_kv to be a multiple of 128 there too.
+by P (no dummy prefix queries). Tested on CPU with `interpret=True`; splash needs block_kv to be a
+multiple of 128 there too.
+
+Backward. The kernel is built with backward block sizes equal to the forward's (a dq kernel and a
+dkv kernel; the dkv kernel holds queries in lanes, so its q block is at least 128 and rows pad to
+128 queries), so `jax.grad` runs splash's own Pallas backward over the same computable mask, its
+MaskInfo (transposed for dkv) skipping the same empty tiles; soft-capping is differentiated there
+too. The prefix rotation, padding and scaling around the kernel are plain JAX and differentiate as
+such. Padded queries see only padding, so a loss that ignores their outputs gives them, and padded
+keys, zero gradient, as the reference does.
 
 Sliding window W. A splash mask is a static function of indices, but a token's serial position
 depends on how many prefix tokens are real (slot token j sits at prefix_valid + j). So for a
@@ -18,6 +26,7 @@ P + (x - P) mod L in a slot. Outputs of prefix queries are rotated back. Soft-ca
 splash's own `attn_logits_soft_cap`.
 """
 
+import math
 from typing import Optional
 
 import jax
@@ -85,10 +94,16 @@ def _geometry(q_len: int, offset: int, options: KernelOptions):
   """Block sizes clamped to the sequence, and the padded q / kv lengths."""
   block_q = max(1, min(options.splash_block_q, _round_up(q_len, _LANES)))
   block_kv = min(_round_up(options.splash_block_kv, _LANES), _round_up(offset + q_len, _LANES))
-  q_pad = _round_up(q_len, block_q)
+  # A multiple of 128 as well: the dkv kernel holds queries in lanes (its q block is _dkv_block_q's).
+  q_pad = _round_up(q_len, math.lcm(block_q, _LANES))
   # kv covers every padded query's own (diagonal) key, so no padded row is fully masked.
   kv_pad = _round_up(offset + q_pad, block_kv)
   return block_q, block_kv, q_pad, kv_pad
+
+
+def _dkv_block_q(block_q: int) -> int:
+  """The dkv kernel's q block: block_q when a multiple of 128 lanes (splash needs that there), else 128."""
+  return block_q if block_q % _LANES == 0 else _LANES
 
 
 def make_kernel(mask: MultiItemMask, num_heads: int, block_q: int, block_kv: int, interpret: bool,
@@ -99,7 +114,9 @@ def make_kernel(mask: MultiItemMask, num_heads: int, block_q: int, block_kv: int
   kernel, so it sees one shard of the heads and is built with head_shards=1, q_seq_shards=1.
   """
   multi = splash_mask.MultiHeadMask([mask] * num_heads)
-  block_sizes = splash_kernel.BlockSizes(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv)
+  block_sizes = splash_kernel.BlockSizes(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv,
+                                         block_q_dkv=_dkv_block_q(block_q), block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv,
+                                         block_q_dq=block_q, block_kv_dq=block_kv)
   return splash_kernel.make_splash_mha(multi, block_sizes=block_sizes, head_shards=1, q_seq_shards=1,
                                        interpret=interpret, attn_logits_soft_cap=softcap)
 

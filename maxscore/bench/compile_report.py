@@ -45,6 +45,17 @@ from maxscore.scoring.scorer import Scorer
 PALLAS_CALLS = {"splash": "tpu_custom_call", "pallas_gpu": "__gpu$xla.gpu.triton"}
 
 
+def pallas_kernels(compiled_text: str, kernel: str) -> list[str]:
+  """Names of the `kernel`'s Pallas calls in a compiled program's text (each call's name scope, read from the
+  op_name of its custom call), e.g. splash's fwd, dq and dkv kernels in a training step."""
+  target = PALLAS_CALLS.get(kernel)
+  if target is None:
+    return []
+  # A call's metadata (op_name) follows its target, past attributes that may span lines.
+  calls = re.finditer(rf'custom_call_target="{re.escape(target)}".*?op_name="([^"]*)"', compiled_text, re.S)
+  return sorted({m.group(1).split("/")[-2] for m in calls if m.group(1).endswith("/pallas_call")})
+
+
 SEARCHABLE = ("num_items", "query_len")  # dimensions --search grows
 
 

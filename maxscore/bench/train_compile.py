@@ -16,8 +16,9 @@ multipliers of `step_flops`; the roofline step time is max(FLOPs / peak, bytes /
 chip, ignoring collectives. A search doubles then bisects the batch size to the largest that fits.
 These are compile-time bounds, not measurements.
 
-Attention: splash is forward only (no backward block sizes), so the step uses `shared_prefix`
-(XLA, differentiable) unless `attention=reference` is asked for.
+Attention: the trainer's choice (layers/kernels/base.py `training_kernel`): `auto` compiles splash with its
+Pallas backward (dq and dkv kernels) on a TPU topology; shared_prefix and reference are compiled as named, and
+pallas_gpu, a GPU kernel, is refused for a TPU.
 """
 
 import dataclasses
@@ -34,6 +35,7 @@ from layers import quantization as quant
 from layers import sharding
 from layers.config import ModelConfig
 from layers.kernels import get_kernel
+from layers.kernels.base import resolve_auto, training_kernel
 from maxscore.bench import chips, compile_report
 from maxscore.bench import train_program as tp
 from maxscore.config import Config
@@ -44,7 +46,7 @@ from maxscore.scoring.layout import bucket
 from maxscore.scoring.runner import DTYPES
 
 REMAT = ("per_layer", "none")
-TRAIN_KERNELS = {"auto": "shared_prefix", "shared_prefix": "shared_prefix", "reference": "reference"}
+KERNEL_PLATFORMS = {"splash": "tpu", "pallas_gpu": "gpu"}  # the Pallas kernels compile for one platform each
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,11 +184,12 @@ class Target:
 def make_target(config: Config, mesh: Mesh, chip: chips.Chip, devices_per_chip: int,
                 options: TrainCompileOptions) -> Target:
   quant.refuse_training(config.runtime.quantization, "the training step", TrainError)
-  if config.kernel.attention not in TRAIN_KERNELS:
-    raise TrainError(f"attention={config.kernel.attention!r} has no backward pass; training compiles with one of "
-                     f"{sorted(TRAIN_KERNELS)} (auto = shared_prefix)")
+  platform = mesh.devices.flat[0].platform
+  kernel, _ = training_kernel(config.kernel.attention, platform)
+  if KERNEL_PLATFORMS.get(kernel, platform) != platform:
+    raise TrainError(f"attention={kernel} is a {KERNEL_PLATFORMS[kernel].upper()} kernel; a training step for "
+                     f"{platform.upper()} compiles with auto ({resolve_auto(platform)}), shared_prefix or reference")
   sharding.check_divisible(config.model, mesh)
-  kernel = TRAIN_KERNELS[config.kernel.attention]
   attend = sharding.shard_kernel(get_kernel(kernel, config.kernel.options()), mesh)
   mode, remat = options.train, options.remat == "per_layer"
   decoder = tp.make_decoder(config.model, attend, mode, DTYPES[config.runtime.dtype], remat,
@@ -242,7 +245,8 @@ def compile_step(target: Target, batch: int, geometry) -> dict[str, Any]:
                          aliased=ma.alias_size_in_bytes, code=ma.generated_code_size_in_bytes),
              hbm_bytes=total, hbm_capacity=capacity, fits=total <= capacity, flops=flops,
              flops_per_device=flops_device, bytes_per_device=bytes_device, roofline_s=roofline,
-             bound="compute" if t_compute >= t_memory else "memory", tokens=tokens, tokens_per_s=tokens / roofline)
+             bound="compute" if t_compute >= t_memory else "memory", tokens=tokens, tokens_per_s=tokens / roofline,
+             pallas_kernels=compile_report.pallas_kernels(compiled.as_text(), target.kernel))
   return out
 
 

@@ -57,6 +57,7 @@ from layers import quantization as quant
 from layers import sharding as sharding_lib
 from layers.decoder import Decoder
 from layers.kernels import get_kernel
+from layers.kernels.base import training_kernel
 from maxscore import config as config_lib
 from maxscore.config import MeshConfig
 from maxscore.distributed import mesh as mesh_lib
@@ -198,19 +199,6 @@ def prepare(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str
   return prep
 
 
-# Kernels with a backward pass. splash and pallas_gpu are forward-only Pallas kernels, so training on TPU or
-# GPU differentiates shared_prefix instead: the same attention (ARCHITECTURE.md section 4) in plain XLA.
-DIFFERENTIABLE_KERNELS = ("reference", "shared_prefix")
-
-
-def training_kernel(name: str) -> str:
-  """The attention kernel a training step differentiates: `name` when it has a backward pass, else shared_prefix."""
-  if name in DIFFERENTIABLE_KERNELS:
-    return name
-  logging.info("train: attention %s is forward-only; the training step uses shared_prefix", name)
-  return "shared_prefix"
-
-
 def backbone_decoder(cfg: TrainConfig, scorer: Scorer, mesh: Optional[Mesh] = None) -> Optional[Decoder]:
   """The scorer's decoder for training, when the backbone trains: its attention kernel run per shard of
   `mesh` (None: unsharded, for the dev eval on a host copy), compute in `compute_dtype` (default the
@@ -218,7 +206,8 @@ def backbone_decoder(cfg: TrainConfig, scorer: Scorer, mesh: Optional[Mesh] = No
   if not cfg.train_backbone:
     return None
   runner = scorer.runner
-  attend = sharding_lib.shard_kernel(get_kernel(training_kernel(runner.default_kernel), runner.options), mesh)
+  kernel, _ = training_kernel(scorer.config.kernel.attention, runner.platform)
+  attend = sharding_lib.shard_kernel(get_kernel(kernel, runner.options), mesh)
   dtype = DTYPES[cfg.compute_dtype] if cfg.compute_dtype else runner.dtype
   param_dtype = DTYPES[cfg.param_dtype] if cfg.param_dtype else runner.dtype
   decoder = Decoder(scorer.config.model, attend, dtype=dtype, param_dtype=param_dtype, precision=runner.precision,
@@ -402,7 +391,7 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
 
   Returns:
     The summary on process 0 (also <workdir>/summary.json: steps, dev metrics before and after, throughput,
-    export_dir); {} on the other processes.
+    the attention kernel a training backbone differentiates and why, export_dir); {} on the other processes.
 
   Raises:
     TrainError: an invalid setting, or a batch the mesh cannot split.
@@ -433,6 +422,11 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   run = trainer.start(workdir, cfg.keep_checkpoints, params, param_shardings(cfg, params, prep, mesh), optimizer,
                       jax.random.split(jax.random.PRNGKey(cfg.seed))[1], mesh, fingerprint, check)
 
+  attention = None
+  if cfg.train_backbone:  # a frozen backbone's features come from the scorer's forward kernel
+    kernel, reason = training_kernel(prep.scorer.config.kernel.attention, prep.scorer.runner.platform)
+    attention = dict(kernel=kernel, reason=reason)
+    logging.info("train: attention %s (%s)", kernel, reason)
   decoder = backbone_decoder(cfg, prep.scorer)
   labels_K = jnp.asarray(prep.label_ids, jnp.int32)
   step_fn = trainer.jit_train_step(make_loss_fn(cfg, prep.head_cfg, backbone_decoder(cfg, prep.scorer, mesh),
@@ -467,6 +461,7 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   step = int(state.step)
   summary = _summary(cfg, prompt, prep, workdir, run.log, step, steps_per_epoch, run.resume_step, final, timing,
                      time.perf_counter() - wall_start)
+  summary["attention"] = attention
   _carry_throughput(summary, trainer.finished_run_summary(workdir, run.resume_step))
   if selection is not None:  # the export is the best evaluation's params, not the last step's
     summary["selection"] = selection.report()
