@@ -397,7 +397,8 @@ def header_lines(report: dict[str, Any], mesh_name: str, settings: str) -> list[
            f"TPU {report['topology']} x{report['num_slices']} slice(s): {report['devices']} devices")
   mesh = " ".join(f"{k}={v}" for k, v in report["mesh"].items())
   int8 = f", {c['peak_int8_ops'] / 1e12:.0f} TOP/s int8" if report.get("quantization") == "int8" else ""
-  return [f"{where} ({c['name']}: {c['hbm_bytes'] / 1e9:.0f} GB HBM, {c['peak_bf16_flops'] / 1e12:.0f} TFLOP/s bf16{int8}, "
+  return [f"{where} ({c['name']}: {c['hbm_bytes'] / 1e9:.0f} GB HBM, "
+          f"{c['peak_bf16_flops'] / 1e12:.0f} TFLOP/s bf16{int8}, "
           f"{c['hbm_bytes_per_s'] / 1e9:.0f} GB/s per {'GPU' if gpu else 'chip'}; {c['source']})",
           f"{mesh_name}: {mesh}; model {report['model']} {report['num_layers']} layers "
           f"({report['params'] / 1e6:.0f}M params){settings}",

@@ -303,7 +303,8 @@ def run(options: compile_report.CompileOptions, train: TrainCompileOptions) -> d
               devices=len(devices), devices_per_chip=devices_per_chip, mesh=dict(mesh.shape), model=options.model,
               num_layers=m.num_layers, params=m.num_params(), train=train.train, remat=train.remat,
               lora=dataclasses.asdict(lora) if lora else None, dtype=config.runtime.dtype,
-              frozen_dtype=config.runtime.weight_dtype, quantization=config.runtime.quantization, attention=target.kernel,
+              frozen_dtype=config.runtime.weight_dtype, quantization=config.runtime.quantization,
+              attention=target.kernel,
               grad_accum_steps=train.grad_accum_steps, overrides=list(options.overrides), steps=steps,
               search=search, fits=all(s["fits"] for s in steps),
               note="compile-time bounds from the TPU compiler and the cost model, not measurements")
