@@ -13,7 +13,9 @@ choice, same shardings as a run. Per program: per-chip (per-GPU) memory from the
 against the chip's HBM; model FLOPs from the cost model (XLA's cost analysis counts a scanned
 layer stack once and Pallas calls as zero); bytes each chip reads and writes (arguments and
 outputs: its weight shard, K/V, inputs, results); roofline time max(FLOPs / peak, bytes /
-bandwidth). These are compile-time bounds, not measurements.
+bandwidth). Quantized (`quantization`, docs/ARCHITECTURE.md section 15), the weights are int8 with float32
+scales in those bytes, and under w8a8 the dense layers' FLOPs run at the chip's int8 peak (`compute_time`).
+These are compile-time bounds, not measurements.
 """
 
 import contextlib
