@@ -56,7 +56,8 @@ CHIPS = {
     # https://cloud.google.com/tpu/docs/v5e (16 GB HBM2, 819 GBps, 197 TFLOPs bf16, 393 TOPs int8)
     "v5e": Chip("v5e", "TPU v5 lite", 16 * GB, 197e12, 819 * GB, "https://cloud.google.com/tpu/docs/v5e",
                 peak_int8_ops=393e12),
-    # https://cloud.google.com/tpu/docs/v5p (95 GB HBM2e, 2765 GBps, 459 TFLOPs bf16, 918 TOPs int8)
+    # https://cloud.google.com/tpu/docs/v5p (95 GB HBM2e, 2765 GBps, 459 TFLOPs bf16). The page gives no int8
+    # figure; 918 TOPs int8 is Google's v5p launch figure (December 2023), as secondary sources quote it.
     "v5p": Chip("v5p", "TPU v5", 95 * GB, 459e12, 2765 * GB, "https://cloud.google.com/tpu/docs/v5p",
                 peak_int8_ops=918e12),
     # https://cloud.google.com/tpu/docs/v6e (Trillium: 32 GB HBM, 1640 GBps, 918 TFLOPs bf16, 1836 TOPs int8)
