@@ -10,13 +10,19 @@
   python scripts/compile_check.py --train=full --topology=v6e:1x1 --geometries=200x20x20 --batch_size=8 dtype=bfloat16
   python scripts/compile_check.py --train=lora --lora_rank=16 --model=qwen3-8b --topology=v6e:2x2 \
       --geometries=200x20x20 ici_fsdp_parallelism=4 dtype=bfloat16 weight_dtype=bfloat16
+  python scripts/compile_check.py --topology=v5e:1x1 --model=qwen3-8b --quantization=int8 dtype=bfloat16 \
+      weight_dtype=bfloat16
+  python scripts/compile_check.py --train=qlora --lora_rank=16 --model=qwen3-8b --topology=v5e:2x2 \
+      --geometries=200x20x20 ici_fsdp_parallelism=4 dtype=bfloat16 weight_dtype=bfloat16
 
 TPUs need libtpu (`pip install "jax[tpu]==<your jax version>"`), GPUs jax's CUDA plugin (`pip install
 "jax[cuda12]==<your jax version>"`, the gpu-aot extra; no GPU); run with JAX_PLATFORMS=cpu. Every flag is
 a key of configs/compile.yml; trailing `key=value` arguments override configs/base.yml keys (mesh,
 dtypes, attention, buckets). What is compiled is what Scorer.warmup builds; see
-maxscore/bench/compile_report.py for each figure. With --train=full|lora|head it compiles the training
-step instead (maxscore/bench/train_compile.py): --batch_size queries per step at each geometry.
+maxscore/bench/compile_report.py for each figure. --quantization=int8_weights|int8 compiles the quantized
+scorer (int8 weights and float32 scales in HBM; int8's dense FLOPs at the chip's int8 peak). With
+--train=full|lora|qlora|head it compiles the training step instead (maxscore/bench/train_compile.py):
+--batch_size queries per step at each geometry; qlora trains adapters on an int8_weights base.
 The figures are compile-time bounds, not measurements.
 """
 

@@ -4,6 +4,7 @@ Tests marked `tpu_aot` compile with libtpu (the test extra installs it) for desc
 topologies; nothing runs on a TPU. Each asserts compiled + fits + the Mosaic custom call.
 """
 
+import dataclasses
 import math
 import os
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 from layers import sharding
 from layers.config import ModelConfig
 from maxscore.bench import chips, compile_report
+from maxscore.config import load_config
 from maxscore.scoring import cost_model
 from maxscore.testing import processes, scripts
 from maxscore.testing.compile_targets import abstract_scorer, assert_compiled, compile_both_algorithms
@@ -63,6 +65,9 @@ def test_chip_table_and_topology_names():
   for chip in chips.CHIPS.values():
     assert chip.source.startswith("https://cloud.google.com/tpu/docs/")
     assert chip.hbm_bytes > 8e9 and chip.peak_bf16_flops > 1e14 and chip.hbm_bytes_per_s > 5e11
+    assert chip.peak_bf16_flops <= chip.peak_int8_ops <= 2 * chip.peak_bf16_flops
+  for chip in chips.GPUS.values():
+    assert chip.matmul_peak(int8=True) == chip.peak_int8_ops >= chip.matmul_peak() == chip.peak_bf16_flops
   assert chips.parse_topology("v5p:2x2x1") == (chips.CHIPS["v5p"], (2, 2, 1))
   for bad in ("v7:2x2", "v6e-4", "v6e:0x2", "v6e:2"):
     with pytest.raises(chips.TopologyError, match="topology"):
@@ -70,6 +75,27 @@ def test_chip_table_and_topology_names():
   assert compile_report.parse_geometry("2000x500x20x4") == (2000, 500, 20, 4)
   with pytest.raises(ValueError, match="QUERY_LEN"):
     compile_report.parse_geometry("2000x500")
+
+
+def test_int8_flops_count_at_the_int8_peak_and_the_rest_at_bf16():
+  v5e = chips.CHIPS["v5e"]
+  assert compile_report.compute_time(197e12, 0, v5e) == pytest.approx(1.0)
+  assert compile_report.compute_time(197e12, 197e12, v5e) == pytest.approx(197 / 393)
+  assert compile_report.compute_time(2 * 197e12, 197e12, v5e, devices_per_chip=2) == pytest.approx(2 + 394 / 393)
+  cfg = ModelConfig(vocab_size=50, hidden_size=8, num_layers=3, num_heads=2, num_kv_heads=1, head_dim=4, mlp_dim=16)
+  whole, dense = cost_model.program_flops(cfg, 2, 11, 3, 5), cost_model.program_dense_flops(cfg, 2, 11, 3, 5)
+  assert 0 < dense < whole and dense == 2 * 2 * cfg.non_embedding_params() * (11 + 15)
+  assert cost_model.program_dense_flops(cfg, 2, 11, 3, 5, prefix_cached=True) == dense * 15 / 26
+
+
+def test_quantization_flag_and_override_must_agree():
+  opts = compile_report.CompileOptions(model="tiny-qwen3", quantization="int8", overrides=("quantization=int8",))
+  assert compile_report.build_config(opts).runtime.quantization == "int8"
+  with pytest.raises(ValueError, match="disagree"):
+    compile_report.build_config(compile_report.CompileOptions(model="tiny-qwen3", quantization="int8",
+                                                              overrides=("quantization=none",)))
+  with pytest.raises(ValueError, match="quantization='int4'"):
+    compile_report.CompileOptions(quantization="int4").validate()
 
 
 # --- real TPU compiles ------------------------------------------------------------------
@@ -184,3 +210,41 @@ def test_unknown_topology_and_failed_compile_are_reported():
   too_long = scorer.config.buckets.prefix_buckets[-1] + 1
   result = compile_report.compile_workload(scorer, (too_long, 2, 4), V6E)
   assert not result["fits"] and "query" in result["error"] and result["items_per_s"] is None
+
+
+@pytest.mark.tpu_aot
+@pytest.mark.slow
+def test_int8_fit_report_holds_int8_weights_and_runs_its_dense_flops_at_the_int8_peak(tmp_path, capsys):
+  """--quantization: the weights each chip holds (int8 projections + float32 scales + float embeddings) and the
+  compiler's argument bytes shrink against bf16; w8a8's dense FLOPs count at the chip's int8 peak."""
+  v5e = chips.CHIPS["v5e"]
+  args = ["compile_check", "--topology=v5e:1x1", "--model=tiny-qwen3", "--geometries=64x16x8", "--algorithms=packed",
+          *(f"{k}={v}" for k, v in WIDE.items())]
+  reports = {q: compile_check.run(args + [f"--quantization={q}"]) for q in ("none", "int8_weights", "int8")}
+  text = capsys.readouterr().out
+  assert "393 TOP/s int8" in text and "quantization=int8," in text and "int8 projections + float32 scales" in text
+  cfg = load_config({"model_name": "tiny-qwen3", **WIDE}).model
+  projections = cfg.non_embedding_params()  # (the norms in it are small)
+  bf16, w8, w8a8 = (reports[q] for q in ("none", "int8_weights", "int8"))
+  assert w8["weights_bytes"] == w8a8["weights_bytes"]
+  # int8 halves each bf16 projection; its float32 scales add one value per output channel.
+  assert bf16["weights_bytes"] - w8["weights_bytes"] == pytest.approx(projections, rel=0.05)
+  rows = {q: r["workloads"][0]["programs"][0] for q, r in reports.items()}
+  assert all(r["workloads"][0]["fits"] for r in reports.values())
+  saved = rows["none"]["memory"]["arguments"] - rows["int8"]["memory"]["arguments"]
+  assert saved == pytest.approx(bf16["weights_bytes"] - w8["weights_bytes"], rel=0.1)
+  assert rows["int8"]["int8_flops_per_device"] > 0.5 * rows["int8"]["flops_per_device"]
+  assert rows["none"]["int8_flops_per_device"] == rows["int8_weights"]["int8_flops_per_device"] == 0
+  t = lambda r: compile_report.compute_time(r["flops_per_device"], r["int8_flops_per_device"], v5e)  # noqa: E731
+  assert t(rows["int8"]) < 0.8 * t(rows["none"]) and t(rows["int8_weights"]) == t(rows["none"])
+
+  # The verdict: on a chip whose HBM lies between the two peaks, bf16 does not fit and int8 does.
+  peaks = {q: r["workloads"][0]["peak_hbm_bytes"] for q, r in reports.items()}
+  assert peaks["int8"] < peaks["none"]
+  squeezed = dataclasses.replace(v5e, hbm_bytes=(peaks["int8"] + peaks["none"]) // 2)
+  for q, fits in (("none", False), ("int8", True)):
+    scorer = abstract_scorer("v5e:1x1", model="tiny-qwen3", quantization=q, **WIDE)
+    w = compile_report.compile_workload(scorer, (64, 16, 8), squeezed, "packed")
+    assert w["fits"] is fits and w["error"] is None
+    verdict = compile_report.summary(dict(reports[q], chip=dataclasses.asdict(squeezed), workloads=[w], searches=[]))
+    assert ("=> FITS" if fits else "=> DOES NOT FIT") in verdict

@@ -1,5 +1,6 @@
 """The CPU fine-tuning bench: its report, the 2-device subprocess, and its option errors."""
 
+import numpy as np
 import pytest
 
 from maxscore.bench import train_bench
@@ -26,3 +27,14 @@ def test_one_and_two_devices_train_the_same_step():
 def test_bad_options_name_the_field(kwargs, field):
   with pytest.raises(ValueError, match=field):
     train_bench.TrainBenchOptions(**kwargs).validate()
+
+
+@pytest.mark.slow
+def test_qlora_is_timed_beside_lora_with_their_ratio():
+  opts = train_bench.TrainBenchOptions(model="tiny-qwen3", modes=("lora", "qlora"), devices=(1,), batch_size=2,
+                                       query_len=16, num_items=4, item_len=4, repeats=1)
+  report = train_bench.run(opts)
+  lora, qlora = report["runs"][0]["rows"]
+  assert (lora["mode"], qlora["mode"]) == ("lora", "qlora") and lora["flops"] == qlora["flops"]
+  assert qlora["step_s"] > 0 and np.isfinite(qlora["loss"])
+  assert "qlora / lora step time, 1 device(s): " in train_bench.summary(report)

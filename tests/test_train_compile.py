@@ -4,6 +4,7 @@ Tests marked `tpu_aot` compile the training step with libtpu for described TPU t
 runs on a TPU.
 """
 
+import dataclasses
 import re
 
 import jax
@@ -77,15 +78,16 @@ def test_lora_and_head_steps_train_only_their_params(tiny):
   cfg, batch = tiny
   lora = tp.LoraConfig(rank=4, alpha=8.0)
   _, _, full_losses = _steps(cfg, batch, "full", n=1)
-  for mode in ("lora", "head"):
-    before, state, losses = _steps(cfg, batch, mode, lora if mode == "lora" else None, n=3)
-    # B starts at zero: the first loss is the plain model's.
-    assert losses[0] == pytest.approx(full_losses[0], abs=1e-6)
+  for mode in ("lora", "qlora", "head"):
+    before, state, losses = _steps(cfg, batch, mode, lora if mode in tp.ADAPTED else None, n=3)
+    if mode != "qlora":  # B starts at zero: the first loss is the plain model's (qlora's base is another, int8)
+      assert losses[0] == pytest.approx(full_losses[0], abs=1e-6)
+    assert losses[-1] < losses[0]
     after = jax.tree_util.tree_map(np.asarray, state.params)
     for a, b in zip(jax.tree_util.tree_leaves(before["backbone"]), jax.tree_util.tree_leaves(after["backbone"])):
       assert a.tobytes() == b.tobytes()  # the frozen base is bit-identical
     assert not np.array_equal(before["head"]["b"], after["head"]["b"])
-    if mode == "lora":
+    if mode in tp.ADAPTED:
       assert not np.array_equal(before["lora"]["q"]["b"], after["lora"]["q"]["b"])
     # no optimizer state for frozen leaves
     opt_bytes = sum(x.size for x in jax.tree_util.tree_leaves(state.opt_state))
@@ -156,10 +158,39 @@ def test_script_bad_train_flags_are_one_line_errors(capsys, tmp_path):
                       (["--train=full", "--topology=v6e:2x2", "--batch_size=6", "ici_fsdp_parallelism=4"],
                        ["batch_size=6", "data x fsdp", "4"]),
                       (["--train=full", "--geometries=60x8x16x4"], ["--batch_size"]),
-                      (["--train=full", "attention=pallas_gpu"], ["attention=pallas_gpu", "GPU", "splash"])]:
+                      (["--train=full", "attention=pallas_gpu"], ["attention=pallas_gpu", "GPU", "splash"]),
+                      (["--train=qlora", "--quantization=int8"], ["int8", "adapters"]),
+                      (["--train=full", "--quantization=int8_weights"], ["int8_weights", "train=full"])]:
     with pytest.raises(SystemExit) as e:
       compile_check.run(["compile_check", "--model=tiny-qwen3", f"--output_json={out}", *args])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and err.startswith("error:") and "\n" not in err, err
     assert all(w in err for w in words), err
   assert not out.exists()
+
+
+@pytest.mark.tpu_aot
+@pytest.mark.slow
+def test_qlora_step_holds_an_int8_base_and_state_only_for_the_adapters():
+  """train=qlora: the frozen base is int8 projections + float32 scales (a byte per projection weight less than
+  lora's bf16 base), the optimizer state is lora's (adapters and head only); the verdict follows the chip's HBM."""
+  lora, qlora = _report("v6e:1x1", "lora"), _report("v6e:1x1", "qlora")
+  assert qlora["quantization"] == "int8_weights" and lora["quantization"] == "none"
+  (sl,), (sq,) = lora["steps"], qlora["steps"]
+  assert sq["error"] is None and sq["fits"] and qlora["fits"] and train_compile.summary(qlora).endswith("\nFITS\n")
+  cfg = load_config({"model_name": "tiny-qwen3", **{k: int(v) for k, v in (o.split("=") for o in WIDE[2:])}}).model
+  ml, mq = sl["memory"], sq["memory"]
+  assert ml["params"] - mq["params"] == pytest.approx(cfg.non_embedding_params(), rel=0.05)
+  assert mq["optimizer"] == ml["optimizer"] < 0.2 * mq["params"]
+  assert sq["flops"] == sl["flops"]  # the same adapters on the same shapes
+
+  # On a chip with less HBM than the step needs the verdict is DOES NOT FIT.
+  opts = compile_report.CompileOptions(topology="v6e:1x1", model="tiny-qwen3", geometries=(GEOMETRY,),
+                                       quantization="int8_weights", overrides=WIDE)
+  config = compile_report.build_config(opts)
+  mesh = train_compile.mesh_lib.create_mesh(config.mesh, compile_report.describe_topology("v6e:1x1"))
+  squeezed = dataclasses.replace(compile_report.chips.CHIPS["v6e"], hbm_bytes=sq["hbm_bytes"] // 2)
+  train = train_compile.TrainCompileOptions(train="qlora", batch_size=4, lora_rank=8, max_batch_size=0)
+  small = train_compile.compile_step(train_compile.make_target(config, mesh, squeezed, 1, train), 4, (60, 8, 16))
+  assert not small["fits"] and small["hbm_bytes"] == sq["hbm_bytes"]
+  assert "=> DOES NOT FIT" in "\n".join(train_compile._step_lines(small))

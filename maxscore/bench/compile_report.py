@@ -13,7 +13,9 @@ choice, same shardings as a run. Per program: per-chip (per-GPU) memory from the
 against the chip's HBM; model FLOPs from the cost model (XLA's cost analysis counts a scanned
 layer stack once and Pallas calls as zero); bytes each chip reads and writes (arguments and
 outputs: its weight shard, K/V, inputs, results); roofline time max(FLOPs / peak, bytes /
-bandwidth). These are compile-time bounds, not measurements.
+bandwidth). Quantized (`quantization`, docs/ARCHITECTURE.md section 15), the weights are int8 with float32
+scales in those bytes, and under w8a8 the dense layers' FLOPs run at the chip's int8 peak (`compute_time`).
+These are compile-time bounds, not measurements.
 """
 
 import contextlib
@@ -27,11 +29,13 @@ import tempfile
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import jax
+import numpy as np
 from absl import logging
 from jax.sharding import Mesh
 
 from layers import sharding
 from layers.config import ModelConfig
+from layers.quantization import QUANTIZATIONS
 from maxscore.bench import chips
 from maxscore.checkpoints import storage
 from maxscore.config import CODE_ONLY, Config, MeshConfig, load_config, parse_override
@@ -71,6 +75,7 @@ class CompileOptions:
   num_labels: int = 2
   search: tuple[str, ...] = ()          # dimensions to grow until nothing fits: num_items, query_len
   search_algorithms: tuple[str, ...] = ("packed", "prefill_extend")
+  quantization: str = ""                # none | int8_weights | int8; "": the config's (configs/base.yml)
   overrides: tuple[str, ...] = dataclasses.field(default=(), metadata=CODE_ONLY)  # configs/base.yml key=value
 
   def validate(self) -> "CompileOptions":
@@ -90,6 +95,8 @@ class CompileOptions:
       unknown = [a for a in getattr(self, key) if a not in allowed]
       if unknown:
         bad.append(f"{key}={unknown} is not among {allowed}")
+    if self.quantization and self.quantization not in QUANTIZATIONS:
+      bad.append(f"quantization={self.quantization!r} is not one of {list(QUANTIZATIONS)} (or empty: the config's)")
     if not self.algorithms:
       bad.append(f"algorithms is empty (give one or more of {algorithms})")
     try:
@@ -192,6 +199,12 @@ def abstract_scorer(config: Config, mesh: Mesh) -> Scorer:
   return Scorer(config, storage.abstract_params(config.model), mesh=mesh)
 
 
+def per_device_bytes(tree: Any) -> int:
+  """Bytes one device holds of a tree of placed ShapeDtypeStructs (its shard of each leaf)."""
+  return sum(math.prod(x.sharding.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
+             for x in jax.tree_util.tree_leaves(tree))
+
+
 def one_line(error: BaseException, limit: int = 400) -> str:
   text = " ".join(f"{type(error).__name__}: {error}".split())
   return text if len(text) <= limit else text[:limit] + " ..."
@@ -219,9 +232,17 @@ def compute_shards(mesh: Mesh, batch: int) -> int:
   return mesh.shape["tensor"] * math.prod(mesh.shape[a] for a in batch_axes)
 
 
+def compute_time(flops: float, int8_flops: float, chip: chips.Chip, devices_per_chip: int = 1) -> float:
+  """Seconds of matmul at peak: `int8_flops` of `flops` at the chip's int8 peak (w8a8 projections), the rest
+  (attention, the lm_head rows, float projections) at its bf16 peak."""
+  return ((flops - int8_flops) / (chip.peak_bf16_flops / devices_per_chip)
+          + (int8_flops / (chip.matmul_peak(int8=True) / devices_per_chip) if int8_flops else 0.0))
+
+
 def program_row(program: Program, model: ModelConfig, chip: chips.Chip, mesh: Mesh,
-                devices_per_chip: int = 1) -> dict[str, Any]:
-  """Per-device memory, fit, FLOPs, bytes and roofline time of one compiled program."""
+                devices_per_chip: int = 1, quantization: str = "none") -> dict[str, Any]:
+  """Per-device memory, fit, FLOPs, bytes and roofline time of one compiled program; under quantization=int8
+  its dense layers' FLOPs count at the chip's int8 peak."""
   ma = program.compiled.memory_analysis()
   memory = dict(arguments=ma.argument_size_in_bytes, outputs=ma.output_size_in_bytes,
                 aliased=ma.alias_size_in_bytes, temporaries=ma.temp_size_in_bytes,
@@ -231,14 +252,19 @@ def program_row(program: Program, model: ModelConfig, chip: chips.Chip, mesh: Me
   flops = cost_model.program_flops(model, program.batch, program.prefix_len, program.slot_len, program.num_slots,
                                    prefix_cached=program.entry.startswith("extend"),
                                    lm_head_rows=_lm_head_rows(program), lm_head_cols=_lm_head_cols(program))
-  flops_device = flops / compute_shards(mesh, program.batch)
+  shards = compute_shards(mesh, program.batch)
+  flops_device = flops / shards
+  int8_device = (cost_model.program_dense_flops(model, program.batch, program.prefix_len, program.slot_len,
+                                                program.num_slots, prefix_cached=program.entry.startswith("extend"))
+                 / shards if quantization == "int8" else 0)
   bytes_device = memory["arguments"] + memory["outputs"]
-  t_compute = flops_device / (chip.peak_bf16_flops / devices_per_chip)
+  t_compute = compute_time(flops_device, int8_device, chip, devices_per_chip)
   t_memory = bytes_device / (chip.hbm_bytes_per_s / devices_per_chip)
   return dict(entry=program.entry, kernel=program.kernel, batch=program.batch, prefix_len=program.prefix_len,
               slot_len=program.slot_len, num_slots=program.num_slots, calls=program.calls,
               memory=memory, hbm_bytes=total, hbm_capacity=capacity, fits=total <= capacity,
               headroom_bytes=capacity - total, flops=flops, flops_per_device=flops_device,
+              int8_flops_per_device=int8_device,
               bytes_per_device=bytes_device, roofline_s=max(t_compute, t_memory),
               bound="compute" if t_compute >= t_memory else "memory",
               pallas=program.kernel in PALLAS_CALLS and PALLAS_CALLS[program.kernel] in program.compiled.as_text())
@@ -269,7 +295,8 @@ def compile_workload(scorer: Scorer, geometry: Sequence[int], chip: chips.Chip, 
     scorer.warmup([geometry], algorithm=algo, num_labels=num_labels)
   except Exception as e:  # pylint: disable=broad-except  (the compiler's error is the report)
     out["error"] = one_line(e)
-  rows = [program_row(p, model, chip, runner.mesh, devices_per_chip) for p in runner.programs.values() if p.calls]
+  rows = [program_row(p, model, chip, runner.mesh, devices_per_chip, runner.quantization)
+          for p in runner.programs.values() if p.calls]
   q_len, n, l, b = geometry
   useful = cost_model.model_flops(model, q_len, [l] * n, separator=False)["total"] * b
   time_s = sum(r["calls"] * r["roofline_s"] for r in rows)
@@ -328,6 +355,11 @@ def build_config(options: CompileOptions) -> Config:
   # No persistent compilation cache unless asked for: the report times compiles, and a cache would time reads.
   over = {"compilation_cache_dir": "none", **dict(parse_override(a) for a in options.overrides)}
   over["model_name"] = options.model
+  if options.quantization:
+    if over.get("quantization", options.quantization) != options.quantization:
+      raise ValueError(f"quantization={options.quantization!r} and the override quantization="
+                       f"{over['quantization']!r} disagree: give one")
+    over["quantization"] = options.quantization
   if options.num_layers:
     over["num_layers"] = options.num_layers
   return load_config(over)
@@ -357,6 +389,7 @@ def run(options: CompileOptions) -> dict[str, Any]:
               devices=len(devices), devices_per_chip=devices_per_chip, mesh=dict(mesh.shape),
               model=options.model, num_layers=m.num_layers, params=m.num_params(),
               dtype=config.runtime.dtype, weight_dtype=config.runtime.weight_dtype,
+              quantization=config.runtime.quantization, weights_bytes=per_device_bytes(scorer.runner.params),
               attention=scorer.runner.default_kernel, overrides=list(options.overrides),
               workloads=workloads, searches=searches,
               note=f"compile-time bounds from the {chip.platform.upper()} compiler and the cost model, "
@@ -376,11 +409,21 @@ def header_lines(report: dict[str, Any], mesh_name: str, settings: str) -> list[
   where = (f"GPU {report['topology']}: {report['devices']} GPU(s) on one host" if gpu else
            f"TPU {report['topology']} x{report['num_slices']} slice(s): {report['devices']} devices")
   mesh = " ".join(f"{k}={v}" for k, v in report["mesh"].items())
-  return [f"{where} ({c['name']}: {c['hbm_bytes'] / 1e9:.0f} GB HBM, {c['peak_bf16_flops'] / 1e12:.0f} TFLOP/s bf16, "
+  int8 = f", {c['peak_int8_ops'] / 1e12:.0f} TOP/s int8" if report.get("quantization") == "int8" else ""
+  return [f"{where} ({c['name']}: {c['hbm_bytes'] / 1e9:.0f} GB HBM, "
+          f"{c['peak_bf16_flops'] / 1e12:.0f} TFLOP/s bf16{int8}, "
           f"{c['hbm_bytes_per_s'] / 1e9:.0f} GB/s per {'GPU' if gpu else 'chip'}; {c['source']})",
           f"{mesh_name}: {mesh}; model {report['model']} {report['num_layers']} layers "
           f"({report['params'] / 1e6:.0f}M params){settings}",
           f"{report['note']}.", ""]
+
+
+def weights_line(report: dict[str, Any]) -> str:
+  """The weights each device holds (in the compiler's argument bytes): int8 projections and their float32 scales
+  under quantization, float embeddings and norms."""
+  what = ("int8 projections + float32 scales + the float rest" if report["quantization"] != "none" else
+          report["weight_dtype"])
+  return f"weights per device: {gb(report['weights_bytes'])} GB ({what})"
 
 
 def search_line(what: str, search: dict[str, Any]) -> str:
@@ -420,7 +463,9 @@ def _workload_lines(w: dict[str, Any]) -> list[str]:
 def summary(report: dict[str, Any]) -> str:
   """The report as a table: one block per workload, then the largest-fit searches."""
   lines = header_lines(report, "scoring mesh (process 0's data group)",
-                       f", dtype={report['dtype']} weight_dtype={report['weight_dtype']}, attention={report['attention']}")
+                       f", dtype={report['dtype']} weight_dtype={report['weight_dtype']} quantization="
+                       f"{report['quantization']}, attention={report['attention']}")
+  lines.insert(-2, weights_line(report))
   for w in report["workloads"]:
     lines += _workload_lines(w) + [""]
   for s in report["searches"]:

@@ -1,4 +1,4 @@
-"""bfloat16 against float32 on the same weights: label log-probs, scores, and the ranking they give.
+"""bfloat16 (or int8) against float32 on the same weights: label log-probs, scores, and the ranking they give.
 
     ref = eval.build_scorer(None, [], use_head=False)
     bf16 = eval.build_scorer(None, ["dtype=bfloat16", "weight_dtype=bfloat16"], use_head=False)
@@ -8,7 +8,7 @@ TPU runs score in bfloat16; these figures (measured on CPU, where XLA emulates b
 with f32 accumulation as the TPU MXU does) bound what that changes, and a test holds them.
 """
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -81,3 +81,22 @@ def compare_on_random_tokens(ref: Scorer, test: Scorer, query_len: int, num_item
              item_len=item_len)
   return out
 
+
+
+def ranking_agreement(ref: Scorer, tests: Mapping[str, Scorer], num_queries: int, query_len: int, num_items: int,
+                      item_len: int, label_ids: Sequence[int], seed: int = 0) -> dict[str, Any]:
+  """Per scorer of `tests`: Kendall tau of its item order against `ref`'s for each of `num_queries` requests of
+  random tokens (`num_items` items of `item_len` after a `query_len` query), ranked by the first label's
+  softmax score over `label_ids`; their mean and min."""
+  rng = np.random.default_rng(seed)
+  vocab = ref.config.model.vocab_size
+  taus: dict[str, list[float]] = {name: [] for name in tests}
+  for _ in range(num_queries):
+    query = rng.integers(0, vocab, query_len).tolist()
+    items = rng.integers(0, vocab, (num_items, item_len)).tolist()
+    order = lambda s: s.score(query, items, label_token_ids=label_ids, apply_softmax=True).scores[:, 0]  # noqa: E731
+    expected = order(ref)
+    for name, scorer in tests.items():
+      taus[name].append(kendall_tau(expected, order(scorer)))
+  return {name: dict(kendall_tau_mean=float(np.mean(t)), kendall_tau_min=float(np.min(t)), queries=num_queries,
+                     query_len=query_len, num_items=num_items, item_len=item_len) for name, t in taus.items()}

@@ -8,7 +8,9 @@ listwise loss, clip + AdamW) on random weights of the model's dims (default: 2 l
 FLOPs per step come from the cost model with the training multipliers (forward + backward + remat,
 train_compile.step_flops); the peak is this process's float32 matmul FLOP/s (measure.measure_matmul_peak).
 Device counts other than this process's run in a subprocess with
-XLA_FLAGS=--xla_force_host_platform_device_count=N (the batch split over data=N).
+XLA_FLAGS=--xla_force_host_platform_device_count=N (the batch split over data=N). `qlora` times lora's step
+on an int8_weights base (int8 projections dequantized inside the scan); the summary gives its step time over
+lora's from the same run.
 """
 
 import dataclasses
@@ -74,11 +76,11 @@ def _config(options: TrainBenchOptions):
   return config
 
 
-def _placed_state(params, optimizer, model, mesh: Optional[Mesh]):
+def _placed_state(params, optimizer, model, mesh: Optional[Mesh], mode: str):
   state = tp.make_state(params, optimizer)
   if mesh is None:
     return state
-  shardings = train_compile.state_shardings(params, model, mesh)
+  shardings = train_compile.state_shardings(params, model, mesh, tp.base_quantization(mode))
   abstract = train_compile.abstract_state(params, shardings, optimizer)
   return jax.device_put(state, jax.tree_util.tree_map(lambda x: x.sharding, abstract))
 
@@ -89,12 +91,12 @@ def time_mode(options: TrainBenchOptions, mode: str, num_devices: int) -> dict[s
   model, remat = config.model, options.remat == "per_layer"
   mesh = None if num_devices == 1 else Mesh(np.array(jax.devices()[:num_devices]).reshape(-1, 1, 1),
                                             sharding.MESH_AXES)
-  lora = tp.LoraConfig(options.lora_rank, options.lora_alpha) if mode == "lora" else None
+  lora = tp.LoraConfig(options.lora_rank, options.lora_alpha) if mode in tp.ADAPTED else None
   attend = sharding.shard_kernel(get_kernel("shared_prefix"), mesh)
   decoder = tp.make_decoder(model, attend, mode, DTYPES[config.runtime.dtype], remat, config.runtime.matmul_precision)
   params = tp.init_params(model, mode, jax.random.PRNGKey(options.seed), lora, DTYPES[config.runtime.weight_dtype])
   optimizer = tp.make_train_optimizer(params, mode)
-  state = _placed_state(params, optimizer, model, mesh)
+  state = _placed_state(params, optimizer, model, mesh, mode)
   geometry = (options.query_len, options.item_len, options.num_items)
   batch = tp.synthetic_batch(options.batch_size, options.query_len, options.num_items, options.item_len,
                              model.vocab_size, geometry, options.seed)
@@ -170,6 +172,11 @@ def summary(report: dict[str, Any]) -> str:
       lines.append(f"{r['mode']:<6}{r['devices']:>8}{r['step_s']:>9.3f}{r['first_step_s']:>9.2f}"
                    f"{r['tokens_per_s']:>10,.0f}{r['flops'] / 1e9:>12.1f}{r['flops_per_s'] / 1e9:>9.1f}"
                    f"{run_['matmul_peak']['flops_per_s'] / 1e9:>13.1f}{100 * r['peak_fraction']:>7.1f}%")
+  for run_ in report["runs"]:
+    by_mode = {r["mode"]: r for r in run_["rows"]}
+    if "lora" in by_mode and "qlora" in by_mode:
+      lines.append(f"qlora / lora step time, {run_['devices']} device(s): "
+                   f"{by_mode['qlora']['step_s'] / by_mode['lora']['step_s']:.2f}")
   lines.append(f"load average after: {report['loadavg']}")
   return "\n".join(lines) + "\n"
 

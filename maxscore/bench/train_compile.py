@@ -14,6 +14,8 @@ gradients, remat buffers), and whether the total fits. FLOPs come from the cost 
 (maxscore/scoring/cost_model.py: XLA counts a scanned layer stack once) times the training
 multipliers of `step_flops`; the roofline step time is max(FLOPs / peak, bytes / HBM bandwidth) per
 chip, ignoring collectives. A search doubles then bisects the batch size to the largest that fits.
+train=qlora compiles lora's step on a frozen int8_weights base (docs/ARCHITECTURE.md section 15): the params
+figure holds its int8 projections and float32 scales, the optimizer state only the adapters' and the head's.
 These are compile-time bounds, not measurements.
 
 Attention: the trainer's choice (layers/kernels/base.py `training_kernel`): `auto` compiles splash with its
@@ -27,7 +29,6 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -52,7 +53,7 @@ KERNEL_PLATFORMS = {"splash": "tpu", "pallas_gpu": "gpu"}  # the Pallas kernels 
 @dataclasses.dataclass(frozen=True)
 class TrainCompileOptions:
   """What training step to compile (the topology, model and geometries come from CompileOptions)."""
-  train: str = ""                 # "": the scoring report; full | lora | head: the training step
+  train: str = ""                 # "": the scoring report; full | lora | qlora | head: the training step
   batch_size: int = 8             # queries per step (global), one packed row each
   lora_rank: int = 16
   lora_alpha: float = 32.0
@@ -71,12 +72,12 @@ class TrainCompileOptions:
       raise ValueError(f"batch_size={self.batch_size} is not divisible by grad_accum_steps={self.grad_accum_steps}")
     if self.remat not in REMAT:
       raise ValueError(f"remat={self.remat!r} must be one of {list(REMAT)}")
-    if self.train == "lora":
+    if self.train in tp.ADAPTED:
       self.lora()
     return self
 
   def lora(self) -> Optional[tp.LoraConfig]:
-    if self.train != "lora":
+    if self.train not in tp.ADAPTED:
       return None
     return tp.LoraConfig(self.lora_rank, self.lora_alpha, tuple(self.lora_targets)).validate()
 
@@ -90,7 +91,7 @@ def step_flops(model: ModelConfig, batch: int, prefix_len: int, slot_len: int, n
   train, 1 (input gradients only) when frozen; attention 2 (it has no weights). Remat recomputes each
   layer's forward once more (dense and attention, not the lm_head). A frozen backbone (`head`) has no
   backward. LoRA adapters (as applied to activations): 2 * r * (in + out) per token per target, with
-  full fine-tuning's multipliers.
+  full fine-tuning's multipliers. qlora counts as lora (its dequantize is elementwise, not counted).
   """
   fwd = cost_model.program_flops(model, batch, prefix_len, slot_len, num_slots, lm_head_rows=0)
   lm_head = cost_model.program_flops(model, batch, prefix_len, slot_len, num_slots) - fwd
@@ -98,7 +99,7 @@ def step_flops(model: ModelConfig, batch: int, prefix_len: int, slot_len: int, n
   dense = 2 * model.non_embedding_params() * tokens
   attention = fwd - dense
   again = 1 if remat and mode != "head" else 0
-  backward = {"full": (2, 2, 2), "lora": (1, 2, 1), "head": (0, 0, 0)}[mode]
+  backward = {"full": (2, 2, 2), "lora": (1, 2, 1), "qlora": (1, 2, 1), "head": (0, 0, 0)}[mode]
   adapters = 0
   if lora is not None:
     shapes = tp.lora_shapes(model, lora)
@@ -114,11 +115,12 @@ def _placed(tree: Any, shardings: Any) -> Any:
   return jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
-def state_shardings(params: dict, model: ModelConfig, mesh: Mesh) -> dict:
-  """Backbone by the logical-axis rules; the head and LoRA adapters replicated (small)."""
+def state_shardings(params: dict, model: ModelConfig, mesh: Mesh, quantization: str = "none") -> dict:
+  """Backbone by the logical-axis rules (an int8 base's scales with their weights' output axes); the head and
+  LoRA adapters replicated (small)."""
   rep = NamedSharding(mesh, P())
   out = {k: jax.tree_util.tree_map(lambda _: rep, v) for k, v in params.items()}
-  out["backbone"] = sharding.model_param_shardings(model, mesh)
+  out["backbone"] = sharding.model_param_shardings(model, mesh, quantization=quantization)
   return out
 
 
@@ -148,9 +150,7 @@ def like_params(opt_state: Any, params: Any, default: NamedSharding) -> Any:
   return jax.tree_util.tree_map_with_path(pick, opt_state)
 
 
-def per_device_bytes(tree: Any) -> int:
-  return sum(math.prod(x.sharding.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
-             for x in jax.tree_util.tree_leaves(tree))
+per_device_bytes = compile_report.per_device_bytes
 
 
 def check_batch(batch: int, mesh: Mesh) -> None:
@@ -183,7 +183,13 @@ class Target:
 
 def make_target(config: Config, mesh: Mesh, chip: chips.Chip, devices_per_chip: int,
                 options: TrainCompileOptions) -> Target:
-  quant.refuse_training(config.runtime.quantization, "the training step", TrainError)
+  if options.train == "qlora":
+    quant.refuse_qlora(config.runtime.quantization, TrainError)
+    if config.runtime.quantization != "int8_weights":
+      raise TrainError(f"train=qlora trains adapters on an int8_weights base; quantization="
+                       f"{config.runtime.quantization!r} is not one (leave it out, or give int8_weights)")
+  else:
+    quant.refuse_training(config.runtime.quantization, f"train={options.train}", TrainError)
   platform = mesh.devices.flat[0].platform
   kernel, _ = training_kernel(config.kernel.attention, platform)
   if KERNEL_PLATFORMS.get(kernel, platform) != platform:
@@ -213,7 +219,9 @@ def compile_step(target: Target, batch: int, geometry) -> dict[str, Any]:
   mesh, chip, dpc = target.mesh, target.chip, target.devices_per_chip
   check_batch(batch, mesh)
   p, l, n = padded_geometry(target.config, geometry)
-  state = abstract_state(target.params, state_shardings(target.params, target.config.model, mesh), target.optimizer)
+  state = abstract_state(target.params, state_shardings(target.params, target.config.model, mesh,
+                                                        tp.base_quantization(target.options.train)),
+                         target.optimizer)
   batch_in = abstract_batch(batch, (p, l, n), mesh)
   out = dict(batch_size=batch, geometry=list(geometry[:3]), padded=[p, l, n], error=None)
   rep = NamedSharding(mesh, P())
@@ -274,7 +282,10 @@ def search_batch(target: Target, geometry, start: int) -> dict[str, Any]:
 
 # --- the report ------------------------------------------------------------------------------------------
 def run(options: compile_report.CompileOptions, train: TrainCompileOptions) -> dict[str, Any]:
-  """Compiles the training step of `train` for each geometry of `options`; the report as a JSON-able dict."""
+  """Compiles the training step of `train` for each geometry of `options`; the report as a JSON-able dict.
+  train=qlora compiles with quantization=int8_weights unless the options name another (refused)."""
+  if train.train == "qlora" and not options.quantization:
+    options = dataclasses.replace(options, quantization="int8_weights")
   config = compile_report.build_config(options)
   geometries = options.parsed_geometries()
   for g in geometries:
@@ -296,7 +307,8 @@ def run(options: compile_report.CompileOptions, train: TrainCompileOptions) -> d
               devices=len(devices), devices_per_chip=devices_per_chip, mesh=dict(mesh.shape), model=options.model,
               num_layers=m.num_layers, params=m.num_params(), train=train.train, remat=train.remat,
               lora=dataclasses.asdict(lora) if lora else None, dtype=config.runtime.dtype,
-              frozen_dtype=config.runtime.weight_dtype, attention=target.kernel,
+              frozen_dtype=config.runtime.weight_dtype, quantization=config.runtime.quantization,
+              attention=target.kernel,
               grad_accum_steps=train.grad_accum_steps, overrides=list(options.overrides), steps=steps,
               search=search, fits=all(s["fits"] for s in steps),
               note="compile-time bounds from the TPU compiler and the cost model, not measurements")
@@ -325,9 +337,11 @@ def summary(report: dict[str, Any]) -> str:
   lora = report["lora"]
   mode = report["train"] + (f" (rank {lora['rank']}, alpha {lora['alpha']}, targets {','.join(lora['targets'])})"
                              if lora else "")
+  frozen = report["frozen_dtype"] + (" (int8 projections + float32 scales)" if report["quantization"] != "none"
+                                     else "")
   lines = compile_report.header_lines(
       report, "training mesh", f"; train={mode}, remat={report['remat']}, compute {report['dtype']}, float32 master "
-      f"weights and Adam state, frozen weights {report['frozen_dtype']}, attention={report['attention']}")
+      f"weights and Adam state, frozen weights {frozen}, attention={report['attention']}")
   for s in report["steps"]:
     lines += _step_lines(s) + [""]
   if report["search"]:

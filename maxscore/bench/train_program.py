@@ -12,6 +12,9 @@ row's items). Modes:
 - `lora`: rank-r adapters A [in, r], B [r, out] per target per layer and the head train; the base
   stays frozen (in its own dtype, e.g. bf16). Each layer's kernels are merged with their adapters
   inside the scanned layer (W + alpha/r * A @ B), so only one layer's merged weights exist at a time;
+- `qlora`: `lora` on a frozen int8_weights base (layers/quantization.py: int8 projections and float32 scales,
+  the rest in its own dtype). Inside the scan each layer's int8 kernels are dequantized to float32 and merged
+  with their adapters (Wq * s + alpha/r * A @ B); the int8 weights get no gradient (the trainer's allow_int);
 - `head`: the frozen backbone's forward (no backward through it) feeds the head, which alone trains.
 
 Frozen leaves get no optimizer state (optax.multi_transform with set_to_zero, driven by a boolean
@@ -30,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from layers import quantization as quant
 from layers.config import ModelConfig
 from layers.decoder import Decoder, DecoderLayer, PRECISIONS
 from maxscore.checkpoints import storage
@@ -43,7 +47,8 @@ from maxscore.heads.train_config import TrainConfig
 from maxscore.scoring.requests import make_request
 from maxscore.scoring.runner import label_logprobs
 
-MODES = ("full", "lora", "head")
+MODES = ("full", "lora", "qlora", "head")
+ADAPTED = ("lora", "qlora")  # the modes that train adapters on a frozen base
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 LABELS = (1, 2)  # label token ids of the synthetic workload
 
@@ -94,12 +99,19 @@ def head_config(model: ModelConfig) -> head.HeadConfig:
 
 def abstract_params(model: ModelConfig, mode: str, lora: Optional[LoraConfig] = None,
                     frozen_dtype: Any = jnp.bfloat16) -> dict:
-  """ShapeDtypeStructs of the params `mode` trains with: {"backbone", "head"} and, for lora, "lora"."""
-  params = {"backbone": storage.abstract_params(model, jnp.float32 if mode == "full" else frozen_dtype),
+  """ShapeDtypeStructs of the params `mode` trains with: {"backbone", "head"} and, for lora and qlora, "lora"
+  (qlora's backbone: int8 projections with float32 scales, the rest in `frozen_dtype`)."""
+  params = {"backbone": storage.abstract_params(model, jnp.float32 if mode == "full" else frozen_dtype,
+                                                quantization=base_quantization(mode)),
             "head": jax.eval_shape(lambda: head.init_head(head_config(model), jax.random.PRNGKey(0)))}
-  if mode == "lora":
+  if mode in ADAPTED:
     params["lora"] = lora_shapes(model, lora)
   return params
+
+
+def base_quantization(mode: str) -> str:
+  """The quantization of `mode`'s frozen base: int8_weights for qlora, none otherwise."""
+  return "int8_weights" if mode == "qlora" else "none"
 
 
 def init_params(model: ModelConfig, mode: str, key: jax.Array, lora: Optional[LoraConfig] = None,
@@ -115,7 +127,9 @@ def init_params(model: ModelConfig, mode: str, key: jax.Array, lora: Optional[Lo
       return (jnp.zeros(x.shape, x.dtype) if names[-1] == "b"
               else jax.random.normal(k, x.shape, x.dtype) / np.sqrt(x.shape[1]))
     if names[-1].endswith("norm") or "scale" in names[-1]:
-      return jnp.ones(x.shape, x.dtype)
+      return jnp.ones(x.shape, x.dtype) * (0.02 / 127 if names[-1].endswith("_scale") else 1)
+    if x.dtype == jnp.int8:
+      return jax.random.randint(k, x.shape, -127, 128, jnp.int32).astype(jnp.int8)
     return (0.02 * jax.random.normal(k, x.shape, jnp.float32)).astype(x.dtype)
   return jax.tree_util.tree_unflatten(treedef, [init(p, x, k) for (p, x), k in zip(leaves, keys)])
 
@@ -135,8 +149,11 @@ def make_train_optimizer(params: dict, mode: str, total_steps: int = 1000) -> op
 
 # --- the forward and the loss ---------------------------------------------------------------------
 def _merge_layer(layer_params: dict, lora_layer: dict, scale: float) -> dict:
-  """One layer's params with each adapted kernel replaced by W + scale * A @ B (in W's dtype)."""
-  out = jax.tree_util.tree_map(lambda x: x, layer_params)
+  """One layer's params with each adapted kernel replaced by W + scale * A @ B (in W's dtype); int8 kernels
+  (qlora) are first dequantized to float32 Wq * s, their scales dropped."""
+  out = quant.dequantize_params(layer_params) if quant.holds_int8(layer_params) else layer_params
+  out = jax.tree_util.tree_map(lambda x: x, out)
+  layer_params = out
   for t, ab in lora_layer.items():
     a, b = _kernel_path(t)
     w = layer_params[a][b]
@@ -170,7 +187,7 @@ def features(decoder: Decoder, params: dict, batch: dict, mode: str, lora: Optio
   backbone = params["backbone"]
   if mode == "head":
     backbone = jax.lax.stop_gradient(backbone)
-  if mode == "lora":
+  if mode in ADAPTED:
     hidden_BxTxD = _lora_hidden(decoder, params, lora, batch["tokens"], batch["positions"], batch["layout"], remat)
   else:
     hidden_BxTxD, _ = decoder.apply({"params": backbone}, batch["tokens"], batch["positions"], batch["layout"])
@@ -192,9 +209,10 @@ def make_loss_fn(decoder: Decoder, mode: str, lora: Optional[LoraConfig] = None,
 
 def make_decoder(model: ModelConfig, attend: Callable, mode: str, dtype: Any, remat: bool,
                  precision: str = "default") -> Decoder:
-  """The Decoder the step applies: compute in `dtype`; full mode rematerializes each scanned layer itself."""
+  """The Decoder the step applies: compute in `dtype`; full mode rematerializes each scanned layer itself; qlora
+  reads its int8_weights base (the embedding, the final norm and an int8 lm_head outside the scan)."""
   return Decoder(model, attend, dtype=dtype, param_dtype=jnp.float32, precision=precision,
-                 remat=remat and mode == "full")
+                 remat=remat and mode == "full", quantization=base_quantization(mode))
 
 
 # --- the step ---------------------------------------------------------------------------------------

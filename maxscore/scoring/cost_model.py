@@ -70,6 +70,13 @@ def program_flops(model_cfg: ModelConfig, batch: int, prefix_len: int, slot_len:
                   + lm_head_per_row * rows)
 
 
+def program_dense_flops(model_cfg: ModelConfig, batch: int, prefix_len: int, slot_len: int, num_slots: int,
+                        prefix_cached: bool = False) -> int:
+  """The dense-layer (projection) share of `program_flops`: the dots quantization=int8 runs in int8."""
+  tokens = (0 if prefix_cached else prefix_len) + num_slots * slot_len
+  return batch * _rates(model_cfg)[0] * tokens
+
+
 def model_flops(model_cfg: ModelConfig, query_len: int, item_lens: Sequence[int], algorithm: str = "packed",
                 separator: bool = True, lm_head_cols: Optional[int] = None) -> dict[str, Any]:
   """Model FLOPs of one request (docs/ARCHITECTURE.md section 3, cost model), split into dense, attention and lm_head.
