@@ -211,7 +211,9 @@ def test_labels_by_string_or_id(tok):
 # --- the embedded default --------------------------------------------------------------------------
 def test_default_assets_are_small_consistent_and_split():
   files = [p for p in data.DEFAULT_DIR.rglob("*") if p.is_file()]
-  assert sum(p.stat().st_size for p in files) < 10e6  # ~5.2 MB: a 1.2M-parameter float32 model + the data
+  # ~15.4 MB: a 1.2M-parameter float32 model and the first set (~6 MB), and the held-out python-docs set
+  # (~9.2 MB: 9,000 paragraphs, graded qrels of 1,278 queries and their BM25 top 30)
+  assert sum(p.stat().st_size for p in files) < 16e6
   model, tok_path = checkpointing.read_metadata(data.DEFAULT_CHECKPOINT)
   tok = load_tokenizer(tok_path)
   assert model.vocab_size == tok.vocab_size and model.family == "qwen3"
