@@ -163,10 +163,7 @@ def write_rerank_data(out: pathlib.Path, built: default_set.DefaultSet) -> pathl
   """Writes both forms of the rerank set under `out`; returns the JSONL form's path."""
   jsonl = out / data.DEFAULT_JSONL.name
   _write_jsonl(jsonl, built.records)
-  for name, text in built.beir.items():
-    path = out / default_set.BEIR_DIR / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    safety.atomic_write_text(path, text)
+  _write_files(out / default_set.BEIR_DIR, built.beir)
   return jsonl
 
 
@@ -188,11 +185,7 @@ def write_docs_set(options: AssetOptions, out: pathlib.Path) -> Optional[pathlib
   sections = docs_set.read_sections(options.docs_html)
   files = docs_set.build_files(sections, options.seed, options.docs_test_queries, options.docs_dev_queries,
                                options.bm25_top_k)
-  target = out / data.DEFAULT_DOCS_DIR.name
-  for name, text in files.items():
-    (target / name).parent.mkdir(parents=True, exist_ok=True)
-    safety.atomic_write_text(target / name, text)
-  return target
+  return _write_files(out / data.DEFAULT_DOCS_DIR.name, files)
 
 
 def prepare_directories(options: AssetOptions) -> None:
@@ -273,6 +266,14 @@ def _recipe(options: AssetOptions, work: pathlib.Path, data_root: pathlib.Path, 
 
 def _dir_bytes(path: pathlib.Path) -> int:
   return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _write_files(target: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
+  """{relative path: text} under `target`, each file written whole (atomically); returns `target`."""
+  for name, text in files.items():
+    (target / name).parent.mkdir(parents=True, exist_ok=True)
+    safety.atomic_write_text(target / name, text)
+  return target
 
 
 def _write_jsonl(path: pathlib.Path, records: list[dict]) -> None:

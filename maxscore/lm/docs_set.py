@@ -183,13 +183,5 @@ def build_files(sections: Sequence[Section], seed: int = 0, test_queries: int = 
   return files
 
 
-def write(files: dict[str, str], out_dir) -> pathlib.Path:
-  out = pathlib.Path(out_dir)
-  for rel, text in files.items():
-    (out / rel).parent.mkdir(parents=True, exist_ok=True)
-    (out / rel).write_text(text, encoding="utf-8")
-  return out
-
-
 def _jsonl(records: Iterable[dict]) -> str:
   return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
