@@ -546,13 +546,12 @@ def convert_gguf_checkpoint(gguf_path: os.PathLike, output_dir: os.PathLike, dty
     f = gguf_reader.GGUFFile(path)
     hf = gguf_reader.hf_config(f)
     try:
-      cfg, source_layers = keep_first_layers(model_config_from_hf(hf), keep_layers)
+      cfg = model_config_from_hf(hf)
     except ConversionError as e:
-      if str(e).startswith("keep_layers="):
-        raise
       raise ConversionError(f"{path}: its metadata, read as {e}") from None
     except KeyError as e:
       raise ConversionError(f"{path}: the metadata lacks {gguf_reader.gguf_key(f, e.args[0])}") from None
+    cfg, source_layers = keep_first_layers(cfg, keep_layers)
     logging.info("converting %s (%s, %d layers, %.1fM params) to %s", path, cfg.family, cfg.num_layers,
                  cfg.num_params() / 1e6, output_dir)
     with tempfile.TemporaryDirectory(prefix="maxscore-gguf-tokenizer-") as tmp:
