@@ -143,6 +143,7 @@ class Prepared:
   match_targets: bool = False        # batches carry the token-match targets (match_loss_weight > 0)
   teacher: Optional[np.ndarray] = None  # the train split's teacher scores [Q, N] (loss=distill)
   window_grades: Optional[dict] = None  # loss=first_listwise: per split (grades [Q, K], mask [Q, K]) per identifier
+  group_rows: bool = False           # train_backbone with group_size: a train row packs only the group drawn
 
   @property
   def num_train(self) -> int:
@@ -188,7 +189,8 @@ def prepare(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str
   if cfg.train_backbone:
     prep.geometry = {s: packed_geometry(scorer, ex) for s, ex in examples.items()}
     prep.match_targets = cfg.match_loss_weight > 0
-    if cfg.group_size and not prep.match_targets:  # a row packs only the group drawn for the step
+    prep.group_rows = bool(cfg.group_size) and not prep.match_targets  # match targets need every item
+    if prep.group_rows:
       p, l, n = prep.geometry["train"]
       prep.geometry["train"] = (p, l, min(n, bucket(cfg.group_size, scorer.config.buckets.item_count_buckets,
                                                     "group size")))
@@ -315,7 +317,7 @@ def make_batch(prep: Prepared, idx: np.ndarray, step: int = 0, cfg: Optional[Tra
     batch.update(id_grades=id_grades[safe], id_mask=id_mask[safe] & valid[:, None])
   if prep.geometry is not None:
     reqs = [prep.examples["train"].requests[i] if i >= 0 else None for i in idx]
-    if cfg is not None and cfg.group_size and not prep.match_targets:  # only the drawn items are packed
+    if prep.group_rows:  # only the drawn items are packed
       plan = plan_packed(reqs, prep.geometry["train"], columns=[np.nonzero(m)[0] for m in batch["mask"]],
                          num_columns=grades.shape[1])
     else:
