@@ -157,7 +157,8 @@ def table(s: Stages, first_stage_name: str = FIRST) -> list[str]:
            FUSED: f"{FUSED} ({fusion.params_text(s.fusion['method'], s.fusion.get('alpha'), s.fusion.get('rrf_k', 0))})"
            if FUSED in s.means else FUSED, FUSED_NO_RERANKER: FUSED_NO_RERANKER}
   lw = max(len(v) for v in label.values())
-  lines = [(f"  {'run':<{lw}} " + " ".join(f"{n:<{width + (16 if i == 0 else 0)}}" for i, n in enumerate(names))).rstrip()]
+  widths = [width + (16 if i == 0 else 0) for i in range(len(names))]  # the first metric's cell holds its interval
+  lines = [(f"  {'run':<{lw}} " + " ".join(f"{n:<{w}}" for n, w in zip(names, widths))).rstrip()]
   for run, means in s.means.items():
     cells = []
     for i, n in enumerate(names):
@@ -166,7 +167,7 @@ def table(s: Stages, first_stage_name: str = FIRST) -> list[str]:
           f"{means[n]:.4f} {t['delta']:+.4f} p={t['p_randomization_holm']:.3f}{compare.MARK if t['significant'] else ''}")
       if t is not None and i == 0:  # the first metric's delta with its 95% interval
         cell += f" [{t['ci_low']:+.3f},{t['ci_high']:+.3f}]"
-      cells.append(f"{cell:<{width + (16 if i == 0 else 0)}}")
+      cells.append(f"{cell:<{widths[i]}}")
     lines.append(f"  {label[run]:<{lw}} " + " ".join(cells).rstrip())
   if s.tests:
     lines.append(f"  (delta and p against the {first_stage_name}: paired randomization test, two-sided, "
