@@ -16,6 +16,14 @@ def test_the_quick_check_passes_on_cpu_and_writes_each_part(load_script, tmp_pat
   assert status == 0 and report["interpret"] and report["speed_parts"] == []
   assert [r["name"] for r in report["kernels"]] == [c[0] for c in gpu_check._KERNEL_CASES]
   assert all(r["ok"] and r["max_abs_diff"] <= gpu_check._TOLERANCE[r["dtype"]] for r in report["kernels"])
+  assert [r["name"] for r in report["kernel_grads"]] == [c[0] for c in gpu_check._KERNEL_CASES]
+  assert all(r["ok"] and set(r["relative_error"]) == {"loss", "dq", "dk", "dv"} for r in report["kernel_grads"])
+  train = report["train"]
+  assert set(train["runs"]) == {"pallas_gpu", "shared_prefix"}
+  assert {r["kernel"] for r in train["runs"]["pallas_gpu"]["rows"]} == {"pallas_gpu"}
+  assert {r["mode"] for r in train["runs"]["shared_prefix"]["rows"]} == {"full", "lora"}
+  # Same weights, batch and steps: the two kernels' losses agree (float32 here, bfloat16 on the GPU).
+  assert all(c["loss_relative_diff"] < 1e-3 for c in train["shared_prefix_over_pallas_gpu"].values())
   checks = report["scorer_parity"]["checks"]
   assert set(checks["max_abs_logprob_diff_vs_serial[pallas_gpu]"]) == {
       f"{a}[{k}]" for a in ("packed", "prefill_extend", "serial") for k in ("pallas_gpu", "shared_prefix")
@@ -25,11 +33,13 @@ def test_the_quick_check_passes_on_cpu_and_writes_each_part(load_script, tmp_pat
 
 
 def test_a_kernel_case_off_or_a_failed_part_fails_the_check():
-  good = dict(kernels=[dict(ok=True)], scorer_parity=dict(checks={"max_abs_logprob_diff_vs_serial[x]": {"a": 1e-6},
+  good = dict(kernels=[dict(ok=True)], kernel_grads=[dict(ok=True)], scorer_parity=dict(checks={"max_abs_logprob_diff_vs_serial[x]": {"a": 1e-6},
                                                                   "hf_agrees_1e4": True}))
   assert gpu_check.all_ok(good)
   assert not gpu_check.all_ok(dict(good, kernels=[dict(ok=True), dict(ok=False)]))
   assert not gpu_check.all_ok(dict(good, kernels=dict(error="ImportError: no triton")))
+  assert not gpu_check.all_ok(dict(good, kernel_grads=[dict(ok=False)]))
+  assert not gpu_check.all_ok(dict(good, kernel_grads=dict(error="ValueError: ...")))
   off = {"max_abs_logprob_diff_vs_serial[x]": {"a": 2e-4}, "hf_agrees_1e4": True}
   assert not gpu_check.all_ok(dict(good, scorer_parity=dict(checks=off)))
   assert not gpu_check.all_ok(dict(good, scorer_parity=dict(error="ValueError: ...")))

@@ -1,10 +1,13 @@
 """What `make gpu-check` runs on a machine with a GPU, in one process and a few minutes:
 
 1. the pallas_gpu kernel, compiled by Triton, against the dense reference kernel on the device
-   (f32 and bf16, with and without a cached prefix, GQA, sliding window and soft-capping);
+   (f32 and bf16, with and without a cached prefix, GQA, sliding window and soft-capping), forward and
+   backward (loss, dq, dk, dv; the gradient program holds three Triton calls);
 2. the scorer against transformers on the same device: a small random model, every algorithm with
    pallas_gpu and with shared_prefix, float32 (bench.run_score's cross-checks);
-3. the real-depth workloads (SmolLM2-135M's and Qwen3-0.6B's dimensions at full depth) against
+3. the fine-tuning step (Qwen3-0.6B's dimensions, 28 layers, full and LoRA) with pallas_gpu's backward and
+   with shared_prefix: step times and losses on the same weights and batches;
+4. the real-depth workloads (SmolLM2-135M's and Qwen3-0.6B's dimensions at full depth) against
    transformers on the same GPU, in bfloat16, against the bf16 matmul peak measured in the run.
 
     report = run_gpu_check(GpuCheckOptions())   # JSON-ready; summary_lines(report) prints it
@@ -26,7 +29,10 @@ import numpy as np
 
 from layers.kernels import pallas_gpu, reference
 from layers.kernels.base import KernelOptions, PrefixKV, SegmentLayout
+from maxscore.bench import train_bench
 from maxscore.bench.harness import BenchOptions, run_benchmark
+from maxscore.bench.train_bench import TrainBenchOptions
+from maxscore.testing import kernel_grads
 
 # (name, prefix P, items N, item tokens L, q heads, kv heads, head_dim, dtype, cached prefix, window, softcap)
 _KERNEL_CASES = (
@@ -37,6 +43,7 @@ _KERNEL_CASES = (
     ("f32 window+softcap", 90, 6, 30, 4, 2, 64, "float32", False, 48, 50.0),
 )
 _TOLERANCE = {"float32": 2e-5, "bfloat16": 3e-2}
+_TRITON_TARGET = "triton_kernel_call"
 
 
 
@@ -108,6 +115,71 @@ def kernel_parity(interpret: bool, cases=_KERNEL_CASES) -> list[dict[str, Any]]:
   return rows
 
 
+def kernel_grad_parity(interpret: bool, cases=_KERNEL_CASES) -> list[dict[str, Any]]:
+  """pallas_gpu's backward (its custom VJP: the dq and dkv kernels) against reference.attend's gradients: the
+  loss and dq, dk, dv of one weighted sum over the real queries (maxscore/testing/kernel_grads.py). The error
+  is relative to the largest reference entry; on the GPU the compiled gradient program is also searched for
+  its Triton calls (forward, dq, dkv)."""
+  rows = []
+  for name, p, n, l, nh, kh, h, dtype, cached, window, softcap in cases:
+    row = dict(name=name, dtype=dtype, cached_prefix=cached, window=window, softcap=softcap)
+    try:
+      q, k, v, layout, pkv = _case_arrays(np.random.default_rng(len(rows)), 2, p, n, l, nh, kh, h, dtype, cached)
+      options = KernelOptions(kernel_interpret=interpret)
+      f32 = lambda x: x.astype(jnp.float32)
+      pkv32 = None if pkv is None else PrefixKV(f32(pkv.k), f32(pkv.v))
+      t0 = time.perf_counter()
+      got = kernel_grads.loss_and_grads(functools.partial(pallas_gpu.attend, options=options), q, k, v, layout,
+                                        pkv, window, softcap)
+      jax.block_until_ready(got)
+      row["first_call_s"] = time.perf_counter() - t0
+      want = kernel_grads.loss_and_grads(functools.partial(reference.attend, options=options), f32(q), f32(k),
+                                         f32(v), layout, pkv32, window, softcap)
+      errors = {"loss": abs(float(got[0]) - float(want[0])) / max(1.0, abs(float(want[0])))}
+      for part_name, g, w in zip(("dq", "dk", "dv"), got[1], want[1]):
+        g, w = np.asarray(g.astype(jnp.float32)), np.asarray(w)
+        errors[part_name] = float(np.abs(g - w).max() / max(1.0, float(np.abs(w).max())))
+      row["relative_error"] = errors
+      row["finite"] = bool(all(np.isfinite(np.asarray(g.astype(jnp.float32))).all() for g in got[1]))
+      row["ok"] = row["finite"] and max(errors.values()) <= _TOLERANCE[dtype]
+      if not interpret:
+        row["triton_calls"] = _triton_calls(options, q, k, v, layout, pkv, window, softcap)
+        row["ok"] = row["ok"] and row["triton_calls"] == 3
+    except Exception as e:  # noqa: BLE001 -- a backward that does not compile is a finding, not a stop
+      row.update(ok=False, error=f"{type(e).__name__}: {' '.join(str(e).split())[:2000]}")
+    rows.append(row)
+  return rows
+
+
+def _triton_calls(options, q, k, v, layout, pkv, window, softcap) -> int:
+  """Triton custom calls in the compiled gradient program (its forward, dq and dkv kernels)."""
+  def loss(q, k, v):
+    out = pallas_gpu.attend(q, k, v, layout, pkv, options=options, window=window, softcap=softcap)
+    return jnp.sum(out.astype(jnp.float32))
+  text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).compile().as_text()
+  return text.count(f'custom_call_target="{_TRITON_TARGET}"')
+
+
+def train_steps(quick: bool, dtype: str, interpret: bool) -> dict[str, Any]:
+  """The fine-tuning step (full and LoRA) with pallas_gpu's backward and with shared_prefix (XLA), on the same
+  weights and batch (maxscore/bench/train_bench.py): step time each, and the losses after the same steps."""
+  kw = dict(model="qwen3-0.6b", num_layers=28, modes=("full", "lora"), devices=(1,), batch_size=8, query_len=200,
+            num_items=20, item_len=20, repeats=5)
+  if quick:
+    kw.update(model="tiny-qwen3", num_layers=2, batch_size=2, query_len=16, num_items=3, item_len=4, repeats=1)
+  runs = {}
+  for kernel in ("pallas_gpu", "shared_prefix"):
+    options = TrainBenchOptions(**kw, overrides=(f"attention={kernel}", f"dtype={dtype}",
+                                                 f"kernel_interpret={str(interpret).lower()}")).validate()
+    runs[kernel] = train_bench.measure_here(options, 1)
+  by = {k: {r["mode"]: r for r in run["rows"]} for k, run in runs.items()}
+  compare = {m: dict(step_s_ratio=by["shared_prefix"][m]["step_s"] / by["pallas_gpu"][m]["step_s"],
+                     loss_relative_diff=abs(by["pallas_gpu"][m]["loss"] - by["shared_prefix"][m]["loss"])
+                     / max(1.0, abs(by["shared_prefix"][m]["loss"])))
+             for m in kw["modes"]}
+  return dict(options=kw, dtype=dtype, runs=runs, shared_prefix_over_pallas_gpu=compare)
+
+
 def _bench(**kw) -> dict[str, Any]:
   return run_benchmark(BenchOptions(**kw).validate())
 
@@ -140,11 +212,13 @@ def run_gpu_check(opts: GpuCheckOptions, on_part: Optional[Callable[[str, Any], 
 
   cases = tuple(c[:1] + (9, 2, 5) + c[4:] for c in _KERNEL_CASES) if quick else _KERNEL_CASES
   part("kernels", lambda: kernel_parity(interpret, cases))
+  part("kernel_grads", lambda: kernel_grad_parity(interpret, cases))
   parity = dict(model="tiny-qwen3", num_layers=2, query_len=40, num_items=12, item_len=9, labels=(3, 7),
                 algorithms=("serial", "packed", "prefill_extend"), repeats=1, serial_items=4, hf_batch_size=4,
                 kernels=("pallas_gpu", "shared_prefix"),
                 overrides=(f"kernel_interpret={str(interpret).lower()}", "gpu_block_q=16", "gpu_block_kv=16"))
   part("scorer_parity", lambda: _bench(**parity))
+  part("train", lambda: train_steps(quick, opts.dtype, interpret))
   runs = []
   for (model, layers), workloads in opts.speed_groups().items():
     kw = dict(model=model, num_layers=layers, suite=True, suite_workloads=workloads,
@@ -173,6 +247,27 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     for r in kernels or []:
       detail = r.get("error") or f"max |diff| {r['max_abs_diff']:.2e}, first call {r['first_call_s']:.2f} s"
       lines.append(f"kernel {r['name']:<20} {'ok ' if r['ok'] else 'BAD'} {detail}")
+  grads = report.get("kernel_grads")
+  if isinstance(grads, dict):
+    lines.append(f"kernel_grads: ERROR {grads['error']}")
+  else:
+    for r in grads or []:
+      detail = r.get("error") or (", ".join(f"{k} {v:.1e}" for k, v in r["relative_error"].items())
+                                  + f" (relative), first call {r['first_call_s']:.2f} s"
+                                  + (f", {r['triton_calls']} Triton calls" if "triton_calls" in r else ""))
+      lines.append(f"backward {r['name']:<18} {'ok ' if r['ok'] else 'BAD'} {detail}")
+  train = report.get("train")
+  if train is not None:
+    lines.append("== train")
+    if "error" in train:
+      lines.append(f"ERROR {train['error']}\n{train.get('traceback', '')}")
+    else:
+      for kernel, run in train["runs"].items():
+        lines.append(train_bench.summary(dict(options=dict(train["options"], remat="per_layer"), params=0,
+                                              dtype=train["dtype"], runs=[run], loadavg="", note=kernel)).rstrip())
+      for mode, c in train["shared_prefix_over_pallas_gpu"].items():
+        lines.append(f"{mode}: shared_prefix step / pallas_gpu step {c['step_s_ratio']:.2f}; "
+                     f"loss relative diff {c['loss_relative_diff']:.1e}")
   for name in ["scorer_parity"] + report.get("speed_parts", []):
     r = report.get(name)
     if r is None:
@@ -183,10 +278,11 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
 
 
 def all_ok(report: dict[str, Any]) -> bool:
-  """Every kernel case within tolerance; in the parity part every algorithm and kernel within 1e-4 of
+  """Every kernel case, forward and backward, within tolerance; in the parity part every algorithm and kernel within 1e-4 of
   serial, and transformers within 1e-4 of the scorer."""
-  kernels = report.get("kernels")
+  kernels, grads = report.get("kernels"), report.get("kernel_grads")
   checks = (report.get("scorer_parity") or {}).get("checks", {})
   vs_serial = [d for k, v in checks.items() if k.startswith("max_abs_logprob_diff_vs_") for d in v.values()]
-  return (isinstance(kernels, list) and all(r["ok"] for r in kernels) and bool(vs_serial)
+  return (isinstance(kernels, list) and all(r["ok"] for r in kernels) and isinstance(grads, list)
+          and all(r["ok"] for r in grads) and bool(vs_serial)
           and max(vs_serial) <= 1e-4 and bool(checks.get("hf_agrees_1e4")))

@@ -1,12 +1,16 @@
-"""CPU backbone fine-tuning throughput: tokens/s and % of the matmul peak measured in the same run.
+"""Backbone fine-tuning throughput: tokens/s and % of the matmul peak (in the compute dtype) measured in the
+same run, on this process's backend.
 
     report = train_bench.run(TrainBenchOptions(modes=("full", "lora"), devices=(1, 2)))
     print(train_bench.summary(report))
 
 Times the training step of maxscore/bench/train_program.py (the packed layout, the head trainer's
-listwise loss, clip + AdamW) on random weights of the model's dims (default: 2 layers of Qwen3-0.6B).
+listwise loss, clip + AdamW) on random weights of the model's dims (default: 2 layers of Qwen3-0.6B), with
+the trainer's attention kernel (`training_kernel` of the `attention` override: shared_prefix on CPU,
+pallas_gpu on a GPU).
 FLOPs per step come from the cost model with the training multipliers (forward + backward + remat,
-train_compile.step_flops); the peak is this process's float32 matmul FLOP/s (measure.measure_matmul_peak).
+train_compile.step_flops); the peak is this process's matmul FLOP/s in the compute dtype
+(measure.measure_matmul_peak).
 Device counts other than this process's run in a subprocess with
 XLA_FLAGS=--xla_force_host_platform_device_count=N (the batch split over data=N). `qlora` times lora's step
 on an int8_weights base (int8 projections dequantized inside the scan); the summary gives its step time over
@@ -28,6 +32,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from layers import quantization as quant
 from layers import sharding
 from layers.kernels import get_kernel
+from layers.kernels.base import training_kernel
 from maxscore.bench import measure, train_compile
 from maxscore.bench import train_program as tp
 from maxscore.config import CODE_ONLY, ConfigError, load_config, parse_override
@@ -92,7 +97,8 @@ def time_mode(options: TrainBenchOptions, mode: str, num_devices: int) -> dict[s
   mesh = None if num_devices == 1 else Mesh(np.array(jax.devices()[:num_devices]).reshape(-1, 1, 1),
                                             sharding.MESH_AXES)
   lora = tp.LoraConfig(options.lora_rank, options.lora_alpha) if mode in tp.ADAPTED else None
-  attend = sharding.shard_kernel(get_kernel("shared_prefix"), mesh)
+  kernel, _ = training_kernel(config.kernel.attention)
+  attend = sharding.shard_kernel(get_kernel(kernel, config.kernel.options()), mesh)
   decoder = tp.make_decoder(model, attend, mode, DTYPES[config.runtime.dtype], remat, config.runtime.matmul_precision)
   params = tp.init_params(model, mode, jax.random.PRNGKey(options.seed), lora, DTYPES[config.runtime.weight_dtype])
   optimizer = tp.make_train_optimizer(params, mode)
@@ -116,18 +122,19 @@ def time_mode(options: TrainBenchOptions, mode: str, num_devices: int) -> dict[s
       times.append(time.perf_counter() - t0)
   flops = train_compile.step_flops(model, options.batch_size, *geometry, mode, remat, lora)
   best = min(times)
-  return dict(mode=mode, devices=num_devices, first_step_s=first, step_s=best, step_times_s=times,
+  return dict(mode=mode, devices=num_devices, kernel=kernel, first_step_s=first, step_s=best, step_times_s=times,
               flops=flops["total"], flops_parts=flops, tokens=flops["tokens"], tokens_per_s=flops["tokens"] / best,
               flops_per_s=flops["total"] / best, loss=float(metrics["loss"]))
 
 
 def measure_here(options: TrainBenchOptions, num_devices: int) -> dict[str, Any]:
   """Every mode on `num_devices` devices of this process, with this process's matmul peak."""
-  peak = measure.measure_matmul_peak()
+  peak = measure.measure_matmul_peak(dtype=_config(options).runtime.dtype)
   rows = [time_mode(options, m, num_devices) for m in options.modes]
   for r in rows:
     r["peak_fraction"] = r["flops_per_s"] / peak["flops_per_s"]
-  return dict(devices=num_devices, matmul_peak=peak, rows=rows, machine=measure.machine_info())
+  return dict(devices=num_devices, platform=jax.default_backend(), matmul_peak=peak, rows=rows,
+              machine=measure.machine_info())
 
 
 def _in_subprocess(options: TrainBenchOptions, num_devices: int) -> dict[str, Any]:
@@ -162,14 +169,15 @@ def _loadavg() -> str:
 
 def summary(report: dict[str, Any]) -> str:
   o = report["options"]
-  lines = [f"CPU fine-tuning step: {o['model']} dims, {o['num_layers']} layers ({report['params'] / 1e6:.0f}M params),"
+  platform = report["runs"][0].get("platform", "cpu").upper()
+  lines = [f"{platform} fine-tuning step: {o['model']} dims, {o['num_layers']} layers ({report['params'] / 1e6:.0f}M params),"
            f" {o['batch_size']} queries x ({o['query_len']} + {o['num_items']} x {o['item_len']}) tokens per step, "
            f"dtype {report['dtype']}, remat {o['remat']}; {report['note']}",
-           f"{'mode':<6}{'devices':>8}{'step s':>9}{'first s':>9}{'tokens/s':>10}{'GFLOP/step':>12}"
+           f"{'mode':<6}{'kernel':>14}{'devices':>8}{'step s':>9}{'first s':>9}{'tokens/s':>10}{'GFLOP/step':>12}"
            f"{'GFLOP/s':>9}{'peak GFLOP/s':>13}{'% peak':>8}"]
   for run_ in report["runs"]:
     for r in run_["rows"]:
-      lines.append(f"{r['mode']:<6}{r['devices']:>8}{r['step_s']:>9.3f}{r['first_step_s']:>9.2f}"
+      lines.append(f"{r['mode']:<6}{r.get('kernel', ''):>14}{r['devices']:>8}{r['step_s']:>9.3f}{r['first_step_s']:>9.2f}"
                    f"{r['tokens_per_s']:>10,.0f}{r['flops'] / 1e9:>12.1f}{r['flops_per_s'] / 1e9:>9.1f}"
                    f"{run_['matmul_peak']['flops_per_s'] / 1e9:>13.1f}{100 * r['peak_fraction']:>7.1f}%")
   for run_ in report["runs"]:
