@@ -40,6 +40,9 @@ def test_a_kernel_case_off_or_a_failed_part_fails_the_check():
   assert not gpu_check.all_ok(dict(good, kernels=dict(error="ImportError: no triton")))
   assert not gpu_check.all_ok(dict(good, kernel_grads=[dict(ok=False)]))
   assert not gpu_check.all_ok(dict(good, kernel_grads=dict(error="ValueError: ...")))
+  assert not gpu_check.all_ok(dict(good, train=dict(error="XlaRuntimeError: out of memory")))
+  assert not gpu_check.all_ok({}), "no part ran"
+  assert gpu_check.all_ok(dict(kernel_grads=[dict(ok=True)])), "a rerun of one part"
   off = {"max_abs_logprob_diff_vs_serial[x]": {"a": 2e-4}, "hf_agrees_1e4": True}
   assert not gpu_check.all_ok(dict(good, scorer_parity=dict(checks=off)))
   assert not gpu_check.all_ok(dict(good, scorer_parity=dict(error="ValueError: ...")))
@@ -48,6 +51,7 @@ def test_a_kernel_case_off_or_a_failed_part_fails_the_check():
 @pytest.mark.parametrize("flag, message", [
     ("--speed_workloads=qwen3-0.6b:beir=32x100x256", "is not model:layers:name=QxNxL"),
     ("--dtype=float16", "dtype='float16' must be float32 or bfloat16"),
+    ("--parts=kernels,speeds", "each must be one of"),
 ])
 def test_bad_settings_are_one_line_errors(load_script, flag, message, capsys):
   with pytest.raises(SystemExit) as e:

@@ -43,7 +43,9 @@ _KERNEL_CASES = (
     ("f32 window+softcap", 90, 6, 30, 4, 2, 64, "float32", False, 48, 50.0),
 )
 _TOLERANCE = {"float32": 2e-5, "bfloat16": 3e-2}
-_TRITON_TARGET = "triton_kernel_call"
+_TRITON_TARGET = "__gpu$xla.gpu.triton"  # Pallas' Triton custom call (jax/_src/pallas/triton)
+_TRITON_KERNELS = ("packed_flash_forward", "packed_flash_dq", "packed_flash_dkv")
+_PARTS = ("kernels", "kernel_grads", "scorer_parity", "train", "speed")
 
 
 
@@ -56,11 +58,15 @@ class GpuCheckOptions:
                                       "qwen3-0.6b:28:beir=32x100x256", "qwen3-0.6b:28:msmarco=16x1000x96")
   dtype: str = "bfloat16"              # the speed part's compute and weight dtype (the parity part is float32)
   speed_kernels: tuple[str, ...] = ("pallas_gpu", "shared_prefix")  # attention kernels the speed part times
+  parts: tuple[str, ...] = _PARTS      # the parts to run, in this order (a rerun of one part: parts=speed)
 
   def validate(self) -> "GpuCheckOptions":
     if self.dtype not in ("float32", "bfloat16"):
       raise ValueError(f"dtype={self.dtype!r} must be float32 or bfloat16")
     self.speed_groups()
+    bad = [p for p in self.parts if p not in _PARTS]
+    if bad or not self.parts:
+      raise ValueError(f"parts={list(self.parts)}: each must be one of {list(_PARTS)}")
     return self
 
   def speed_groups(self) -> dict[tuple[str, int], tuple[str, ...]]:
@@ -141,23 +147,29 @@ def kernel_grad_parity(interpret: bool, cases=_KERNEL_CASES) -> list[dict[str, A
         errors[part_name] = float(np.abs(g - w).max() / max(1.0, float(np.abs(w).max())))
       row["relative_error"] = errors
       row["finite"] = bool(all(np.isfinite(np.asarray(g.astype(jnp.float32))).all() for g in got[1]))
-      row["ok"] = row["finite"] and max(errors.values()) <= _TOLERANCE[dtype]
+      # The loss sums ~1e6 bf16 products with random signs: its error is no measure of a bf16 kernel's, whose
+      # outputs the forward part checks; a float32 loss must agree.
+      gated = errors if dtype == "float32" else {k_: v_ for k_, v_ in errors.items() if k_ != "loss"}
+      row["ok"] = row["finite"] and max(gated.values()) <= _TOLERANCE[dtype]
       if not interpret:
         row["triton_calls"] = _triton_calls(options, q, k, v, layout, pkv, window, softcap)
-        row["ok"] = row["ok"] and row["triton_calls"] == 3
+        row["ok"] = row["ok"] and row["triton_calls"]["lowered"] == 3
     except Exception as e:  # noqa: BLE001 -- a backward that does not compile is a finding, not a stop
       row.update(ok=False, error=f"{type(e).__name__}: {' '.join(str(e).split())[:2000]}")
     rows.append(row)
   return rows
 
 
-def _triton_calls(options, q, k, v, layout, pkv, window, softcap) -> int:
-  """Triton custom calls in the compiled gradient program (its forward, dq and dkv kernels)."""
+def _triton_calls(options, q, k, v, layout, pkv, window, softcap) -> dict[str, Any]:
+  """The gradient program's Triton calls (forward, dq, dkv) as lowered, and which of the three kernels the
+  program XLA compiled for this GPU still names."""
   def loss(q, k, v):
     out = pallas_gpu.attend(q, k, v, layout, pkv, options=options, window=window, softcap=softcap)
     return jnp.sum(out.astype(jnp.float32))
-  text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).compile().as_text()
-  return text.count(f'custom_call_target="{_TRITON_TARGET}"')
+  lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v)
+  compiled = lowered.compile().as_text()
+  return dict(lowered=lowered.as_text().count(_TRITON_TARGET),
+              compiled_names=sorted(n for n in _TRITON_KERNELS if n in compiled))
 
 
 def train_steps(quick: bool, dtype: str, interpret: bool) -> dict[str, Any]:
@@ -192,7 +204,8 @@ def _guarded(part: Callable[[], Any]) -> Any:
 
 
 def run_gpu_check(opts: GpuCheckOptions, on_part: Optional[Callable[[str, Any], None]] = None) -> dict[str, Any]:
-  """The three parts (module docstring); `on_part(name, result)` sees each as it ends (to save it early)."""
+  """The parts (module docstring) named in opts.parts; `on_part(name, result)` sees each as it ends (to save
+  it early)."""
   quick = opts.quick
   interpret = jax.default_backend() != "gpu"
   report: dict[str, Any] = dict(backend=jax.default_backend(), devices=[str(d) for d in jax.devices()],
@@ -205,7 +218,9 @@ def run_gpu_check(opts: GpuCheckOptions, on_part: Optional[Callable[[str, Any], 
   except ImportError:
     report["torch_version"] = None
 
-  def part(name, fn):
+  def part(name, fn, key=None):
+    if (key or name) not in opts.parts:
+      return
     report[name] = _guarded(fn)
     if on_part:
       on_part(name, report[name])
@@ -228,9 +243,9 @@ def run_gpu_check(opts: GpuCheckOptions, on_part: Optional[Callable[[str, Any], 
                          f"kernel_interpret={str(interpret).lower()}"))
     if quick:
       kw.update(num_layers=2, suite_workloads=("tiny=16x6x8",), repeats=1, hf_batch_sizes=(), hf_batch_size=4)
-    part(f"speed_{model}_{layers}", functools.partial(_bench, **kw))
+    part(f"speed_{model}_{layers}", functools.partial(_bench, **kw), key="speed")
     runs.append(f"speed_{model}_{layers}")
-  report["speed_parts"] = runs
+  report["speed_parts"] = runs if "speed" in opts.parts else []
   report["load_after"] = os.getloadavg()
   return report
 
@@ -254,7 +269,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     for r in grads or []:
       detail = r.get("error") or (", ".join(f"{k} {v:.1e}" for k, v in r["relative_error"].items())
                                   + f" (relative), first call {r['first_call_s']:.2f} s"
-                                  + (f", {r['triton_calls']} Triton calls" if "triton_calls" in r else ""))
+                                  + (f", {r['triton_calls']['lowered']} Triton calls" if "triton_calls" in r else ""))
       lines.append(f"backward {r['name']:<18} {'ok ' if r['ok'] else 'BAD'} {detail}")
   train = report.get("train")
   if train is not None:
@@ -278,11 +293,18 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
 
 
 def all_ok(report: dict[str, Any]) -> bool:
-  """Every kernel case, forward and backward, within tolerance; in the parity part every algorithm and kernel within 1e-4 of
-  serial, and transformers within 1e-4 of the scorer."""
-  kernels, grads = report.get("kernels"), report.get("kernel_grads")
-  checks = (report.get("scorer_parity") or {}).get("checks", {})
+  """Of the parts that ran (at least one): none failed; every kernel case, forward and backward, within
+  tolerance; in the parity part every algorithm and kernel within 1e-4 of serial, and transformers within
+  1e-4 of the scorer."""
+  ran = [name for name in ("kernels", "kernel_grads", "scorer_parity", "train", *report.get("speed_parts", []))
+         if name in report]
+  if not ran or any(isinstance(report[name], dict) and "error" in report[name] for name in ran):
+    return False
+  cases = [r for name in ("kernels", "kernel_grads") for r in report.get(name, [])]
+  if not all(r["ok"] for r in cases):
+    return False
+  if "scorer_parity" not in report:
+    return True
+  checks = report["scorer_parity"].get("checks", {})
   vs_serial = [d for k, v in checks.items() if k.startswith("max_abs_logprob_diff_vs_") for d in v.values()]
-  return (isinstance(kernels, list) and all(r["ok"] for r in kernels) and isinstance(grads, list)
-          and all(r["ok"] for r in grads) and bool(vs_serial)
-          and max(vs_serial) <= 1e-4 and bool(checks.get("hf_agrees_1e4")))
+  return bool(vs_serial) and max(vs_serial) <= 1e-4 and bool(checks.get("hf_agrees_1e4"))
