@@ -104,6 +104,25 @@ def test_grad_accumulation_matches_one_batch(tiny):
   np.testing.assert_allclose(np.asarray(whole), np.asarray(split), rtol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_step_program_size_does_not_grow_with_depth(mode):
+  """The compile-size guard: the scanned training step's optimized HLO grows by under 10% from 2 to 8 layers
+  (a layer unrolled into the graph, or an adapter merged per layer outside the scan, would multiply it)."""
+  counts = {n: train_compile.local_step_op_counts(load_config({"model_name": "tiny-qwen3", "num_layers": n}).model,
+                                                  mode) for n in (2, 8)}
+  assert counts[2]["optimized"] > 1000 and counts[2]["lowered"] > 1000, counts
+  assert counts[8]["optimized"] < 1.1 * counts[2]["optimized"], counts
+  assert counts[8]["lowered"] < 1.1 * counts[2]["lowered"], counts
+
+
+def test_hlo_op_counts_count_instructions():
+  lowered = jax.jit(lambda x: jnp.sin(x) * 2 + 1).lower(jnp.ones(3))
+  counts = train_compile.hlo_op_counts(lowered, lowered.compile())
+  # lowered: parameter, sine, 2 x (constant, broadcast), multiply, add; optimized: the fusion's body (the same
+  # eight less the parameter plus its own) and the entry's parameter and fusion call
+  assert 6 <= counts["lowered"] <= 10 and 4 <= counts["optimized"] <= 12, counts
+
+
 # --- real TPU compiles ------------------------------------------------------------------------------
 def _report(topology, mode, *overrides, batch_size=4):
   opts = compile_report.CompileOptions(topology=topology, model="tiny-qwen3", geometries=(GEOMETRY,),
@@ -147,6 +166,7 @@ def test_train_step_runs_splash_forward_and_backward_kernels():
   assert report["attention"] == "splash" and step["error"] is None and step["fits"], step
   phases = {re.match(r"splash_mha_(fwd|dq|dkv)_", name).group(1) for name in step["pallas_kernels"]}
   assert phases == {"fwd", "dq", "dkv"}, step["pallas_kernels"]
+  assert step["compile"]["hlo_ops"]["optimized"] > 0 and step["compile"]["compile_s"] > 0
   shared = _report("v6e:1x1", "lora", "attention=shared_prefix")
   assert shared["attention"] == "shared_prefix" and shared["steps"][0]["pallas_kernels"] == []
 

@@ -25,6 +25,8 @@ pallas_gpu, a GPU kernel, is refused for a TPU.
 
 import dataclasses
 import math
+import re
+import time
 from typing import Any, Optional
 
 import jax
@@ -229,7 +231,12 @@ def compile_step(target: Target, batch: int, geometry) -> dict[str, Any]:
                      out_shardings=(jax.tree_util.tree_map(lambda x: x.sharding, state), rep))
   try:
     with sharding.activate(mesh, sharding.rules_for_batch(batch, mesh)):
-      compiled = step.lower(state, batch_in).compile()
+      t0 = time.perf_counter()
+      lowered = step.lower(state, batch_in)
+      t1 = time.perf_counter()
+      compiled = lowered.compile()
+      out["compile"] = dict(lower_s=t1 - t0, compile_s=time.perf_counter() - t1,
+                            hlo_ops=hlo_op_counts(lowered, compiled))
   except Exception as e:  # pylint: disable=broad-except  (the compiler's error is the report)
     out.update(error=compile_report.one_line(e), fits=False)
     return out
@@ -256,6 +263,33 @@ def compile_step(target: Target, batch: int, geometry) -> dict[str, Any]:
              bound="compute" if t_compute >= t_memory else "memory", tokens=tokens, tokens_per_s=tokens / roofline,
              pallas_kernels=compile_report.pallas_kernels(compiled.as_text(), target.kernel))
   return out
+
+
+_HLO_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?[%\w.\-]+\s*=\s", re.M)
+
+
+def hlo_op_counts(lowered: Any, compiled: Any) -> dict[str, int]:
+  """The program's HLO instructions as lowered (before XLA's passes) and as compiled (after them, fusions'
+  bodies included): the compile-size measure, which does not drift with the machine's load as seconds do."""
+  return dict(lowered=len(_HLO_INSTRUCTION.findall(lowered.as_text(dialect="hlo"))),
+              optimized=len(_HLO_INSTRUCTION.findall(compiled.as_text())))
+
+
+def local_step_op_counts(model: ModelConfig, mode: str = "full", batch_size: int = 2,
+                         geometry: tuple[int, int, int] = (16, 8, 4), remat: bool = True,
+                         lora: Optional[tp.LoraConfig] = None) -> dict[str, int]:
+  """hlo_op_counts of the `mode` training step compiled for this process's first device (the kernel the
+  trainer picks here), at `batch_size` packed rows of (P, L, N) `geometry`."""
+  kernel, _ = training_kernel("auto")
+  decoder = tp.make_decoder(model, get_kernel(kernel), mode, jnp.float32, remat)
+  lora = lora or (tp.LoraConfig(4, 8.0) if mode in tp.ADAPTED else None)
+  params = tp.init_params(model, mode, jax.random.PRNGKey(0), lora)
+  optimizer = tp.make_train_optimizer(params, mode)
+  p, l, n = geometry
+  batch = tp.synthetic_batch(batch_size, p, n, l, model.vocab_size)
+  step = tp.jit_step(tp.make_loss_fn(decoder, mode, lora, remat), optimizer)
+  lowered = step.lower(tp.make_state(params, optimizer), batch)
+  return hlo_op_counts(lowered, lowered.compile())
 
 
 def search_batch(target: Target, geometry, start: int) -> dict[str, Any]:
@@ -319,7 +353,7 @@ def _step_lines(s: dict[str, Any]) -> list[str]:
   head = f"step: batch_size {s['batch_size']} at {g} (query_len x items x item_len; packed P x L x N {pad})"
   if s["error"]:
     return [head, f"  compile error: {s['error']}", "  => DOES NOT FIT / DID NOT COMPILE"]
-  mem, f, gb = s["memory"], s["flops"], compile_report.gb
+  mem, f, c, gb = s["memory"], s["flops"], s["compile"], compile_report.gb
   return [head,
           f"  HBM per chip: params {gb(mem['params'])} + optimizer state {gb(mem['optimizer'])} + batch "
           f"{gb(mem['batch'])} + activations/temporaries {gb(mem['temporaries'])} (code {gb(mem['code'])}) = "
@@ -329,6 +363,8 @@ def _step_lines(s: dict[str, Any]) -> list[str]:
           f"{f['adapters'] / 1e12:.3f}); {s['flops_per_device'] / 1e12:.3f} TFLOP per chip",
           f"  roofline step time {s['roofline_s'] * 1e3:.2f} ms ({s['bound']}-bound) = {s['tokens_per_s']:,.0f} "
           f"tokens/s bound ({s['tokens']:,} tokens per step)",
+          f"  compile: lowering {c['lower_s']:.1f} s + XLA {c['compile_s']:.1f} s; HLO instructions "
+          f"{c['hlo_ops']['lowered']:,} lowered, {c['hlo_ops']['optimized']:,} optimized",
           f"  => {'FITS' if s['fits'] else 'DOES NOT FIT'}: {gb(s['hbm_bytes'])} GB per chip"]
 
 
