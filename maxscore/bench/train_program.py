@@ -10,18 +10,16 @@ row's items). Modes:
 
 - `full`: every backbone weight and the head train (f32 master weights, compute in `dtype`);
 - `lora`: rank-r adapters A [in, r], B [r, out] per target per layer and the head train; the base
-  stays frozen (in its own dtype, e.g. bf16). Each layer's kernels are merged with their adapters
-  inside the scanned layer (W + alpha/r * A @ B), so only one layer's merged weights exist at a time;
+  stays frozen (in its own dtype, e.g. bf16). The adapters run beside the frozen kernels, as the
+  trainer's do (layers/lora.py: y = x W + alpha/r (x A) B), so no frozen kernel's gradient is needed;
 - `qlora`: `lora` on a frozen int8_weights base (layers/quantization.py: int8 projections and float32 scales,
-  the rest in its own dtype). Inside the scan each layer's int8 kernels are dequantized to float32 and merged
-  with their adapters (Wq * s + alpha/r * A @ B); the int8 weights get no gradient (the trainer's allow_int);
+  the rest in its own dtype); the int8 weights get no gradient (the trainer's allow_int);
 - `head`: the frozen backbone's forward (no backward through it) feeds the head, which alone trains.
 
 Frozen leaves get no optimizer state (optax.multi_transform with set_to_zero, driven by a boolean
-"trainable" pytree). The state and the step are the trainer's (maxscore/training). The LoRA form here
-merges adapters inside the scan rather than running layers/lora.py's adapter einsums, so it also
-computes the frozen kernels' gradients: its compiled memory and its time bound the real LoRA step
-from above.
+"trainable" pytree). The state and the step are the trainer's (maxscore/training). The adapters are
+kept apart from the backbone in the params ({"backbone", "lora", "head"}) and placed beside their kernels
+for each forward (`with_adapters`).
 """
 
 import dataclasses
@@ -35,7 +33,8 @@ import optax
 
 from layers import quantization as quant
 from layers.config import ModelConfig
-from layers.decoder import Decoder, DecoderLayer, PRECISIONS
+from layers.decoder import Decoder
+from layers.lora import LoraConfig as LayersLoraConfig
 from maxscore.checkpoints import storage
 from maxscore.heads import head
 from maxscore.heads.features import plan_packed
@@ -148,47 +147,31 @@ def make_train_optimizer(params: dict, mode: str, total_steps: int = 1000) -> op
 
 
 # --- the forward and the loss ---------------------------------------------------------------------
-def _merge_layer(layer_params: dict, lora_layer: dict, scale: float) -> dict:
-  """One layer's params with each adapted kernel replaced by W + scale * A @ B (in W's dtype); int8 kernels
-  (qlora) are first dequantized to float32 Wq * s, their scales dropped."""
-  out = quant.dequantize_params(layer_params) if quant.holds_int8(layer_params) else layer_params
-  out = jax.tree_util.tree_map(lambda x: x, out)
-  layer_params = out
-  for t, ab in lora_layer.items():
-    a, b = _kernel_path(t)
-    w = layer_params[a][b]
-    delta = (scale * ab["a"] @ ab["b"]).reshape(w.shape)
-    out[a] = dict(out[a], **{b: (w.astype(jnp.float32) + delta).astype(w.dtype)})
-  return out
-
-
-def _lora_hidden(decoder: Decoder, params: dict, lora: LoraConfig, tokens_BxT, positions_BxT, layout, remat: bool):
-  """Final hidden states [B, T, D] with the adapters merged per layer inside the scan."""
-  cfg = decoder.config
-  backbone = params["backbone"]
-  layer = DecoderLayer(cfg, decoder.attend, decoder.dtype, decoder.param_dtype, PRECISIONS[decoder.precision])
-  scale = lora.alpha / lora.rank
-
-  def body(x_BxTxD, per_layer):
-    layer_params, lora_layer, uses_window = per_layer
-    merged = _merge_layer(layer_params, lora_layer, scale)
-    return layer.apply({"params": merged}, x_BxTxD, positions_BxT, layout, None, uses_window)[0], None
-
-  body = jax.checkpoint(body, prevent_cse=False) if remat else body
-  x_BxTxD = decoder.apply({"params": backbone}, tokens_BxT, method=lambda m, t: m.embed(t))
-  xs = (backbone["layers"], params["lora"], jnp.asarray(cfg.layer_uses_window))
-  x_BxTxD, _ = jax.lax.scan(body, x_BxTxD, xs)
-  return decoder.apply({"params": backbone}, x_BxTxD, method=lambda m, x: m.final_norm(x))
+def with_adapters(backbone: dict, adapters: dict) -> dict:
+  """The backbone's params with each target's A [layers, in, r] and B [layers, r, out] reshaped to its kernel's
+  layout and placed beside it (`<name>_lora_a`, `<name>_lora_b`), where layers/lora.py's adapter einsums read
+  them: y = x W + alpha/r (x A) B, the frozen kernel (float or int8 with its scale) left as it is."""
+  layers = dict(backbone["layers"])
+  for t, ab in adapters.items():
+    module, name = _kernel_path(t)
+    w = layers[module][name]  # [layers, contracting dims..., output dims...]
+    contracting = 2 if t == "o" else 1
+    a = ab["a"].reshape(ab["a"].shape[:1] + w.shape[1:1 + contracting] + ab["a"].shape[-1:])
+    b = ab["b"].reshape(ab["b"].shape[:2] + w.shape[1 + contracting:])
+    layers[module] = dict(layers[module], **{f"{name}_lora_a": a, f"{name}_lora_b": b})
+  return dict(backbone, layers=layers)
 
 
 def features(decoder: Decoder, params: dict, batch: dict, mode: str, lora: Optional[LoraConfig] = None,
              remat: bool = True):
   """h [B, N, D] (float32) at the score rows and the label log-probs [B, N, K] of one packed forward."""
   backbone = params["backbone"]
-  if mode == "head":
+  if mode != "full":  # frozen: no gradient is computed for it (the step's grad_norm would otherwise ask for one)
     backbone = jax.lax.stop_gradient(backbone)
   if mode in ADAPTED:
-    hidden_BxTxD = _lora_hidden(decoder, params, lora, batch["tokens"], batch["positions"], batch["layout"], remat)
+    decoder = decoder.clone(lora=LayersLoraConfig(lora.rank, lora.alpha, tuple(lora.targets)))
+    hidden_BxTxD, _ = decoder.apply({"params": with_adapters(backbone, params["lora"])}, batch["tokens"],
+                                    batch["positions"], batch["layout"])
   else:
     hidden_BxTxD, _ = decoder.apply({"params": backbone}, batch["tokens"], batch["positions"], batch["layout"])
   h_BxNxD = jnp.take_along_axis(hidden_BxTxD, batch["score_index"][..., None], axis=1).astype(jnp.float32)
@@ -209,10 +192,11 @@ def make_loss_fn(decoder: Decoder, mode: str, lora: Optional[LoraConfig] = None,
 
 def make_decoder(model: ModelConfig, attend: Callable, mode: str, dtype: Any, remat: bool,
                  precision: str = "default") -> Decoder:
-  """The Decoder the step applies: compute in `dtype`; full mode rematerializes each scanned layer itself; qlora
-  reads its int8_weights base (the embedding, the final norm and an int8 lm_head outside the scan)."""
+  """The Decoder the step applies: compute in `dtype`; with `remat` each scanned layer is rematerialized in
+  the backward pass (head mode has none); qlora reads its int8_weights base (the embedding, the final norm
+  and an int8 lm_head outside the scan). `features` adds the adapters of lora and qlora."""
   return Decoder(model, attend, dtype=dtype, param_dtype=jnp.float32, precision=precision,
-                 remat=remat and mode == "full", quantization=base_quantization(mode))
+                 remat=remat and mode != "head", quantization=base_quantization(mode))
 
 
 # --- the step ---------------------------------------------------------------------------------------

@@ -418,7 +418,8 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   steps_per_epoch = math.ceil(prep.num_train / cfg.batch_size)
   total_steps = cfg.num_steps or cfg.num_epochs * steps_per_epoch
   params = init_params(cfg, prep)
-  optimizer, schedule = make_optimizer(cfg, total_steps, _trainable(cfg, params))
+  trainable = _trainable(cfg, params)
+  optimizer, schedule = make_optimizer(cfg, total_steps, trainable)
   fingerprint = _run_fingerprint(cfg, prompt, prep.scorer, prep.examples)
   check = lambda: sharding_lib.check_divisible(prep.scorer.config.model, mesh) if cfg.train_backbone else None
   run = trainer.start(workdir, cfg.keep_checkpoints, params, param_shardings(cfg, params, prep, mesh), optimizer,
@@ -433,7 +434,8 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   labels_K = jnp.asarray(prep.label_ids, jnp.int32)
   step_fn = trainer.jit_train_step(make_loss_fn(cfg, prep.head_cfg, backbone_decoder(cfg, prep.scorer, mesh),
                                                 labels_K), optimizer, run.shardings, mesh, cfg.grad_accum_steps,
-                                   sharding_lib.rules_for_batch(cfg.batch_size // cfg.grad_accum_steps, mesh))
+                                   sharding_lib.rules_for_batch(cfg.batch_size // cfg.grad_accum_steps, mesh),
+                                   trainable)
   save = lambda step, state: checkpoint.save(run.manager, step, state, fingerprint)
   settings = trainer.LoopSettings(total_steps, cfg.batch_size, prep.num_train, cfg.log_every, cfg.eval_every,
                                   cfg.save_every, max(1, total_steps // 10), "train", progress)

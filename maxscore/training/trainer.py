@@ -150,7 +150,7 @@ def _value_and_float_grad(loss_fn: Callable) -> Callable:
 
 
 def train_step(state: TrainState, batch: Any, *, loss_fn: Callable, optimizer: optax.GradientTransformation,
-               grad_accum_steps: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
+               grad_accum_steps: int = 1, trainable: Any = None) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer step.
 
   Args:
@@ -160,13 +160,16 @@ def train_step(state: TrainState, batch: Any, *, loss_fn: Callable, optimizer: o
     optimizer: the optax transformation the state's opt_state belongs to.
     grad_accum_steps: the batch's leading axis is split into this many micro-batches whose gradients (and
       losses and aux) are averaged.
+    trainable: a bool pytree like the params (None: all train). Frozen leaves enter the loss as constants,
+      so no gradient is computed for them (a LoRA step never forms a frozen kernel's gradient); theirs is
+      zero, and grad_norm is the trainable leaves' norm.
 
   Returns:
     state: the state after the update, its step one higher (epoch, index and rng as they were).
     metrics: {"loss", "grad_norm"} and the aux scalars of loss_fn.
   """
   rng = jax.random.fold_in(jnp.asarray(state.rng), state.step)
-  grad_fn = _value_and_float_grad(loss_fn)
+  grad_fn = _value_and_float_grad(_frozen_as_constants(loss_fn, trainable))
   if grad_accum_steps == 1:
     (loss, aux), grads = grad_fn(state.params, batch, rng)
   else:
@@ -187,8 +190,19 @@ def train_step(state: TrainState, batch: Any, *, loss_fn: Callable, optimizer: o
   return state.replace(params=params, opt_state=opt_state, step=state.step + 1), metrics
 
 
+def _frozen_as_constants(loss_fn: Callable, trainable: Any) -> Callable:
+  """loss_fn with the params that `trainable` marks False behind stop_gradient."""
+  if trainable is None:
+    return loss_fn
+
+  def fn(params, *args):
+    params = jax.tree_util.tree_map(lambda p, on: p if on else jax.lax.stop_gradient(p), params, trainable)
+    return loss_fn(params, *args)
+  return fn
+
+
 def jit_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, shardings: TrainState, mesh: Mesh,
-                   grad_accum_steps: int = 1, rules=sharding_lib.RULES) -> Callable:
+                   grad_accum_steps: int = 1, rules=sharding_lib.RULES, trainable: Any = None) -> Callable:
   """train_step jitted with explicit shardings.
 
   Args:
@@ -198,11 +212,13 @@ def jit_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, s
     mesh: the device mesh; the batch is split over its data x fsdp axes, the metrics replicated.
     grad_accum_steps: micro-batches per step (train_step).
     rules: the logical-axis rules current while tracing, so the model's activation constraints apply.
+    trainable: the bool pytree of the leaves that train (train_step), or None.
 
   Returns:
     `step(state, batch) -> (state, metrics)`, the compiled train_step on the mesh.
   """
-  fn = functools.partial(train_step, loss_fn=loss_fn, optimizer=optimizer, grad_accum_steps=grad_accum_steps)
+  fn = functools.partial(train_step, loss_fn=loss_fn, optimizer=optimizer, grad_accum_steps=grad_accum_steps,
+                         trainable=trainable)
   jitted = jax.jit(fn, in_shardings=(shardings, partition.batch_sharding(mesh)),
                    out_shardings=(shardings, partition.replicated(mesh)))
 
