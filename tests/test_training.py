@@ -74,6 +74,25 @@ def test_frozen_leaves_keep_their_bytes():
   assert not np.array_equal(state.params["b"], params["b"])
 
 
+def test_frozen_leaves_are_constants_of_the_loss():
+  """With `trainable`, a frozen weight's gradient is never formed: the compiled step holds no dot of its
+  [3, 2] shape; the update is the same, and grad_norm is the trainable leaves' norm."""
+  params, batch, loss_fn = _toy()
+  trainable = {"w": False, "b": True}
+  opt, _ = make_optimizer(TrainConfig(), 10, trainable=trainable)
+  state = fresh(params, opt.init(params), jax.random.PRNGKey(0))
+  step = lambda t: jax.jit(lambda s, b: trainer.train_step(s, b, loss_fn=loss_fn, optimizer=opt, trainable=t))
+  masked, m_masked = step(trainable)(state, batch)
+  plain, m_plain = step(None)(state, batch)
+  for a, b in zip(jax.tree_util.tree_leaves(masked.params), jax.tree_util.tree_leaves(plain.params)):
+    np.testing.assert_array_equal(a, b)
+  grads = jax.grad(lambda p: loss_fn(p, batch, None)[0])(params)
+  np.testing.assert_allclose(m_masked["grad_norm"], np.linalg.norm(grads["b"]), rtol=1e-6)
+  assert m_plain["grad_norm"] > m_masked["grad_norm"]
+  dot_shapes = lambda t: re.findall(r"= f32\[([\d,]*)\]\{[\d,]*\} dot\(", step(t).lower(state, batch).compile().as_text())
+  assert "3,2" in dot_shapes(None) and "3,2" not in dot_shapes(trainable)
+
+
 def test_adam_moments_take_their_params_shardings():
   mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
   params = {"a": {"w": np.zeros((4, 2), np.float32)}, "b": np.zeros((3,), np.float32)}
