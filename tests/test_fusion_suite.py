@@ -15,7 +15,7 @@ import pytest
 from maxscore import config as config_lib
 from maxscore.lm import assets
 from maxscore.lm.tokenizer_training import sample_texts
-from maxscore.rerank import data, eval as eval_lib, fusion, metrics
+from maxscore.rerank import data, eval as eval_lib, fusion, metrics, stages
 from maxscore.testing import processes
 
 CFG = eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=24)
@@ -189,6 +189,75 @@ def test_learned_fusion_finds_the_feature_that_ranks_dev():
       assert score == pytest.approx(sum(w * x for w, x in zip(learned.weights, feats)))
   without = fusion.tune_learned(qrels, reranked, first, texts, "ndcg@10", use_reranker=False)
   assert without.weights[0] == 0.0
+
+
+def test_tune_learned_equals_evaluating_each_fused_run():
+  """The weight search scores each dev query in place (metrics.evaluate_scores); it picks what evaluating
+  every weight's fused run with metrics.evaluate picks, with the same dev value, on ties included."""
+  rng = np.random.default_rng(0)
+  words = ["alpha", "beta", "gamma", "delta", "eps", "zeta"]
+  docs = {f"d{i}": " ".join(rng.choice(words, 4)) for i in range(40)}
+  queries = {f"q{i}": " ".join(rng.choice(words, 2)) for i in range(12)}
+  pick = lambda: rng.choice(list(docs), 10, replace=False)
+  reranked = {q: {d: float(np.round(rng.random(), 1)) for d in pick()} for q in queries}
+  first = {q: {d: float(rng.integers(0, 3)) for d in reranked[q]} for q in queries}
+  qrels = {q: {d: int(rng.integers(-1, 3)) for d in list(reranked[q])[:5]} for q in list(queries)[:10]}
+  texts = fusion.Texts(queries, docs)
+  for use_reranker in (True, False):
+    learned = fusion.tune_learned(qrels, reranked, first, texts, "ndcg@10", use_reranker)
+    idf, unseen = fusion.idf_table({d: docs[d] for q in reranked for d in reranked[q]})
+    feats = fusion.feature_matrix(reranked, first, texts, idf, unseen)
+    best, best_value = None, -math.inf
+    for weights in fusion._weight_grid(use_reranker):  # pylint: disable=protected-access
+      value = metrics.aggregate(metrics.evaluate(qrels, fusion._score(feats, weights), ["ndcg_cut_10"]))  # pylint: disable=protected-access
+      if value["ndcg_cut_10"] > best_value:
+        best, best_value = weights, value["ndcg_cut_10"]
+    assert (learned.weights, learned.dev_value, learned.dev_queries) == (best, best_value, 12)
+
+
+def test_a_saved_learned_fusion_loads_as_it_was_and_bad_files_are_clear_errors(tmp_path):
+  learned = (fusion.Learned((0.3, 0.5, 0.2, 0.0), {"apple": 1.5, "pie": 0.25}, 2.0, 0.61, "ndcg_cut_10", 12),
+             fusion.Learned((0.0, 0.7, 0.1, 0.2), {"apple": 1.5, "pie": 0.25}, 2.0, 0.55, "ndcg_cut_10", 12))
+  path = tmp_path / fusion.LEARNED_FILE
+  fusion.save_learned(path, learned)
+  assert fusion.load_learned(path) == learned
+  assert json.loads(path.read_text())["idf"] == {"apple": 1.5, "pie": 0.25}  # one table for both
+  other = (learned[0], dataclasses.replace(learned[1], idf={"sky": 0.5}))
+  fusion.save_learned(path, other)
+  assert fusion.load_learned(path) == other
+  for text, message in [("{", "cannot read a learned fusion"), ('{"format": "x"}', "is not a learned fusion"),
+                        (json.dumps({**json.loads(path.read_text()), "without_reranker": {}}), "missing or malformed")]:
+    path.write_text(text)
+    with pytest.raises(fusion.FusionError, match=message):
+      fusion.load_learned(path)
+  with pytest.raises(data.DataError, match="is read by fusion=learned only"):
+    eval_lib.EvalConfig(fusion="rrf", fusion_learned=str(path)).validate()
+  with pytest.raises(data.DataError, match="cannot read a learned fusion"):
+    eval_lib.EvalConfig(fusion="learned", fusion_learned=str(tmp_path / "none.json")).validate()
+  assert not fusion.needs_dev("learned", "dev", str(path)) and fusion.needs_dev("learned", "dev")
+
+
+# make eval's settings (the Makefile's EVAL_BUCKETS), with which the shipped learned fusion was tuned.
+_EVAL_BUCKETS = ["item_buckets=[128,256,512]", "prefix_buckets=[32,512]", "item_count_buckets=[32]"]
+
+
+@pytest.mark.slow
+def test_the_shipped_learned_fusion_is_the_one_the_shipped_dev_split_tunes(tmp_path):
+  """make eval reads learned_fusion.json instead of scoring dev: it holds what tuning on the shipped dev split
+  with the default model gives (make learned-fusion), and fusing with it equals fusing with a fresh tuning."""
+  scorer = eval_lib.build_scorer(None, _EVAL_BUCKETS)
+  dev = data.load_beir(data.DEFAULT_DOCS_DIR, data.DEFAULT_DOCS_RUN, split="dev")
+  cfg = eval_lib.EvalConfig(fusion="none", metrics=("ndcg_cut_10",))
+  eval_lib.run_eval(scorer, dev, cfg, tmp_path / "dev", progress=False)
+  reranked = data.read_trec_run(tmp_path / "dev" / "run.trec")
+  texts, first = stages.texts_of(dev.queries), stages.first_stage_scores(dev.queries, reranked)
+  tuned = tuple(fusion.tune_learned(dev.qrels, reranked, first, texts, "ndcg_cut_10", use_reranker=u)
+                for u in (True, False))
+  shipped = fusion.load_learned(data.DEFAULT_DOCS_DIR / fusion.LEARNED_FILE)
+  assert [l.weights for l in shipped] == [l.weights for l in tuned]
+  assert [l.dev_queries for l in shipped] == [len(dev.queries)] * 2 == [100, 100]
+  for s, t in zip(shipped, tuned):
+    assert s.dev_value == pytest.approx(t.dev_value, abs=1e-9) and s.idf == t.idf
 
 
 @pytest.mark.slow

@@ -57,6 +57,20 @@ def test_matches_pytrec_eval(seed):
     assert means[name] == pytest.approx(oracle, abs=1e-9), name
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_evaluate_scores_equals_evaluate_of_the_run(seed):
+  """A Judged query scored by an array is the same metrics, bit for bit, as `evaluate` of the same run (the
+  ties, unjudged and negative grades of _random_collection included)."""
+  qrels, run = _random_collection(seed)
+  for qid, scores in run.items():
+    if not qrels.get(qid) or not scores:
+      continue
+    docids = list(scores)
+    judged = metrics.judge(qrels[qid], docids)
+    got = metrics.evaluate_scores(judged, np.array([scores[d] for d in docids]), _OURS)
+    assert got == metrics.evaluate(qrels, {qid: scores}, _OURS)[qid], qid
+
+
 def test_ties_broken_by_docid_descending():
   qrels = {"q": {"d10": 1, "a": 0, "b": 0}}
   run = {"q": {"d9": 1.0, "d10": 1.0, "a": 2.0, "b": 2.0}}

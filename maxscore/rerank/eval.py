@@ -62,6 +62,7 @@ class EvalConfig(prompts.PromptConfig):
   fusion: Literal["none", "interpolate", "rrf", "learned"] = "rrf"  # fusion.trec: the reranked run fused with the first stage
   fusion_alpha: str = "dev"                # interpolate's weight of the reranker: a number in [0, 1], or "dev" (tuned)
   rrf_k: float = 60.0                      # rrf's k
+  fusion_learned: str = ""                 # fusion=learned: a learned_fusion.json an eval wrote, used instead of tuning on dev
   passage_tokens: int = 0                  # split documents into passages of this many tokens; 0 = whole documents
   passage_stride: int = 0                  # a passage starts every this many tokens; 0 = passage_tokens (no overlap)
   aggregate: Literal["maxp", "firstp", "sump"] = "maxp"  # a document's score from its passages' ranking scores
@@ -109,6 +110,11 @@ class EvalConfig(prompts.PromptConfig):
       raise data.DataError(f"aggregate={self.aggregate!r} is not one of {sorted(AGGREGATES)}")
     try:
       fusion.check(self.fusion, self.fusion_alpha, self.rrf_k)
+      if self.fusion_learned:
+        if self.fusion != "learned":
+          raise fusion.FusionError(f"fusion_learned={self.fusion_learned!r} is read by fusion=learned only "
+                                   f"(fusion={self.fusion!r})")
+        fusion.load_learned(self.fusion_learned)
     except fusion.FusionError as e:
       raise data.DataError(str(e)) from None
     if self.max_queries < 0:
@@ -191,7 +197,7 @@ def load_data(run: EvalRun, cfg: EvalConfig) -> tuple[RerankSet, Optional[Rerank
   given = the embedded default (its BEIR layout and BM25 run)."""
   sources = data.sources_or_default(run.jsonl, run.data_dir, run.run_file, "eval")
   dataset = data.load_rerank_set(*sources, run.split, run.rerank_top_k, run.skip_bad)
-  if not fusion.needs_dev(cfg.fusion, cfg.fusion_alpha):
+  if not fusion.needs_dev(cfg.fusion, cfg.fusion_alpha, cfg.fusion_learned):
     return dataset, None
   what = "fusion=learned" if cfg.fusion == "learned" else "fusion_alpha=dev"
   if run.split in ("dev", "all"):
@@ -475,7 +481,8 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
   builder = prompts.PromptBuilder(scorer.tokenizer, template, cfg.instruction, cfg.max_query_tokens,
                                   cfg.max_item_tokens)
   queries = dataset.queries[:cfg.max_queries] if cfg.max_queries else dataset.queries
-  dev_queries = stages.dev_queries(queries, dev, cfg.fusion, cfg.fusion_alpha, cfg.max_queries)
+  dev_queries = stages.dev_queries(queries, dev, cfg.fusion, cfg.fusion_alpha, cfg.max_queries,
+                                   cfg.fusion_learned)
   inputs = [*data.input_paths(dataset), scorer.config.runtime.checkpoint_dir, getattr(scorer.tokenizer, "path", None)]
   done = _agreed_resume_state(scorer, cfg, label_ids, queries + dev_queries, out, overwrite, inputs)
   safety.claim(out)  # every check passed: the run's log may now be written there
@@ -574,6 +581,8 @@ def _finalize(dataset: RerankSet, queries, done, cfg: EvalConfig, out: pathlib.P
   tmp.write_text("".join(l + "\n" for l in first_stage.trec_lines(base)), encoding="utf-8")
   os.replace(tmp, out / first_stage.RUN_FILE)
   compared = stages.evaluate(dataset.qrels, queries, run, ordered, base, cfg, dev)
+  if compared.learned is not None:  # reusable: --fusion_learned=<this file> fuses without scoring dev again
+    fusion.save_learned(out / fusion.LEARNED_FILE, compared.learned)
   if compared.fused_run is not None:
     safety.atomic_write_text(out / stages.RUN_FILE, "".join(
         l + "\n" for l in stages.trec_lines(compared.fused_run, [q.qid for q in queries])))

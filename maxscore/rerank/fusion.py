@@ -30,7 +30,9 @@ the reranker adds.
 
 import dataclasses
 import itertools
+import json
 import math
+import os
 from typing import Mapping, Optional
 
 import numpy as np
@@ -62,9 +64,10 @@ def parse_alpha(value: str) -> Optional[float]:
   return alpha
 
 
-def needs_dev(method: str, alpha: str) -> bool:
-  """Whether the fusion is tuned on the dev split (interpolate with fusion_alpha=dev, or learned)."""
-  return method == "learned" or (method == "interpolate" and parse_alpha(alpha) is None)
+def needs_dev(method: str, alpha: str, learned_file: str = "") -> bool:
+  """Whether the fusion is tuned on the dev split (interpolate with fusion_alpha=dev, or learned without a
+  saved `learned_file`)."""
+  return (method == "learned" and not learned_file) or (method == "interpolate" and parse_alpha(alpha) is None)
 
 
 def check(method: str, alpha: str, rrf_k: float) -> None:
@@ -236,15 +239,56 @@ def tune_learned(dev_qrels: metrics.Qrels, dev_reranked: metrics.Run, dev_first:
   name = metrics.canonical_name(metric)
   idf, unseen = idf_table({d: dev_texts.docs[d] for q in dev_reranked for d in dev_reranked[q]})
   feats = feature_matrix(dev_reranked, dev_first, dev_texts, idf, unseen)
+  judged = {q: metrics.judge(dev_qrels[q], docids) for q, (docids, _) in feats.items() if dev_qrels.get(q)}
+  if not judged:
+    raise FusionError("fusion=learned: no dev query has both judgments and candidates to tune on")
   best, best_value = None, -math.inf
   for weights in _weight_grid(use_reranker):
-    per_query = metrics.evaluate(dev_qrels, _score(feats, weights), [name])
-    if not per_query:
-      raise FusionError("fusion=learned: no dev query has both judgments and candidates to tune on")
+    w = np.asarray(weights, np.float64)  # each query ranked as `_score` would rank it, evaluated in place
+    per_query = {q: metrics.evaluate_scores(judged[q], feats[q][1] @ w, [name]) for q in judged}
     value = metrics.aggregate(per_query)[name]
     if value > best_value:
       best, best_value = weights, value
   return Learned(best, idf, unseen, best_value, name, len(feats))
+
+
+LEARNED_FILE = "learned_fusion.json"
+_LEARNED_FORMAT = "maxscore learned fusion 1"
+
+
+def save_learned(path: os.PathLike, learned: tuple[Learned, Learned]) -> None:
+  """Writes the learned fusion (with the reranker, and without it) with its IDF tables, to be read by
+  `load_learned` (an eval's --fusion_learned) instead of tuning on dev again."""
+  shared = {"idf": dict(learned[0].idf), "idf_unseen": learned[0].idf_unseen}
+  parts = {name: {"weights": list(l.weights), "dev_value": l.dev_value, "dev_metric": l.dev_metric,
+                  "dev_queries": l.dev_queries,
+                  **({} if (dict(l.idf), l.idf_unseen) == (shared["idf"], shared["idf_unseen"]) else
+                     {"idf": dict(l.idf), "idf_unseen": l.idf_unseen})}  # one IDF table when both share it
+           for name, l in zip(("with_reranker", "without_reranker"), learned)}
+  tmp = f"{path}.tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump({"format": _LEARNED_FORMAT, "features": list(FEATURES), **shared, **parts}, f, sort_keys=True)
+  os.replace(tmp, path)
+
+
+def load_learned(path: os.PathLike) -> tuple[Learned, Learned]:
+  """The (with reranker, without) learned fusion `save_learned` wrote; a FusionError names what is wrong."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      raw = json.load(f)
+  except (OSError, ValueError) as e:
+    raise FusionError(f"fusion_learned={str(path)!r}: cannot read a learned fusion ({e})") from e
+  if not isinstance(raw, dict) or raw.get("format") != _LEARNED_FORMAT or raw.get("features") != list(FEATURES):
+    raise FusionError(f"fusion_learned={str(path)!r} is not a learned fusion of features {list(FEATURES)} "
+                      f"(an eval writes one as {LEARNED_FILE} with fusion=learned)")
+  try:
+    return tuple(Learned(tuple(float(w) for w in p["weights"]),
+                         {str(k): float(v) for k, v in p.get("idf", raw["idf"]).items()},
+                         float(p.get("idf_unseen", raw["idf_unseen"])), float(p["dev_value"]), str(p["dev_metric"]),
+                         int(p["dev_queries"]))
+                 for p in (raw["with_reranker"], raw["without_reranker"]))
+  except (KeyError, TypeError, ValueError) as e:
+    raise FusionError(f"fusion_learned={str(path)!r}: a part is missing or malformed ({e!r})") from e
 
 
 def fuse_learned(reranked: metrics.Run, first: metrics.Run, texts: Texts, learned: Learned) -> metrics.Run:

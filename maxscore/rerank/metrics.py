@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Optional
 
 import numpy as np
@@ -124,6 +124,35 @@ def _rank(judgments: Mapping[str, int], scores: Mapping[str, float]) -> _Ranked:
                            dtype=np.float64))[::-1]
   return _Ranked(gains=gains, relevant=gains >= 1, ideal_gains=ideal,
                  num_rel=int(np.sum(ideal >= 1)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Judged:
+  """One query's candidates against its judgments, to score many orderings of the same candidates (a
+  weight search) without rebuilding a run per ordering: `evaluate_scores` equals `evaluate` of that run."""
+  grades: np.ndarray    # each candidate's grade (0 when unjudged), in candidate order
+  tie_key: np.ndarray   # each candidate's place in descending docid order: trec_eval's tie-break
+  ideal_gains: np.ndarray
+  num_rel: int
+
+
+def judge(judgments: Mapping[str, int], docids: Sequence[str]) -> Judged:
+  """The Judged of candidates `docids` (distinct) under one query's `judgments`."""
+  by_docid_desc = sorted(range(len(docids)), key=lambda i: docids[i], reverse=True)
+  tie_key = np.empty(len(docids), np.int64)
+  tie_key[by_docid_desc] = np.arange(len(docids))
+  ranked = _rank(judgments, {})
+  return Judged(np.array([judgments.get(d, 0) for d in docids], np.float64), tie_key, ranked.ideal_gains,
+                ranked.num_rel)
+
+
+def evaluate_scores(judged: Judged, scores: np.ndarray, metrics: Iterable[str]) -> dict[str, float]:
+  """The metric values of the candidates ranked by `scores` (score descending, then docid descending, as
+  `evaluate` ranks them)."""
+  order = np.lexsort((judged.tie_key, -np.asarray(scores, np.float64)))
+  gains = np.maximum(judged.grades[order], 0.0)
+  ranked = _Ranked(gains=gains, relevant=gains >= 1, ideal_gains=judged.ideal_gains, num_rel=judged.num_rel)
+  return {name: fn(ranked, k) for name, (fn, k) in ((n, _parse(canonical_name(n))) for n in metrics)}
 
 
 def evaluate(qrels: Qrels, run: Run,

@@ -44,10 +44,10 @@ def texts_of(queries: Sequence[data.RerankQuery]) -> fusion.Texts:
 
 
 def dev_queries(queries: Sequence[data.RerankQuery], dev: Optional[data.RerankSet], fusion_name: str,
-                fusion_alpha: Any, max_queries: int) -> list[data.RerankQuery]:
+                fusion_alpha: Any, max_queries: int, fusion_learned: str = "") -> list[data.RerankQuery]:
   """The dev split's queries to score for tuning (none unless fusion_alpha=dev asks for them); a query in
   both splits is refused, so tuning never sees an evaluated query."""
-  if dev is None or not fusion.needs_dev(fusion_name, fusion_alpha):
+  if dev is None or not fusion.needs_dev(fusion_name, fusion_alpha, fusion_learned):
     return []
   chosen = dev.queries[:max_queries] if max_queries else dev.queries
   both = sorted({q.qid for q in queries} & {q.qid for q in chosen})
@@ -74,6 +74,7 @@ class Stages:
   fused_per_query: metrics.PerQuery
   fusion: dict[str, Any]
   tests: list[dict[str, Any]]
+  learned: Optional[tuple] = None  # fusion=learned: (with the reranker, without) fusion.Learned
 
   def delta(self, run: str) -> dict[str, float]:
     return {m: v - self.means[FIRST][m] for m, v in self.means.get(run, {}).items() if m in self.means[FIRST]}
@@ -86,7 +87,10 @@ class Stages:
 
 
 def _learned(cfg, dev: Optional[DevSplit]) -> tuple[fusion.Learned, fusion.Learned]:
-  """The learned fusion's weights tuned on `dev`, with the reranker's score and without it."""
+  """The learned fusion's weights tuned on `dev` (or read from cfg.fusion_learned), with the reranker's score
+  and without it."""
+  if cfg.fusion_learned:
+    return fusion.load_learned(cfg.fusion_learned)
   if dev is None or dev.texts is None:
     raise fusion.FusionError("fusion=learned is tuned on the dev split's queries (none were given)")
   return tuple(fusion.tune_learned(dev.qrels, dev.reranked, dev.first, dev.texts, cfg.metrics[0], use_reranker=u)
@@ -97,7 +101,8 @@ def _fusion_settings(cfg, dev: Optional[DevSplit], learned=None) -> dict[str, An
   """{"method", "alpha", "alpha_from", "dev_grid", "rrf_k"}; alpha tuned on `dev` when fusion_alpha is dev; the
   learned fusion's weights (and those without the reranker) when fusion=learned."""
   if cfg.fusion == "learned":
-    return {"method": "learned", **learned[0].to_json(), "without_reranker": learned[1].to_json()}
+    source = {"learned_from": cfg.fusion_learned} if cfg.fusion_learned else {}
+    return {"method": "learned", **learned[0].to_json(), "without_reranker": learned[1].to_json(), **source}
   if cfg.fusion != "interpolate":
     return {"method": cfg.fusion} | ({"rrf_k": cfg.rrf_k} if cfg.fusion == "rrf" else {})
   alpha = fusion.parse_alpha(cfg.fusion_alpha)
@@ -133,14 +138,14 @@ def evaluate(qrels: metrics.Qrels, queries: Sequence[data.RerankQuery], reranked
     fused_pq = metrics.evaluate(qrels, fused_run, names)
     evaluated[FUSED] = fused_pq
   if not reranked_per_query:
-    return Stages({FIRST: {}, RERANKED: {}}, fused_run, fused_pq, settings, [])
+    return Stages({FIRST: {}, RERANKED: {}}, fused_run, fused_pq, settings, [], learned)
   result = compare.compare_per_query({k: {q: v[q] for q in reranked_per_query} for k, v in evaluated.items()},
                                      names, baseline=FIRST)
   tests = [{k: t[k] for k in ("run", "metric", "delta", "p_randomization", "p_randomization_holm", "p_t",
                                "p_t_holm", "randomization_method", "wins", "ties", "losses", "ci_low", "ci_high",
                                "significant")}
            for t in result.tests]
-  return Stages(result.means, fused_run, fused_pq, settings, tests)
+  return Stages(result.means, fused_run, fused_pq, settings, tests, learned)
 
 
 def trec_lines(run: metrics.Run, qids: Sequence[str]) -> list[str]:
