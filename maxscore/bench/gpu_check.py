@@ -29,7 +29,7 @@ import numpy as np
 
 from layers.kernels import pallas_gpu, reference
 from layers.kernels.base import KernelOptions, PrefixKV, SegmentLayout
-from maxscore.bench import train_bench
+from maxscore.bench import measure, train_bench
 from maxscore.bench.harness import BenchOptions, run_benchmark
 from maxscore.bench.train_bench import TrainBenchOptions
 from maxscore.testing import kernel_grads
@@ -179,11 +179,13 @@ def train_steps(quick: bool, dtype: str, interpret: bool) -> dict[str, Any]:
             num_items=20, item_len=20, repeats=5)
   if quick:
     kw.update(model="tiny-qwen3", num_layers=2, batch_size=2, query_len=16, num_items=3, item_len=4, repeats=1)
+  # One peak for both kernels (in the compute dtype; toy sizes in quick mode, where the figures mean nothing).
+  peak = measure.measure_matmul_peak((512,) if quick else (2048, 4096), dtype=dtype)
   runs = {}
   for kernel in ("pallas_gpu", "shared_prefix"):
     options = TrainBenchOptions(**kw, overrides=(f"attention={kernel}", f"dtype={dtype}",
                                                  f"kernel_interpret={str(interpret).lower()}")).validate()
-    runs[kernel] = train_bench.measure_here(options, 1)
+    runs[kernel] = train_bench.measure_here(options, 1, peak)
   by = {k: {r["mode"]: r for r in run["rows"]} for k, run in runs.items()}
   compare = {m: dict(step_s_ratio=by["shared_prefix"][m]["step_s"] / by["pallas_gpu"][m]["step_s"],
                      loss_relative_diff=abs(by["pallas_gpu"][m]["loss"] - by["shared_prefix"][m]["loss"])

@@ -127,9 +127,11 @@ def time_mode(options: TrainBenchOptions, mode: str, num_devices: int) -> dict[s
               flops_per_s=flops["total"] / best, loss=float(metrics["loss"]))
 
 
-def measure_here(options: TrainBenchOptions, num_devices: int) -> dict[str, Any]:
-  """Every mode on `num_devices` devices of this process, with this process's matmul peak."""
-  peak = measure.measure_matmul_peak(dtype=_config(options).runtime.dtype)
+def measure_here(options: TrainBenchOptions, num_devices: int,
+                 peak: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+  """Every mode on `num_devices` devices of this process, against `peak` (measure.measure_matmul_peak's
+  result; measured here in the compute dtype when not given)."""
+  peak = peak or measure.measure_matmul_peak(dtype=_config(options).runtime.dtype)
   rows = [time_mode(options, m, num_devices) for m in options.modes]
   for r in rows:
     r["peak_fraction"] = r["flops_per_s"] / peak["flops_per_s"]
