@@ -8,6 +8,7 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -288,6 +289,21 @@ def test_learned_fusion_never_reads_test(scorer, tmp_path):
   with pytest.raises(data.DataError, match="fusion=learned needs a dev split"):
     eval_lib.load_data(eval_lib.EvalRun(data_dir=str(_beir(tmp_path / "t", seed=1, splits=("test",))),
                                         run_file=str(tmp_path / "t" / "bm25.trec")), cfg)
+  # The saved fusion, read back: the same fused run without scoring dev, and no warning for the same scorer.
+  saved = tmp_path / "a" / fusion.LEARNED_FILE
+  assert fusion.learned_scorer_key(saved) and fusion.load_learned(saved)[0].weights == tuple(
+      learned["weights"][f] for f in fusion.FEATURES)
+  reuse = dataclasses.replace(cfg, fusion_learned=str(saved))
+  with mock.patch.object(eval_lib.logging, "warning") as warn:
+    third = _run_eval(scorer, d, tmp_path / "c", reuse)
+  assert not any("fusion_learned" in str(c) for c in warn.call_args_list)
+  assert third.summary["dev_queries_scored"] == 0 and third.comparison.fused_per_query == first.comparison.fused_per_query
+  assert (tmp_path / "c" / stages.RUN_FILE).read_bytes() == (tmp_path / "a" / stages.RUN_FILE).read_bytes()
+  raw = json.loads(saved.read_text())
+  (tmp_path / "other.json").write_text(json.dumps(dict(raw, scorer_key="another scorer")))
+  with mock.patch.object(eval_lib.logging, "warning") as warn:
+    _run_eval(scorer, d, tmp_path / "e", dataclasses.replace(cfg, fusion_learned=str(tmp_path / "other.json")))
+  assert any("was tuned on the scores of another scorer" in str(c) for c in warn.call_args_list)
 
 
 def test_alpha_dev_without_a_dev_split_is_a_clear_error(tmp_path):

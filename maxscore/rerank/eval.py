@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from maxscore.heads import head_scorer, head_storage
 from maxscore.rerank import data, first_stage, fusion, listwise, metrics, pipeline, prompts, stages
-from maxscore.rerank.score_cache import ScoreCache
+from maxscore.rerank.score_cache import ScoreCache, scorer_key
 from maxscore.distributed import mesh as mesh_lib
 from maxscore.config import load_config, parse_override, to_flat_dict
 from maxscore.rerank.data import RerankSet
@@ -480,6 +480,11 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
   label_ids = prompts.resolve_labels(scorer.tokenizer, cfg.labels or template.default_labels)
   builder = prompts.PromptBuilder(scorer.tokenizer, template, cfg.instruction, cfg.max_query_tokens,
                                   cfg.max_item_tokens)
+  key = scorer_key(score_fingerprint(scorer, cfg, label_ids))
+  if cfg.fusion_learned and lead and fusion.learned_scorer_key(cfg.fusion_learned) not in ("", key):
+    logging.warning("fusion_learned=%s was tuned on the scores of another scorer (model, tokenizer, head, dtypes, "
+                    "scoring or kernel settings differ from this run's): its weights fit that scorer's scores",
+                    cfg.fusion_learned)
   queries = dataset.queries[:cfg.max_queries] if cfg.max_queries else dataset.queries
   dev_queries = stages.dev_queries(queries, dev, cfg.fusion, cfg.fusion_alpha, cfg.max_queries,
                                    cfg.fusion_learned)
@@ -525,7 +530,7 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
     cache.close()
   if not lead:
     return None
-  report = _finalize(dataset, queries, done, cfg, out, stages.dev_split(dev, dev_queries, done))
+  report = _finalize(dataset, queries, done, cfg, out, stages.dev_split(dev, dev_queries, done), key)
   summary = _summary(scorer, dataset, queries, done, cfg, label_ids, resumed, report.metrics,
                      len(report.per_query), time.perf_counter() - wall_start)
   summary["first_stage_metrics"] = report.first_stage
@@ -558,7 +563,7 @@ def _write_json(path: pathlib.Path, obj: Any) -> None:
 
 
 def _finalize(dataset: RerankSet, queries, done, cfg: EvalConfig, out: pathlib.Path,
-              dev: Optional[stages.DevSplit] = None) -> EvalReport:
+              dev: Optional[stages.DevSplit] = None, key: str = "") -> EvalReport:
   """run.trec, first_stage.trec, fusion.trec, metrics_per_query.jsonl and metrics.json from the results,
   in input order."""
   run, lines = {}, []
@@ -582,7 +587,7 @@ def _finalize(dataset: RerankSet, queries, done, cfg: EvalConfig, out: pathlib.P
   os.replace(tmp, out / first_stage.RUN_FILE)
   compared = stages.evaluate(dataset.qrels, queries, run, ordered, base, cfg, dev)
   if compared.learned is not None:  # reusable: --fusion_learned=<this file> fuses without scoring dev again
-    fusion.save_learned(out / fusion.LEARNED_FILE, compared.learned)
+    fusion.save_learned(out / fusion.LEARNED_FILE, compared.learned, key)
   if compared.fused_run is not None:
     safety.atomic_write_text(out / stages.RUN_FILE, "".join(
         l + "\n" for l in stages.trec_lines(compared.fused_run, [q.qid for q in queries])))

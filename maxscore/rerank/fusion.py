@@ -256,9 +256,10 @@ LEARNED_FILE = "learned_fusion.json"
 _LEARNED_FORMAT = "maxscore learned fusion 1"
 
 
-def save_learned(path: os.PathLike, learned: tuple[Learned, Learned]) -> None:
+def save_learned(path: os.PathLike, learned: tuple[Learned, Learned], scorer_key: str = "") -> None:
   """Writes the learned fusion (with the reranker, and without it) with its IDF tables, to be read by
-  `load_learned` (an eval's --fusion_learned) instead of tuning on dev again."""
+  `load_learned` (an eval's --fusion_learned) instead of tuning on dev again; `scorer_key` names the scorer
+  whose scores it was tuned on (score_cache.scorer_key of the eval's score fingerprint)."""
   shared = {"idf": dict(learned[0].idf), "idf_unseen": learned[0].idf_unseen}
   parts = {name: {"weights": list(l.weights), "dev_value": l.dev_value, "dev_metric": l.dev_metric,
                   "dev_queries": l.dev_queries,
@@ -267,7 +268,8 @@ def save_learned(path: os.PathLike, learned: tuple[Learned, Learned]) -> None:
            for name, l in zip(("with_reranker", "without_reranker"), learned)}
   tmp = f"{path}.tmp"
   with open(tmp, "w", encoding="utf-8") as f:
-    json.dump({"format": _LEARNED_FORMAT, "features": list(FEATURES), **shared, **parts}, f, sort_keys=True)
+    json.dump({"format": _LEARNED_FORMAT, "features": list(FEATURES), "scorer_key": scorer_key, **shared, **parts},
+              f, sort_keys=True)
   os.replace(tmp, path)
 
 
@@ -289,6 +291,13 @@ def load_learned(path: os.PathLike) -> tuple[Learned, Learned]:
                  for p in (raw["with_reranker"], raw["without_reranker"]))
   except (KeyError, TypeError, ValueError) as e:
     raise FusionError(f"fusion_learned={str(path)!r}: a part is missing or malformed ({e!r})") from e
+
+
+def learned_scorer_key(path: os.PathLike) -> str:
+  """The scorer key a saved learned fusion was tuned with ("" when it names none)."""
+  load_learned(path)  # a clear error for a file that is not one
+  with open(path, encoding="utf-8") as f:
+    return str(json.load(f).get("scorer_key", ""))
 
 
 def fuse_learned(reranked: metrics.Run, first: metrics.Run, texts: Texts, learned: Learned) -> metrics.Run:
