@@ -64,7 +64,7 @@ def _steps(cfg, batch, mode, lora=None, n=2, accum=1):
   params = tp.init_params(cfg, mode, jax.random.PRNGKey(0), lora, frozen_dtype=jnp.float32)
   decoder = tp.make_decoder(cfg, get_kernel("shared_prefix"), mode, jnp.float32, True, "highest")
   optimizer = tp.make_train_optimizer(params, mode)
-  step = tp.jit_step(tp.make_loss_fn(decoder, mode, lora), optimizer, max(accum, 1))
+  step = tp.jit_step(tp.make_loss_fn(decoder, mode, lora), optimizer, max(accum, 1), tp.trainable(params, mode))
   state, metrics = tp.make_state(params, optimizer), []
   before = jax.tree_util.tree_map(np.asarray, params)
   for _ in range(n):

@@ -108,7 +108,7 @@ def time_mode(options: TrainBenchOptions, mode: str, num_devices: int) -> dict[s
                              model.vocab_size, geometry, options.seed)
   if mesh is not None:
     batch = jax.device_put(batch, NamedSharding(mesh, P(sharding.batch_axes(options.batch_size, mesh))))
-  step = tp.jit_step(tp.make_loss_fn(decoder, mode, lora, remat), optimizer)
+  step = tp.jit_step(tp.make_loss_fn(decoder, mode, lora, remat), optimizer, trainable=tp.trainable(params, mode))
   with sharding.activate(mesh, sharding.rules_for_batch(options.batch_size, mesh)):
     t0 = time.perf_counter()
     state, metrics = step(state, batch)

@@ -228,6 +228,7 @@ def compile_step(target: Target, batch: int, geometry) -> dict[str, Any]:
   out = dict(batch_size=batch, geometry=list(geometry[:3]), padded=[p, l, n], error=None)
   rep = NamedSharding(mesh, P())
   step = tp.jit_step(target.loss_fn, target.optimizer, target.options.grad_accum_steps,
+                     tp.trainable(target.params, target.options.train),
                      out_shardings=(jax.tree_util.tree_map(lambda x: x.sharding, state), rep))
   try:
     with sharding.activate(mesh, sharding.rules_for_batch(batch, mesh)):
@@ -287,7 +288,7 @@ def local_step_op_counts(model: ModelConfig, mode: str = "full", batch_size: int
   optimizer = tp.make_train_optimizer(params, mode)
   p, l, n = geometry
   batch = tp.synthetic_batch(batch_size, p, n, l, model.vocab_size)
-  step = tp.jit_step(tp.make_loss_fn(decoder, mode, lora, remat), optimizer)
+  step = tp.jit_step(tp.make_loss_fn(decoder, mode, lora, remat), optimizer, trainable=tp.trainable(params, mode))
   lowered = step.lower(tp.make_state(params, optimizer), batch)
   return hlo_op_counts(lowered, lowered.compile())
 

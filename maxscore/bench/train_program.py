@@ -166,8 +166,6 @@ def features(decoder: Decoder, params: dict, batch: dict, mode: str, lora: Optio
              remat: bool = True):
   """h [B, N, D] (float32) at the score rows and the label log-probs [B, N, K] of one packed forward."""
   backbone = params["backbone"]
-  if mode != "full":  # frozen: no gradient is computed for it (the step's grad_norm would otherwise ask for one)
-    backbone = jax.lax.stop_gradient(backbone)
   if mode in ADAPTED:
     decoder = decoder.clone(lora=LayersLoraConfig(lora.rank, lora.alpha, tuple(lora.targets)))
     hidden_BxTxD, _ = decoder.apply({"params": with_adapters(backbone, params["lora"])}, batch["tokens"],
@@ -232,7 +230,9 @@ def batch_shapes(batch: int, prefix_len: int, slot_len: int, num_slots: int) -> 
 
 
 def jit_step(loss_fn: Callable, optimizer: optax.GradientTransformation, grad_accum_steps: int = 1,
-             **jit_kwargs) -> Callable:
-  """train_step jitted with the state donated (the update happens in place)."""
+             trainable: Any = None, **jit_kwargs) -> Callable:
+  """train_step jitted with the state donated (the update happens in place); `trainable` (`trainable(params,
+  mode)`) makes the frozen leaves constants of the loss, so no gradient is formed for them."""
   return jax.jit(functools.partial(train_step, loss_fn=loss_fn, optimizer=optimizer,
-                                   grad_accum_steps=grad_accum_steps), donate_argnums=0, **jit_kwargs)
+                                   grad_accum_steps=grad_accum_steps, trainable=trainable),
+                 donate_argnums=0, **jit_kwargs)
