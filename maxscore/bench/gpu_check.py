@@ -124,7 +124,7 @@ def kernel_parity(interpret: bool, cases=_KERNEL_CASES) -> list[dict[str, Any]]:
 def kernel_grad_parity(interpret: bool, cases=_KERNEL_CASES) -> list[dict[str, Any]]:
   """pallas_gpu's backward (its custom VJP: the dq and dkv kernels) against reference.attend's gradients: the
   loss and dq, dk, dv of one weighted sum over the real queries (maxscore/testing/kernel_grads.py). The error
-  is relative to the largest reference entry; on the GPU the compiled gradient program is also searched for
+  is relative to the largest reference entry; on the GPU the gradient program that ran is also searched for
   its Triton calls (forward, dq, dkv)."""
   rows = []
   for name, p, n, l, nh, kh, h, dtype, cached, window, softcap in cases:
@@ -135,9 +135,10 @@ def kernel_grad_parity(interpret: bool, cases=_KERNEL_CASES) -> list[dict[str, A
       f32 = lambda x: x.astype(jnp.float32)
       pkv32 = None if pkv is None else PrefixKV(f32(pkv.k), f32(pkv.v))
       t0 = time.perf_counter()
-      got = kernel_grads.loss_and_grads(functools.partial(pallas_gpu.attend, options=options), q, k, v, layout,
-                                        pkv, window, softcap)
-      jax.block_until_ready(got)
+      lowered = kernel_grads.loss_and_grads_fn(functools.partial(pallas_gpu.attend, options=options), q.shape,
+                                               layout, pkv, window, softcap).lower(q, k, v)
+      compiled = lowered.compile()
+      got = jax.block_until_ready(compiled(q, k, v))
       row["first_call_s"] = time.perf_counter() - t0
       want = kernel_grads.loss_and_grads(functools.partial(reference.attend, options=options), f32(q), f32(k),
                                          f32(v), layout, pkv32, window, softcap)
@@ -151,25 +152,15 @@ def kernel_grad_parity(interpret: bool, cases=_KERNEL_CASES) -> list[dict[str, A
       # outputs the forward part checks; a float32 loss must agree.
       gated = errors if dtype == "float32" else {k_: v_ for k_, v_ in errors.items() if k_ != "loss"}
       row["ok"] = row["finite"] and max(gated.values()) <= _TOLERANCE[dtype]
-      if not interpret:
-        row["triton_calls"] = _triton_calls(options, q, k, v, layout, pkv, window, softcap)
+      if not interpret:  # the forward, dq and dkv Triton calls, as lowered and as XLA compiled them
+        text = compiled.as_text()
+        row["triton_calls"] = dict(lowered=lowered.as_text().count(_TRITON_TARGET),
+                                   compiled_names=sorted(n for n in _TRITON_KERNELS if n in text))
         row["ok"] = row["ok"] and row["triton_calls"]["lowered"] == 3
     except Exception as e:  # noqa: BLE001 -- a backward that does not compile is a finding, not a stop
       row.update(ok=False, error=f"{type(e).__name__}: {' '.join(str(e).split())[:2000]}")
     rows.append(row)
   return rows
-
-
-def _triton_calls(options, q, k, v, layout, pkv, window, softcap) -> dict[str, Any]:
-  """The gradient program's Triton calls (forward, dq, dkv) as lowered, and which of the three kernels the
-  program XLA compiled for this GPU still names."""
-  def loss(q, k, v):
-    out = pallas_gpu.attend(q, k, v, layout, pkv, options=options, window=window, softcap=softcap)
-    return jnp.sum(out.astype(jnp.float32))
-  lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v)
-  compiled = lowered.compile().as_text()
-  return dict(lowered=lowered.as_text().count(_TRITON_TARGET),
-              compiled_names=sorted(n for n in _TRITON_KERNELS if n in compiled))
 
 
 def train_steps(quick: bool, dtype: str, interpret: bool) -> dict[str, Any]:
