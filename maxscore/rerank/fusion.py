@@ -38,6 +38,7 @@ from typing import Mapping, Optional
 import numpy as np
 
 from maxscore.errors import ScoreInputError
+from maxscore.files import safety
 from maxscore.rerank import metrics
 
 METHODS = ("none", "interpolate", "rrf", "learned")
@@ -266,15 +267,12 @@ def save_learned(path: os.PathLike, learned: tuple[Learned, Learned], scorer_key
                   **({} if (dict(l.idf), l.idf_unseen) == (shared["idf"], shared["idf_unseen"]) else
                      {"idf": dict(l.idf), "idf_unseen": l.idf_unseen})}  # one IDF table when both share it
            for name, l in zip(("with_reranker", "without_reranker"), learned)}
-  tmp = f"{path}.tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump({"format": _LEARNED_FORMAT, "features": list(FEATURES), "scorer_key": scorer_key, **shared, **parts},
-              f, sort_keys=True)
-  os.replace(tmp, path)
+  safety.atomic_write_text(path, json.dumps({"format": _LEARNED_FORMAT, "features": list(FEATURES),
+                                              "scorer_key": scorer_key, **shared, **parts}, sort_keys=True))
 
 
-def load_learned(path: os.PathLike) -> tuple[Learned, Learned]:
-  """The (with reranker, without) learned fusion `save_learned` wrote; a FusionError names what is wrong."""
+def _read_learned(path: os.PathLike) -> dict:
+  """The JSON of a saved learned fusion, its format checked; a FusionError names what is wrong."""
   try:
     with open(path, encoding="utf-8") as f:
       raw = json.load(f)
@@ -283,6 +281,12 @@ def load_learned(path: os.PathLike) -> tuple[Learned, Learned]:
   if not isinstance(raw, dict) or raw.get("format") != _LEARNED_FORMAT or raw.get("features") != list(FEATURES):
     raise FusionError(f"fusion_learned={str(path)!r} is not a learned fusion of features {list(FEATURES)} "
                       f"(an eval writes one as {LEARNED_FILE} with fusion=learned)")
+  return raw
+
+
+def load_learned(path: os.PathLike) -> tuple[Learned, Learned]:
+  """The (with reranker, without) learned fusion `save_learned` wrote; a FusionError names what is wrong."""
+  raw = _read_learned(path)
   try:
     return tuple(Learned(tuple(float(w) for w in p["weights"]),
                          {str(k): float(v) for k, v in p.get("idf", raw["idf"]).items()},
@@ -295,9 +299,7 @@ def load_learned(path: os.PathLike) -> tuple[Learned, Learned]:
 
 def learned_scorer_key(path: os.PathLike) -> str:
   """The scorer key a saved learned fusion was tuned with ("" when it names none)."""
-  load_learned(path)  # a clear error for a file that is not one
-  with open(path, encoding="utf-8") as f:
-    return str(json.load(f).get("scorer_key", ""))
+  return str(_read_learned(path).get("scorer_key", ""))
 
 
 def fuse_learned(reranked: metrics.Run, first: metrics.Run, texts: Texts, learned: Learned) -> metrics.Run:
