@@ -78,12 +78,14 @@ test-gpu-aot: $(GPU_STAMP)
 	$(GPU_VENV)/bin/python -m pytest -q -m gpu_aot tests/test_compile_report_gpu.py
 
 # The image's own Python (GPU_PYTHON) and this checkout on its path; JAX takes half the GPU's memory, the
-# transformers baseline in the same process the rest. The report: GPU_CHECK_JSON (each part as it ends).
+# transformers baseline in the same process the rest. The report: GPU_CHECK_JSON (each part as it ends);
+# GPU_CHECK_FLAGS adds flags (GPU_CHECK_FLAGS=--parts=speed reruns the timings).
 GPU_PYTHON ?= python3
 GPU_CHECK_JSON ?= gpu_check.json
+GPU_CHECK_FLAGS ?=
 gpu-check:
 	JAX_PLATFORMS= PYTHONPATH=$(CURDIR) XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 \
-	  $(GPU_PYTHON) scripts/gpu_check.py --output_json=$(GPU_CHECK_JSON)
+	  $(GPU_PYTHON) scripts/gpu_check.py --output_json=$(GPU_CHECK_JSON) $(GPU_CHECK_FLAGS)
 
 bench: $(STAMP)
 	$(PY) scripts/bench.py

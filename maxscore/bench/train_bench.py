@@ -172,7 +172,8 @@ def _loadavg() -> str:
 def summary(report: dict[str, Any]) -> str:
   o = report["options"]
   platform = report["runs"][0].get("platform", "cpu").upper()
-  lines = [f"{platform} fine-tuning step: {o['model']} dims, {o['num_layers']} layers ({report['params'] / 1e6:.0f}M params),"
+  params = f" ({report['params'] / 1e6:.0f}M params)" if report.get("params") else ""
+  lines = [f"{platform} fine-tuning step: {o['model']} dims, {o['num_layers']} layers{params},"
            f" {o['batch_size']} queries x ({o['query_len']} + {o['num_items']} x {o['item_len']}) tokens per step, "
            f"dtype {report['dtype']}, remat {o['remat']}; {report['note']}",
            f"{'mode':<6}{'kernel':>14}{'devices':>8}{'step s':>9}{'first s':>9}{'tokens/s':>10}{'GFLOP/step':>12}"
