@@ -7,7 +7,6 @@ tests/test_mesh.py does, since conftest.py pins the test process to one device.
 
 import functools
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -111,6 +110,8 @@ def _train(steps: int, targets=None, base_dtype=None):
 # --- tests (pytest) ----------------------------------------------------------------------------
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+from maxscore.testing import processes  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -327,8 +328,7 @@ def test_adapters_refuse_another_base(trained, tmp_path):
 
 @pytest.mark.slow
 def test_two_device_mesh_matches_one_device():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
-  env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+  env = processes.subprocess_env(2)
   proc = subprocess.run([sys.executable, __file__, "devices"], env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -155,6 +155,7 @@ from layers.sharding import MESH_AXES, ShardingError, batch_axes, check_divisibl
 from maxscore.distributed import mesh as mesh_lib  # noqa: E402
 from maxscore.config import MeshConfig  # noqa: E402
 from maxscore.testing.processes import free_port as _free_port  # noqa: E402
+from maxscore.testing import processes  # noqa: E402
 from maxscore.testing.processes import subprocess_env as _env  # noqa: E402
 
 
@@ -333,11 +334,11 @@ def test_eval_rerank_two_processes_equals_single_process(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(root))
   start = time.perf_counter()
   single = subprocess.run(base + [f"--output_dir={tmp_path / 'single'}"], capture_output=True, text=True,
-                          env=dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=1"), timeout=600)
+                          env=dict(env, XLA_FLAGS=processes.xla_flags(1)), timeout=600)
   single_s = time.perf_counter() - start
   assert single.returncode == 0, single.stderr[-2000:]
   port = _free_port()
-  env2 = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  env2 = dict(env, XLA_FLAGS=processes.xla_flags(2))
   start = time.perf_counter()
   procs = [subprocess.Popen(base + [f"--output_dir={tmp_path / 'multi'}", f"--coordinator_address=127.0.0.1:{port}",
                                     "--num_processes=2", f"--process_id={i}", "--heartbeat_timeout_s=20"],
