@@ -18,14 +18,9 @@ from maxscore.testing import scripts
 bench_script = scripts.load_script("bench")
 
 TINY_SCORE = ["bench.py", "--model=tiny-qwen3", "--num_layers=1", "--labels=3,7", "--query_len=40",
-              "--num_items=12", "--item_len=6", "--repeats=1", "--serial_items=5"]
-
-
-@pytest.fixture
-def small_peak(monkeypatch):
-  """The matmul peak at a small size, so tests do not spend seconds on [4096, 4096] products."""
-  real = benchmark.measure_matmul_peak
-  monkeypatch.setattr(benchmark, "measure_matmul_peak", lambda **kw: real(sizes=(256,), repeats=2, **kw))
+              "--num_items=12", "--item_len=6", "--repeats=1", "--serial_items=5",
+              "--peak_sizes=256"]  # the matmul peak at a small size: no seconds on [4096, 4096] products
+SMALL_PEAK = dict(peak_sizes=(256,))
 
 
 def test_model_flops_by_hand():
@@ -60,7 +55,7 @@ def test_matmul_peak_is_positive():
   assert peak["flops_per_s"] == max(peak["by_size"].values()) > 0 and set(peak["by_size"]) == {"128", "256"}
 
 
-def test_score_mode_end_to_end(small_peak, tmp_path, capsys):
+def test_score_mode_end_to_end(tmp_path, capsys):
   out = tmp_path / "bench.json"
   bench_script.run(TINY_SCORE + [f"--output_json={out}"])
   printed = capsys.readouterr().out
@@ -72,6 +67,7 @@ def test_score_mode_end_to_end(small_peak, tmp_path, capsys):
   model = config_lib.model_config_from_dict(report["workload"]["model_config"])
   assert report["flops"] == cost_model.model_flops(model, 40, [6] * 12, "packed", separator=True)
   peak = report["peak"]["flops_per_s"]
+  assert set(report["peak"]["by_size"]) == set(report["peak_end"]["by_size"]) == {"256"}  # --peak_sizes
   for name, r in rows.items():
     assert r["items_per_s"] > 0 and r["best_s"] > 0 and 0 < r["pct_peak"], name
     assert r["items_per_s"] == pytest.approx(r["items_timed"] / r["best_s"]), name
@@ -102,13 +98,13 @@ def test_score_mode_end_to_end(small_peak, tmp_path, capsys):
   assert report["flops"]["flop_ratio"] > 1 and report["peak"]["flops_per_s"] > 0
 
 
-def test_batch_requests_and_a_refusing_kernel(small_peak):
+def test_batch_requests_and_a_refusing_kernel():
   """score_batch rows count every request; a kernel refusing the shape is an error row, not a crash."""
   # packed rows hold 32 + 8 slots x 8 = 96 tokens, extend chunks 32 + 2 x 8 = 48: only packed is refused.
   opts = benchmark.BenchOptions(model="tiny-qwen3", num_layers=1, labels=(3,), query_len=30, num_items=8,
                                 item_len=5, algorithms=("packed", "prefill_extend"), kernels=("reference",),
                                 repeats=1, hf_baseline=False, batch_requests=3,
-                                overrides=("max_reference_len=50", "extend_batch_size=2"))
+                                overrides=("max_reference_len=50", "extend_batch_size=2"), **SMALL_PEAK)
   report = benchmark.run_benchmark(opts)
   packed, extend = report["rows"]
   assert "max_reference_len" in packed["error"] and "items_per_s" not in packed
@@ -129,10 +125,11 @@ def test_warmup_check_and_mixed_shapes():
   assert m["requests"] == 4 and 1 <= m["distinct_buckets"] and m["executables_within_buckets"]
 
 
-def test_kernels_mode_small(small_peak, tmp_path, capsys):
+def test_kernels_mode_small(tmp_path, capsys):
   out = tmp_path / "k.json"
   bench_script.run(["bench.py", "--mode=kernels", "--query_len=40", "--num_items=6", "--item_len=5",
-                    "--num_heads=4", "--num_kv_heads=2", "--head_dim=16", "--repeats=2", f"--output_json={out}"])
+                    "--num_heads=4", "--num_kv_heads=2", "--head_dim=16", "--repeats=2", "--peak_sizes=256",
+                    f"--output_json={out}"])
   report = json.loads(out.read_text())
   rows = {r["name"]: r for r in report["rows"]}
   assert report["geometry"]["row_len"] == 41 + 30
@@ -153,16 +150,18 @@ def test_kernels_mode_small(small_peak, tmp_path, capsys):
   assert "interpret-verified" in capsys.readouterr().out
 
 
-def test_kernels_mode_skips_what_would_not_fit(small_peak):
+def test_kernels_mode_skips_what_would_not_fit():
   opts = benchmark.BenchOptions(mode="kernels", query_len=20, num_items=4, item_len=4, num_heads=2, num_kv_heads=1,
-                                head_dim=8, kernels=("reference",), repeats=1, kernel_memory_fraction=1e-12)
+                                head_dim=8, kernels=("reference",), repeats=1, kernel_memory_fraction=1e-12,
+                                **SMALL_PEAK)
   row = benchmark.run_benchmark(opts)["rows"][0]
   assert row["status"].startswith("not run") and row["memory"]["temp_bytes"] > 0 and "best_s" not in row
 
 
-def test_apply_softmax_rows_count_only_the_label_rows(small_peak):
+def test_apply_softmax_rows_count_only_the_label_rows():
   opts = benchmark.BenchOptions(model="tiny-qwen3", num_layers=1, labels=(3, 7), query_len=30, num_items=8,
-                                item_len=5, algorithms=("packed",), repeats=1, hf_baseline=False, apply_softmax=True)
+                                item_len=5, algorithms=("packed",), repeats=1, hf_baseline=False, apply_softmax=True,
+                                **SMALL_PEAK)
   report = benchmark.run_benchmark(opts)
   row, = report["rows"]
   f, d = report["flops"], report["workload"]["model_config"]["hidden_size"]
@@ -171,12 +170,12 @@ def test_apply_softmax_rows_count_only_the_label_rows(small_peak):
   assert "lm_head" in benchmark.format_table(report["rows"])
 
 
-def test_suite_runs_every_workload_against_one_peak(small_peak, tmp_path, capsys):
+def test_suite_runs_every_workload_against_one_peak(tmp_path, capsys):
   out = tmp_path / "suite.json"
   bench_script.run(["bench.py", "--model=tiny-qwen3", "--num_layers=1", "--labels=3,7", "--suite",
                     "--suite_workloads=short=20x6x9,batched=8x5x12x3,skipped=4x2x2", "--suite_only=short,batched",
                     "--algorithms=serial,packed,prefill_extend", "--hf_batch_sizes=2", "--repeats=1",
-                    "--serial_items=3", f"--output_json={out}"])
+                    "--serial_items=3", "--peak_sizes=256", f"--output_json={out}"])
   printed = capsys.readouterr().out
   report = json.loads(out.read_text())
   assert [w["name"] for w in report["workloads"]] == ["short", "batched"] and report["peak"]["flops_per_s"] > 0

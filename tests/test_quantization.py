@@ -174,12 +174,11 @@ def test_quantization_is_part_of_the_scorer_identity():
   assert ids["int8_weights"]["quantization"] == "int8_weights" and ids["int8"] != ids["int8_weights"]
 
 
-def test_bench_times_quantized_rows_beside_the_float_ones(monkeypatch):
+def test_bench_times_quantized_rows_beside_the_float_ones():
   from maxscore import bench as benchmark
-  real = benchmark.measure_matmul_peak
-  monkeypatch.setattr(benchmark, "measure_matmul_peak", lambda **kw: real(sizes=(256,), repeats=2, **kw))
   opts = benchmark.BenchOptions(model="tiny-qwen3", num_layers=1, labels=(3,), query_len=20, num_items=4, item_len=5,
-                                algorithms=("packed",), repeats=1, hf_baseline=False, quantizations=("int8",))
+                                algorithms=("packed",), repeats=1, hf_baseline=False, quantizations=("int8",),
+                                peak_sizes=(256,))
   report = benchmark.run_benchmark(opts.validate())
   rows = {r["name"]: r for r in report["rows"]}
   assert set(rows) == {"packed[shared_prefix]", "packed[shared_prefix][int8]"}

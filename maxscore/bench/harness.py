@@ -67,6 +67,7 @@ class BenchOptions:
   head_dim: int = 128
   kernel_memory_fraction: float = 0.6  # kernels mode: do not run a kernel whose XLA temp exceeds this of RAM
   seed: int = 0
+  peak_sizes: tuple[int, ...] = (2048, 4096)  # n of the [n, n] x [n, n] products that measure the matmul peak
   overrides: tuple[str, ...] = dataclasses.field(default=(), metadata=CODE_ONLY)  # configs/base.yml key=value
   suite: bool = False                  # run every suite workload (one process, one peak) instead of one geometry
   suite_workloads: tuple[str, ...] = ("reference=2000x500x20", "beir=32x100x256", "long_passages=32x100x512",
@@ -89,6 +90,8 @@ class BenchOptions:
       raise ValueError(f"separator_token_id={self.separator_token_id} must be a token id, or -1 for none")
     if self.hf_device not in ("auto", "cpu", "cuda"):
       raise ValueError(f"hf_device={self.hf_device!r} must be one of auto, cpu, cuda")
+    if not self.peak_sizes or any(n < 1 for n in self.peak_sizes):
+      raise ValueError(f"peak_sizes={list(self.peak_sizes)} must be one or more sizes >= 1")
     if any(b < 1 for b in self.hf_batch_sizes):
       raise ValueError(f"hf_batch_sizes={list(self.hf_batch_sizes)} must all be >= 1")
     if self.suite:
@@ -251,7 +254,7 @@ def run_benchmark(opts: BenchOptions) -> dict[str, Any]:
   report: dict[str, Any] = dict(mode=opts.mode, options=dataclasses.asdict(opts), machine=machine_info())
   report["load_before"] = os.getloadavg()  # other jobs on the cores skew every ratio: quote quiet runs only
   dtype = bench_config(opts).runtime.dtype  # the peak in the dtype the scorer computes in
-  report["peak"] = measure_matmul_peak(dtype=dtype)
+  report["peak"] = measure_matmul_peak(opts.peak_sizes, dtype=dtype)
   peak = report["peak"]["flops_per_s"]
   if opts.mode == "kernels":
     report.update(run_kernels(opts, peak))
@@ -261,6 +264,6 @@ def run_benchmark(opts: BenchOptions) -> dict[str, Any]:
     report.update(run_score(opts, peak))
   else:
     raise ValueError(f"mode={opts.mode!r} is not one of ['score', 'kernels']")
-  report["peak_end"] = measure_matmul_peak(dtype=dtype)  # a different figure at the end means a noisy machine
+  report["peak_end"] = measure_matmul_peak(opts.peak_sizes, dtype=dtype)  # a different figure at the end means a noisy machine
   report["load_after"] = os.getloadavg()
   return report

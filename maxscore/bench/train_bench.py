@@ -57,6 +57,7 @@ class TrainBenchOptions:
   remat: str = "per_layer"
   repeats: int = 3
   seed: int = 0
+  peak_sizes: tuple[int, ...] = (2048, 4096)  # n of the [n, n] x [n, n] products that measure the matmul peak
   overrides: tuple[str, ...] = dataclasses.field(default=(), metadata=CODE_ONLY)  # configs/base.yml key=value
 
   def validate(self) -> "TrainBenchOptions":
@@ -68,6 +69,8 @@ class TrainBenchOptions:
     for name in ("batch_size", "query_len", "num_items", "item_len", "repeats", "lora_rank"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+    if not self.peak_sizes or any(n < 1 for n in self.peak_sizes):
+      raise ValueError(f"peak_sizes={list(self.peak_sizes)} must be one or more sizes >= 1")
     if self.remat not in train_compile.REMAT:
       raise ValueError(f"remat={self.remat!r} must be one of {list(train_compile.REMAT)}")
     return self
@@ -131,7 +134,7 @@ def measure_here(options: TrainBenchOptions, num_devices: int,
                  peak: Optional[dict[str, Any]] = None) -> dict[str, Any]:
   """Every mode on `num_devices` devices of this process, against `peak` (measure.measure_matmul_peak's
   result; measured here in the compute dtype when not given)."""
-  peak = peak or measure.measure_matmul_peak(dtype=_config(options).runtime.dtype)
+  peak = peak or measure.measure_matmul_peak(options.peak_sizes, dtype=_config(options).runtime.dtype)
   rows = [time_mode(options, m, num_devices) for m in options.modes]
   for r in rows:
     r["peak_fraction"] = r["flops_per_s"] / peak["flops_per_s"]
