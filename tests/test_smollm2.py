@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from maxscore import Scorer
+from maxscore.checkpoints import gguf_reader
 from maxscore.checkpoints.convert import convert_hf_checkpoint
 from maxscore.checkpoints.storage import params_digest, read_metadata
 from maxscore.rerank import prompts
@@ -25,6 +26,26 @@ def _p_first(scores_Nx2):
 @pytest.fixture(scope="module")
 def scorer(smollm2_checkpoint):
   return Scorer.from_checkpoint(smollm2_checkpoint[0], attention="shared_prefix")
+
+
+def test_the_plain_parse_reads_what_ggufs_own_reader_reads(smollm2_gguf):
+  """gguf_reader.plain_get (the converter's parse, and the tests' transformers loads) against gguf's stock
+  GGUFReader on the real file: every metadata field and tensor, value for value and dtype for dtype."""
+  import gguf  # pylint: disable=import-outside-toplevel
+  stock, plain = gguf.GGUFReader(smollm2_gguf), gguf_reader._reader(smollm2_gguf)
+  assert list(stock.fields) == list(plain.fields) and len(stock.fields) > 20
+  for name, want in stock.fields.items():
+    got = plain.fields[name]
+    assert (got.offset, got.types, got.data) == (want.offset, want.types, want.data), name
+    assert len(got.parts) == len(want.parts), name
+    for g, w in zip(got.parts, want.parts):
+      assert g.dtype == w.dtype and np.array_equal(g, w), name
+  assert len(plain.fields["tokenizer.ggml.tokens"].contents()) == 49152
+  assert [t.name for t in stock.tensors] == [t.name for t in plain.tensors] and len(stock.tensors) == 272
+  for want, got in zip(stock.tensors, plain.tensors):
+    assert (got.tensor_type, got.shape.tolist(), got.data_offset, got.n_bytes) == (
+        want.tensor_type, want.shape.tolist(), want.data_offset, want.n_bytes), want.name
+    assert got.data.dtype == want.data.dtype and np.array_equal(got.data, want.data), want.name
 
 
 def test_conversion_states_the_architecture_and_is_quick(smollm2_checkpoint):

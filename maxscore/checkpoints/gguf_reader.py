@@ -78,6 +78,28 @@ def _gguf():
   return gguf
 
 
+def plain_get(reader, offset, dtype, count=1, override_order=None):
+  """GGUFReader._get (gguf 0.10-0.19: `count` values of `dtype` at byte `offset`) on a plain ndarray view of the
+  reader's memory map, made once.
+
+  The stock method slices the np.memmap itself, and each slice of a memmap builds a new memmap object; it
+  slices twice per metadata value, so a 262,144-token vocabulary (Gemma 3) took about 15 s to parse, most of
+  it in np.memmap's __getitem__ and __array_finalize__. The plain view holds the same bytes (and keeps the map
+  alive); tensors are still read from the map only when used."""
+  plain = reader.__dict__.get("_plain")
+  if plain is None:
+    plain = reader._plain = reader.data.view(np.ndarray)
+  count = int(count)
+  arr = plain[offset:offset + np.dtype(dtype).itemsize * count].view(dtype=dtype)[:count]
+  return arr.view(arr.dtype.newbyteorder(reader.byte_order if override_order is None else override_order))
+
+
+def _reader(path: pathlib.Path):
+  """gguf's GGUFReader for `path`, parsed through `plain_get`."""
+  reader_class = type("Reader", (_gguf().GGUFReader,), {"_get": plain_get})
+  return reader_class(path)
+
+
 class GGUFFile:
   """A parsed GGUF file: metadata values by key and tensors by GGUF name (data memory-mapped)."""
 
@@ -86,7 +108,7 @@ class GGUFFile:
     if not self.path.is_file():
       raise GGUFError(f"--gguf {self.path} does not exist or is not a file")
     try:
-      reader = _gguf().GGUFReader(self.path)
+      reader = _reader(self.path)
     except GGUFError:
       raise
     except Exception as e:  # gguf raises ValueError, KeyError, IndexError... for truncated or corrupt files
