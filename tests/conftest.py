@@ -14,10 +14,10 @@ import time
 
 # One CPU device, and XLA's cheaper CPU code generation: the suite's time is mostly compiling thousands of
 # small programs. LLVM at optimization level 0 and XLA's elemental fusion emitters (instead of its MLIR fusion
-# emitters) cut the backend compile time of the test-fast subset from 122 s to 28 s, while dots and
-# convolutions still run in XLA's optimized runtime kernels (Eigen/oneDNN), so the execution-heavy tests stay
-# as quick. Numerics are asserted with the same tolerances either way; XLA_FLAGS set in the environment
-# replaces these (XLA_FLAGS=--xla_force_host_platform_device_count=1 runs the suite with XLA's defaults).
+# emitters) cut the backend compile time of the test-fast subset from 122 s to 28 s. Level 0 runs a real
+# model's forward about a third slower (BENCHMARKS.md), which the few tests that run real models pay, and the
+# suite gains several times over. Numerics are asserted with the same tolerances either way; XLA_FLAGS set in
+# the environment replaces these (XLA_FLAGS=--xla_force_host_platform_device_count=1: XLA's defaults).
 # Subprocess tests keep the session's flags (maxscore/testing/processes.xla_flags).
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0 "
                                    "--xla_cpu_use_fusion_emitters=false")
