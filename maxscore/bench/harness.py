@@ -20,7 +20,7 @@ import numpy as np
 from layers.quantization import QUANTIZATIONS
 from maxscore.bench.hf_baseline import hf_scorer, run_hf_baseline
 from maxscore.bench.kernels import run_kernels
-from maxscore.bench.measure import machine_info, measure_matmul_peak
+from maxscore.bench.measure import check_peak_sizes, machine_info, measure_matmul_peak
 from maxscore.bench.suite import parse_workloads, run_suite
 from maxscore.bench.workloads import (
   fresh_scorer,
@@ -90,8 +90,7 @@ class BenchOptions:
       raise ValueError(f"separator_token_id={self.separator_token_id} must be a token id, or -1 for none")
     if self.hf_device not in ("auto", "cpu", "cuda"):
       raise ValueError(f"hf_device={self.hf_device!r} must be one of auto, cpu, cuda")
-    if not self.peak_sizes or any(n < 1 for n in self.peak_sizes):
-      raise ValueError(f"peak_sizes={list(self.peak_sizes)} must be one or more sizes >= 1")
+    check_peak_sizes(self.peak_sizes)
     if any(b < 1 for b in self.hf_batch_sizes):
       raise ValueError(f"hf_batch_sizes={list(self.hf_batch_sizes)} must all be >= 1")
     if self.suite:
@@ -264,6 +263,7 @@ def run_benchmark(opts: BenchOptions) -> dict[str, Any]:
     report.update(run_score(opts, peak))
   else:
     raise ValueError(f"mode={opts.mode!r} is not one of ['score', 'kernels']")
-  report["peak_end"] = measure_matmul_peak(opts.peak_sizes, dtype=dtype)  # a different figure at the end means a noisy machine
+  # A different figure at the end means a noisy machine.
+  report["peak_end"] = measure_matmul_peak(opts.peak_sizes, dtype=dtype)
   report["load_after"] = os.getloadavg()
   return report

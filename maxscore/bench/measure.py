@@ -49,6 +49,12 @@ def measure_matmul_peak(sizes: Sequence[int] = (2048, 4096), repeats: int = 5,
   return dict(flops_per_s=max(by_size.values()), by_size=by_size, repeats=repeats, dtype=dtype)
 
 
+def check_peak_sizes(sizes: Sequence[int]) -> None:
+  """A ValueError unless `sizes` (measure_matmul_peak's) names one or more sizes >= 1."""
+  if not sizes or any(n < 1 for n in sizes):
+    raise ValueError(f"peak_sizes={list(sizes)} must be one or more sizes >= 1")
+
+
 def timed(fn: Callable[[], Any]) -> float:
   t0 = time.perf_counter()
   fn()

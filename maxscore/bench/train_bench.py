@@ -37,8 +37,7 @@ from maxscore.bench import measure, train_compile
 from maxscore.bench import train_program as tp
 from maxscore.config import CODE_ONLY, ConfigError, load_config, parse_override
 from maxscore.scoring.runner import DTYPES
-
-_FORCE = "--xla_force_host_platform_device_count"
+from maxscore.testing import processes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +68,7 @@ class TrainBenchOptions:
     for name in ("batch_size", "query_len", "num_items", "item_len", "repeats", "lora_rank"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
-    if not self.peak_sizes or any(n < 1 for n in self.peak_sizes):
-      raise ValueError(f"peak_sizes={list(self.peak_sizes)} must be one or more sizes >= 1")
+    measure.check_peak_sizes(self.peak_sizes)
     if self.remat not in train_compile.REMAT:
       raise ValueError(f"remat={self.remat!r} must be one of {list(train_compile.REMAT)}")
     return self
@@ -143,8 +141,7 @@ def measure_here(options: TrainBenchOptions, num_devices: int,
 
 
 def _in_subprocess(options: TrainBenchOptions, num_devices: int) -> dict[str, Any]:
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {_FORCE}={num_devices}".strip())
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=processes.xla_flags(num_devices))
   arg = json.dumps(dataclasses.asdict(options))
   out = subprocess.run([sys.executable, "-m", "maxscore.bench.train_bench", arg, str(num_devices)], env=env,
                        capture_output=True, text=True, check=False)
