@@ -206,12 +206,18 @@ def run_gpu_check(opts: GpuCheckOptions, on_part: Optional[Callable[[str, Any], 
   report: dict[str, Any] = dict(backend=jax.default_backend(), devices=[str(d) for d in jax.devices()],
                                 jax_version=jax.__version__, interpret=interpret, quick=quick,
                                 load_before=os.getloadavg())
+  # torch and transformers are imported here, before any part, and the time is recorded: on a fresh GPU
+  # machine, transformers' import (its scan of the installed distributions' metadata) once stalled for over
+  # 100 s inside the parity part, after the kernel parts, and never when it ran alone.
+  t0 = time.perf_counter()
   try:
     import torch
+    import transformers  # noqa: F401  pylint: disable=unused-import
     report.update(torch_version=torch.__version__, torch_cuda=torch.cuda.is_available(),
                   torch_device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
   except ImportError:
     report["torch_version"] = None
+  report["import_torch_transformers_s"] = time.perf_counter() - t0
 
   def part(name, fn, key=None):
     if (key or name) not in opts.parts:
@@ -250,7 +256,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
   """A readable digest: device, each kernel case, the parity checks, each speed workload's best rows."""
   from maxscore.bench.report import summary
   lines = [f"backend {report['backend']} ({', '.join(report['devices'])}), jax {report['jax_version']}, "
-           f"torch {report.get('torch_version')} cuda={report.get('torch_cuda')} {report.get('torch_device') or ''}"]
+           f"torch {report.get('torch_version')} cuda={report.get('torch_cuda')} {report.get('torch_device') or ''}, "
+           f"torch and transformers imported in {report.get('import_torch_transformers_s', 0.0):.1f} s"]
   kernels = report.get("kernels")
   if isinstance(kernels, dict):
     lines.append(f"kernels: ERROR {kernels['error']}")
