@@ -30,6 +30,7 @@ class Attention(nn.Module):
   precision: jax.lax.Precision | None = None
   lora: Optional[LoraConfig] = None  # low-rank adapters on the projections it targets (layers/lora.py)
   quantization: str = "none"  # int8 projection weights (and activations) (layers/quantization.py)
+  quantization_group: int = 0  # weight scales per group of this many along the contracting dim (0: per channel)
 
   @nn.compact
   def __call__(self, x_BxTxD, positions_BxT, layout: SegmentLayout, prefix_kv: Optional[PrefixKV] = None,
@@ -38,7 +39,8 @@ class Attention(nn.Module):
     d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
     def proj(name, heads, axis):
-      w = quant.weight(self, name, ("embed", axis, "head_dim"), (d, heads, h), 1, self.quantization)
+      w = quant.weight(self, name, ("embed", axis, "head_dim"), (d, heads, h), 1, self.quantization,
+                      self.quantization_group)
       y = quant.einsum("BTD,DNH->BTNH", x_BxTxD, w, 1, self.quantization, self.dtype, self.precision)
       if adapts(self.lora, name):
         y = y + lora_delta(self, name, "BTD,DNH->BTNH", x_BxTxD, (d, heads, h), ("embed", axis, "head_dim"), 1,
@@ -64,7 +66,8 @@ class Attention(nn.Module):
     q_BxTxNxH = nn.with_logical_constraint(q_BxTxNxH, ("activation_batch", "activation_length", "activation_heads",
                                                        "head_dim"))
     out_BxTxNxH = self._attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout, prefix_kv, uses_window)
-    w_o = quant.weight(self, "o", ("heads", "head_dim", "embed"), (n, h, d), 2, self.quantization)
+    w_o = quant.weight(self, "o", ("heads", "head_dim", "embed"), (n, h, d), 2, self.quantization,
+                       self.quantization_group)
     out_BxTxD = quant.einsum("BTNH,NHD->BTD", out_BxTxNxH.astype(self.dtype), w_o, 2, self.quantization, self.dtype,
                              self.precision)
     if adapts(self.lora, "o"):

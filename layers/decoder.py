@@ -43,6 +43,7 @@ class DecoderLayer(nn.Module):
   return_kv: bool = False
   lora: Optional[LoraConfig] = None
   quantization: str = "none"
+  quantization_group: int = 0
 
   @nn.compact
   def __call__(self, x_BxTxD, positions_BxT, layout, prefix_kv: Optional[PrefixKV], uses_window: jax.Array):
@@ -51,13 +52,13 @@ class DecoderLayer(nn.Module):
     norm = lambda name: RMSNorm(cfg.rms_norm_eps, plus_one=cfg.gemma_style, name=name, **kw)
     h = norm("input_norm")(x_BxTxD)
     attn, kv = Attention(cfg, self.attend, precision=self.precision, lora=self.lora, quantization=self.quantization,
-                         name="attn", **kw)(
+                         quantization_group=self.quantization_group, name="attn", **kw)(
         h, positions_BxT, layout, prefix_kv, uses_window)
     x_BxTxD = x_BxTxD + (norm("attn_out_norm")(attn) if cfg.sandwich_norm else attn)
     h = norm("post_attn_norm")(x_BxTxD)
     act = "gelu_tanh" if cfg.gemma_style else "silu"
     mlp = MLP(cfg.hidden_size, cfg.mlp_dim, precision=self.precision, activation=act, lora=self.lora,
-              quantization=self.quantization, name="mlp", **kw)(h)
+              quantization=self.quantization, quantization_group=self.quantization_group, name="mlp", **kw)(h)
     x_BxTxD = x_BxTxD + (norm("mlp_out_norm")(mlp) if cfg.sandwich_norm else mlp)
     x_BxTxD = nn.with_logical_constraint(x_BxTxD, ("activation_batch", "activation_length", "activation_embed"))
     # Kept only when the caller applies with mutable=["intermediates"] (Decoder.residuals).
@@ -81,6 +82,7 @@ class Decoder(nn.Module):
   lora: Optional[LoraConfig] = None  # low-rank adapters beside the targeted projections (layers/lora.py)
   # int8 projections and separate lm_head (layers/quantization.py); params from quantization.quantize_params.
   quantization: str = "none"
+  quantization_group: int = 0  # per-group weight scales (layers/quantization.py); 0: one per output channel
 
   def setup(self):
     cfg = self.config
@@ -94,11 +96,11 @@ class Decoder(nn.Module):
                       in_axes=(nn.broadcast, nn.broadcast, 0, 0), length=cfg.num_layers,
                       metadata_params={nn.PARTITION_NAME: "layers"})
     self.layers = scanned(cfg, self.attend, self.dtype, self.param_dtype, PRECISIONS[self.precision],
-                          self.return_kv, self.lora, self.quantization)
+                          self.return_kv, self.lora, self.quantization, self.quantization_group)
     self.final_norm = RMSNorm(cfg.rms_norm_eps, self.dtype, self.param_dtype, plus_one=cfg.gemma_style)
     if not cfg.tie_word_embeddings:
       self.lm_head = quant.weight(self, "lm_head", ("embed", "vocab"), (cfg.hidden_size, cfg.vocab_size), 1,
-                                  self.quantization)
+                                  self.quantization, self.quantization_group)
 
   def __call__(self, tokens_BxT, positions_BxT, layout: SegmentLayout, prefix_kv: Optional[PrefixKV] = None):
     """Final hidden states [B, T, D], and the stacked per-layer K/V [layers, B, T, K, H] when return_kv."""
@@ -135,8 +137,9 @@ class Decoder(nn.Module):
     else:
       if self.quantization == "none":
         cols_DxK = jnp.take(self.lm_head, ids_K, axis=1)
-      else:  # the K int8 columns and their scales
-        cols_DxK = (jnp.take(self.lm_head[0], ids_K, axis=1), jnp.take(self.lm_head[1], ids_K, axis=0))
+      else:  # the K int8 columns and their scales ([V] per channel, [D / G, V] per group)
+        wq, scale = self.lm_head
+        cols_DxK = (jnp.take(wq, ids_K, axis=1), jnp.take(scale, ids_K, axis=scale.ndim - 1))
       logits = quant.einsum("...D,DK->...K", h_xD.astype(jnp.float32), cols_DxK, 1, self.quantization, jnp.float32,
                             jax.lax.Precision.HIGHEST)
     return softcap(logits, self.config.final_logit_softcap)

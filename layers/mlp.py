@@ -20,13 +20,15 @@ class MLP(nn.Module):
   activation: str = "silu"
   lora: Optional[LoraConfig] = None  # low-rank adapters on the projections it targets (layers/lora.py)
   quantization: str = "none"  # int8 projection weights (and activations) (layers/quantization.py)
+  quantization_group: int = 0  # weight scales per group of this many along the contracting dim (0: per channel)
 
   @nn.compact
   def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
     d, f = self.hidden_size, self.mlp_dim
     axes = {"gate": ("embed", "mlp"), "up": ("embed", "mlp"), "down": ("mlp", "embed")}
     shapes = {"gate": (d, f), "up": (d, f), "down": (f, d)}
-    weights = {name: quant.weight(self, name, axes[name], shapes[name], 1, self.quantization) for name in axes}
+    weights = {name: quant.weight(self, name, axes[name], shapes[name], 1, self.quantization, self.quantization_group)
+               for name in axes}
 
     def dot(eq, a, name):
       y = quant.einsum(eq, a, weights[name], 1, self.quantization, self.dtype, self.precision)

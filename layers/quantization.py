@@ -7,13 +7,20 @@ Modes (`quantization:` in the config):
   s = max|W| / 127 over the contracting dims, Wq = round(W / s); the einsum reads Wq cast to the compute
   dtype and multiplies its output by s (the same as dequantizing W first, since s is constant along the
   contracted dims). Weight memory is a quarter of float32's, half of bfloat16's.
+  With `quantization_group_size: G` (> 0) the scales are finer: one per output channel and per group of G
+  consecutive weights along the last contracting dim (llama.cpp's Q8_0 layout for G = 32), so a GGUF Q8_0
+  checkpoint loads its codes and block scales as they are stored. The einsum then reads Wq * s dequantized
+  in float32 (one scale no longer factors out of the contraction), then cast to the compute dtype.
 - `int8`: w8a8. The activations are quantized too, per token (symmetric, dynamic: s_x = max|x| / 127 over
   the contracting dims of each token, computed in the forward), the dot runs in int8 with int32
-  accumulation and its output is rescaled by s_x * s.
+  accumulation and its output is rescaled by s_x * s. Per-channel scales only: one int32 dot per output
+  channel leaves one place to apply a weight scale, so `quantize_params` regroups per-group int8 weights per
+  channel for it.
 
 The quantized weights live beside the einsums that read them (Attention's q/k/v/o, MLP's gate/up/down, the
 separate lm_head), as params `<name>` (int8) and `<name>_scale` (float32, the weight's output dims), created
-by `weight`; inside the scanned layer stack both gain the leading `layers` axis. Embeddings, norms and biases
+by `weight`; inside the scanned layer stack both gain the leading `layers` axis. A per-channel scale has the
+weight's output dims; a per-group one has the weight's dims with the last contracting dim divided by G. Embeddings, norms and biases
 stay float, and so does a tied lm_head (it is the embedding table).
 
 Qwix (0.1.8) was tried first for the post-training quantization and does not fit this model: its PTQ provider
@@ -62,21 +69,49 @@ def refuse_qlora(mode: str, error: type[Exception] = ValueError) -> None:
                 "below; train LoRA adapters on quantization=int8_weights (QLoRA), or on quantization=none")
 
 
-def quantize(w: jax.Array, contracting_axes: Sequence[int]) -> tuple[jax.Array, jax.Array]:
-  """(int8 Wq, float32 scale) with W ~= Wq * scale, one scale per output channel (the axes not contracted).
+def quantize(w: jax.Array, contracting_axes: Sequence[int], group_size: int = 0) -> tuple[jax.Array, jax.Array]:
+  """(int8 Wq, float32 scale) with W ~= Wq * scale, one scale per output channel (the axes not contracted), or
+  with `group_size` G > 0 one per output channel and per group of G consecutive weights along the last
+  contracting axis (the scale keeps W's dims, that one divided by G).
 
-  Symmetric, round to nearest: |W - Wq * scale| <= scale / 2 elementwise. An all-zero channel gets scale 1
-  (and Wq 0), so no division by zero and the round trip stays exact."""
+  Symmetric, round to nearest: |W - Wq * scale| <= scale / 2 elementwise. An all-zero channel (or group) gets
+  scale 1 (and Wq 0), so no division by zero and the round trip stays exact."""
   w32 = jnp.asarray(w, jnp.float32)
+  if group_size:
+    axis = _group_axis(w32.shape, contracting_axes, group_size)
+    grouped = w32.reshape(w32.shape[:axis] + (w32.shape[axis] // group_size, group_size) + w32.shape[axis + 1:])
+    wq, scale = quantize(grouped, (axis + 1,))
+    return wq.reshape(w32.shape), scale
   amax = jnp.max(jnp.abs(w32), axis=tuple(contracting_axes), keepdims=True)
   scale = jnp.where(amax > 0, amax / INT8_MAX, 1.0)
   wq = jnp.clip(jnp.round(w32 / scale), -INT8_MAX, INT8_MAX).astype(jnp.int8)
   return wq, jnp.squeeze(scale, axis=tuple(contracting_axes))
 
 
+def _group_axis(shape: Sequence[int], contracting_axes: Sequence[int], group_size: int) -> int:
+  """The axis per-group scales divide (the last contracting one), after checking G divides it."""
+  axis = contracting_axes[-1]
+  if group_size < 0 or shape[axis] % group_size:
+    raise ValueError(f"quantization_group_size={group_size} must divide the contracting dim {shape[axis]} of "
+                     f"a weight of shape {tuple(shape)} (0: one scale per output channel)")
+  return axis
+
+
+def group_size_of(wq: Any, scale: Any, contracting_axes: Sequence[int]) -> int:
+  """The G of a quantized weight's scale: 0 for one scale per output channel (the scale lacks the contracting
+  dims), else the last contracting dim over the scale's size there."""
+  if len(scale.shape) < len(wq.shape):
+    return 0
+  axis = contracting_axes[-1]
+  return wq.shape[axis] // scale.shape[axis]
+
+
 def dequantize(wq: jax.Array, scale: jax.Array, contracting_axes: Sequence[int]) -> jax.Array:
-  """Wq * scale in float32: the inverse of `quantize` up to its rounding (scale broadcast over the
-  contracting axes)."""
+  """Wq * scale in float32: the inverse of `quantize` up to its rounding (a per-channel scale broadcast over
+  the contracting axes, a per-group one repeated G times along the last)."""
+  group = group_size_of(wq, scale, contracting_axes)
+  if group:
+    return wq.astype(jnp.float32) * jnp.repeat(scale, group, axis=contracting_axes[-1])
   return wq.astype(jnp.float32) * jnp.expand_dims(scale, tuple(contracting_axes))
 
 
@@ -100,19 +135,50 @@ def _map_projections(params: Any, fn: Callable[[Mapping, str, tuple], dict]) -> 
   return walk(dict(params), None, False)
 
 
-def quantize_params(params: Any, mode: str) -> Any:
+def quantize_params(params: Any, mode: str, group_size: int = 0) -> Any:
   """The Decoder's unboxed float params with every projection (and a separate lm_head) quantized for `mode`:
   each such weight becomes int8 and gains a `<name>_scale` sibling. `none` returns `params` unchanged.
 
-  Scanned layer weights [layers, contracting..., output...] get a scale per layer and output channel. Params
-  quantized already (int8 weights with their scales: both modes read the same) are returned as they are."""
-  if check(mode) == "none" or holds_int8(params):
+  Scanned layer weights [layers, contracting..., output...] get a scale per layer and output channel (and per
+  group of `group_size` along the last contracting dim: int8_weights only). Params quantized already (int8
+  weights with their scales: both modes read the same) are returned as they are, except that `int8` (w8a8)
+  regroups per-group weights per channel (from their float values Wq * s); a `group_size` other than 0 must
+  then be the stored one."""
+  if check(mode) == "none":
     return params
+  if group_size and mode != "int8_weights":
+    raise ValueError(f"quantization_group_size={group_size} is for quantization=int8_weights; int8 (w8a8) keeps "
+                     "one weight scale per output channel (set quantization_group_size=0)")
+  if holds_int8(params):
+    stored = params_group_size(params)
+    if group_size and group_size != stored:
+      raise ValueError(f"these params hold int8 weights with quantization_group_size={stored}; score them with "
+                       f"that (or 0: as stored), not {group_size}")
+    if mode != "int8" or not stored:
+      return params
+    return _map_projections(params, lambda tree, key, axes: _one(
+        dequantize(tree[key], tree[f"{key}_scale"], axes), key, axes, 0))
+  return _map_projections(params, lambda tree, key, axes: _one(tree[key], key, axes, group_size))
+
+
+def _one(w, key: str, axes: tuple, group_size: int) -> dict:
+  wq, scale = quantize(w, axes, group_size)
+  return {key: wq, f"{key}_scale": scale}
+
+
+def params_group_size(params: Any) -> int:
+  """The group size G of quantized params' scales (0: per output channel); a ValueError when their weights
+  disagree. Float params give 0."""
+  sizes: set[int] = set()
 
   def one(tree, key, axes):
-    wq, scale = quantize(tree[key], axes)
-    return {key: wq, f"{key}_scale": scale}
-  return _map_projections(params, one)
+    if f"{key}_scale" in tree and jnp.dtype(tree[key].dtype) == jnp.int8:
+      sizes.add(group_size_of(tree[key], tree[f"{key}_scale"], axes))
+    return {}
+  _map_projections(params, one)
+  if len(sizes) > 1:
+    raise ValueError(f"these params mix int8 weights of quantization_group_size {sorted(sizes)}: one layout only")
+  return sizes.pop() if sizes else 0
 
 
 def dequantize_params(params: Any) -> Any:
@@ -142,16 +208,23 @@ def is_quantized_leaf(path: Sequence[Any]) -> bool:
 
 
 def weight(module: nn.Module, name: str, axes: tuple[Optional[str], ...], shape: tuple[int, ...],
-           num_contracting: int, mode: str):
+           num_contracting: int, mode: str, group_size: int = 0):
   """Creates the weight `name` in `module`: the float param as before for `none` (normal(0.02)), else (int8
-  `name`, float32 `name_scale`), whose values come from `quantize_params` (init gives zeros and ones)."""
+  `name`, float32 `name_scale`), whose values come from `quantize_params` (init gives zeros and ones). The
+  scale has the weight's output dims, or with `group_size` G its dims with the last contracting one / G (and
+  the weight's logical axes, so it shards as the weight does)."""
   if mode == "none":
     init = nn.initializers.normal(stddev=0.02)
     return module.param(name, nn.with_logical_partitioning(init, axes), shape, module.param_dtype)
   zeros = lambda key, s, dtype: jnp.zeros(s, dtype)
   wq = module.param(name, nn.with_logical_partitioning(zeros, axes), shape, jnp.int8)
-  scale = module.param(f"{name}_scale", nn.with_logical_partitioning(nn.initializers.ones, axes[num_contracting:]),
-                       shape[num_contracting:], jnp.float32)
+  if group_size:
+    axis = _group_axis(shape, range(num_contracting), group_size)
+    scale_shape, scale_axes = shape[:axis] + (shape[axis] // group_size,) + shape[axis + 1:], axes
+  else:
+    scale_shape, scale_axes = shape[num_contracting:], axes[num_contracting:]
+  scale = module.param(f"{name}_scale", nn.with_logical_partitioning(nn.initializers.ones, scale_axes),
+                       scale_shape, jnp.float32)
   return wq, scale
 
 
@@ -165,9 +238,16 @@ def einsum(equation: str, x: jax.Array, w: Any, num_contracting: int, mode: str,
   if mode == "none":
     return jnp.einsum(equation, x, w.astype(dtype), precision=precision)
   wq, scale = w
+  grouped = len(scale.shape) == len(wq.shape)
+  if mode == "int8_weights" and grouped:  # Wq * s formed in float32 first: no one scale factors out
+    w = dequantize(wq, scale, tuple(range(num_contracting)))
+    return jnp.einsum(equation, x, w.astype(dtype), precision=precision)
   if mode == "int8_weights":
     y = jnp.einsum(equation, x, wq.astype(dtype), precision=precision)
     return (y.astype(jnp.float32) * scale).astype(dtype)
+  if grouped:
+    raise ValueError("quantization=int8 (w8a8) needs per-channel weight scales: quantize_params regroups "
+                     "per-group int8 weights for it")
   xq, x_scale = quantize_activations(x, num_contracting)
   y_int32 = jnp.einsum(equation, xq, wq, preferred_element_type=jnp.int32)
   out_rest = y_int32.ndim - (x.ndim - num_contracting)  # the output's weight dims after its batch dims

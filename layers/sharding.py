@@ -88,12 +88,14 @@ def param_shardings(boxed_params: Any, mesh: Mesh, rules=RULES) -> Any:
   return nn.logical_to_mesh_sharding(specs, mesh, rules)
 
 
-def model_param_shardings(model: ModelConfig, mesh: Mesh, rules=RULES, quantization: str = "none") -> Any:
+def model_param_shardings(model: ModelConfig, mesh: Mesh, rules=RULES, quantization: str = "none",
+                          quantization_group: int = 0) -> Any:
   """NamedShardings matching the unboxed Decoder params of `model` (quantized: int8 weights and their scales,
-  layers/quantization.py), without allocating them."""
+  per channel or per group of `quantization_group`, layers/quantization.py), without allocating them."""
   from layers.decoder import Decoder, init_params  # pylint: disable=g-import-not-at-top  (decoder imports kernels)
   from layers.kernels import get_kernel
-  decoder = Decoder(model, get_kernel("reference"), quantization=quantization)
+  layout = "none" if quantization == "none" else "int8_weights"  # both int8 modes hold the same arrays
+  decoder = Decoder(model, get_kernel("reference"), quantization=layout, quantization_group=quantization_group)
   boxed = jax.eval_shape(lambda: init_params(decoder, jax.random.PRNGKey(0)))
   return param_shardings(boxed, mesh, rules)
 
@@ -157,11 +159,13 @@ def abstract_put(x: Any, sharding: NamedSharding) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(np.shape(x), dtype, sharding=sharding)
 
 
-def place_params(params: Any, model: ModelConfig, mesh: Optional[Mesh], quantization: str = "none") -> Any:
+def place_params(params: Any, model: ModelConfig, mesh: Optional[Mesh], quantization: str = "none",
+                 quantization_group: int = 0) -> Any:
   """Moves unboxed params onto their NamedShardings (a no-op without a mesh)."""
   if is_trivial(mesh):
     return params
-  return jax.tree_util.tree_map(put, params, model_param_shardings(model, mesh, quantization=quantization))
+  return jax.tree_util.tree_map(put, params, model_param_shardings(model, mesh, quantization=quantization,
+                                                                   quantization_group=quantization_group))
 
 
 def kv_sharding(mesh: Mesh) -> NamedSharding:

@@ -33,6 +33,7 @@ class RuntimeConfig:
   weight_dtype: Literal["float32", "bfloat16"] = "float32"
   matmul_precision: Literal["default", "high", "highest"] = "highest"
   quantization: Literal["none", "int8_weights", "int8"] = "none"  # layers/quantization.py
+  quantization_group_size: int = 0  # int8_weights: a weight scale per group of this many along the contracting dim
   init_seed: int = 0
   checkpoint_dir: Optional[str] = None
   tokenizer_path: Optional[str] = None
@@ -176,6 +177,14 @@ def _validate(cfg: Config) -> None:
   for key in ("prefix_cache_bytes", "max_stacked_tokens"):
     if getattr(cfg.scoring, key) < 0:
       raise ConfigError(f"{key}={getattr(cfg.scoring, key)} must be >= 0")
+  group, runtime = cfg.runtime.quantization_group_size, cfg.runtime
+  if group < 0 or (group and runtime.quantization != "int8_weights"):
+    raise ConfigError(f"quantization_group_size={group} must be 0 (one weight scale per output channel), or a "
+                      f"group size with quantization=int8_weights (quantization={runtime.quantization!r})")
+  dims = {"hidden_size": cfg.model.hidden_size, "mlp_dim": cfg.model.mlp_dim, "head_dim": cfg.model.head_dim}
+  if group and any(d % group for d in dims.values()):
+    raise ConfigError(f"quantization_group_size={group} must divide each contracting dim of the projections "
+                      f"({', '.join(f'{k} {v}' for k, v in dims.items())})")
   if cfg.buckets.length_group_ratio < 1:
     raise ConfigError(f"length_group_ratio={cfg.buckets.length_group_ratio} must be >= 1")
   try:

@@ -6,7 +6,9 @@ Every flag is a key of configs/convert_gguf.yml. Tensors are dequantized to floa
 reference dequantizers do (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K); the tokenizer
 metadata becomes tokenizer.json with its chat template. --quantize=int8 stores the projections as int8 with
 per-output-channel scales instead (Q8_0 ones keep their stored codes where a channel's blocks share one scale,
-else are requantized per channel: maxscore/checkpoints/gguf_quants.py q8_0_per_channel). --overwrite replaces
+else are requantized per channel: maxscore/checkpoints/gguf_quants.py q8_0_per_channel); with
+--quantize_group_size=32 the scales are per block of 32, and Q8_0 tensors load as stored, exactly (score
+with quantization=int8_weights). --overwrite replaces
 only a directory that maxscore wrote (it carries a .maxscore-owned marker).
 """
 
@@ -26,6 +28,7 @@ class GGUFConvertOptions:
   output_dir: Optional[str] = None
   dtype: Literal["float32", "bfloat16"] = "float32"
   quantize: Literal["none", "int8"] = "none"
+  quantize_group_size: int = 0
   keep_layers: int = 0
   overwrite: bool = False
 
@@ -44,7 +47,8 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     opts = cli.entry_from_flags(fv, ENTRY, SECTIONS)["convert_gguf"]
     cli.require(opts, "gguf", "output_dir")
     out = convert_gguf_checkpoint(opts.gguf, opts.output_dir, opts.dtype, overwrite=opts.overwrite,
-                                  quantize=opts.quantize, keep_layers=opts.keep_layers)
+                                  quantize=opts.quantize, keep_layers=opts.keep_layers,
+                                  quantize_group_size=opts.quantize_group_size)
   logging.info("wrote %s", out)
   print(out)
 

@@ -24,6 +24,7 @@ class ConvertOptions:
   output_dir: Optional[str] = None
   dtype: Literal["float32", "bfloat16"] = "float32"
   quantize: Literal["none", "int8"] = "none"
+  quantize_group_size: int = 0
   keep_layers: int = 0
   overwrite: bool = False
 
@@ -42,7 +43,8 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     opts = cli.entry_from_flags(fv, ENTRY, SECTIONS)["convert"]
     cli.require(opts, "hf_dir", "output_dir")
     out = convert_hf_checkpoint(opts.hf_dir, opts.output_dir, opts.dtype, overwrite=opts.overwrite,
-                                quantize=opts.quantize, keep_layers=opts.keep_layers)
+                                quantize=opts.quantize, keep_layers=opts.keep_layers,
+                                quantize_group_size=opts.quantize_group_size)
   logging.info("wrote %s", out)
   print(out)
 

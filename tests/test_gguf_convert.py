@@ -358,3 +358,44 @@ def test_q8_0_channels_sharing_a_scale_keep_codes_that_requantizing_would_round(
   assert np.array_equal(codes[1], requantized[1]) and scale[1] == requantized_scale[1]
   assert np.abs(codes[1] * scale[1] - w[1]).max() <= scale[1] / 2
   assert np.array_equal(codes[0] * scale[0], w[0])
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_q8_0_loads_as_stored_with_group_size_32_and_scores_as_the_float_conversion(tmp_path, family):
+  """--quantize=int8 --quantize_group_size=32 on a Q8_0 file keeps every projection's codes and f16 block scales
+  as stored (Q8_0's own layout: no float round trip, no rounding), llama's permuted q/k rows included: each
+  dequantized weight equals the float conversion's, and the checkpoint scores exactly as the float one does."""
+  from layers import quantization as quant
+  from maxscore.checkpoints import gguf_quants, storage
+  model = make_hf_model(family, vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=2,
+                        num_key_value_heads=1, head_dim=32, tie_word_embeddings=False,
+                        **(dict(rope_scaling=None) if family == "llama" else {}))
+  path = write_gguf(model, tmp_path / "m.gguf", tensor_type="Q8_0")
+  ckpt = convert_gguf_checkpoint(path, tmp_path / "g32", quantize="int8", quantize_group_size=32)
+  float_ckpt = convert_gguf_checkpoint(path, tmp_path / "float")
+  assert storage.stored_group_size(ckpt) == 32
+  got, flt = (storage.restore_checkpoint(c).params for c in (ckpt, float_ckpt))
+  f = gguf_reader.GGUFFile(path)
+  codes, _ = gguf_quants.q8_0_blocks(f.tensors["blk.1.ffn_down.weight"].data, f.shape("blk.1.ffn_down.weight"))
+  assert np.array_equal(got["layers"]["mlp"]["down"][1], codes.T)
+  for module, names in (("attn", ("q", "k", "v", "o")), ("mlp", ("gate", "up", "down"))):
+    for name in names:
+      axes = (1, 2) if name == "o" else (1,)
+      w = quant.dequantize(got["layers"][module][name], got["layers"][module][f"{name}_scale"], axes)
+      np.testing.assert_array_equal(w, flt["layers"][module][name], err_msg=name)
+  np.testing.assert_array_equal(quant.dequantize(got["lm_head"], got["lm_head_scale"], (0,)), flt["lm_head"])
+  kw = dict(mesh=None, separator_token_id=3)
+  a = Scorer.from_checkpoint(ckpt, **kw)
+  b = Scorer.from_checkpoint(float_ckpt, **kw)
+  assert (a.runner.quantization, a.runner.quantization_group) == ("int8_weights", 32)
+  request = ([4, 9, 12, 40], [[5, 6], [7, 8, 9], []], [5, 17])
+  np.testing.assert_array_equal(a.score(*request).scores, b.score(*request).scores)
+  np.testing.assert_array_equal(a.logits([4, 9, 12, 40, 3, 5]), b.logits([4, 9, 12, 40, 3, 5]))
+
+
+def test_a_group_size_the_model_cannot_hold_is_refused_and_nothing_is_written(small_llama, tmp_path):
+  """head_dim 8: Q8_0's 32-weight blocks of o_proj run across heads, which per-head groups cannot hold."""
+  path = write_gguf(small_llama, tmp_path / "m.gguf", tensor_type="Q8_0")
+  with pytest.raises(ConversionError, match="quantization_group_size=32 must divide the contracting dim 8"):
+    convert_gguf_checkpoint(path, tmp_path / "g32", quantize="int8", quantize_group_size=32)
+  assert not (tmp_path / "g32").exists()

@@ -183,9 +183,11 @@ def test_full_fine_tuning_of_a_quantized_base_is_still_one_clear_error():
 
 
 @pytest.mark.slow
-def test_qlora_through_the_trainer_exports_a_float_model(tmp_path):
-  """train_reranker.py's path: train_backbone + lora_rank on quantization=int8_weights; the checkpointed int8
-  base is the scorer's, the export is float and the adapters directory names its int8_weights base."""
+@pytest.mark.parametrize("group", [0, 32])
+def test_qlora_through_the_trainer_exports_a_float_model(tmp_path, group):
+  """train_reranker.py's path: train_backbone + lora_rank on quantization=int8_weights (per channel, and per
+  group of 32); the checkpointed int8 base is the scorer's, the export is float and the adapters directory names
+  its int8_weights base and group size, so base + adapters load as the export scores."""
   from maxscore.checkpoints import storage
   from maxscore.heads import train as train_lib
   from maxscore.heads.train_config import TrainConfig
@@ -196,9 +198,18 @@ def test_qlora_through_the_trainer_exports_a_float_model(tmp_path):
   cfg = TrainConfig(train_backbone=True, lora_rank=4, lora_alpha=8.0, batch_size=2, num_steps=3, eval_every=0,
                     save_every=0, warmup_steps=0, learning_rate=1e-3, use_bias=False)
   summary = train_lib.train(cfg, prompt, str(data.DEFAULT_CHECKPOINT), train, None, tmp_path / "work",
-                            overrides=[f"quantization={MODE}"], export_dir=tmp_path / "export",
+                            overrides=[f"quantization={MODE}", f"quantization_group_size={group}"],
+                            export_dir=tmp_path / "export",
                             adapters_dir=tmp_path / "adapters", progress=False)
   assert summary["steps"] == 3 and np.isfinite(summary["final_train_loss"])
   exported = storage.restore_checkpoint(tmp_path / "export").params
   assert not quant.holds_int8(exported) and storage.stored_quantization(tmp_path / "export") == "none"
-  assert lora_lib.load_adapters(tmp_path / "adapters")[2]["base_quantization"] == MODE
+  meta = lora_lib.load_adapters(tmp_path / "adapters")[2]
+  assert (meta["base_quantization"], meta["base_quantization_group_size"]) == (MODE, group)
+  if group:
+    from maxscore.scoring.scorer import Scorer
+    kw = dict(mesh=None, separator_token_id=3)
+    request = ([4, 9, 33, 7], [[5, 6], [100, 200, 300]], [5, 17])
+    exported_scorer = Scorer.from_checkpoint(tmp_path / "export", **kw)
+    loaded = lora_lib.load_scorer(data.DEFAULT_CHECKPOINT, tmp_path / "adapters", **kw)
+    np.testing.assert_allclose(loaded.score(*request).scores, exported_scorer.score(*request).scores, rtol=1e-5)

@@ -35,6 +35,31 @@ def test_round_trip_is_within_half_a_scale_step(shape, axes):
   assert int(np.abs(np.asarray(wq)).max()) == 127  # the largest weight of each channel maps to +-127
 
 
+@pytest.mark.parametrize("shape,axes,group", [((64, 4, 16), (0,), 16), ((4, 16, 64), (0, 1), 8),
+                                               ((3, 64, 2, 8), (1,), 32)])
+def test_grouped_round_trip_is_within_half_of_each_groups_scale_step(shape, axes, group):
+  """Per-group scales: one per output channel and per `group` consecutive weights along the last contracting
+  axis (the scale keeps the weight's dims, that one divided by the group); round(W / s) * s is within s / 2 of
+  each weight, each group's largest weight maps to +-127, an all-zero group comes back exactly, and no weight
+  is further from its value than with one scale per channel."""
+  w = np.random.default_rng(0).standard_normal(shape).astype(np.float32) * np.linspace(0.01, 3, shape[-1])
+  w[..., 0] = 0.0
+  wq, scale = quant.quantize(jnp.asarray(w), axes, group)
+  axis = axes[-1]
+  assert scale.shape == shape[:axis] + (shape[axis] // group,) + shape[axis + 1:]
+  assert quant.group_size_of(wq, scale, axes) == group and quant.group_size_of(*quant.quantize(w, axes), axes) == 0
+  back = np.asarray(quant.dequantize(wq, scale, axes))
+  step = np.repeat(np.asarray(scale), group, axis=axis)
+  assert np.all(np.abs(back - w) <= step / 2 * (1 + 1e-6)), np.max(np.abs(back - w) / step)
+  assert np.array_equal(back[..., 0], w[..., 0])
+  groups = np.abs(np.asarray(wq)).reshape(shape[:axis] + (shape[axis] // group, group) + shape[axis + 1:])
+  assert np.all(groups.max(axis=axis + 1)[..., 1:] == 127)
+  per_channel = np.asarray(quant.dequantize(*quant.quantize(w, axes), axes))
+  assert np.abs(back - w).max() <= np.abs(per_channel - w).max()
+  with pytest.raises(ValueError, match=r"quantization_group_size=5 must divide the contracting dim"):
+    quant.quantize(jnp.asarray(w), axes, 5)
+
+
 # Each projection's einsum (the weight's contracting dims first) with x [B, T, contracting...].
 EINSUMS = [("BTD,DNH->BTNH", (2, 5, 64), (64, 4, 16), 1), ("BTNH,NHD->BTD", (2, 5, 4, 16), (4, 16, 64), 2),
            ("BTD,DF->BTF", (2, 5, 64), (64, 128), 1), ("...D,DV->...V", (3, 64), (64, 520), 1)]
@@ -84,6 +109,26 @@ def test_quantized_params_hold_int8_projections_and_float_embeddings_and_norms(h
   float_bytes = sum(float_scorer.runner.params["layers"]["mlp"][n].nbytes for n in ("gate", "up", "down"))
   int8_bytes = sum(flat[f"layers/mlp/{n}{s}"].nbytes for n in ("gate", "up", "down") for s in ("", "_scale"))
   assert int8_bytes < float_bytes * 0.3
+
+
+@pytest.mark.parametrize("equation,x_shape,w_shape,nc", EINSUMS, ids=[e[0] for e in EINSUMS])
+def test_grouped_int8_weights_projection_is_the_einsum_of_its_dequantized_weight(equation, x_shape, w_shape, nc):
+  """int8_weights with per-group scales forms Wq * s in float32 and runs the float einsum: exactly the einsum of
+  the dequantized weight, within sum_i |x_i| s_g(i),j / 2 of the float weight's. w8a8 refuses per-group
+  scales (one int32 dot per channel leaves one place for a weight scale)."""
+  rng = np.random.default_rng(1)
+  x = jnp.asarray(rng.standard_normal(x_shape), jnp.float32)
+  w = jnp.asarray(rng.standard_normal(w_shape) * 0.3, jnp.float32)
+  contract, hi = tuple(range(nc)), jax.lax.Precision.HIGHEST
+  wq, scale = quant.quantize(w, contract, 8)
+  got = quant.einsum(equation, x, (wq, scale), nc, "int8_weights", jnp.float32, hi)
+  np.testing.assert_array_equal(got, jnp.einsum(equation, x, quant.dequantize(wq, scale, contract), precision=hi))
+  half_steps = jnp.repeat(scale, 8, axis=nc - 1) / 2
+  bound = jnp.einsum(equation, jnp.abs(x), half_steps, precision=hi)
+  err = np.abs(np.asarray(got - jnp.einsum(equation, x, w, precision=hi)))
+  assert np.all(err <= np.asarray(bound) * (1 + 1e-4) + 1e-5) and err.max() > 0
+  with pytest.raises(ValueError, match="per-channel weight scales"):
+    quant.einsum(equation, x, (wq, scale), nc, "int8", jnp.float32, hi)
 
 
 @pytest.mark.parametrize("variant", ["qwen3_kv1_untied", "llama_kv2_untied_scaled_bias"])
@@ -139,6 +184,57 @@ def test_quantized_scorer_with_each_kernel_reproduces_serial(hf_checkpoints, ker
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("kernel,extra", [
+    ("shared_prefix", {}), ("pallas_gpu", dict(kernel_interpret=True, gpu_block_q=16, gpu_block_kv=16))])
+def test_grouped_int8_weights_score_as_their_dequantized_float_model(hf_checkpoints, kernel, extra):
+  """quantization_group_size=16 on a converted random Qwen3 (untied lm_head): serial, packed and prefill_extend
+  agree, the scores and label logits are those of the float model holding the dequantized weights, exactly,
+  and the logits are closer to float32's than with one scale per channel."""
+  _, _, ckpt = hf_checkpoints("qwen3_kv1_untied")
+  kw = dict(attention=kernel, separator_token_id=3, mesh=None, **extra)
+  scorer = Scorer.from_checkpoint(ckpt, quantization="int8_weights", quantization_group_size=16, **kw)
+  assert scorer.runner.quantization_group == 16
+  assert scorer.runner.params["layers"]["attn"]["o_scale"].shape == (2, 4, 1, 64)  # [layers, N, H / 16, D]
+  flt = Scorer(scorer.config.replace(quantization="none", quantization_group_size=0),
+               quant.dequantize_params(scorer.runner.params), mesh=None)
+  rng = np.random.default_rng(5)
+  query, items = rng.integers(0, 520, 37).tolist(), [rng.integers(0, 520, n).tolist() for n in (5, 0, 12, 3, 9)]
+  labels = [5, 17, 300]
+  for apply_softmax in (False, True):  # the full-vocabulary lm_head and its K label columns
+    want = scorer.score(query, items, labels, apply_softmax, algorithm="serial").scores
+    np.testing.assert_array_equal(want, flt.score(query, items, labels, apply_softmax, algorithm="serial").scores)
+    for algorithm in ("packed", "prefill_extend"):
+      got = scorer.score(query, items, labels, apply_softmax, algorithm=algorithm).scores
+      np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+  tokens = rng.integers(0, 520, 40).tolist()
+  ref = Scorer.from_checkpoint(ckpt, mesh=None).logits(tokens)
+  per_channel = Scorer.from_checkpoint(ckpt, mesh=None, quantization="int8_weights").logits(tokens)
+  grouped = scorer.logits(tokens)
+  np.testing.assert_array_equal(grouped, flt.logits(tokens))
+  assert np.abs(grouped - ref).max() < np.abs(per_channel - ref).max()
+
+
+def test_grouped_scales_where_they_cannot_be_used_are_one_clear_error(hf_checkpoints):
+  """Per-group scales are for int8_weights, must divide every contracting dim, and params quantized per group
+  keep their group: w8a8 regroups them per channel, any other group size is refused by name."""
+  with pytest.raises(ConfigError, match=r"quantization_group_size=16 must be 0 .*quantization='int8'"):
+    load_config(["quantization=int8", "quantization_group_size=16"])
+  with pytest.raises(ConfigError, match=r"quantization_group_size=16 must be 0 .*quantization='none'"):
+    load_config(["quantization_group_size=16"])
+  with pytest.raises(ConfigError, match=r"quantization_group_size=48 must divide each contracting dim .*head_dim 16"):
+    load_config(["quantization=int8_weights", "quantization_group_size=48"])
+  _, _, ckpt = hf_checkpoints("qwen3_kv1_untied")
+  grouped = Scorer.from_checkpoint(ckpt, mesh=None, quantization="int8_weights", quantization_group_size=16)
+  cfg = grouped.config.replace(quantization_group_size=0)
+  w8a8 = Scorer(cfg.replace(quantization="int8"), grouped.runner.params, mesh=None)
+  assert w8a8.runner.quantization_group == 0 and quant.params_group_size(w8a8.runner.params) == 0
+  want = quant.quantize_params(quant.dequantize_params(grouped.runner.params), "int8")
+  assert all(jax.tree_util.tree_leaves(jax.tree_util.tree_map(np.array_equal, w8a8.runner.params, want)))
+  assert Scorer(cfg, grouped.runner.params, mesh=None).runner.quantization_group == 16  # 0: as stored
+  with pytest.raises(ValueError, match="hold int8 weights with quantization_group_size=16.*not 8"):
+    Scorer(cfg.replace(quantization_group_size=8), grouped.runner.params, mesh=None)
+
+
 def test_quantized_label_columns_equal_the_full_quantized_lm_head(hf_checkpoints):
   """apply_softmax reads only the K label columns of the int8 lm_head: the same numbers as the full product."""
   _, _, ckpt = hf_checkpoints("llama_kv2_untied_scaled_bias")
@@ -172,6 +268,9 @@ def test_quantization_is_part_of_the_scorer_identity():
                                             params_digest="same")) for m in ("none", "int8_weights", "int8")}
   assert "quantization" not in ids["none"]  # float identities are unchanged
   assert ids["int8_weights"]["quantization"] == "int8_weights" and ids["int8"] != ids["int8_weights"]
+  grouped = Scorer(cfg.replace(quantization="int8_weights", quantization_group_size=16), ref.runner.params,
+                   mesh=None, params_digest="same")
+  assert identity.scorer_identity(grouped) == dict(ids["int8_weights"], quantization_group_size=16)
 
 
 def test_bench_times_quantized_rows_beside_the_float_ones():
@@ -248,6 +347,29 @@ def test_a_checkpoint_quantized_at_conversion_equals_one_quantized_at_load(hf_ch
     export_hf_checkpoint(int8_ckpt, tmp_path / "hf")
 
 
+def test_a_checkpoint_quantized_per_group_at_conversion_equals_one_quantized_at_load(hf_checkpoints, tmp_path):
+  """convert --quantize=int8 --quantize_group_size=16 stores what a scorer computes at load with that group
+  size, bit for bit; maxscore.json records the group size and a scorer reads it back from the checkpoint. A
+  group size that does not divide the model's dims, or without quantize=int8, is refused and writes nothing."""
+  from maxscore.checkpoints import ConversionError, storage
+  from maxscore.checkpoints.convert import convert_hf_checkpoint
+  _, hf_dir, float_ckpt = hf_checkpoints("llama_kv2_untied_scaled_bias")
+  ckpt = convert_hf_checkpoint(hf_dir, tmp_path / "g16", quantize="int8", quantize_group_size=16)
+  assert storage.stored_quantization(ckpt) == "int8" and storage.stored_group_size(ckpt) == 16
+  assert storage.stored_group_size(float_ckpt) == 0
+  at_load = Scorer.from_checkpoint(float_ckpt, mesh=None, quantization="int8_weights", quantization_group_size=16)
+  stored = Scorer.from_checkpoint(ckpt, mesh=None)
+  assert stored.runner.quantization == "int8_weights" and stored.runner.quantization_group == 16
+  same = jax.tree_util.tree_map(lambda a, b: a.dtype == b.dtype and np.array_equal(a, b), at_load.runner.params,
+                                stored.runner.params)
+  assert all(jax.tree_util.tree_leaves(same))
+  for bad, match in ((dict(quantize="int8", quantize_group_size=48), "must divide the contracting dim 64"),
+                     (dict(quantize_group_size=16), "quantize_group_size=16 must be 0, or a group size with")):
+    with pytest.raises(ConversionError, match=match):
+      convert_hf_checkpoint(hf_dir, tmp_path / "bad", **bad)
+    assert not (tmp_path / "bad").exists()
+
+
 _MESH_SCRIPT = """
 import numpy as np
 from maxscore.config import load_config
@@ -256,10 +378,12 @@ from maxscore.scoring.scorer import Scorer
 cfg = load_config(dict(num_layers=2, tie_word_embeddings=False, separator_token_id=3))
 params = Scorer.from_config(cfg, mesh=None).runner.params
 query, items, labels = [4, 9, 33, 7, 8], [[5, 6], [100, 200, 300], []], [5, 17, 300]
-for mode in ("int8_weights", "int8"):
-  want = Scorer(cfg.replace(quantization=mode), params, mesh=None).score(query, items, labels).scores
+for mode, group in (("int8_weights", 0), ("int8", 0), ("int8_weights", 16)):
+  want = Scorer(cfg.replace(quantization=mode, quantization_group_size=group), params,
+                mesh=None).score(query, items, labels).scores
   for axis in ("tensor", "fsdp"):
-    c = cfg.replace(quantization=mode, ici_data_parallelism=1, **{f"ici_{axis}_parallelism": 2})
+    c = cfg.replace(quantization=mode, quantization_group_size=group, ici_data_parallelism=1,
+                    **{f"ici_{axis}_parallelism": 2})
     got = Scorer(c, params, mesh=mesh_lib.default_scoring_mesh(c.mesh)).score(query, items, labels).scores
     assert np.abs(got - want).max() < 1e-6, (mode, axis, np.abs(got - want).max())
 print("ok")
@@ -267,7 +391,8 @@ print("ok")
 
 
 def test_quantized_scoring_on_a_two_device_mesh_matches_one_device():
-  """The int8 weights and their scales are placed by the same logical-axis rules (tensor and fsdp split)."""
+  """The int8 weights and their scales (per channel, and per group) are placed by the same logical-axis rules
+  (tensor and fsdp split)."""
   import subprocess
   import sys
   from maxscore.testing.processes import subprocess_env

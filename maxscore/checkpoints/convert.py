@@ -425,7 +425,8 @@ def keep_first_layers(cfg: ModelConfig, keep_layers: int) -> tuple[ModelConfig, 
 
 
 def convert_hf_checkpoint(hf_dir: os.PathLike, output_dir: os.PathLike, dtype: str = "float32",
-                          overwrite: bool = False, quantize: str = "none", keep_layers: int = 0) -> pathlib.Path:
+                          overwrite: bool = False, quantize: str = "none", keep_layers: int = 0,
+                          quantize_group_size: int = 0) -> pathlib.Path:
   """Converts a Hugging Face directory of a supported family into a self-describing maxscore checkpoint.
 
   Args:
@@ -438,6 +439,8 @@ def convert_hf_checkpoint(hf_dir: os.PathLike, output_dir: os.PathLike, dtype: s
     quantize: none, or int8: store the projections (and a separate lm_head) as int8 weights with float32
       per-output-channel scales, as a scorer quantizes them at load (layers/quantization.py); maxscore.json
       then says `"quantization": "int8"`, and the checkpoint scores with quantization=int8_weights or int8.
+    quantize_group_size: with quantize=int8, 0 (one scale per output channel) or G: one scale per G weights
+      along the contracting dim (layers/quantization.py; maxscore.json records it).
 
   Returns:
     The checkpoint directory: params/, maxscore.json (model config and params digest) and, when `hf_dir` has
@@ -450,8 +453,7 @@ def convert_hf_checkpoint(hf_dir: os.PathLike, output_dir: os.PathLike, dtype: s
   hf_dir = pathlib.Path(hf_dir)
   if dtype not in DTYPES:
     raise ConversionError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")
-  if quantize not in STORED_QUANTIZATIONS:
-    raise ConversionError(f"quantize={quantize!r} is not one of {list(STORED_QUANTIZATIONS)}")
+  _check_quantize(quantize, quantize_group_size)
   if not hf_dir.is_dir():
     raise ConversionError(f"--hf_dir {hf_dir} does not exist or is not a directory")
   _check_output_dir(output_dir, hf_dir, overwrite)
@@ -470,46 +472,84 @@ def convert_hf_checkpoint(hf_dir: os.PathLike, output_dir: os.PathLike, dtype: s
     if tokenizer and (hf_dir / name).is_file():
       files += (hf_dir / name,)
   if quantize == "int8":  # both int8 modes read the same int8 weights and scales
-    params = jax.tree_util.tree_map(np.asarray, quant.quantize_params(params, "int8_weights"))
+    params = jax.tree_util.tree_map(np.asarray, _quantized(params, quantize_group_size))
   return save_checkpoint(output_dir, params, cfg, tokenizer_files=files, overwrite=overwrite, inputs=(hf_dir,))
 
 
-def _int8_params(params: dict, reader, cfg: ModelConfig, dtype) -> dict:
+def _int8_params(params: dict, reader, cfg: ModelConfig, dtype, group_size: int = 0) -> dict:
   """`params` (float32) stored as int8 (layers/quantization.py's layout): each projection and a separate lm_head
-  as int8 codes with float32 per-output-channel scales, the rest cast to `dtype`. A projection stored as Q8_0
-  takes its codes and block scale as stored where every block of a channel shares one scale (exact, no float
-  round trip), else is requantized per channel from its exact float values (gguf_quants.q8_0_per_channel says
-  why, and bounds the extra rounding); every other tensor is quantized from its float values, as at load."""
-  out = jax.tree_util.tree_map(np.asarray, quant.quantize_params(params, "int8_weights"))
+  as int8 codes with float32 scales (per output channel, or per `group_size` weights along the contracting
+  dim), the rest cast to `dtype`. A projection stored as Q8_0 keeps its codes and block scales as stored with
+  group_size=32 (exact: no float round trip, no rounding); per channel it keeps them where every block of a
+  channel shares one scale, else is requantized per channel from its exact float values
+  (gguf_quants.q8_0_per_channel says why, and bounds the extra rounding). Every other tensor is quantized from
+  its float values, as at load."""
+  out = jax.tree_util.tree_map(np.asarray, _quantized(params, group_size))
   get_int8 = getattr(reader, "get_int8", None)
   exact = total = 0
   specs = [(("layers",) + p, [f"model.layers.{i}.{t}" for i in range(cfg.num_layers)], f)
            for p, t, _, f in _layer_specs(cfg)] + [(p, [t], f) for p, t, _, f in _global_specs(cfg)]
+  blocks = group_size == 32  # Q8_0's block: the stored layout
   for path, names, fn in specs:
     tree = functools.reduce(lambda t, key: t[key], path[:-1], out)
     name = path[-1]
-    if get_int8 is None or f"{name}_scale" not in tree:  # not a quantized weight
-      continue
-    loaded = [get_int8(n) for n in names]
+    if get_int8 is None or f"{name}_scale" not in tree or (group_size and not blocks):
+      continue  # not a quantized weight, or a group size no GGUF block has: quantized from the float values
+    loaded = [get_int8(n, blocks=blocks) for n in names]
     if any(x is None for x in loaded):  # not Q8_0: quantized from the float values above
       continue
     stacked = path[0] == "layers"
     scale_shape = tree[f"{name}_scale"].shape[1:] if stacked else tree[f"{name}_scale"].shape
-    codes = np.stack([fn(c) for c, _, _ in loaded])
-    scales = np.stack([s.reshape(scale_shape) for _, s, _ in loaded])
+    codes = np.stack([fn(c) for c, *_ in loaded])
+    if blocks:
+      scales = np.stack([_block_scales(fn, s, codes.shape[1:], scale_shape) for _, s in loaded])
+      exact, total = exact + len(loaded), total + len(loaded)
+    else:
+      scales = np.stack([s.reshape(scale_shape) for _, s, _ in loaded])
+      exact += sum(int(e.sum()) for _, _, e in loaded)
+      total += sum(e.size for _, _, e in loaded)
     tree[name] = (codes if stacked else codes[0]).astype(np.int8)
     tree[f"{name}_scale"] = (scales if stacked else scales[0]).astype(np.float32)
-    exact += sum(int(e.sum()) for _, _, e in loaded)
-    total += sum(e.size for _, _, e in loaded)
-  if total:
+  if total and not blocks:
     logging.info("Q8_0 projections: %d of %d output channels loaded exactly (one block scale per channel), the "
                  "rest requantized per channel", exact, total)
+  elif total:
+    logging.info("Q8_0 projections: %d tensors loaded as stored (codes and block scales, group size 32)", total)
   cast = lambda path, x: x if quant.is_quantized_leaf(path) else np.asarray(x, dtype)
   return jax.tree_util.tree_map_with_path(cast, out)
 
 
+def _check_quantize(quantize: str, group_size: int) -> None:
+  if quantize not in STORED_QUANTIZATIONS:
+    raise ConversionError(f"quantize={quantize!r} is not one of {list(STORED_QUANTIZATIONS)}")
+  if group_size < 0 or (group_size and quantize != "int8"):
+    raise ConversionError(f"quantize_group_size={group_size} must be 0, or a group size with quantize=int8")
+
+
+def _quantized(params: dict, group_size: int) -> dict:
+  """The projections as int8_weights (per channel, or per group of `group_size`); a group size that does not
+  divide the model's contracting dims is a ConversionError."""
+  try:
+    return quant.quantize_params(params, "int8_weights", group_size)
+  except ValueError as e:
+    raise ConversionError(str(e)) from None
+
+
+def _block_scales(fn, scale_OxB: np.ndarray, weight_shape: tuple, scale_shape: tuple) -> np.ndarray:
+  """Q8_0 block scales [out, in / 32] in our per-group layout `scale_shape`: each scale is repeated over its 32
+  weights, put through the weight's own rearrangement `fn`, and read once per group along the axis the groups
+  divide. Every group must then hold one scale (blocks never straddle a group: 32 divides the contracting dims)."""
+  full = fn(np.repeat(scale_OxB, 32, axis=1))
+  axis = next(i for i, (w, s) in enumerate(zip(weight_shape, scale_shape)) if w != s)
+  out = np.take(full, np.arange(0, weight_shape[axis], 32), axis=axis)
+  if not np.array_equal(np.repeat(out, 32, axis=axis), full):
+    raise ConversionError(f"Q8_0 blocks of a weight of shape {weight_shape} straddle its scale groups")
+  return out.reshape(scale_shape)
+
+
 def convert_gguf_checkpoint(gguf_path: os.PathLike, output_dir: os.PathLike, dtype: str = "float32",
-                            overwrite: bool = False, quantize: str = "none", keep_layers: int = 0) -> pathlib.Path:
+                            overwrite: bool = False, quantize: str = "none", keep_layers: int = 0,
+                            quantize_group_size: int = 0) -> pathlib.Path:
   """Converts a GGUF file (llama.cpp's format) of a supported architecture into a self-describing checkpoint.
 
   The metadata becomes the model config (as the config.json it stands for), the tensors are dequantized to
@@ -523,6 +563,7 @@ def convert_gguf_checkpoint(gguf_path: os.PathLike, output_dir: os.PathLike, dty
     overwrite: replace an existing `output_dir`, only when maxscore wrote it.
     quantize: none, or int8: store the projections (and a separate lm_head) as int8 with float32 per-output-channel
       scales, as convert_hf_checkpoint does; Q8_0 tensors keep their codes where that is exact (`_int8_params`).
+    quantize_group_size: as convert_hf_checkpoint's; 32 (Q8_0's block) loads Q8_0 tensors as stored, exactly.
     keep_layers: keep only the first this many decoder layers, as convert_hf_checkpoint; 0 keeps every layer.
 
   Returns:
@@ -537,8 +578,7 @@ def convert_gguf_checkpoint(gguf_path: os.PathLike, output_dir: os.PathLike, dty
   path = pathlib.Path(gguf_path)
   if dtype not in DTYPES:
     raise ConversionError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")
-  if quantize not in STORED_QUANTIZATIONS:
-    raise ConversionError(f"quantize={quantize!r} is not one of {list(STORED_QUANTIZATIONS)}")
+  _check_quantize(quantize, quantize_group_size)
   if not path.is_file():
     raise ConversionError(f"--gguf {path} does not exist or is not a file")
   _check_output_dir(output_dir, path, overwrite)
@@ -558,7 +598,8 @@ def convert_gguf_checkpoint(gguf_path: os.PathLike, output_dir: os.PathLike, dty
       files = gguf_tokenizer.build_tokenizer(f, pathlib.Path(tmp)) or ()
       reader = gguf_reader.GGUFTensorReader(f, hf)
       if quantize == "int8":
-        params = _int8_params(convert_params(reader, cfg, np.float32, source_layers), reader, cfg, DTYPES[dtype])
+        params = _int8_params(convert_params(reader, cfg, np.float32, source_layers), reader, cfg, DTYPES[dtype],
+                              quantize_group_size)
       else:
         params = convert_params(reader, cfg, DTYPES[dtype], source_layers)
       return save_checkpoint(output_dir, params, cfg, tokenizer_files=files, overwrite=overwrite, inputs=(path,))

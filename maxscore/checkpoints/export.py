@@ -246,7 +246,7 @@ def export_hf_checkpoint(checkpoint_dir: os.PathLike, output_dir: os.PathLike, d
   if adapters is not None:
     weights, lora, meta = adapters
     # QLoRA adapters were trained on the int8 base: quantize as in training; merge dequantizes it (float).
-    params = quant.quantize_params(params, meta["base_quantization"])
+    params = quant.quantize_params(params, meta["base_quantization"], meta["base_quantization_group_size"])
     params = lora_lib.merge(lora_lib.add_adapters(params, weights), lora)
   tensors = hf_tensors(params, model, DTYPES[dtype])
   logging.info("exporting %s (%s, %d layers%s) to %s", checkpoint_dir, model.family, model.num_layers,

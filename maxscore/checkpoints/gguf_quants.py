@@ -4,8 +4,9 @@ Each block format is split in two steps: `unpack` reads a block's bytes into int
 scale (and, for the affine formats, one offset) per group of codes, and `Blocks.dequantize` forms
 `scale * codes + offset` in float32. The float result is bit-identical to the reference (the same
 float32 products and sums, in the same order), and the unpacked form is what an int8 weight path
-would load without a float round trip (Q8_0: int8 codes, one float scale per 32 weights; `q8_0_per_channel`
-says when that load is exact in the per-output-channel layout a scorer reads).
+would load without a float round trip (Q8_0: int8 codes, one float scale per 32 weights: `q8_0_blocks`, the
+layout of quantization_group_size=32; `q8_0_per_channel` says when a load is exact in the per-output-channel
+layout).
 
 Formats (llama.cpp's ggml-common.h; bytes per block / weights per block):
     Q8_0  34/32   f16 d, 32 x int8 q                         w = d * q
@@ -156,6 +157,15 @@ def dequantize(data: np.ndarray, type_name: str, shape: tuple[int, ...]) -> np.n
   if type_name in FLOAT_TYPES:
     return np.ascontiguousarray(data).view(FLOAT_TYPES[type_name]).astype(np.float32).reshape(shape)
   return unpack(data, type_name).dequantize().reshape(shape)
+
+
+def q8_0_blocks(data: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+  """A Q8_0 matrix [rows, cols] (rows: output channels; blocks run along cols) as stored: (int8 codes
+  [rows, cols], float32 block scales [rows, cols / 32]). The f16 scales widen to float32 exactly, so
+  codes * scales (each scale repeated over its block) are the reference dequantizer's values, bit for bit."""
+  rows, cols = shape
+  blocks = unpack(data, "Q8_0")
+  return blocks.codes_NxGxE.reshape(rows, cols).astype(np.int8), blocks.scale_NxGx1.reshape(rows, cols // 32)
 
 
 def q8_0_per_channel(data: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -275,27 +275,29 @@ class GGUFTensorReader:
     gguf_name = self._names[name]
     return self._f.shape(gguf_name), self._f.type_name(gguf_name)
 
-  def get_int8(self, name: str) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+  def get_int8(self, name: str, blocks: bool = False) -> Optional[tuple[np.ndarray, ...]]:
     """A Q8_0 2-D tensor as per-output-channel int8 (gguf_quants.q8_0_per_channel: codes [out, in], float32
-    scale [out], which rows loaded exactly), rows in the HF order; None for any other type."""
+    scale [out], which rows loaded exactly), or with `blocks` as stored (gguf_quants.q8_0_blocks: codes and
+    float32 block scales [out, in / 32]); rows in the HF order; None for any other type."""
     gguf_name = self._names[name]
     shape = self._f.shape(gguf_name)
     if self._f.type_name(gguf_name) != "Q8_0" or len(shape) != 2:
       return None
-    codes, scale, exact = gguf_quants.q8_0_per_channel(self._f.tensors[gguf_name].data, shape)
-    if self._arch == "llama" and gguf_name.split(".")[-2] in ("attn_q", "attn_k"):  # rows permuted: as in `get`
+    read = gguf_quants.q8_0_blocks if blocks else gguf_quants.q8_0_per_channel
+    return self._hf_rows(gguf_name, *read(self._f.tensors[gguf_name].data, shape))
+
+  def _hf_rows(self, gguf_name: str, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """`arrays` (each with the tensor's output rows first) in the HF row order: llama's q and k rows were
+    permuted per head by llama.cpp's converter (undone as in `get`)."""
+    if self._arch == "llama" and gguf_name.split(".")[-2] in ("attn_q", "attn_k"):
       heads = self._hf["num_attention_heads"]
       heads = heads if gguf_name.split(".")[-2] == "attn_q" else self._hf.get("num_key_value_heads") or heads
-      codes, scale, exact = (_unpermute(x, heads) for x in (codes, scale, exact))
-    return codes, scale, exact
+      return tuple(_unpermute(x, heads) for x in arrays)
+    return arrays
 
   def get(self, name: str, dtype) -> np.ndarray:
     gguf_name = self._names[name]
-    w = self._f.read(gguf_name)
-    if self._arch == "llama" and gguf_name.split(".")[-2] in ("attn_q", "attn_k"):
-      is_q = gguf_name.split(".")[-2] == "attn_q"
-      heads = self._hf["num_attention_heads"]
-      w = _unpermute(w, heads if is_q else self._hf.get("num_key_value_heads") or heads)
+    (w,) = self._hf_rows(gguf_name, self._f.read(gguf_name))
     if self._arch in _GEMMA and gguf_name.endswith("norm.weight"):
       w = w - np.float32(1.0)
     return w.astype(dtype)

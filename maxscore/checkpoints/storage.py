@@ -51,10 +51,13 @@ class Checkpoint:
   digest: str = ""  # params_sha256: digest of the parameter arrays (maxscore/files/identity.py)
 
 
-def abstract_params(model: ModelConfig, dtype: Any = jnp.float32, quantization: str = "none") -> Any:
+def abstract_params(model: ModelConfig, dtype: Any = jnp.float32, quantization: str = "none",
+                    quantization_group: int = 0) -> Any:
   """ShapeDtypeStructs of the (unboxed) params for `model`, without allocating them (quantized: int8 weights
-  and their float32 scales, layers/quantization.py)."""
-  decoder = Decoder(model, get_kernel("reference"), param_dtype=dtype, quantization=quantization)
+  and their float32 scales, per channel or per group of `quantization_group`, layers/quantization.py)."""
+  layout = "none" if quantization == "none" else "int8_weights"  # both int8 modes store the same arrays
+  decoder = Decoder(model, get_kernel("reference"), param_dtype=dtype, quantization=layout,
+                    quantization_group=quantization_group)
   boxed = jax.eval_shape(lambda: init_params(decoder, jax.random.PRNGKey(0)))
   return nn.unbox(boxed)
 
@@ -71,7 +74,11 @@ def check_params(params: Any, model: ModelConfig, where: str = "params") -> None
   """Raises CheckpointError naming each missing, unexpected or mis-shaped parameter. Params that hold int8
   weights are checked against the quantized layout (each weight with its `_scale`)."""
   quantization = "int8" if quant.holds_int8(params) else "none"
-  want, got = _flatten(abstract_params(model, quantization=quantization)), _flatten(params)
+  try:
+    group = quant.params_group_size(params)
+  except ValueError as e:
+    raise CheckpointError(f"{where}: {e}") from None
+  want, got = _flatten(abstract_params(model, quantization=quantization, quantization_group=group)), _flatten(params)
   problems = [f"missing {k} {tuple(want[k].shape)}" for k in sorted(set(want) - set(got))]
   problems += [f"unexpected {k} {tuple(got[k].shape)}" for k in sorted(set(got) - set(want))]
   problems += [f"{k} has shape {tuple(got[k].shape)}, the model config needs {tuple(want[k].shape)}"
@@ -129,6 +136,8 @@ def write_checkpoint_files(directory: pathlib.Path, params: Any, model: ModelCon
           "params_files": identity.dir_manifest(directory / "params")}
   if quant.holds_int8(params):  # what the params are: int8 projection weights with float32 scales
     meta["quantization"] = "int8"
+    if quant.params_group_size(params):  # scales per group along the contracting dim, not per channel
+      meta["quantization_group_size"] = quant.params_group_size(params)
   (directory / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
 
@@ -162,6 +171,16 @@ def stored_quantization(directory: os.PathLike) -> str:
   if value not in ("none", "int8"):
     raise CheckpointError(f"{pathlib.Path(directory) / METADATA_FILE} is corrupt: quantization={value!r} is not "
                           "one of ['none', 'int8']")
+  return value
+
+
+def stored_group_size(directory: os.PathLike) -> int:
+  """The group size of a quantized checkpoint's weight scales: 0 (per output channel, and float checkpoints),
+  or G (one scale per G weights along the contracting dim; layers/quantization.py)."""
+  value = _read_meta(pathlib.Path(directory)).get("quantization_group_size", 0)
+  if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    raise CheckpointError(f"{pathlib.Path(directory) / METADATA_FILE} is corrupt: quantization_group_size={value!r} "
+                          "is not a non-negative integer")
   return value
 
 

@@ -85,8 +85,12 @@ def scorer_identity(scorer: Any) -> dict[str, Any]:
   the scoring, kernel and bucket config (algorithms and padding agree to 1e-5, not bit for bit),
   and the score head (when it has one). The mesh is left out: data-parallel runs are bit-identical."""
   rt, cfg = scorer.config.runtime, scorer.config
-  # Quantization is named only when on, so the identities of float scorers stay what they were.
+  # Quantization is named only when on, so the identities of float scorers stay what they were; so is the
+  # group size of per-group weight scales (the runner's: a checkpoint stored per group keeps its own).
   quantized = {} if rt.quantization == "none" else {"quantization": rt.quantization}
+  group = getattr(getattr(scorer, "runner", None), "quantization_group", 0)
+  if group:
+    quantized["quantization_group_size"] = group
   return {
       **quantized,
       "model": dataclasses.asdict(cfg.model),

@@ -213,7 +213,8 @@ def backbone_decoder(cfg: TrainConfig, scorer: Scorer, mesh: Optional[Mesh] = No
   dtype = DTYPES[cfg.compute_dtype] if cfg.compute_dtype else runner.dtype
   param_dtype = DTYPES[cfg.param_dtype] if cfg.param_dtype else runner.dtype
   decoder = Decoder(scorer.config.model, attend, dtype=dtype, param_dtype=param_dtype, precision=runner.precision,
-                    remat=cfg.remat != "none", quantization=runner.quantization)
+                    remat=cfg.remat != "none", quantization=runner.quantization,
+                    quantization_group=runner.quantization_group)
   return lora_lib.adapt(decoder, _lora(cfg))
 
 
@@ -249,7 +250,8 @@ def param_shardings(cfg: TrainConfig, params: dict[str, Any], prep: Prepared, me
   out = jax.tree_util.tree_map(lambda _: rep, params)
   if "backbone" in params:
     out["backbone"] = sharding_lib.model_param_shardings(prep.scorer.config.model, mesh,
-                                                         quantization=prep.scorer.runner.quantization)
+                                                         quantization=prep.scorer.runner.quantization,
+                                                         quantization_group=prep.scorer.runner.quantization_group)
     if _lora(cfg) is not None:
       out["backbone"] = lora_lib.add_adapters(out["backbone"], lora_lib.adapter_shardings(
           prep.scorer.config.model, _lora(cfg), mesh))
@@ -547,7 +549,8 @@ def export_adapters(cfg: TrainConfig, prep: Prepared, summary: dict[str, Any], f
   ours = safety.exported_by(adapters_dir, workdir)
   out = lora_lib.save_adapters(adapters_dir, jax.device_get(final["backbone"]), _lora(cfg), base,
                                overwrite=overwrite or ours, workdir=str(workdir),
-                               base_quantization=prep.scorer.runner.quantization)
+                               base_quantization=prep.scorer.runner.quantization,
+                               base_quantization_group=prep.scorer.runner.quantization_group)
   info = {k: summary[k] for k in ("train_config", "prompt", "label_ids", "train_queries", "steps")}
   head_storage.save_head(out, prep.head_cfg, jax.device_get(final["head"]), {**info, "base_checkpoint": base})
   return str(out)

@@ -198,7 +198,8 @@ class Scorer:
     config = from_flat_dict(flat, where="overrides")
     mesh = mesh_lib.default_scoring_mesh(config.mesh) if isinstance(mesh, str) else mesh
     sharding.check_divisible(config.model, mesh)
-    targets = None if mesh is None else sharding.model_param_shardings(config.model, mesh, quantization=stored)
+    targets = None if mesh is None else sharding.model_param_shardings(
+        config.model, mesh, quantization=stored, quantization_group=checkpointing.stored_group_size(checkpoint_dir))
     ckpt = checkpointing.restore_checkpoint(checkpoint_dir, shardings=targets)
     tok_path = config.runtime.tokenizer_path or ckpt.tokenizer_path
     tokenizer = load_tokenizer(tok_path) if tok_path else None

@@ -14,7 +14,8 @@ each targeted projection, B initialised to zero so step 0 is the base model exac
     <adapters_dir>/adapters/   Orbax tree of the adapter params only
     <adapters_dir>/lora.json   {"format_version", "rank", "alpha", "targets", "model",
                                 "base_params_sha256", "adapters_sha256",
-                                "base_quantization" (only for QLoRA: int8_weights)}
+                                "base_quantization" (only for QLoRA: int8_weights),
+                                "base_quantization_group_size" (only for a QLoRA base quantized per group)}
 """
 
 import json
@@ -164,10 +165,12 @@ def _check_adapters(adapters: Any, model, lora: LoraConfig, where: str) -> None:
 
 
 def save_adapters(directory: os.PathLike, params: Any, lora: LoraConfig, base_checkpoint: os.PathLike,
-                  overwrite: bool = False, base_quantization: str = "none", **owner_info: Any) -> pathlib.Path:
+                  overwrite: bool = False, base_quantization: str = "none", base_quantization_group: int = 0,
+                  **owner_info: Any) -> pathlib.Path:
   """Writes the adapters of `params` beside the base checkpoint they were trained on (its digest kept).
   `base_quantization` is the quantization the base was trained under (QLoRA: int8_weights), kept so that
-  `load_scorer` merges the adapters into the same dequantized weights they were trained against.
+  `load_scorer` merges the adapters into the same dequantized weights they were trained against (with the
+  group size of its per-group scales, `base_quantization_group`, when it had them).
   `owner_info` goes into the directory's ownership marker (a trainer's workdir: its rerun may replace it)."""
   model, _ = storage.read_metadata(base_checkpoint)
   base_digest = storage.params_digest(base_checkpoint)
@@ -178,6 +181,8 @@ def save_adapters(directory: os.PathLike, params: Any, lora: LoraConfig, base_ch
           "adapters_sha256": identity.tree_digest(adapters)}
   if quant.check(base_quantization) != "none":  # absent: a float base (adapter directories written before QLoRA)
     meta["base_quantization"] = base_quantization
+    if base_quantization_group:
+      meta["base_quantization_group_size"] = base_quantization_group
   with safety.replace_dir(directory, "lora_adapters", overwrite, (base_checkpoint,), "adapter directory",
                           **owner_info) as tmp:
     checkpointer = ocp.StandardCheckpointer()
@@ -203,6 +208,9 @@ def load_adapters(directory: os.PathLike) -> tuple[dict, LoraConfig, dict]:
     lora = LoraConfig(int(meta["rank"]), float(meta["alpha"]), tuple(meta["targets"])).validate()
     model = model_config_from_dict(meta["model"], where=str(meta_path))
     quant.refuse_qlora(meta.setdefault("base_quantization", "none"))
+    group = meta.setdefault("base_quantization_group_size", 0)
+    if not isinstance(group, int) or isinstance(group, bool) or group < 0:
+      raise ValueError(f"base_quantization_group_size={group!r} is not a non-negative integer")
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise LoraError(f"{meta_path} is corrupt: {' '.join(str(e).split())}") from None
   try:
@@ -238,7 +246,10 @@ def load_scorer(checkpoint_dir: os.PathLike, adapters_dir: os.PathLike, mesh: An
   load_as = meta["base_quantization"]
   if load_as == "none" and storage.stored_quantization(checkpoint_dir) != "none":
     load_as = "int8_weights"  # int8 as stored; merge dequantizes it
-  base = Scorer.from_checkpoint(checkpoint_dir, mesh=mesh, **{**overrides, "quantization": load_as})
+  group = meta["base_quantization_group_size"]
+  base = Scorer.from_checkpoint(checkpoint_dir, mesh=mesh, **{**overrides, "quantization": load_as,
+                                                             "quantization_group_size": group})
   merged = merge(add_adapters(base.runner.params, adapters), lora)
-  config = base.config.replace(quantization=overrides.get("quantization", "none"))
+  config = base.config.replace(quantization=overrides.get("quantization", "none"),
+                               quantization_group_size=overrides.get("quantization_group_size", 0))
   return Scorer(config, merged, base.tokenizer, model_name=base.model_name, mesh=base.mesh)
