@@ -18,9 +18,9 @@ Modes (`quantization:` in the config):
   channel for it.
 
 The quantized weights live beside the einsums that read them (Attention's q/k/v/o, MLP's gate/up/down, the
-separate lm_head), as params `<name>` (int8) and `<name>_scale` (float32, the weight's output dims), created
-by `weight`; inside the scanned layer stack both gain the leading `layers` axis. A per-channel scale has the
-weight's output dims; a per-group one has the weight's dims with the last contracting dim divided by G. Embeddings, norms and biases
+separate lm_head), as params `<name>` (int8) and `<name>_scale` (float32), created by `weight`; inside the
+scanned layer stack both gain the leading `layers` axis. A per-channel scale has the weight's output dims; a
+per-group one has the weight's dims with the last contracting dim divided by G. Embeddings, norms and biases
 stay float, and so does a tied lm_head (it is the embedding table).
 
 Qwix (0.1.8) was tried first for the post-training quantization and does not fit this model: its PTQ provider
