@@ -28,8 +28,8 @@ from absl import flags
 
 from maxscore import cli
 from maxscore.errors import TrainingInterrupted
-from maxscore.heads import train as train_lib
-from maxscore.heads.train_config import TrainConfig, TrainRun
+from maxscore.training import reranker as train_lib
+from maxscore.training.reranker_config import TrainConfig, TrainRun
 from maxscore.rerank import data
 from maxscore.rerank.prompts import PromptConfig
 from maxscore.training import groups

@@ -18,8 +18,9 @@ from maxscore.checkpoints import storage
 from maxscore.checkpoints.convert import convert_hf_checkpoint
 from maxscore.errors import ResumeError, TrainError, UnsafeOutputError
 from maxscore.files import identity, safety
-from maxscore.heads import head, head_storage, train as train_lib
-from maxscore.heads.train_config import TrainConfig
+from maxscore.heads import head, head_storage
+from maxscore.training import reranker as train_lib
+from maxscore.training.reranker_config import TrainConfig
 from maxscore.rerank import data, eval as eval_lib
 from maxscore.scoring import jsonl as score_file
 from maxscore.testing.disk import foreign_dir, tiny_set, tree

@@ -14,9 +14,9 @@ import pytest
 
 from maxscore.checkpoints import storage
 from maxscore.errors import TrainError
-from maxscore.heads import train as train_lib
-from maxscore.heads.losses import batch_loss
-from maxscore.heads.train_config import TrainConfig
+from maxscore.training import reranker as train_lib
+from maxscore.training.losses import batch_loss
+from maxscore.training.reranker_config import TrainConfig
 from maxscore.testing.processes import subprocess_env
 from maxscore.training import first_listwise
 

@@ -10,9 +10,9 @@ import pytest
 import scipy.stats
 
 from maxscore.errors import TrainError
-from maxscore.heads import losses
-from maxscore.heads import train as train_lib
-from maxscore.heads.train_config import TrainConfig
+from maxscore.training import losses
+from maxscore.training import reranker as train_lib
+from maxscore.training.reranker_config import TrainConfig
 from maxscore.rerank import data, eval as eval_lib, prompts
 from maxscore.training import groups as groups_lib
 

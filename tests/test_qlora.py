@@ -162,8 +162,8 @@ def test_dequantize_params_inverts_quantize_params_up_to_half_a_step():
 
 
 def test_full_fine_tuning_of_a_quantized_base_is_still_one_clear_error():
-  from maxscore.heads import train as train_lib
-  from maxscore.heads.train_config import TrainConfig
+  from maxscore.training import reranker as train_lib
+  from maxscore.training.reranker_config import TrainConfig
   from maxscore.rerank import data, eval as eval_lib
   train = data.load_jsonl(data.DEFAULT_JSONL, split="train")
   train.queries = train.queries[:2]
@@ -189,8 +189,8 @@ def test_qlora_through_the_trainer_exports_a_float_model(tmp_path, group):
   group of 32); the checkpointed int8 base is the scorer's, the export is float and the adapters directory names
   its int8_weights base and group size, so base + adapters load as the export scores."""
   from maxscore.checkpoints import storage
-  from maxscore.heads import train as train_lib
-  from maxscore.heads.train_config import TrainConfig
+  from maxscore.training import reranker as train_lib
+  from maxscore.training.reranker_config import TrainConfig
   from maxscore.rerank import data, eval as eval_lib
   train = data.load_jsonl(data.DEFAULT_JSONL, split="train")
   train.queries = train.queries[:4]

@@ -21,8 +21,10 @@ from layers.decoder import Decoder
 from layers.kernels import KernelOptions, get_kernel
 from maxscore.checkpoints import storage as checkpointing
 from maxscore.errors import ResumeError, TrainError
-from maxscore.heads import features, head_storage, losses, study as head_study, train as train_lib
-from maxscore.heads.train_config import TrainConfig
+from maxscore.heads import features, head_storage, study as head_study
+from maxscore.training import losses
+from maxscore.training import reranker as train_lib
+from maxscore.training.reranker_config import TrainConfig
 from maxscore.rerank import data, eval as eval_lib
 from maxscore.scoring.requests import TokenRequest
 from maxscore.testing.tensorboard_events import tensorboard_scalars

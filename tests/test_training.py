@@ -21,8 +21,8 @@ from maxscore.errors import TrainError
 from maxscore.testing.processes import free_port as _free_port
 from maxscore.testing.processes import subprocess_env as _env
 from maxscore.heads import head_storage
-from maxscore.heads import train as train_lib
-from maxscore.heads.train_config import TrainConfig
+from maxscore.training import reranker as train_lib
+from maxscore.training.reranker_config import TrainConfig
 from maxscore.training import partition, trainer
 from maxscore.training.optimizer import make_optimizer
 from maxscore.training.state import TrainState, fresh

@@ -4,7 +4,7 @@
     step = make_step(model, attend, "full", optimizer, dtype=jnp.bfloat16)
     state, metrics = step(make_state(params, optimizer), synthetic_batch(4, 100, 10, 20))
 
-One query per packed row (docs/ARCHITECTURE.md section 2), as backbone fine-tuning in maxscore/heads/train.py
+One query per packed row (docs/ARCHITECTURE.md section 2), as backbone fine-tuning in maxscore/training/reranker.py
 builds it; the loss is that trainer's (the score head on the label log-probs, listwise over the
 row's items). Modes:
 
@@ -38,11 +38,11 @@ from layers.lora import LoraConfig as LayersLoraConfig
 from maxscore.checkpoints import storage
 from maxscore.heads import head
 from maxscore.heads.features import plan_packed
-from maxscore.heads.losses import MASK_LOGIT, batch_loss
+from maxscore.training.losses import MASK_LOGIT, batch_loss
 from maxscore.training.optimizer import make_optimizer
 from maxscore.training.state import TrainState
 from maxscore.training.trainer import train_step
-from maxscore.heads.train_config import TrainConfig
+from maxscore.training.reranker_config import TrainConfig
 from maxscore.scoring.requests import make_request
 from maxscore.scoring.runner import label_logprobs
 

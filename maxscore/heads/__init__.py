@@ -1,9 +1,9 @@
 """Score heads: small trainable maps from the scorer's features to scores.
 
 `head` holds what a head computes (HeadConfig, init and apply), `head_storage` its files beside a
-checkpoint, `head_scorer` scoring through it. `maxscore.heads.train` (training), `features` (what training
-reads) and `study` (heads vs no head) build on `maxscore.rerank` and are imported as modules; this face holds
-the heads themselves, which the eval loads.
+checkpoint, `head_scorer` scoring through it. Training them (and the rerankers under them) is
+maxscore.training.reranker's; `features` (what training reads) and `study` (heads vs no head) build on
+`maxscore.rerank` and are imported as modules; this face holds the heads themselves, which the eval loads.
 """
 
 from maxscore.heads.head import HeadConfig

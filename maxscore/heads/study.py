@@ -24,8 +24,8 @@ import numpy as np
 
 from maxscore.errors import TrainError
 from maxscore.files import safety
-from maxscore.heads import train as train_lib
-from maxscore.heads.train_config import TrainConfig
+from maxscore.training import reranker as train_lib
+from maxscore.training.reranker_config import TrainConfig
 from maxscore.rerank import bm25, compare, data, eval as eval_lib, metrics
 
 # Named head settings (TrainConfig fields); the rest are TrainConfig's defaults.

@@ -3,8 +3,9 @@
 `trainer` holds the top-level `init`, `train_step`, `restore` and `loop` (and `start`, which resumes or
 starts a run in a workdir); `state` the TrainState; `optimizer` the clip + AdamW schedule; `partition`
 where state and batches live on the mesh; `checkpoint` the per-process Orbax checkpoints; `metrics_log`
-metrics.jsonl and TensorBoard; `lora` the LoRA adapters (configs, trainable mask, exports). Each task (maxscore.heads.train, maxscore.lm.pretrain) brings only its
-loss, data, eval and export. The trainer's errors, TrainError and ResumeError, are maxscore/errors.py's.
+metrics.jsonl and TensorBoard; `lora` the LoRA adapters (configs, trainable mask, exports). Each task brings
+only its loss, data, eval and export: `reranker` (score heads and rerankers, with `reranker_config`, `losses`,
+`groups`, `mining`, `teacher`, `first_listwise` and `selection`) and maxscore.lm.pretrain. The trainer's errors, TrainError and ResumeError, are maxscore/errors.py's.
 """
 
 from maxscore.training.optimizer import make_optimizer

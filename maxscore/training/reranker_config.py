@@ -7,7 +7,7 @@ from typing import Literal, Optional, Sequence
 from layers.lora import TARGETS
 from maxscore.errors import TrainError
 from maxscore.heads.head import HEADS, HeadConfig
-from maxscore.heads.losses import LOSSES
+from maxscore.training.losses import LOSSES
 
 
 LORA_TARGETS = TARGETS  # the projections LoRA can adapt (layers/lora.py)

@@ -72,8 +72,8 @@ from maxscore.heads.features import (
   packed_geometry,
   plan_packed,
 )
-from maxscore.heads.losses import MASK_LOGIT, batch_loss, probe_bce, probe_logits
-from maxscore.heads.train_config import LORA_TARGETS, TrainConfig
+from maxscore.training.losses import MASK_LOGIT, batch_loss, probe_bce, probe_logits
+from maxscore.training.reranker_config import LORA_TARGETS, TrainConfig
 from maxscore.scoring.layout import bucket
 from maxscore.training import checkpoint, first_listwise, groups, partition, trainer
 from maxscore.training import lora as lora_lib
