@@ -14,12 +14,11 @@ Outputs in `output_dir`: results.jsonl (resume state), run.trec (reranked TREC r
 first_stage.trec (the ranking it started from, same queries and depth), fusion.trec (the two fused,
 unless fusion=none), metrics_per_query.jsonl, metrics.json (means over evaluated queries: reranked,
 first stage, fused, the deltas and the paired tests against the first stage; maxscore/rerank/stages.py),
-summary.json.
+summary.json (written by maxscore/rerank/eval_outputs.py, which also formats the terminal's report).
 
 `score_jsonl` is the batch form of the /v1/score API behind scripts/score.py.
 """
 
-import collections
 import contextlib
 import dataclasses
 import json
@@ -34,10 +33,11 @@ from absl import logging
 from tqdm import tqdm
 
 from maxscore.heads import head_scorer, head_storage
-from maxscore.rerank import data, first_stage, fusion, listwise, metrics, pipeline, prompts, stages
+from maxscore.rerank import data, eval_outputs, first_stage, fusion, listwise, pipeline, prompts, stages
+from maxscore.rerank.eval_outputs import EvalReport, format_report  # noqa: F401  (this module's public face)
 from maxscore.rerank.score_cache import ScoreCache, scorer_key
 from maxscore.distributed import mesh as mesh_lib
-from maxscore.config import load_config, parse_override, to_flat_dict
+from maxscore.config import load_config, parse_override
 from maxscore.rerank.data import RerankSet
 from maxscore import errors
 from maxscore.files import identity, safety
@@ -154,17 +154,6 @@ class EvalRun:
     if self.gather_every < 1:
       raise data.DataError(f"gather_every={self.gather_every} must be >= 1")
     return self
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalReport:
-  """Aggregate metrics, per-query metrics and the run summary (also written to output_dir)."""
-  metrics: dict[str, float]
-  per_query: dict[str, dict[str, float]]
-  summary: dict[str, Any]
-  output_dir: pathlib.Path
-  first_stage: dict[str, float] = dataclasses.field(default_factory=dict)  # baseline means, same queries
-  comparison: Optional[stages.Stages] = None  # first stage, reranked, fused: means and tests
 
 
 def build_scorer(checkpoint_dir: Optional[str] = None, overrides: Sequence[str] = (),
@@ -530,8 +519,8 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
     cache.close()
   if not lead:
     return None
-  report = _finalize(dataset, queries, done, cfg, out, stages.dev_split(dev, dev_queries, done), key)
-  summary = _summary(scorer, dataset, queries, done, cfg, label_ids, resumed, report.metrics,
+  report = eval_outputs.finalize(dataset, queries, done, cfg, out, stages.dev_split(dev, dev_queries, done), key)
+  summary = eval_outputs.summary(scorer, dataset, queries, done, cfg, label_ids, resumed, report.metrics,
                      len(report.per_query), time.perf_counter() - wall_start)
   summary["first_stage_metrics"] = report.first_stage
   summary["delta"] = {n: v - report.first_stage[n] for n, v in report.metrics.items() if n in report.first_stage}
@@ -541,7 +530,7 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
     summary["score_cache"] = cache.report()
   summary["data_groups"] = group.count
   summary["processes"] = jax.process_count()
-  _write_json(out / "summary.json", summary)
+  eval_outputs.write_json(out / "summary.json", summary)
   logging.info("eval: wrote %s", ", ".join(str(out / n) for n in
                                           ("run.trec", "metrics.json", "metrics_per_query.jsonl", "summary.json")))
   return dataclasses.replace(report, summary=summary)
@@ -556,137 +545,3 @@ def _append(f, rec: dict, fsync: bool, path: pathlib.Path) -> None:
       os.fsync(f.fileno())
   except OSError as e:
     raise safety.with_path(e, path) from None
-
-
-def _write_json(path: pathlib.Path, obj: Any) -> None:
-  safety.atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
-
-
-def _finalize(dataset: RerankSet, queries, done, cfg: EvalConfig, out: pathlib.Path,
-              dev: Optional[stages.DevSplit] = None, key: str = "") -> EvalReport:
-  """run.trec, first_stage.trec, fusion.trec, metrics_per_query.jsonl and metrics.json from the results,
-  in input order."""
-  run, lines = {}, []
-  for q in queries:
-    rec = done.get(q.qid)
-    if rec is None or not rec["docids"]:
-      continue
-    run[q.qid] = dict(zip(rec["docids"], rec["scores"]))
-    lines.extend(data.trec_lines(q.qid, rec["docids"], rec["scores"], cfg.run_tag))
-  safety.atomic_write_text(out / "run.trec", "".join(l + "\n" for l in lines))
-  per_query = metrics.evaluate(dataset.qrels, run, cfg.metrics)
-  ordered = {q.qid: per_query[q.qid] for q in queries if q.qid in per_query}
-  safety.atomic_write_text(out / "metrics_per_query.jsonl",
-                           "".join(json.dumps({"qid": qid, **values}) + "\n" for qid, values in ordered.items()))
-  names = [metrics.canonical_name(m) for m in cfg.metrics]
-  means = metrics.aggregate(ordered) if ordered else {}
-  means = {n: means[n] for n in dict.fromkeys(names) if n in means}
-  base = first_stage.evaluate(dataset.qrels, queries, run, cfg.metrics)
-  tmp = out / (first_stage.RUN_FILE + ".tmp")
-  tmp.write_text("".join(l + "\n" for l in first_stage.trec_lines(base)), encoding="utf-8")
-  os.replace(tmp, out / first_stage.RUN_FILE)
-  compared = stages.evaluate(dataset.qrels, queries, run, ordered, base, cfg, dev)
-  if compared.learned is not None:  # reusable: --fusion_learned=<this file> fuses without scoring dev again
-    fusion.save_learned(out / fusion.LEARNED_FILE, compared.learned, key)
-  if compared.fused_run is not None:
-    safety.atomic_write_text(out / stages.RUN_FILE, "".join(
-        l + "\n" for l in stages.trec_lines(compared.fused_run, [q.qid for q in queries])))
-  _write_json(out / "metrics.json", {"metrics": means, "num_queries": len(ordered), "first_stage": base.means,
-                                     "delta": base.delta(means), **compared.to_json()})
-  return EvalReport(means, ordered, {}, out, base.means, compared)
-
-
-def _summary(scorer: Scorer, dataset: RerankSet, queries, done, cfg: EvalConfig, label_ids, resumed: int,
-             means: Mapping[str, float], evaluated: int, wall: float) -> dict[str, Any]:
-  recs = [done[q.qid] for q in queries if q.qid in done]
-  items = sum(len(r["docids"]) for r in recs)
-  seconds = sum(r["seconds"] for r in recs)
-  warm = [r for r in recs if not r["compiled"]]
-  warm_items, warm_s = sum(len(r["docids"]) for r in warm), sum(r["seconds"] for r in warm)
-  tokens = sum(r["prompt_tokens"] for r in recs)
-  flat = {k: list(v) if isinstance(v, tuple) else v for k, v in to_flat_dict(scorer.config).items()}
-  return {
-      "model": scorer.model_name,
-      "checkpoint_dir": scorer.config.runtime.checkpoint_dir,
-      "head": scorer.head_fingerprint,
-      "backend": jax.default_backend(),
-      "devices": [str(d) for d in jax.devices()],
-      "data": dataset.source,
-      "skipped": dataset.skipped,
-      "eval_config": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()},
-      "label_ids": list(label_ids),
-      "queries": len(queries),
-      "queries_scored": len(recs),
-      "queries_resumed": resumed,
-      "queries_without_candidates": sum(not q.candidates for q in queries),
-      "queries_evaluated": evaluated,
-      "items": items,
-      "prompt_tokens": tokens,
-      "processed_tokens": sum(r["processed_tokens"] for r in recs),
-      "listwise": _listwise_summary(cfg, recs),
-      "algorithms": dict(sorted(collections.Counter(r["algorithm"] for r in recs).items())),
-      "truncation": {"max_query_tokens": cfg.max_query_tokens,
-                     "queries_truncated": sum(r["query_truncated"] for r in recs),
-                     "max_item_tokens": cfg.max_item_tokens,
-                     "items_truncated": sum(r["items_truncated"] for r in recs)},
-      "scoring_seconds": seconds,
-      "items_per_s": items / seconds if seconds else None,
-      "tokens_per_s": tokens / seconds if seconds else None,
-      "items_per_s_warm": warm_items / warm_s if warm_s else None,
-      "queries_that_compiled": len(recs) - len(warm),
-      "compiled_shapes": len(scorer.runner.compiled_shapes),
-      "wall_seconds": wall,
-      "metrics": dict(means),
-      "config": flat,
-  }
-
-
-def _listwise_summary(cfg: EvalConfig, recs: Sequence[Mapping[str, Any]]) -> Optional[dict[str, Any]]:
-  """The listwise stage's settings and cost: forward sequences (one per window or set) and their tokens, in all
-  and per query scored; None for reranker=pointwise."""
-  if cfg.reranker == "pointwise":
-    return None
-  forwards = sum(r.get("listwise_forwards", 0) for r in recs)
-  tokens = sum(r.get("listwise_tokens", 0) for r in recs)
-  per = lambda x: x / len(recs) if recs else None
-  return {"reranker": cfg.reranker, "window": cfg.listwise_window, "stride": cfg.listwise_stride,
-          "top_k": cfg.listwise_top_k, "forwards": forwards, "tokens": tokens, "forwards_per_query": per(forwards),
-          "tokens_per_query": per(tokens),
-          "pointwise_tokens_per_query": per(sum(r["prompt_tokens"] for r in recs))}
-
-
-def _first_stage_name(source: Mapping[str, Any]) -> str:
-  """"first stage (<run file name>)" for a TREC run, "first stage (given order)" for the JSONL form."""
-  run_file = source.get("run_file")
-  return f"first stage ({pathlib.Path(run_file).stem})" if run_file else "first stage (given order)"
-
-
-def format_report(report: EvalReport) -> str:
-  """A few lines for the terminal: metrics, throughput, algorithms."""
-  s = report.summary
-  resumed = f" ({s['queries_resumed']} resumed from results.jsonl)" if s["queries_resumed"] else ""
-  head = s.get("head")
-  with_head = f" + trained {head['config']['kind']} score head" if head else ""
-  lines = [f"model {s['model']}{with_head} on {s['backend']}: {s['queries_evaluated']} queries evaluated{resumed}, "
-           f"{s['items']} candidates, outputs in {report.output_dir}"]
-  lines += stages.table(report.comparison, _first_stage_name(s["data"]))
-  rate = lambda x: "n/a" if x is None else f"{x:,.0f}"
-  lines.append(f"  items/s {rate(s['items_per_s'])} (warm {rate(s['items_per_s_warm'])}), tokens/s "
-               f"{rate(s['tokens_per_s'])}, wall {s['wall_seconds']:.1f} s, "
-               f"{s['queries_that_compiled']} queries compiled")
-  lines.append("  algorithm " + ", ".join(f"{k} x{v}" for k, v in s["algorithms"].items()))
-  lw = s.get("listwise")
-  if lw and lw["forwards_per_query"] is not None:
-    lines.append(f"  {lw['reranker']} over the pointwise top {lw['top_k'] or 'all'}: {lw['forwards_per_query']:.1f} "
-                 f"forwards and {lw['tokens_per_query']:,.0f} tokens per query (pointwise "
-                 f"{lw['pointwise_tokens_per_query']:,.0f})")
-  if "score_cache" in s:
-    c = s["score_cache"]
-    lines.append(f"  score cache: {c['hits']} pairs read, {c['misses']} scored and added ({c['dir']})")
-  t = s["truncation"]
-  if t["queries_truncated"] or t["items_truncated"]:
-    lines.append(f"  truncated: {t['queries_truncated']} queries (> {t['max_query_tokens']} tokens), "
-                 f"{t['items_truncated']} documents (> {t['max_item_tokens']} tokens)")
-  if s["skipped"]:
-    lines.append("  skipped input: " + ", ".join(f"{k} {v}" for k, v in s["skipped"].items()))
-  return "\n".join(lines)
