@@ -97,6 +97,16 @@ def _group_axis(shape: Sequence[int], contracting_axes: Sequence[int], group_siz
   return axis
 
 
+def group_size_problem(name: str, group_size: int, model: Any) -> Optional[str]:
+  """Why `group_size` cannot serve `model` (a ModelConfig) as the `name` setting, or None: per-group scales
+  divide the last contracting dim of every projection (hidden_size, mlp_dim, head_dim)."""
+  dims = {"hidden_size": model.hidden_size, "mlp_dim": model.mlp_dim, "head_dim": model.head_dim}
+  if group_size and any(d % group_size for d in dims.values()):
+    return (f"{name}={group_size} must divide each contracting dim of the projections "
+            f"({', '.join(f'{k} {v}' for k, v in dims.items())})")
+  return None
+
+
 def group_size_of(wq: Any, scale: Any, contracting_axes: Sequence[int]) -> int:
   """The G of a quantized weight's scale: 0 for one scale per output channel (the scale lacks the contracting
   dims), else the last contracting dim over the scale's size there."""

@@ -15,6 +15,7 @@ from typing import Any, Literal, Mapping, Optional, Sequence
 
 import yaml
 
+from layers import quantization
 from layers.config import ModelConfig
 from layers.kernels import KernelOptions
 
@@ -181,10 +182,9 @@ def _validate(cfg: Config) -> None:
   if group < 0 or (group and runtime.quantization != "int8_weights"):
     raise ConfigError(f"quantization_group_size={group} must be 0 (one weight scale per output channel), or a "
                       f"group size with quantization=int8_weights (quantization={runtime.quantization!r})")
-  dims = {"hidden_size": cfg.model.hidden_size, "mlp_dim": cfg.model.mlp_dim, "head_dim": cfg.model.head_dim}
-  if group and any(d % group for d in dims.values()):
-    raise ConfigError(f"quantization_group_size={group} must divide each contracting dim of the projections "
-                      f"({', '.join(f'{k} {v}' for k, v in dims.items())})")
+  problem = quantization.group_size_problem("quantization_group_size", group, cfg.model)
+  if problem:
+    raise ConfigError(problem)
   if cfg.buckets.length_group_ratio < 1:
     raise ConfigError(f"length_group_ratio={cfg.buckets.length_group_ratio} must be >= 1")
   try:

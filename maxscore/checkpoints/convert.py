@@ -458,6 +458,7 @@ def convert_hf_checkpoint(hf_dir: os.PathLike, output_dir: os.PathLike, dtype: s
     raise ConversionError(f"--hf_dir {hf_dir} does not exist or is not a directory")
   _check_output_dir(output_dir, hf_dir, overwrite)
   cfg, source_layers = keep_first_layers(_read_hf_config(hf_dir / "config.json"), keep_layers)
+  _check_group_for(cfg, quantize_group_size)
   logging.info("converting %s (%s, %d layers, %.1fM params) to %s", hf_dir, cfg.family, cfg.num_layers,
                cfg.num_params() / 1e6, output_dir)
   try:
@@ -526,6 +527,12 @@ def _check_quantize(quantize: str, group_size: int) -> None:
     raise ConversionError(f"quantize_group_size={group_size} must be 0, or a group size with quantize=int8")
 
 
+def _check_group_for(cfg: ModelConfig, group_size: int) -> None:
+  problem = quant.group_size_problem("quantize_group_size", group_size, cfg)
+  if problem:
+    raise ConversionError(problem)
+
+
 def _quantized(params: dict, group_size: int) -> dict:
   """The projections as int8_weights (per channel, or per group of `group_size`); a group size that does not
   divide the model's contracting dims is a ConversionError."""
@@ -592,6 +599,7 @@ def convert_gguf_checkpoint(gguf_path: os.PathLike, output_dir: os.PathLike, dty
     except KeyError as e:
       raise ConversionError(f"{path}: the metadata lacks {gguf_reader.gguf_key(f, e.args[0])}") from None
     cfg, source_layers = keep_first_layers(cfg, keep_layers)
+    _check_group_for(cfg, quantize_group_size)
     logging.info("converting %s (%s, %d layers, %.1fM params) to %s", path, cfg.family, cfg.num_layers,
                  cfg.num_params() / 1e6, output_dir)
     with tempfile.TemporaryDirectory(prefix="maxscore-gguf-tokenizer-") as tmp:

@@ -5,7 +5,8 @@ starts a run in a workdir); `state` the TrainState; `optimizer` the clip + AdamW
 where state and batches live on the mesh; `checkpoint` the per-process Orbax checkpoints; `metrics_log`
 metrics.jsonl and TensorBoard; `lora` the LoRA adapters (configs, trainable mask, exports). Each task brings
 only its loss, data, eval and export: `reranker` (score heads and rerankers, with `reranker_config`, `losses`,
-`groups`, `mining`, `teacher`, `first_listwise` and `selection`) and maxscore.lm.pretrain. The trainer's errors, TrainError and ResumeError, are maxscore/errors.py's.
+`groups`, `mining`, `teacher`, `first_listwise` and `selection`) and maxscore.lm.pretrain.
+The trainer's errors, TrainError and ResumeError, are maxscore/errors.py's.
 """
 
 from maxscore.training.optimizer import make_optimizer
