@@ -214,3 +214,20 @@ def test_profile_shares_times_every_part_at_a_given_geometry(load_script, capsys
   for name in ("dense matmuls", "own attention", "norms + RoPE", "prefix attention", "lm_head [D, V]", "5 rows"):
     assert name in printed, name
   assert "load average before" in printed and "load average after" in printed
+
+
+def test_eval_bench_times_transformers_on_the_same_ids(load_script, capsys, tmp_path):
+  """bench_eval.py --hf_baseline: the embedded default's backbone exported to transformers scores the same
+  prepared ids (its label log-probs agree with maxscore's), and each row reports its ratio to transformers;
+  modes picks maxscore's rows, and bad modes are one line."""
+  script = load_script("bench_eval")
+  report = script.run(["bench_eval.py", "--max_queries=2", "--repeats=1", "--modes=direct", "--hf_baseline",
+                       f"--output_json={tmp_path / 'r.json'}"])
+  printed = capsys.readouterr().out
+  assert list(report["rows"]) == ["model alone (ids tokenized beforehand)", "transformers (same ids, prefix reused)"]
+  assert report["hf_check"]["max_abs_label_logprob_diff"] < 1e-4
+  assert all(r["items_per_s"] > 0 and r["x_transformers"] > 0 for r in report["rows"].values())
+  assert "x transformers" in printed and json.loads((tmp_path / "r.json").read_text())["items"] == report["items"]
+  with pytest.raises(SystemExit) as e:
+    script.run(["bench_eval.py", "--modes=nope"])
+  assert e.value.code == 2 and "modes=['nope'] must name each of" in capsys.readouterr().err
