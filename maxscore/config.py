@@ -80,7 +80,7 @@ class BucketConfig:
   item_count_buckets: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96,
       112, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896, 1024)
   batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
-  length_group_ratio: float = 4.0
+  length_group_ratio: float = 1.5
 
 
 @dataclasses.dataclass(frozen=True)

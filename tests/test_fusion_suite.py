@@ -242,7 +242,8 @@ def test_a_saved_learned_fusion_loads_as_it_was_and_bad_files_are_clear_errors(t
 
 
 # make eval's settings (the Makefile's EVAL_BUCKETS), with which the shipped learned fusion was tuned.
-_EVAL_BUCKETS = ["item_buckets=[128,256,512]", "prefix_buckets=[32,512]", "item_count_buckets=[32]"]
+_EVAL_BUCKETS = ["item_buckets=[128,256,512]", "prefix_buckets=[32,512]", "item_count_buckets=[32]",
+                 "length_group_ratio=4"]
 
 
 @pytest.mark.slow
