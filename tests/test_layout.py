@@ -117,10 +117,11 @@ def test_split_for_buckets_pads_little_and_keeps_every_item():
 
 
 def test_prefill_extend_with_split_chunks_reproduces_serial(hf_checkpoints):
-  """17 items would pad to 24 slots: they go as chunks of 16 and 1, with the scores of serial."""
+  """17 items would pad to 24 slots: they go as chunks of 16 and 1, with the scores of serial. (Their lengths,
+  0 to 6, fall in one length group at length_group_ratio=4; the default 1.5 would split them by length first.)"""
   from maxscore import Scorer
   _, _, ckpt = hf_checkpoints("qwen3_kv2_tied")
-  scorer = Scorer.from_checkpoint(ckpt, separator_token_id=3)
+  scorer = Scorer.from_checkpoint(ckpt, separator_token_id=3, length_group_ratio=4.0)
   rng = np.random.default_rng(3)
   query = rng.integers(0, 520, 6).tolist()
   items = [rng.integers(0, 520, int(n)).tolist() for n in rng.integers(0, 7, 17)]
@@ -144,3 +145,17 @@ def test_prefill_extend_chunks_hold_at_most_extend_max_tokens(hf_checkpoints):
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
   shapes = [key for key in scorer.runner.compiled_shapes if key[0] == "extend"]
   assert {(key[4], key[5]) for key in shapes} == {(10, 3), (10, 1)}, shapes
+
+
+@pytest.mark.parametrize("ratio", [1.5, 4.0])
+def test_length_groups_pad_each_item_under_the_ratio(ratio):
+  """Every item's group slot is under `ratio` times its own length bucket (items longest first; a new group when
+  the next bucket is `ratio` times below the group's), every item is in one group, and groups never exceed
+  max_items."""
+  buckets = [4, 6, 8, 10, 12, 14, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256, 320, 384, 512]
+  lengths = np.random.default_rng(0).integers(1, 513, 300).tolist()
+  groups = group_items(lengths, buckets, ratio, 32)
+  assert sorted(i for idx, _ in groups for i in idx) == list(range(300))
+  for idx, slot in groups:
+    assert len(idx) <= 32
+    assert all(slot < ratio * bucket(lengths[i], buckets, "x") and slot >= lengths[i] for i in idx)
