@@ -248,7 +248,7 @@ def einsum(equation: str, x: jax.Array, w: Any, num_contracting: int, mode: str,
   if mode == "none":
     return jnp.einsum(equation, x, w.astype(dtype), precision=precision)
   wq, scale = w
-  grouped = len(scale.shape) == len(wq.shape)
+  grouped = group_size_of(wq, scale, tuple(range(num_contracting))) > 0
   if mode == "int8_weights" and grouped:  # Wq * s formed in float32 first: no one scale factors out
     w = dequantize(wq, scale, tuple(range(num_contracting)))
     return jnp.einsum(equation, x, w.astype(dtype), precision=precision)

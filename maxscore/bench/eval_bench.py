@@ -87,7 +87,8 @@ def run(opts: EvalBenchOptions, overrides=()) -> dict[str, Any]:
   hf_check = None
   with tempfile.TemporaryDirectory(prefix="maxscore-eval-bench-hf-") as hf_dir:
     if opts.hf_baseline:
-      model, hf_check = _hf_model(scorer, pathlib.Path(hf_dir), prepared[0] if prepared else None, label_ids)
+      model, hf_check = _hf_model(scorer, pathlib.Path(hf_dir), prepared[0] if prepared else None, label_ids,
+                                  opts.hf_batch_size)
       modes[HF_MODE] = lambda: _hf_mode(model, prepared, label_ids, opts.hf_batch_size,
                                         scorer.config.scoring.separator_token_id)
     report = _time(modes, opts.repeats, items)
@@ -116,11 +117,13 @@ def _time(modes: dict, repeats: int, items: int) -> dict[str, Any]:
   return dict(rows=rows, load_before=load_before, load_after=os.getloadavg(), repeats=repeats)
 
 
-def _items_of(prep) -> list:
-  return [ids for doc in prep.items for ids, _ in doc]
+def _request(prep, label_ids) -> dict:
+  """A prepared query as one score request: its query ids, every candidate's item ids, the labels."""
+  return dict(query=prep.query_ids, items=[ids for doc in prep.items for ids, _ in doc],
+              label_token_ids=list(label_ids))
 
 
-def _hf_model(scorer, directory: pathlib.Path, first, label_ids):
+def _hf_model(scorer, directory: pathlib.Path, first, label_ids, batch_size: int):
   """The scorer's checkpoint as a transformers model (float32, exported without any score head), and its label
   log-probs against the scorer's on the first query (max abs difference)."""
   import torch  # pylint: disable=import-outside-toplevel  (a benchmark-only dependency)
@@ -135,10 +138,10 @@ def _hf_model(scorer, directory: pathlib.Path, first, label_ids):
   if first is None:
     return model, None
   separator = scorer.config.scoring.separator_token_id
-  want = hf_baseline.hf_label_logprobs(model, dict(query=first.query_ids, items=_items_of(first),
-                                                   label_token_ids=list(label_ids)), 16, separator)
+  want = hf_baseline.hf_label_logprobs(model, _request(first, label_ids), batch_size, separator)
   scorer.prefix_cache.clear()
-  got = np.log(scorer.score(first.query_ids, _items_of(first), label_token_ids=list(label_ids),
+  request = _request(first, label_ids)
+  got = np.log(scorer.score(request["query"], request["items"], label_token_ids=request["label_token_ids"],
                             apply_softmax=False).scores)
   return model, dict(max_abs_label_logprob_diff=float(np.abs(got - want).max()), queries=1)
 
@@ -147,8 +150,7 @@ def _hf_mode(model, prepared, label_ids, batch_size: int, separator) -> dict[str
   from maxscore.bench import hf_baseline  # pylint: disable=import-outside-toplevel  (imports torch)
   t0 = time.perf_counter()
   for p in prepared:
-    hf_baseline.hf_label_logprobs(model, dict(query=p.query_ids, items=_items_of(p), label_token_ids=list(label_ids)),
-                                  batch_size, separator)
+    hf_baseline.hf_label_logprobs(model, _request(p, label_ids), batch_size, separator)
   return dict(loop_s=time.perf_counter() - t0)
 
 

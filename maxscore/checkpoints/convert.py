@@ -473,7 +473,7 @@ def convert_hf_checkpoint(hf_dir: os.PathLike, output_dir: os.PathLike, dtype: s
     if tokenizer and (hf_dir / name).is_file():
       files += (hf_dir / name,)
   if quantize == "int8":  # both int8 modes read the same int8 weights and scales
-    params = jax.tree_util.tree_map(np.asarray, _quantized(params, quantize_group_size))
+    params = jax.tree_util.tree_map(np.asarray, quant.quantize_params(params, "int8_weights", quantize_group_size))
   return save_checkpoint(output_dir, params, cfg, tokenizer_files=files, overwrite=overwrite, inputs=(hf_dir,))
 
 
@@ -485,7 +485,7 @@ def _int8_params(params: dict, reader, cfg: ModelConfig, dtype, group_size: int 
   channel shares one scale, else is requantized per channel from its exact float values
   (gguf_quants.q8_0_per_channel says why, and bounds the extra rounding). Every other tensor is quantized from
   its float values, as at load."""
-  out = jax.tree_util.tree_map(np.asarray, _quantized(params, group_size))
+  out = jax.tree_util.tree_map(np.asarray, quant.quantize_params(params, "int8_weights", group_size))
   get_int8 = getattr(reader, "get_int8", None)
   exact = total = 0
   specs = [(("layers",) + p, [f"model.layers.{i}.{t}" for i in range(cfg.num_layers)], f)
@@ -504,7 +504,7 @@ def _int8_params(params: dict, reader, cfg: ModelConfig, dtype, group_size: int 
     codes = np.stack([fn(c) for c, *_ in loaded])
     if blocks:
       scales = np.stack([_block_scales(fn, s, codes.shape[1:], scale_shape) for _, s in loaded])
-      exact, total = exact + len(loaded), total + len(loaded)
+      total += len(loaded)
     else:
       scales = np.stack([s.reshape(scale_shape) for _, s, _ in loaded])
       exact += sum(int(e.sum()) for _, _, e in loaded)
@@ -531,15 +531,6 @@ def _check_group_for(cfg: ModelConfig, group_size: int) -> None:
   problem = quant.group_size_problem("quantize_group_size", group_size, cfg)
   if problem:
     raise ConversionError(problem)
-
-
-def _quantized(params: dict, group_size: int) -> dict:
-  """The projections as int8_weights (per channel, or per group of `group_size`); a group size that does not
-  divide the model's contracting dims is a ConversionError."""
-  try:
-    return quant.quantize_params(params, "int8_weights", group_size)
-  except ValueError as e:
-    raise ConversionError(str(e)) from None
 
 
 def _block_scales(fn, scale_OxB: np.ndarray, weight_shape: tuple, scale_shape: tuple) -> np.ndarray:

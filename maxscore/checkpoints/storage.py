@@ -136,8 +136,9 @@ def write_checkpoint_files(directory: pathlib.Path, params: Any, model: ModelCon
           "params_files": identity.dir_manifest(directory / "params")}
   if quant.holds_int8(params):  # what the params are: int8 projection weights with float32 scales
     meta["quantization"] = "int8"
-    if quant.params_group_size(params):  # scales per group along the contracting dim, not per channel
-      meta["quantization_group_size"] = quant.params_group_size(params)
+    group = quant.params_group_size(params)
+    if group:  # scales per group along the contracting dim, not per channel
+      meta["quantization_group_size"] = group
   (directory / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
 

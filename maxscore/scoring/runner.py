@@ -155,28 +155,27 @@ class ModelRunner:
     if self.quantization == "none" and quant.holds_int8(params):
       raise ValueError("these params hold int8 weights (quantized): score them with quantization=int8_weights or "
                        "int8, or give the float params for quantization=none")
-    # The scales' layout: as stored for int8 params (w8a8 regroups per-group weights per channel), else the
-    # config's group size.
-    stored_group = quant.params_group_size(params) if quant.holds_int8(params) else None
+    stored_group = quant.params_group_size(params)
     if stored_group and self.quantization == "int8":
       logging.info("int8 (w8a8) over int8 weights with quantization_group_size=%d: requantized per output channel",
                    stored_group)
-    self.quantization_group = (runtime.quantization_group_size if stored_group is None else
-                               0 if self.quantization == "int8" else stored_group)
+    if self.abstract and mesh is None:
+      raise ValueError("abstract params (ShapeDtypeStructs) need a mesh: they are compiled for its devices")
     wdtype = DTYPES[runtime.weight_dtype]
     keeps = lambda path: self.quantization != "none" and quant.is_quantized_leaf(path)
     quantize = lambda p: quant.quantize_params(p, self.quantization, runtime.quantization_group_size)
+    quantized = jax.eval_shape(quantize, params) if self.abstract else quantize(params)
+    # The scales' layout, read from what was quantized: as stored, as configured, or per channel for w8a8.
+    self.quantization_group = quant.params_group_size(quantized)
     if self.abstract:
-      if mesh is None:
-        raise ValueError("abstract params (ShapeDtypeStructs) need a mesh: they are compiled for its devices")
       shardings = sharding.model_param_shardings(model, mesh, quantization=self.quantization,
                                                  quantization_group=self.quantization_group)
       self.params = jax.tree_util.tree_map_with_path(
           lambda path, x, s: jax.ShapeDtypeStruct(x.shape, x.dtype if keeps(path) else wdtype, sharding=s),
-          jax.eval_shape(quantize, params), shardings)
+          quantized, shardings)
     else:
       self.params = jax.tree_util.tree_map_with_path(lambda path, x: x if keeps(path) else jnp.asarray(x, wdtype),
-                                                     quantize(params))
+                                                     quantized)
       self.params = sharding.place_params(self.params, model, mesh, self.quantization, self.quantization_group)
     self._put = sharding.abstract_put if self.abstract else sharding.put
     self.compiled_shapes: set[tuple] = set()
