@@ -521,7 +521,7 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
     return None
   report = eval_outputs.finalize(dataset, queries, done, cfg, out, stages.dev_split(dev, dev_queries, done), key)
   summary = eval_outputs.summary(scorer, dataset, queries, done, cfg, label_ids, resumed, report.metrics,
-                     len(report.per_query), time.perf_counter() - wall_start)
+                                len(report.per_query), time.perf_counter() - wall_start)
   summary["first_stage_metrics"] = report.first_stage
   summary["delta"] = {n: v - report.first_stage[n] for n, v in report.metrics.items() if n in report.first_stage}
   summary |= report.comparison.to_json()
