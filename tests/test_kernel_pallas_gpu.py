@@ -145,6 +145,7 @@ def test_block_counts_equal_needed_blocks(p, l, n, bq, bk):
     (9, 3, 10, 1, (16, 8), 6, None, False),
     (5, 3, 8, 2, (8, 8), None, 2.0, False),
     (11, 3, 6, 2, (8, 16), 5, 3.0, True),
+    (13, 3, 9, 3, (8, 8), None, None, False),  # a group of 3 (SmolLM2's 9 / 3 heads): not a power of two
 ])
 def test_gradients_match_reference(p, n, l, group, blocks, window, softcap, prefix_kv):
   """The Pallas backward (dq kernel, dkv kernel) on ragged items, GQA, windows, soft-capping, a cached prefix."""
@@ -182,18 +183,24 @@ def test_dkv_q_block_ranges_cover_every_visible_pair(p, l, n, bq, bk, offset):
     assert (q_hi - q_lo).sum() < sum(nq - kb * bk // bq for kb in range(nk))
 
 
-@pytest.mark.parametrize("dtype,window,softcap", [(jnp.float32, None, None), (jnp.bfloat16, 8, 30.0)])
-def test_backward_lowers_to_triton(dtype, window, softcap):
+@pytest.mark.parametrize("dtype,window,softcap,group", [(jnp.float32, None, None, 2), (jnp.bfloat16, 8, 30.0, 2),
+                                                       (jnp.bfloat16, None, None, 3)])
+def test_backward_lowers_to_triton(dtype, window, softcap, group):
   """Lowered for CUDA on this host (Pallas to Triton IR; no GPU, no PTX compile): the gradient holds the forward,
-  dq and dkv Triton calls; the forward alone holds one."""
+  dq and dkv Triton calls, with dk and dv one per kv head in the keys' dtype; the forward alone holds one."""
   layout = SegmentLayout(jnp.array([20, 13], jnp.int32), jnp.array([[9, 16, 3], [16, 0, 7]], jnp.int32), 32, 16, 3)
   options = KernelOptions(gpu_block_q=32, gpu_block_kv=32)
   attend = functools.partial(pallas_gpu.attend, layout=layout, options=options, window=window, softcap=softcap)
   loss = lambda q, k, v: attend(q, k, v).astype(jnp.float32).sum()
-  q, kv = jax.ShapeDtypeStruct((2, 80, 4, 64), dtype), jax.ShapeDtypeStruct((2, 80, 2, 64), dtype)
+  q, kv = jax.ShapeDtypeStruct((2, 80, 2 * group, 64), dtype), jax.ShapeDtypeStruct((2, 80, 2, 64), dtype)
 
-  def calls(fn):
-    text = jax.jit(fn).trace(q, kv, kv).lower(lowering_platforms=("cuda",)).as_text()
+  lowered = lambda fn: jax.jit(fn).trace(q, kv, kv).lower(lowering_platforms=("cuda",)).as_text()
+
+  def calls(text):
     return text.count("__gpu$xla.gpu.triton"), sorted(set(re.findall(r"packed_flash_\w+", text)))
-  assert calls(jax.grad(loss, argnums=(0, 1, 2))) == (3, ["packed_flash_dkv", "packed_flash_dq", "packed_flash_forward"])
-  assert calls(attend) == (1, ["packed_flash_forward"])
+  text = lowered(jax.grad(loss, argnums=(0, 1, 2)))
+  assert calls(text) == (3, ["packed_flash_dkv", "packed_flash_dq", "packed_flash_forward"])
+  dkv_call = next(line for line in text.splitlines() if "custom_call" in line and '"packed_flash_dkv"' in line)
+  per_kv_head = f"tensor<2x96x2x64x{'bf16' if dtype == jnp.bfloat16 else 'f32'}>"
+  assert dkv_call.split("->")[-1].strip() == f"({per_kv_head}, {per_kv_head})", dkv_call  # no per-q-head f32 copy
+  assert calls(lowered(attend)) == (1, ["packed_flash_forward"])

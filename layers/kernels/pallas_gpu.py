@@ -13,9 +13,10 @@ The visited block ranges are those of the full mask (a superset; the window only
 
 Backward (a custom VJP; FlashAttention-2's scheme). The forward of a gradient also writes each query's
 log-sum-exp. A dq kernel on the forward's grid recomputes each visited tile's probabilities from it; a dkv
-kernel on a (row, q head, kv block) grid visits the q blocks [q_lo, q_hi) that can see its keys (every later
-block for a prefix block, up to the end of its last slot for an item block, none for prefix padding) and
-writes dk and dv per query head, summed over each GQA group outside. delta = rowsum(o * do) is computed
+kernel on a (row, kv head, kv block) grid visits, for each query head of the kv head's GQA group, the q
+blocks [q_lo, q_hi) that can see its keys (every later block for a prefix block, up to the end of its last
+slot for an item block, none for prefix padding), and sums their dk and dv in float32 inside the kernel, so
+it writes one dk and dv per kv head in the keys' dtype. delta = rowsum(o * do) is computed
 outside the kernels. Soft-capping is differentiated as 1 - (s / c)^2 on the capped logits.
 """
 
@@ -148,29 +149,33 @@ def _dq_kernel(bounds_ref, seg_q_ref, seg_k_ref, spos_q_ref, spos_k_ref, q_ref, 
 
 def _dkv_kernel(qbounds_ref, seg_q_ref, seg_k_ref, spos_q_ref, spos_k_ref, q_ref, k_ref, v_ref, do_ref, lse_ref,
                 delta_ref, dk_ref, dv_ref, *, block_q, offset, scale, window, softcap):
-  """dk and dv of one (row, q head, kv block) from the q blocks [q_lo, q_hi) that can see it (per q head; the
-  caller sums a GQA group's heads)."""
+  """dk and dv of one (row, kv head, kv block): the sum over the kv head's GQA group of query heads (q_ref,
+  do_ref [T, group, H]; lse_ref, delta_ref [group, T]) and over the q blocks [q_lo, q_hi) that can see it,
+  accumulated in float32 inside the kernel."""
   block_kv, head_dim = k_ref.shape
+  group = q_ref.shape[1]
   k, v = k_ref[...], v_ref[...]
   seg_k, spos_k = seg_k_ref[...], spos_k_ref[...]
   pos_k = pl.program_id(2) * block_kv + jnp.arange(block_kv)
 
-  def body(i, carry):
-    dk, dv = carry
-    rows = pl.ds(i * block_q, block_q)
-    q, do, lse, delta = q_ref[rows, :], do_ref[rows, :], lse_ref[rows], delta_ref[rows]
-    s, vis = _logits(q, k, offset + i * block_q + jnp.arange(block_q), pos_k, seg_q_ref[rows], seg_k,
-                     spos_q_ref[rows], spos_k, scale=scale, window=window, softcap=softcap)
-    p = jnp.where(vis, jnp.exp(s - lse[:, None]), 0.0)
-    dv = dv + _dot(p.T, do, do.dtype)
-    dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), precision=_HI, preferred_element_type=jnp.float32)
-    ds = p * (dp - delta[:, None])
-    if softcap is not None:
-      ds = ds * _soft_cap_grad(s, softcap)
-    return dk + _dot(ds.T, q, q.dtype) * scale, dv
+  def head(g, carry):
+    def body(i, carry):
+      dk, dv = carry
+      rows = pl.ds(i * block_q, block_q)
+      q, do, lse, delta = q_ref[rows, g, :], do_ref[rows, g, :], lse_ref[g, rows], delta_ref[g, rows]
+      s, vis = _logits(q, k, offset + i * block_q + jnp.arange(block_q), pos_k, seg_q_ref[rows], seg_k,
+                       spos_q_ref[rows], spos_k, scale=scale, window=window, softcap=softcap)
+      p = jnp.where(vis, jnp.exp(s - lse[:, None]), 0.0)
+      dv = dv + _dot(p.T, do, do.dtype)
+      dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), precision=_HI, preferred_element_type=jnp.float32)
+      ds = p * (dp - delta[:, None])
+      if softcap is not None:
+        ds = ds * _soft_cap_grad(s, softcap)
+      return dk + _dot(ds.T, q, q.dtype) * scale, dv
+    return jax.lax.fori_loop(qbounds_ref[0], qbounds_ref[1], body, carry)
 
   zeros = jnp.zeros((block_kv, head_dim), jnp.float32)
-  dk, dv = jax.lax.fori_loop(qbounds_ref[0], qbounds_ref[1], body, (zeros, zeros))
+  dk, dv = jax.lax.fori_loop(0, group, head, (zeros, zeros))
   dk_ref[...] = dk.astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
@@ -247,14 +252,16 @@ class _Geometry:
 
 
 def _specs(geo: _Geometry, tp: int, sp: int, hp: int, grid_over_kv: bool):
-  """BlockSpecs of (seg_q, seg_k, spos_q, spos_k, q, k, v, do, lse, delta) for a grid (row, q head, block): the
-  block axis tiles the queries (forward, dq) or the keys (dkv); the other side is read whole."""
+  """BlockSpecs of (seg_q, seg_k, spos_q, spos_k, q, k, v, do, lse, delta) for a grid (row, head, block). The
+  forward and dq tile the queries, over (row, q head, q block), and read the keys whole; dkv tiles the keys,
+  over (row, kv head, kv block), and reads whole the queries of the kv head's GQA group (heads n * group to
+  n * group + group - 1, consecutive in the head axis)."""
   bq, bk, group = geo.block_q, geo.block_kv, geo.group
   if grid_over_kv:
     seg_q, seg_k = pl.BlockSpec((None, tp), lambda i, n, j: (i, 0)), pl.BlockSpec((None, bk), lambda i, n, j: (i, j))
-    q = pl.BlockSpec((None, tp, None, hp), lambda i, n, j: (i, 0, n, 0))
-    kv = pl.BlockSpec((None, bk, None, hp), lambda i, n, j: (i, j, n // group, 0))
-    per_query = pl.BlockSpec((None, None, tp), lambda i, n, j: (i, n, 0))
+    q = pl.BlockSpec((None, tp, group, hp), lambda i, n, j: (i, 0, n, 0))
+    kv = pl.BlockSpec((None, bk, None, hp), lambda i, n, j: (i, j, n, 0))
+    per_query = pl.BlockSpec((None, group, tp), lambda i, n, j: (i, n, 0))
   else:
     seg_q, seg_k = pl.BlockSpec((None, bq), lambda i, n, j: (i, j)), pl.BlockSpec((None, sp), lambda i, n, j: (i, 0))
     q = pl.BlockSpec((None, bq, None, hp), lambda i, n, j: (i, j, n, 0))
@@ -297,9 +304,9 @@ def _flash_fwd(geo: _Geometry, ints, q, k, v):
 
 
 def _flash_bwd(geo: _Geometry, residuals, do):
-  """dq from a q-block grid over the forward's kv blocks; dk and dv from a kv-block grid over the q blocks that
-  see each kv block, per query head, then summed over each GQA group. delta = rowsum(o * do) is the softmax
-  backward's per-query term (FlashAttention-2)."""
+  """dq from a q-block grid over the forward's kv blocks; dk and dv from a (kv head, kv block) grid over the q
+  blocks that see each kv block, for every query head of the kv head's GQA group. delta = rowsum(o * do) is
+  the softmax backward's per-query term (FlashAttention-2)."""
   ints, q, k, v, out, lse_BxNxT = residuals
   bounds_BxQx4, qbounds_BxKx2, seg_q_BxT, seg_k_BxS, spos_q_BxT, spos_k_BxS = ints
   b, tp, nh, hp = q.shape
@@ -314,13 +321,13 @@ def _flash_bwd(geo: _Geometry, residuals, do):
              jax.ShapeDtypeStruct(q.shape, q.dtype), hp, "packed_flash_dq")(bounds_BxQx4, *args)
 
   kv_specs = _specs(geo, tp, sp, hp, grid_over_kv=True)
-  per_head = pl.BlockSpec((None, geo.block_kv, None, hp), lambda i, n, j: (i, j, n, 0))
-  dk_BxSxNxH, dv_BxSxNxH = _call(
-      functools.partial(_dkv_kernel, block_q=geo.block_q, **statics), geo, (b, nh, sp // geo.block_kv),
-      [pl.BlockSpec((None, None, 2), lambda i, n, j: (i, j, 0))] + kv_specs, [per_head, per_head],
-      [jax.ShapeDtypeStruct((b, sp, nh, hp), jnp.float32)] * 2, hp, "packed_flash_dkv")(qbounds_BxKx2, *args)
-  group_sum = lambda x, like: x.reshape(b, sp, kh, geo.group, hp).sum(3).astype(like.dtype)
-  return None, dq, group_sum(dk_BxSxNxH, k), group_sum(dv_BxSxNxH, v)
+  kv_block = kv_specs[5]
+  dk, dv = _call(
+      functools.partial(_dkv_kernel, block_q=geo.block_q, **statics), geo, (b, kh, sp // geo.block_kv),
+      [pl.BlockSpec((None, None, 2), lambda i, n, j: (i, j, 0))] + kv_specs, [kv_block, kv_block],
+      [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)], hp,
+      "packed_flash_dkv")(qbounds_BxKx2, *args)
+  return None, dq, dk, dv
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
