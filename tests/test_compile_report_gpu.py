@@ -112,3 +112,19 @@ def test_failed_gpu_compile_is_reported():
   too_long = scorer.config.buckets.prefix_buckets[-1] + 1
   result = compile_report.compile_workload(scorer, (too_long, 2, 4), H100)
   assert not result["fits"] and "query" in result["error"] and result["items_per_s"] is None
+
+
+@pytest.mark.gpu_aot
+@pytest.mark.slow
+@needs_cuda_plugin
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_training_step_compiles_for_h100_with_the_triton_backward(mode):
+  """--train on an H100: training_kernel() picks pallas_gpu, and the compiled step holds its forward, dq and dkv
+  Triton calls (the Pallas backward, not shared_prefix), and fits."""
+  report = compile_check.run(["compile_check", f"--train={mode}", "--topology=h100", "--model=tiny-qwen3",
+                              "--geometries=60x8x16", "--batch_size=2", "--lora_rank=8", "--max_batch_size=0",
+                              "dtype=bfloat16", "weight_dtype=bfloat16"])
+  (step,) = report["steps"]
+  assert report["attention"] == "pallas_gpu" and step["error"] is None and step["fits"], step
+  assert step["pallas_kernels"] == ["packed_flash_dkv", "packed_flash_dq", "packed_flash_forward"], step
+  assert step["compile"]["compile_s"] > 0 and 0 < step["hbm_bytes"] < H100.hbm_bytes
