@@ -47,3 +47,17 @@ def test_cpu_kernel_prefers_chunks_once_items_span_more_than_one():
   assert choose(2000, [20] * 500, extend_batch_size=512).algorithm == "packed"
   for kernel in ("splash", "pallas_gpu"):  # unmeasured there: one packed row
     assert choose(2000, [20] * 500, kernel=kernel).algorithm == "packed"
+
+
+@pytest.mark.parametrize("model,query_len,num_items,item_len,algorithm", [
+    ("smollm2-135m", 71, 30, 80, "packed"),  # the embedded eval's shape: one row of 2,656 tokens
+    ("smollm2-135m", 33, 100, 256, "prefill_extend"),
+    ("smollm2-135m", 17, 1000, 96, "prefill_extend"),
+    ("qwen3-0.6b", 33, 100, 256, "prefill_extend"),
+])
+def test_full_depth_suite_picks_the_measured_best(model, query_len, num_items, item_len, algorithm):
+  """At full depth (30 and 28 layers) the bench measured these picks as the fastest algorithm on each workload
+  (BENCHMARKS.md, "Real depths against transformers on CPU"); the rules do not depend on depth."""
+  cfg = load_config([f"model_name={model}"])
+  choice = select(query_len, [item_len] * num_items, False, "shared_prefix", cfg.kernel, cfg.scoring, cfg.buckets)
+  assert choice.algorithm == algorithm, choice.reason
