@@ -321,7 +321,7 @@ def _flash_bwd(geo: _Geometry, residuals, do):
              jax.ShapeDtypeStruct(q.shape, q.dtype), hp, "packed_flash_dq")(bounds_BxQx4, *args)
 
   kv_specs = _specs(geo, tp, sp, hp, grid_over_kv=True)
-  kv_block = kv_specs[5]
+  kv_block = kv_specs[5]  # k's spec, (row, kv head, kv block): dk and dv are written in the same blocks
   dk, dv = _call(
       functools.partial(_dkv_kernel, block_q=geo.block_q, **statics), geo, (b, kh, sp // geo.block_kv),
       [pl.BlockSpec((None, None, 2), lambda i, n, j: (i, j, 0))] + kv_specs, [kv_block, kv_block],
