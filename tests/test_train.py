@@ -192,7 +192,10 @@ def test_kill_and_resume_is_bit_exact(tmp_path, sig):
   cmd, env = _script(tmp_path / "b", cache, tmp_path / "b_export")
   err_path = tmp_path / "killed.err"
   with open(err_path, "w") as err:
-    proc = subprocess.Popen(cmd, env={**env, TEST_STEP_DELAY_ENV: "0.5"}, stdout=subprocess.DEVNULL, stderr=err)
+    # Ctrl-C's default in the child: a shell starts background jobs with SIGINT ignored, and Python then
+    # keeps it ignored (no KeyboardInterrupt), so a suite run in the background would not test Ctrl-C.
+    proc = subprocess.Popen(cmd, env={**env, TEST_STEP_DELAY_ENV: "0.5"}, stdout=subprocess.DEVNULL, stderr=err,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
   deadline = time.time() + 240
   while time.time() < deadline and proc.poll() is None and not any(s >= 4 for s in _checkpoints(tmp_path / "b")):
     time.sleep(0.05)
