@@ -62,7 +62,7 @@ def test_shapes_and_dtypes_are_checked_before_writing(three_layer_dir, tmp_path)
 # --- conversion never guesses ----------------------------------------------------------------------
 def test_defaults_for_absent_keys_are_transformers_defaults():
   """HF_DEFAULTS holds, per family, exactly what transformers' config class takes for an absent key."""
-  from maxscore.checkpoints.convert import HF_DEFAULTS
+  from maxscore.checkpoints.hf_config import HF_DEFAULTS
   from maxscore.testing.hf_models import _classes
   for model_type, defaults in HF_DEFAULTS.items():
     hf = _classes(model_type)[0]()

@@ -33,8 +33,8 @@ from safetensors.numpy import save_file
 from layers import quantization as quant
 from layers.config import ModelConfig
 from maxscore.checkpoints import storage
-from maxscore.checkpoints.convert import (DTYPES, FAMILIES, ConversionError, _check_output_dir, _global_specs,
-                                          _layer_specs, _pattern, _shorten, model_config_from_hf)
+from maxscore.checkpoints.convert import DTYPES, _check_output_dir, _global_specs, _layer_specs, _shorten
+from maxscore.checkpoints.hf_config import FAMILIES, ConversionError, _pattern, model_config_from_hf
 from maxscore.errors import UnsafeOutputError
 from maxscore.files import safety
 

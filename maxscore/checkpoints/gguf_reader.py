@@ -184,7 +184,7 @@ def _layer_types(f: GGUFFile, arch: str, layers: int) -> Optional[list[str]]:
 
 def hf_config(f: GGUFFile) -> dict:
   """The config.json dict that this GGUF file's metadata and tensors state (keys it leaves out take the
-  family's transformers defaults in convert.model_config_from_hf)."""
+  family's transformers defaults in hf_config.model_config_from_hf)."""
   arch = f.get("general.architecture")
   if arch not in ARCHITECTURES:
     raise GGUFError(f"{f.path}: general.architecture={arch!r} is not supported; supported: "
