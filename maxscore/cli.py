@@ -44,7 +44,7 @@ def expected_errors() -> tuple[type[BaseException], ...]:
   where a file is expected, permission denied). Anything else is a bug and keeps its traceback."""
   from layers.sharding import ShardingError
   from maxscore.bench.chips import TopologyError
-  from maxscore.checkpoints.convert import ConversionError
+  from maxscore.checkpoints.hf_config import ConversionError
   from maxscore.checkpoints.export import ExportError
   from maxscore.checkpoints.storage import CheckpointError
   from maxscore.checkpoints.tokenizer import TokenizerError

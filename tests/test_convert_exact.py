@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from maxscore.checkpoints.convert import ConversionError, convert_hf_checkpoint
+from maxscore.checkpoints.convert import convert_hf_checkpoint
+from maxscore.checkpoints.hf_config import ConversionError
 from maxscore.errors import UnsafeOutputError
 from maxscore.testing.hf_models import make_hf_model, save_hf_model
 

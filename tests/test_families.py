@@ -145,7 +145,7 @@ def test_eval_rerank_bge_template_raw_logit_end_to_end(load_script, tmp_path, hf
 ])
 def test_layer_pattern_from_configs_without_layer_types(hf, pattern, window):
   """Older config.json files carry no layer_types: each family's own rule gives the pattern."""
-  from maxscore.checkpoints.convert import model_config_from_hf
+  from maxscore.checkpoints.hf_config import model_config_from_hf
   base = dict(vocab_size=8, hidden_size=8, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=2,
               intermediate_size=8, head_dim=4, hidden_activation="gelu_pytorch_tanh")  # (absent: transformers' default)
   cfg = model_config_from_hf(dict(base, **hf))

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from maxscore import Scorer
-from maxscore.checkpoints import convert, gguf_reader
-from maxscore.checkpoints.convert import ConversionError, convert_gguf_checkpoint, convert_hf_checkpoint
+from maxscore.checkpoints import convert, gguf_reader, hf_config
+from maxscore.checkpoints.convert import convert_gguf_checkpoint, convert_hf_checkpoint
+from maxscore.checkpoints.hf_config import ConversionError
 from maxscore.testing.gguf_files import sentencepiece_metadata, write_gguf
 from maxscore.testing.hf_models import hf_logits, make_hf_model, save_hf_model
 
@@ -83,7 +84,7 @@ def test_metadata_and_tensors_map_as_the_hf_directory_does(gguf_variants, name):
   _, hf_dir, path, _ = gguf_variants(name)
   f = gguf_reader.GGUFFile(path)
   hf_json = json.loads((hf_dir / "config.json").read_text())
-  from_gguf, from_hf = convert.model_config_from_hf(gguf_reader.hf_config(f)), convert.model_config_from_hf(hf_json)
+  from_gguf, from_hf = hf_config.model_config_from_hf(gguf_reader.hf_config(f)), hf_config.model_config_from_hf(hf_json)
   assert from_gguf.rms_norm_eps == pytest.approx(from_hf.rms_norm_eps, rel=1e-6)  # stored as float32
   assert dataclasses.replace(from_gguf, rms_norm_eps=from_hf.rms_norm_eps) == from_hf
   got = convert.convert_params(gguf_reader.GGUFTensorReader(f, gguf_reader.hf_config(f)), from_gguf, np.float32)

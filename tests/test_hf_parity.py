@@ -10,7 +10,8 @@ import pytest
 from conftest import HF_VARIANTS
 from maxscore import Scorer
 from maxscore.checkpoints.storage import read_metadata
-from maxscore.checkpoints.convert import ConversionError, convert_hf_checkpoint, model_config_from_hf
+from maxscore.checkpoints.convert import convert_hf_checkpoint
+from maxscore.checkpoints.hf_config import ConversionError, model_config_from_hf
 from maxscore.testing.hf_models import hf_logits, make_hf_model, save_hf_model
 
 LENGTHS = (1, 7, 128, 512)

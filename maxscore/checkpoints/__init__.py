@@ -1,8 +1,9 @@
 """Checkpoints: self-describing Orbax directories, Hugging Face and GGUF conversion, export back to transformers,
 tokenizers."""
 
-from maxscore.checkpoints.convert import ConversionError, convert_gguf_checkpoint, convert_hf_checkpoint
+from maxscore.checkpoints.convert import convert_gguf_checkpoint, convert_hf_checkpoint
 from maxscore.checkpoints.export import ExportError, export_hf_checkpoint
+from maxscore.checkpoints.hf_config import ConversionError
 from maxscore.checkpoints.storage import CheckpointError, read_metadata, restore_checkpoint, save_checkpoint
 from maxscore.checkpoints.tokenizer import Tokenizer, load_tokenizer
 
