@@ -26,7 +26,8 @@ state, step, optimizer, data order, checkpoints, metrics log and the mesh are th
    resumes from are dropped first, so the file reads as one uninterrupted run. The same scalars go
    to TensorBoard event files in `<workdir>/tensorboard` (tensorboardX: flax.metrics.tensorboard
    would need tensorflow), which a resumed run rewrites from the kept lines.
-6. `export_dir`: a copy of the base checkpoint with the head in head/ (head_storage.export_checkpoint).
+6. `export_dir`: a copy of the base checkpoint with the head in head/ (the summary, the checks on the outputs
+   and the exports are maxscore/training/reranker_outputs.py).
 
 `train_backbone=True` trains the decoder params together with the head, through the packed
 layout (docs/ARCHITECTURE.md section 2) with each scanned layer rematerialized in the backward pass (`remat`;
@@ -63,7 +64,7 @@ from maxscore.config import MeshConfig
 from maxscore.distributed import mesh as mesh_lib
 from maxscore.errors import TrainError, TrainingInterrupted
 from maxscore.files import identity, safety
-from maxscore.heads import features, head, head_storage
+from maxscore.heads import features, head
 from maxscore.heads.features import (
   Examples,
   load_or_extract,
@@ -76,8 +77,8 @@ from maxscore.training.losses import MASK_LOGIT, batch_loss, probe_bce, probe_lo
 from maxscore.training.reranker_config import LORA_TARGETS, TrainConfig
 from maxscore.scoring.layout import bucket
 from maxscore.training import checkpoint, first_listwise, groups, partition, trainer
+from maxscore.training import reranker_outputs as outputs
 from maxscore.training import lora as lora_lib
-from maxscore.training.metrics_log import MetricsLog
 from maxscore.training.optimizer import make_optimizer
 from maxscore.training.selection import Selection
 from maxscore.rerank import data, metrics, prompts
@@ -411,9 +412,9 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   mesh = partition.train_mesh(_mesh_config(overrides))
   partition.check_batch(cfg.batch_size, mesh, cfg.grad_accum_steps)
   if jax.process_index() == 0:
-    _prepare_outputs(workdir, export_dir, overwrite, checkpoint_dir, feature_cache,
-                     [*data.input_paths(train_set), *(data.input_paths(dev_set) if dev_set is not None else ())],
-                     adapters_dir)
+    outputs.prepare_outputs(workdir, export_dir, overwrite, checkpoint_dir, feature_cache,
+                            [*data.input_paths(train_set), *(data.input_paths(dev_set) if dev_set is not None else ())],
+                            adapters_dir)
   mesh_lib.sync("train: workdir ready")
 
   prep = prepare(cfg, prompt, checkpoint_dir, train_set, dev_set, overrides, feature_cache, progress)
@@ -450,8 +451,9 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
     if selection is not None:
       selection.observe(step, values, params)
     return values
-  hooks = trainer.Hooks(lambda idx, step: make_batch(prep, idx, step, cfg), trainer.placer(run.shardings, mesh, cfg.batch_size),
-                        evaluate, save, run.log, schedule, partition.local_rows(cfg.batch_size, mesh),
+  hooks = trainer.Hooks(lambda idx, step: make_batch(prep, idx, step, cfg),
+                        trainer.placer(run.shardings, mesh, cfg.batch_size), evaluate, save, run.log, schedule,
+                        partition.local_rows(cfg.batch_size, mesh),
                         selection.should_stop if selection is not None else None)
   try:
     state, timing = trainer.loop(settings, run.state, step_fn, hooks)
@@ -465,144 +467,21 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   if jax.process_index() != 0:
     return {}
   step = int(state.step)
-  summary = _summary(cfg, prompt, prep, workdir, run.log, step, steps_per_epoch, run.resume_step, final, timing,
-                     time.perf_counter() - wall_start)
+  summary = outputs.summary(cfg, prompt, prep, workdir, run.log, step, steps_per_epoch, run.resume_step, final,
+                            timing, time.perf_counter() - wall_start)
   summary["attention"] = attention
-  _carry_throughput(summary, trainer.finished_run_summary(workdir, run.resume_step))
+  outputs.carry_throughput(summary, trainer.finished_run_summary(workdir, run.resume_step))
   if selection is not None:  # the export is the best evaluation's params, not the last step's
     summary["selection"] = selection.report()
-    summary["dev_metrics_best"] = next(_metric_values(r) for r in run.log.records
+    summary["dev_metrics_best"] = next(outputs.metric_values(r) for r in run.log.records
                                        if r["kind"] == "eval" and r["step"] == selection.best_step)
     final = selection.best_params()
     logging.info("train: exporting step %d (%s %.4f): %s", selection.best_step, selection.metric,
                  selection.best_value, selection.report()["reason"])
   if export_dir:
-    summary["export_dir"] = export(cfg, prep, summary, final, export_dir, workdir, overwrite)
+    summary["export_dir"] = outputs.export(cfg, prep, summary, final, export_dir, workdir, overwrite, _lora(cfg))
   if adapters_dir:
-    summary["adapters_dir"] = export_adapters(cfg, prep, summary, final, adapters_dir, workdir, overwrite)
+    summary["adapters_dir"] = outputs.export_adapters(prep, summary, final, adapters_dir, workdir, overwrite,
+                                                      _lora(cfg))
   safety.atomic_write_text(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
   return summary
-
-
-def _carry_throughput(summary: dict[str, Any], previous: Optional[dict]) -> None:
-  """A run restarted where its last finished process ended (nothing trained now) keeps that process's
-  throughput, its wall seconds added to this one's."""
-  if previous and previous.get("throughput"):
-    summary["throughput"] = {**previous["throughput"], "wall_seconds": summary["throughput"]["wall_seconds"] +
-                             (previous["throughput"].get("wall_seconds") or 0.0)}
-
-
-def _summary(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, workdir: pathlib.Path, log: MetricsLog,
-             step: int, steps_per_epoch: int, resume_step: Optional[int], final, timing: trainer.Timing,
-             wall: float) -> dict[str, Any]:
-  evals = [r for r in log.records if r["kind"] == "eval"]
-  examples = prep.examples
-  return {
-      "workdir": str(workdir),
-      "checkpoint_dir": prep.scorer.config.runtime.checkpoint_dir,
-      "head": prep.head_cfg.to_dict(),
-      "train_config": dataclasses.asdict(cfg),
-      "prompt": json.loads(json.dumps(dataclasses.asdict(prompt))),
-      "label_ids": list(prep.label_ids),
-      "train_queries": prep.num_train,
-      "train_items": int(prep.grids["train"][1].sum()),
-      "dev_queries": len(examples["dev"].requests) if "dev" in examples else 0,
-      "steps": step,
-      "steps_per_epoch": steps_per_epoch,
-      "resumed_from_step": resume_step,
-      "final_train_loss": next((r["loss"] for r in reversed(log.records) if r["kind"] == "train"), None),
-      "dev_metrics_initial": next((_metric_values(r) for r in evals if r["step"] == 0), None),
-      "dev_metrics_final": _metric_values(evals[-1]) if evals else None,
-      "params_sha256": _params_digest(final["head"]),
-      "throughput": _throughput(prep.feats, prep.feature_seconds, prep.cached, examples, timing.step_seconds,
-                                timing.step_items, timing.first_step_seconds, timing.eval_seconds, wall),
-  }
-
-
-def export(cfg: TrainConfig, prep: Prepared, summary: dict[str, Any], final, export_dir: os.PathLike,
-           workdir: pathlib.Path, overwrite: bool) -> str:
-  """The base checkpoint with the trained head (and backbone, when it trained) in `export_dir`; an
-  existing export is replaced with `overwrite`, or when this workdir's earlier run wrote it."""
-  info = {k: summary[k] for k in ("train_config", "prompt", "label_ids", "train_queries", "steps",
-                                  "dev_metrics_initial", "dev_metrics_final")}
-  if "selection" in summary:
-    info["selection"] = {k: summary["selection"][k] for k in ("metric", "best_step", "best_value", "stopped_at",
-                                                              "reason")}
-  # "." when the head was written into its own base checkpoint (paths of this machine mean
-  # nothing inside a checkpoint that is copied elsewhere).
-  same = pathlib.Path(export_dir).resolve() == pathlib.Path(summary["checkpoint_dir"]).resolve()
-  info["base_checkpoint"] = "." if same else summary["checkpoint_dir"]
-  backbone = jax.device_get(final["backbone"]) if cfg.train_backbone else None
-  if backbone is not None and _lora(cfg) is not None:
-    backbone = jax.device_get(lora_lib.merge(backbone, _lora(cfg)))  # W + alpha / rank * A @ B
-  ours = safety.exported_by(export_dir, workdir)  # this workdir's earlier (or killed) run wrote it
-  return str(head_storage.export_checkpoint(prep.scorer.config.runtime.checkpoint_dir, export_dir, prep.head_cfg,
-                                            jax.device_get(final["head"]), info, backbone,
-                                            overwrite=overwrite or ours, workdir=str(workdir)))
-
-
-def export_adapters(cfg: TrainConfig, prep: Prepared, summary: dict[str, Any], final, adapters_dir: os.PathLike,
-                    workdir: pathlib.Path, overwrite: bool) -> str:
-  """The LoRA adapters (lora.json + adapters/, with the base's digest) and the trained head (head/) in
-  `adapters_dir`: eval_rerank.py --checkpoint_dir=<base> --adapters_dir=<it> scores as the merged export."""
-  base = prep.scorer.config.runtime.checkpoint_dir
-  ours = safety.exported_by(adapters_dir, workdir)
-  out = lora_lib.save_adapters(adapters_dir, jax.device_get(final["backbone"]), _lora(cfg), base,
-                               overwrite=overwrite or ours, workdir=str(workdir),
-                               base_quantization=prep.scorer.runner.quantization,
-                               base_quantization_group=prep.scorer.runner.quantization_group)
-  info = {k: summary[k] for k in ("train_config", "prompt", "label_ids", "train_queries", "steps")}
-  head_storage.save_head(out, prep.head_cfg, jax.device_get(final["head"]), {**info, "base_checkpoint": base})
-  return str(out)
-
-
-def _prepare_outputs(workdir: pathlib.Path, export_dir: Optional[os.PathLike], overwrite: bool,
-                     checkpoint_dir: Optional[str], feature_cache: Optional[os.PathLike], data_paths,
-                     adapters_dir: Optional[os.PathLike] = None) -> None:
-  """Refuses, before any work, outputs that are inputs or foreign directories; then (re)creates the
-  workdir (--overwrite removes it only when maxscore wrote it)."""
-  random_init = checkpoint_dir is not None and str(checkpoint_dir).lower() == "none"
-  base = None if random_init else (checkpoint_dir or data.DEFAULT_CHECKPOINT)  # None: the embedded default
-  if export_dir and base is None:
-    raise TrainError(f"--export_dir={export_dir} copies the base checkpoint (config, tokenizer) with the trained "
-                     f"weights, and --checkpoint_dir=none (a random-init model) has none; give --checkpoint_dir "
-                     f"or leave out --export_dir")
-  inputs = [i for i in (base, feature_cache, *data_paths) if i is not None]
-  safety.refuse_overlap([workdir], inputs, "--workdir")
-  if export_dir and (base is None or safety.resolve(export_dir) != safety.resolve(base)):  # else: head/ into base
-    safety.check_export_dir(export_dir, workdir, inputs, overwrite)
-  if adapters_dir:
-    if base is None:
-      raise TrainError(f"--adapters_dir={adapters_dir} stores adapters against their base checkpoint, and "
-                       f"--checkpoint_dir=none has none; give --checkpoint_dir")
-    safety.check_export_dir(adapters_dir, workdir, [*inputs, export_dir], overwrite, "lora_adapters",
-                            "--adapters_dir")
-  if overwrite:
-    safety.remove_owned(workdir, "--workdir")
-  safety.prepare_output_dir(workdir, "head_training", inputs, "--workdir")
-
-
-def _metric_values(rec: dict) -> dict[str, float]:
-  return {k: v for k, v in rec.items() if k not in ("kind", "step", "split")}
-
-
-def _params_digest(tree) -> str:
-  return identity.tree_digest(tree)
-
-
-def _throughput(feats, feature_seconds, cached, examples, step_seconds, step_items, first_step_seconds,
-                eval_seconds, wall) -> dict[str, Any]:
-  """Examples (query-item pairs) per second of head training, and where the time went."""
-  extracted_items = 0 if (feats is None or cached) else sum(int(ex.grid()[1].sum()) for ex in examples.values())
-  busy = feature_seconds + step_seconds + (first_step_seconds or 0.0) + eval_seconds
-  return {
-      "train_items_per_s": step_items / step_seconds if step_seconds else None,
-      "train_seconds": step_seconds,
-      "first_step_seconds": first_step_seconds,
-      "frozen_forward_seconds": feature_seconds,
-      "frozen_forward_items_per_s": extracted_items / feature_seconds if feature_seconds else None,
-      "frozen_forward_share": feature_seconds / busy if busy else None,
-      "features_from_cache": cached,
-      "eval_seconds": eval_seconds,
-      "wall_seconds": wall,
-  }

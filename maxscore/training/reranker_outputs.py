@@ -1,0 +1,147 @@
+"""What a reranker training run writes: its output checks before any work, summary.json's contents (with the
+run's throughput), and the exports (a checkpoint with the trained weights, or LoRA adapters with their head).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+from typing import TYPE_CHECKING, Any, Optional
+
+import jax
+
+from maxscore.errors import TrainError
+from maxscore.files import identity, safety
+from maxscore.heads import head_storage
+from maxscore.rerank import data
+from maxscore.rerank.prompts import PromptConfig
+from maxscore.training import lora as lora_lib
+from maxscore.training import trainer
+from maxscore.training.metrics_log import MetricsLog
+from maxscore.training.reranker_config import TrainConfig
+
+if TYPE_CHECKING:
+  from maxscore.training.reranker import Prepared
+
+
+def prepare_outputs(workdir: pathlib.Path, export_dir: Optional[os.PathLike], overwrite: bool,
+                     checkpoint_dir: Optional[str], feature_cache: Optional[os.PathLike], data_paths,
+                     adapters_dir: Optional[os.PathLike] = None) -> None:
+  """Refuses, before any work, outputs that are inputs or foreign directories; then (re)creates the
+  workdir (--overwrite removes it only when maxscore wrote it)."""
+  random_init = checkpoint_dir is not None and str(checkpoint_dir).lower() == "none"
+  base = None if random_init else (checkpoint_dir or data.DEFAULT_CHECKPOINT)  # None: the embedded default
+  if export_dir and base is None:
+    raise TrainError(f"--export_dir={export_dir} copies the base checkpoint (config, tokenizer) with the trained "
+                     f"weights, and --checkpoint_dir=none (a random-init model) has none; give --checkpoint_dir "
+                     f"or leave out --export_dir")
+  inputs = [i for i in (base, feature_cache, *data_paths) if i is not None]
+  safety.refuse_overlap([workdir], inputs, "--workdir")
+  if export_dir and (base is None or safety.resolve(export_dir) != safety.resolve(base)):  # else: head/ into base
+    safety.check_export_dir(export_dir, workdir, inputs, overwrite)
+  if adapters_dir:
+    if base is None:
+      raise TrainError(f"--adapters_dir={adapters_dir} stores adapters against their base checkpoint, and "
+                       f"--checkpoint_dir=none has none; give --checkpoint_dir")
+    safety.check_export_dir(adapters_dir, workdir, [*inputs, export_dir], overwrite, "lora_adapters",
+                            "--adapters_dir")
+  if overwrite:
+    safety.remove_owned(workdir, "--workdir")
+  safety.prepare_output_dir(workdir, "head_training", inputs, "--workdir")
+
+
+def carry_throughput(summary: dict[str, Any], previous: Optional[dict]) -> None:
+  """A run restarted where its last finished process ended (nothing trained now) keeps that process's
+  throughput, its wall seconds added to this one's."""
+  if previous and previous.get("throughput"):
+    summary["throughput"] = {**previous["throughput"], "wall_seconds": summary["throughput"]["wall_seconds"] +
+                             (previous["throughput"].get("wall_seconds") or 0.0)}
+
+
+def summary(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, workdir: pathlib.Path, log: MetricsLog,
+             step: int, steps_per_epoch: int, resume_step: Optional[int], final, timing: trainer.Timing,
+             wall: float) -> dict[str, Any]:
+  evals = [r for r in log.records if r["kind"] == "eval"]
+  examples = prep.examples
+  return {
+      "workdir": str(workdir),
+      "checkpoint_dir": prep.scorer.config.runtime.checkpoint_dir,
+      "head": prep.head_cfg.to_dict(),
+      "train_config": dataclasses.asdict(cfg),
+      "prompt": json.loads(json.dumps(dataclasses.asdict(prompt))),
+      "label_ids": list(prep.label_ids),
+      "train_queries": prep.num_train,
+      "train_items": int(prep.grids["train"][1].sum()),
+      "dev_queries": len(examples["dev"].requests) if "dev" in examples else 0,
+      "steps": step,
+      "steps_per_epoch": steps_per_epoch,
+      "resumed_from_step": resume_step,
+      "final_train_loss": next((r["loss"] for r in reversed(log.records) if r["kind"] == "train"), None),
+      "dev_metrics_initial": next((metric_values(r) for r in evals if r["step"] == 0), None),
+      "dev_metrics_final": metric_values(evals[-1]) if evals else None,
+      "params_sha256": identity.tree_digest(final["head"]),
+      "throughput": throughput(prep.feats, prep.feature_seconds, prep.cached, examples, timing.step_seconds,
+                                timing.step_items, timing.first_step_seconds, timing.eval_seconds, wall),
+  }
+
+
+def export(cfg: TrainConfig, prep: Prepared, summary: dict[str, Any], final, export_dir: os.PathLike,
+           workdir: pathlib.Path, overwrite: bool, lora: Optional[lora_lib.LoraConfig]) -> str:
+  """The base checkpoint with the trained head (and backbone, when it trained; with `lora`, its adapters merged)
+  in `export_dir`; an existing export is replaced with `overwrite`, or when this workdir's earlier run wrote
+  it."""
+  info = {k: summary[k] for k in ("train_config", "prompt", "label_ids", "train_queries", "steps",
+                                  "dev_metrics_initial", "dev_metrics_final")}
+  if "selection" in summary:
+    info["selection"] = {k: summary["selection"][k] for k in ("metric", "best_step", "best_value", "stopped_at",
+                                                              "reason")}
+  # "." when the head was written into its own base checkpoint (paths of this machine mean
+  # nothing inside a checkpoint that is copied elsewhere).
+  same = pathlib.Path(export_dir).resolve() == pathlib.Path(summary["checkpoint_dir"]).resolve()
+  info["base_checkpoint"] = "." if same else summary["checkpoint_dir"]
+  backbone = jax.device_get(final["backbone"]) if cfg.train_backbone else None
+  if backbone is not None and lora is not None:
+    backbone = jax.device_get(lora_lib.merge(backbone, lora))  # W + alpha / rank * A @ B
+  ours = safety.exported_by(export_dir, workdir)  # this workdir's earlier (or killed) run wrote it
+  return str(head_storage.export_checkpoint(prep.scorer.config.runtime.checkpoint_dir, export_dir, prep.head_cfg,
+                                            jax.device_get(final["head"]), info, backbone,
+                                            overwrite=overwrite or ours, workdir=str(workdir)))
+
+
+def export_adapters(prep: Prepared, summary: dict[str, Any], final, adapters_dir: os.PathLike,
+                    workdir: pathlib.Path, overwrite: bool, lora: lora_lib.LoraConfig) -> str:
+  """The LoRA adapters (lora.json + adapters/, with the base's digest) and the trained head (head/) in
+  `adapters_dir`: eval_rerank.py --checkpoint_dir=<base> --adapters_dir=<it> scores as the merged export."""
+  base = prep.scorer.config.runtime.checkpoint_dir
+  ours = safety.exported_by(adapters_dir, workdir)
+  out = lora_lib.save_adapters(adapters_dir, jax.device_get(final["backbone"]), lora, base,
+                               overwrite=overwrite or ours, workdir=str(workdir),
+                               base_quantization=prep.scorer.runner.quantization,
+                               base_quantization_group=prep.scorer.runner.quantization_group)
+  info = {k: summary[k] for k in ("train_config", "prompt", "label_ids", "train_queries", "steps")}
+  head_storage.save_head(out, prep.head_cfg, jax.device_get(final["head"]), {**info, "base_checkpoint": base})
+  return str(out)
+
+
+def metric_values(rec: dict) -> dict[str, float]:
+  return {k: v for k, v in rec.items() if k not in ("kind", "step", "split")}
+
+
+def throughput(feats, feature_seconds, cached, examples, step_seconds, step_items, first_step_seconds,
+                eval_seconds, wall) -> dict[str, Any]:
+  """Examples (query-item pairs) per second of head training, and where the time went."""
+  extracted_items = 0 if (feats is None or cached) else sum(int(ex.grid()[1].sum()) for ex in examples.values())
+  busy = feature_seconds + step_seconds + (first_step_seconds or 0.0) + eval_seconds
+  return {
+      "train_items_per_s": step_items / step_seconds if step_seconds else None,
+      "train_seconds": step_seconds,
+      "first_step_seconds": first_step_seconds,
+      "frozen_forward_seconds": feature_seconds,
+      "frozen_forward_items_per_s": extracted_items / feature_seconds if feature_seconds else None,
+      "frozen_forward_share": feature_seconds / busy if busy else None,
+      "features_from_cache": cached,
+      "eval_seconds": eval_seconds,
+      "wall_seconds": wall,
+  }
