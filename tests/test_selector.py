@@ -8,8 +8,8 @@ from maxscore.scoring.selector import select
 CFG = load_config(["model_name=qwen3-0.6b"])
 
 
-def choose(query_len, item_lens, kernel="shared_prefix", item_first=False, cached=False, **overrides):
-  cfg = CFG.replace(**overrides) if overrides else CFG
+def choose(query_len, item_lens, kernel="shared_prefix", item_first=False, cached=False, cfg=CFG, **overrides):
+  cfg = cfg.replace(**overrides) if overrides else cfg
   return select(query_len, item_lens, item_first, kernel, cfg.kernel, cfg.scoring, cfg.buckets, prefix_cached=cached)
 
 
@@ -58,6 +58,5 @@ def test_cpu_kernel_prefers_chunks_once_items_span_more_than_one():
 def test_full_depth_suite_picks_the_measured_best(model, query_len, num_items, item_len, algorithm):
   """At full depth (30 and 28 layers) the bench measured these picks as the fastest algorithm on each workload
   (BENCHMARKS.md, "Real depths against transformers on CPU"); the rules do not depend on depth."""
-  cfg = load_config([f"model_name={model}"])
-  choice = select(query_len, [item_len] * num_items, False, "shared_prefix", cfg.kernel, cfg.scoring, cfg.buckets)
+  choice = choose(query_len, [item_len] * num_items, cfg=load_config([f"model_name={model}"]))
   assert choice.algorithm == algorithm, choice.reason
