@@ -17,7 +17,8 @@ from absl import flags
 
 from maxscore import cli
 from maxscore.files import safety
-from maxscore.rerank import data, eval as eval_lib, first_stage, metrics, plots
+from maxscore.datasets import data
+from maxscore.rerank import eval as eval_lib, first_stage, metrics, plots
 
 
 ENTRY = "eval"

@@ -19,7 +19,7 @@ from absl import flags
 from maxscore import cli
 from maxscore.files import safety
 from maxscore.heads import study as head_study
-from maxscore.rerank import data
+from maxscore.datasets import data
 
 ENTRY = "study"
 SECTIONS = {"study": head_study.StudyOptions}

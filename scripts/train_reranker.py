@@ -30,7 +30,7 @@ from maxscore import cli
 from maxscore.errors import TrainingInterrupted
 from maxscore.training import reranker as train_lib
 from maxscore.training.reranker_config import TrainConfig, TrainRun
-from maxscore.rerank import data
+from maxscore.datasets import data
 from maxscore.rerank.prompts import PromptConfig
 from maxscore.training import groups
 

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import strategies as st
 
 from maxscore.checkpoints import storage
-from maxscore.rerank import data, eval as eval_lib
+from maxscore.datasets import data
+from maxscore.rerank import eval as eval_lib
 from maxscore.testing import hf_models, scripts
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

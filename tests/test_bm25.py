@@ -1,4 +1,4 @@
-"""BM25 (maxscore/rerank/bm25.py, computed by bm25s): scores equal the Okapi formula worked by hand on a
+"""BM25 (maxscore/datasets/bm25.py, computed by bm25s): scores equal the Okapi formula worked by hand on a
 toy corpus, the library's own Lucene variant up to its (k1 + 1) factor; the first stage and the head
 study's reference ranking read those scores."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from maxscore.heads import study as head_study
 from maxscore.lm.tokenizer_training import sample_texts
-from maxscore.rerank import bm25, data
+from maxscore.datasets import bm25, data
 
 # The toy corpus: lowercase [a-z] words per document "apple banana" (2), "apple cherry cherry cherry" (4),
 # "date" (1); n = 3 documents, average length 7 / 3.
@@ -84,7 +84,7 @@ def test_bm25_reference_ranks_matching_documents_first():
 def test_a_corpus_index_is_saved_once_and_memory_mapped_after(tmp_path):
   import json  # pylint: disable=import-outside-toplevel
   import os  # pylint: disable=import-outside-toplevel
-  from maxscore.rerank.bm25 import BM25Index  # pylint: disable=import-outside-toplevel
+  from maxscore.datasets.bm25 import BM25Index  # pylint: disable=import-outside-toplevel
   docs = {f"d{i}": f"the import statement {i} " + "binds names " * (i % 4) for i in range(50)}
   path = tmp_path / "corpus.jsonl"
   path.write_text("".join(json.dumps({"_id": d, "text": t}) + "\n" for d, t in docs.items()))

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from maxscore.checkpoints import storage as checkpointing
-from maxscore.rerank import data, prompts
-from maxscore.rerank.data import DataError
+from maxscore.datasets import data
+from maxscore.rerank import prompts
+from maxscore.datasets.data import DataError
 from maxscore.checkpoints.tokenizer import load_tokenizer
 
 

@@ -21,7 +21,8 @@ from maxscore.files import identity, safety
 from maxscore.heads import head, head_storage
 from maxscore.training import reranker as train_lib
 from maxscore.training.reranker_config import TrainConfig
-from maxscore.rerank import data, eval as eval_lib
+from maxscore.datasets import data
+from maxscore.rerank import eval as eval_lib
 from maxscore.scoring import jsonl as score_file
 from maxscore.testing.disk import foreign_dir, tiny_set, tree
 

@@ -9,7 +9,7 @@ import pytest
 
 from maxscore import errors
 from maxscore.lm import docs_set
-from maxscore.rerank import data
+from maxscore.datasets import data
 
 LONG = "word " * 40  # a paragraph long enough to keep (>= 150 characters)
 

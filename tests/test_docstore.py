@@ -1,4 +1,4 @@
-"""The document store (maxscore/rerank/docstore.py): it returns exactly the corpus.jsonl records, a changed corpus
+"""The document store (maxscore/datasets/docstore.py): it returns exactly the corpus.jsonl records, a changed corpus
 is indexed again, problems are reported as reading the whole file reports them, and (slow) reading a run's
 documents from a larger corpus costs time and memory of the run, not of the corpus."""
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from maxscore.rerank import data, docstore
+from maxscore.datasets import data, docstore
 from maxscore.testing.processes import REPO, subprocess_env
 
 

@@ -14,7 +14,8 @@ import pytest
 
 from maxscore.errors import ResumeError
 from maxscore.lm.tokenizer_training import sample_texts
-from maxscore.rerank import data, eval as eval_lib, fusion, metrics, prompts
+from maxscore.datasets import data
+from maxscore.rerank import eval as eval_lib, fusion, metrics, prompts
 from maxscore.testing import scripts
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

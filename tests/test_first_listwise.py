@@ -67,7 +67,8 @@ def test_a_window_holds_the_positives_then_the_first_negatives_in_first_stage_or
 
 
 def test_window_examples_read_the_identifiers_at_the_answer_position():
-  from maxscore.rerank import data, eval as eval_lib  # pylint: disable=import-outside-toplevel
+  from maxscore.datasets import data  # pylint: disable=import-outside-toplevel
+  from maxscore.rerank import eval as eval_lib
   scorer = eval_lib.build_scorer(None, [], use_head=False)
   ds = data.load_jsonl(data.DEFAULT_JSONL, split="train")
   ds.queries = ds.queries[:3]
@@ -117,7 +118,7 @@ def lora_run(tmp_path_factory):
 @pytest.mark.slow
 def test_lora_trains_only_the_adapters_and_lowers_the_loss(lora_run):
   import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
-  from maxscore.rerank import data  # pylint: disable=import-outside-toplevel
+  from maxscore.datasets import data  # pylint: disable=import-outside-toplevel
   from maxscore.training import lora as lora_lib  # pylint: disable=import-outside-toplevel
   losses = [r["loss"] for r in _records(lora_run)]
   assert all(np.isfinite(losses)) and losses[-1] < losses[0]
@@ -142,7 +143,7 @@ def test_lora_on_two_host_devices_equals_one_device(lora_run, tmp_path):
 def test_gradients_reach_the_backbone_only_when_it_trains():
   """The loss differentiates through the packed forward into the adapters (LoRA) or every weight (full), and
   with a frozen backbone only the head has params."""
-  from maxscore.rerank import data  # pylint: disable=import-outside-toplevel
+  from maxscore.datasets import data  # pylint: disable=import-outside-toplevel
   from maxscore.rerank.prompts import PromptConfig  # pylint: disable=import-outside-toplevel
   from maxscore.training import lora as lora_lib  # pylint: disable=import-outside-toplevel
   ds = data.load_jsonl(data.DEFAULT_JSONL, split="train")

@@ -16,7 +16,8 @@ import pytest
 from maxscore import config as config_lib
 from maxscore.lm import assets
 from maxscore.lm.tokenizer_training import sample_texts
-from maxscore.rerank import data, eval as eval_lib, fusion, metrics, stages
+from maxscore.datasets import data
+from maxscore.rerank import eval as eval_lib, fusion, metrics, stages
 from maxscore.testing import processes
 
 CFG = eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=24)

@@ -13,7 +13,8 @@ from maxscore.errors import TrainError
 from maxscore.training import losses
 from maxscore.training import reranker as train_lib
 from maxscore.training.reranker_config import TrainConfig
-from maxscore.rerank import data, eval as eval_lib, prompts
+from maxscore.datasets import data
+from maxscore.rerank import eval as eval_lib, prompts
 from maxscore.training import groups as groups_lib
 
 

@@ -9,7 +9,8 @@ import pytest
 from maxscore import ScoreInputError
 
 from maxscore.heads import head, head_scorer, head_storage
-from maxscore.rerank import data, eval as eval_lib
+from maxscore.datasets import data
+from maxscore.rerank import eval as eval_lib
 from maxscore.checkpoints.storage import CheckpointError
 
 QUERY = "What does the for statement do?"

@@ -11,7 +11,8 @@ import pytest
 from maxscore import Scorer
 from maxscore.checkpoints.tokenizer import load_tokenizer
 from maxscore.errors import ResumeError, ScoreInputError
-from maxscore.rerank import data, eval as eval_lib, listwise
+from maxscore.datasets import data
+from maxscore.rerank import eval as eval_lib, listwise
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

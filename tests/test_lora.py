@@ -168,7 +168,7 @@ def test_eval_script_refuses_a_bad_adapters_dir_in_one_line(load_script, tmp_pat
 
 
 def test_adapters_dir_given_a_checkpoint_points_to_checkpoint_dir(load_script, tmp_path, capsys):
-  from maxscore.rerank import data
+  from maxscore.datasets import data
   module = load_script("eval_rerank")
   with pytest.raises(SystemExit) as e:
     module.run(["prog", f"--adapters_dir={data.DEFAULT_CHECKPOINT}", f"--output_dir={tmp_path / 'o'}", "--noprogress"])

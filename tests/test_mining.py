@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from maxscore.rerank import data
-from maxscore.rerank.bm25 import BM25Index
+from maxscore.datasets import data
+from maxscore.datasets.bm25 import BM25Index
 from maxscore.training import groups as groups_lib
 from maxscore.training import mining
 

@@ -6,7 +6,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from maxscore.rerank import data, eval as eval_lib, prompts
+from maxscore.datasets import data
+from maxscore.rerank import eval as eval_lib, prompts
 
 CFG = eval_lib.EvalConfig(max_query_tokens=8, max_item_tokens=64, fusion="none")
 

@@ -7,7 +7,7 @@ import pytest
 
 from maxscore.bench import precision
 from maxscore.config import load_config
-from maxscore.rerank import data
+from maxscore.datasets import data
 from maxscore.rerank import eval as rerank_eval
 from maxscore.scoring.scorer import Scorer
 

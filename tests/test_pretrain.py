@@ -15,8 +15,8 @@ from maxscore.lm import corpus as corpus_lib
 from maxscore.lm import pairs as pairs_lib
 from maxscore.lm import pretrain as pretrain_lib
 from maxscore.lm import tokenizer_training
-from maxscore.rerank import bm25
-from maxscore.rerank import data
+from maxscore.datasets import bm25
+from maxscore.datasets import data
 
 TOKENIZER = data.DEFAULT_CHECKPOINT / "tokenizer" / "tokenizer.model"
 TINY = dict(model_name="tiny-qwen3", sources=("pydoc",), pydoc_repeats=1, seq_len=32, batch_size=4, num_steps=6,

@@ -164,7 +164,8 @@ def test_dequantize_params_inverts_quantize_params_up_to_half_a_step():
 def test_full_fine_tuning_of_a_quantized_base_is_still_one_clear_error():
   from maxscore.training import reranker as train_lib
   from maxscore.training.reranker_config import TrainConfig
-  from maxscore.rerank import data, eval as eval_lib
+  from maxscore.datasets import data
+  from maxscore.rerank import eval as eval_lib
   train = data.load_jsonl(data.DEFAULT_JSONL, split="train")
   train.queries = train.queries[:2]
   prompt = eval_lib.EvalConfig(max_query_tokens=8, max_item_tokens=16)
@@ -191,7 +192,8 @@ def test_qlora_through_the_trainer_exports_a_float_model(tmp_path, group):
   from maxscore.checkpoints import storage
   from maxscore.training import reranker as train_lib
   from maxscore.training.reranker_config import TrainConfig
-  from maxscore.rerank import data, eval as eval_lib
+  from maxscore.datasets import data
+  from maxscore.rerank import eval as eval_lib
   train = data.load_jsonl(data.DEFAULT_JSONL, split="train")
   train.queries = train.queries[:4]
   prompt = eval_lib.EvalConfig(max_query_tokens=8, max_item_tokens=16)

@@ -296,7 +296,7 @@ def test_int8_on_the_embedded_eval_stays_within_measured_bounds(mode, logprob, s
   log-prob| 0.018, max |d score| 0.0039, tau mean / min 0.995 / 0.986, d nDCG@10 -0.0004; int8 0.035, 0.0071,
   0.988 / 0.978, -0.0007. Held with about 2x margin, as the bf16 figures are (tests/test_precision.py)."""
   from maxscore.bench import precision
-  from maxscore.rerank import data
+  from maxscore.datasets import data
   from maxscore.rerank import eval as rerank_eval
   ref = rerank_eval.build_scorer(None, [], use_head=False)
   quantized = rerank_eval.build_scorer(None, [f"quantization={mode}"], use_head=False)

@@ -8,7 +8,7 @@ from absl import flags
 
 from maxscore import cli, errors
 from maxscore.lm import assets, recipe
-from maxscore.rerank import data
+from maxscore.datasets import data
 from maxscore.testing.scripts import load_script
 
 

@@ -9,7 +9,8 @@ import multiprocessing
 import numpy as np
 import pytest
 
-from maxscore.rerank import data, eval as eval_lib
+from maxscore.datasets import data
+from maxscore.rerank import eval as eval_lib
 from maxscore.rerank.score_cache import ScoreCache, pair_key
 from maxscore.rerank.score_cache import scorer_key as _key_of
 

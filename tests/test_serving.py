@@ -20,7 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from maxscore import serving
 from maxscore.checkpoints.convert import convert_hf_checkpoint
 from maxscore.config import load_config, parse_override
-from maxscore.rerank import data, eval as eval_lib
+from maxscore.datasets import data
+from maxscore.rerank import eval as eval_lib
 from maxscore.scoring import Scorer
 from maxscore.testing import hf_models
 

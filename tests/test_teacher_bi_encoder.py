@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from maxscore.rerank import data
+from maxscore.datasets import data
 from maxscore.testing import hf_models, processes
 from maxscore.training import bi_encoder, groups as groups_lib, teacher
 

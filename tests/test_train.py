@@ -25,7 +25,8 @@ from maxscore.heads import features, head_storage, study as head_study
 from maxscore.training import losses
 from maxscore.training import reranker as train_lib
 from maxscore.training.reranker_config import TrainConfig
-from maxscore.rerank import data, eval as eval_lib
+from maxscore.datasets import data
+from maxscore.rerank import eval as eval_lib
 from maxscore.scoring.requests import TokenRequest
 from maxscore.testing.tensorboard_events import tensorboard_scalars
 from maxscore.training.optimizer import make_optimizer

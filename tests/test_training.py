@@ -243,7 +243,8 @@ def test_mesh_errors_are_one_line(tmp_path, one_device):
 def test_scale_knobs_keep_the_loss(tmp_path):
   """remat none/full and 2 accumulated micro-batches give per_layer's losses; bf16 compute on f32 weights trains
   with losses near float32's."""
-  from maxscore.rerank import data, eval as eval_lib  # pylint: disable=import-outside-toplevel
+  from maxscore.datasets import data  # pylint: disable=import-outside-toplevel
+  from maxscore.rerank import eval as eval_lib
   train = data.load_jsonl(data.DEFAULT_JSONL, split="train")
   train.queries = train.queries[:4]
   prompt = eval_lib.EvalConfig(max_query_tokens=8, max_item_tokens=16)
@@ -287,7 +288,7 @@ def _checkpointed_backbone(work: pathlib.Path) -> dict:
 
 @pytest.mark.slow
 def test_lora_trains_only_the_adapters_and_exports_them_merged(lora_one_process):
-  from maxscore.rerank import data  # pylint: disable=import-outside-toplevel
+  from maxscore.datasets import data  # pylint: disable=import-outside-toplevel
   from maxscore.training import lora as lora_lib  # pylint: disable=import-outside-toplevel
   base_before = jax.tree_util.tree_map(np.asarray, storage.restore_checkpoint(data.DEFAULT_CHECKPOINT).params)
   trained = _checkpointed_backbone(lora_one_process / "work")
@@ -308,7 +309,8 @@ def test_lora_trains_only_the_adapters_and_exports_them_merged(lora_one_process)
 @pytest.mark.slow
 def test_lora_adapters_exported_by_the_script_score_as_the_merged_export(lora_one_process):
   """--adapters_dir writes what eval_rerank.py --adapters_dir reads (adapters + the trained head)."""
-  from maxscore.rerank import data, eval as eval_lib  # pylint: disable=import-outside-toplevel
+  from maxscore.datasets import data  # pylint: disable=import-outside-toplevel
+  from maxscore.rerank import eval as eval_lib
   adapters = lora_one_process / "adapters"
   assert (adapters / "lora.json").is_file() and (adapters / "head" / "head.json").is_file()
   merged = eval_lib.build_scorer(str(lora_one_process / "export"), ["attention=shared_prefix"])

@@ -1,4 +1,4 @@
-"""Reading a BEIR corpus at scale: a generated corpus, its document-store index (maxscore/rerank/docstore.py),
+"""Reading a BEIR corpus at scale: a generated corpus, its document-store index (maxscore/datasets/docstore.py),
 and the loader's cost for a many-query run, against parsing the whole corpus.jsonl as the loader did before
 (data.read_corpus: every line parsed and checked, the needed documents kept). An index already in the workdir is
 reused, so a second run times a fresh process reading through an existing index.
@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from maxscore.rerank import data, docstore
+from maxscore.datasets import data, docstore
 
 _WORDS = ("index", "query", "vector", "token", "model", "score", "passage", "corpus", "search", "rank", "python",
           "module", "object", "return", "value", "string", "number", "function", "class", "error")

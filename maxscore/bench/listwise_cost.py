@@ -11,7 +11,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from maxscore.rerank import data, eval as eval_lib, listwise, prompts
+from maxscore.datasets import data
+from maxscore.rerank import eval as eval_lib, listwise, prompts
 
 
 @dataclasses.dataclass(frozen=True)

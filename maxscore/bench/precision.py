@@ -12,7 +12,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from maxscore.rerank import data, metrics, prompts
+from maxscore.datasets import data
+from maxscore.rerank import metrics, prompts
 from maxscore.rerank.eval import EvalConfig
 from maxscore.rerank.prompts import SCORE_MODES
 from maxscore.scoring.scorer import Scorer, finalize_scores

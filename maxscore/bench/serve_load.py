@@ -26,7 +26,8 @@ from typing import Any, Optional
 import httpx
 import numpy as np
 
-from maxscore.rerank import data, eval as eval_lib
+from maxscore.datasets import data
+from maxscore.rerank import eval as eval_lib
 from maxscore.scoring import layout
 from maxscore.serving import RerankPrompt, ScoringService, ServeConfig, ServerThread
 

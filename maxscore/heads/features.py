@@ -30,7 +30,7 @@ from layers.kernels import SegmentLayout
 from maxscore.errors import UnsafeOutputError
 from maxscore.files import identity, safety
 from maxscore.rerank import prompts
-from maxscore.rerank.data import RerankSet
+from maxscore.datasets.data import RerankSet
 from maxscore.scoring.layout import RowSpec, bucket, pack_rows
 from maxscore.scoring.runner import label_logprobs, packed_hidden
 from maxscore.scoring.requests import TokenRequest

@@ -26,7 +26,8 @@ from maxscore.errors import TrainError
 from maxscore.files import safety
 from maxscore.training import reranker as train_lib
 from maxscore.training.reranker_config import TrainConfig
-from maxscore.rerank import bm25, compare, data, eval as eval_lib, metrics
+from maxscore.datasets import bm25, data
+from maxscore.rerank import compare, eval as eval_lib, metrics
 
 # Named head settings (TrainConfig fields); the rest are TrainConfig's defaults.
 SPECS: dict[str, dict[str, Any]] = {

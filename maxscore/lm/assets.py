@@ -58,7 +58,7 @@ from maxscore.lm import pairs as pairs_lib
 from maxscore.lm import pretrain as pretrain_lib
 from maxscore.lm import recipe as recipe_lib
 from maxscore.lm import tokenizer_training
-from maxscore.rerank import data
+from maxscore.datasets import data
 from maxscore.rerank.prompts import PromptConfig
 
 OUTPUT_KIND = "default_assets"  # the marker of an output directory this build wrote

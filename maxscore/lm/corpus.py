@@ -199,7 +199,7 @@ def leaking_documents(texts: Sequence[str], probes: Iterable[str]) -> set[int]:
 
 def held_out_sections(jsonl: os.PathLike, splits: Sequence[str]) -> set[int]:
   """The pydoc section ids of the queries of `splits` in a rerank set of `pydoc-<section>` query ids."""
-  from maxscore.rerank import data  # pylint: disable=import-outside-toplevel
+  from maxscore.datasets import data  # pylint: disable=import-outside-toplevel
 
   return {section_index(q.qid) for s in splits for q in data.load_jsonl(jsonl, split=s).queries}
 

@@ -12,7 +12,7 @@ cut with a fixed layout tokenizer (`layout_tok`), so the set does not move when 
 BEIR layout (pydoc_beir/): corpus.jsonl holds every paragraph of the topics (the candidates' pool);
 queries.jsonl the same queries; qrels/{train,dev,test}.tsv judge the whole corpus by the same grades (every
 paragraph of the query's section 2, every other paragraph of its topic 1); bm25.trec is BM25's top
-`bm25_top_k` paragraphs of the whole corpus per query (maxscore.rerank.bm25, computed by bm25s), every split.
+`bm25_top_k` paragraphs of the whole corpus per query (maxscore.datasets.bm25, computed by bm25s), every split.
 Everything is deterministic in the seed and the Python version.
 """
 
@@ -24,7 +24,7 @@ import numpy as np
 
 from maxscore.lm import corpus as corpus_lib
 from maxscore.lm import pairs as pairs_lib
-from maxscore.rerank import bm25, data
+from maxscore.datasets import bm25, data
 
 BEIR_DIR = data.DEFAULT_BEIR_DIR.name
 RUN_FILE = data.DEFAULT_RUN.name

@@ -17,7 +17,7 @@ reads the files written here. The `reference/` pages are left out: the first emb
 - qrels/{train,dev,test}.tsv: grade 2 for every paragraph of the query's section, 1 for every other paragraph
   of its page. Splits are by page, so no page gives queries to two splits: pages in a seeded order go to
   test until it holds `test_queries` queries, then to dev until `dev_queries`, then the rest to train.
-- bm25.trec: BM25's top `bm25_top_k` of the whole corpus per query (maxscore.rerank.bm25), every split.
+- bm25.trec: BM25's top `bm25_top_k` of the whole corpus per query (maxscore.datasets.bm25), every split.
 Everything is deterministic in the HTML and the seed.
 """
 
@@ -31,7 +31,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from maxscore import errors
-from maxscore.rerank import bm25, data
+from maxscore.datasets import bm25, data
 
 SUBDIRS = ("library", "howto", "tutorial", "using", "faq", "extending")  # reference/ is the first set's
 RUN_TAG = "bm25"

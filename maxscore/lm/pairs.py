@@ -18,7 +18,7 @@ Queries and their graded candidates (paragraphs cut to [min_tokens, max_tokens] 
               reference paragraphs are used first. They teach what a title is: a few words of
               its text.
 Paragraphs that repeat the opening of a held-out paragraph are dropped (the corpus's leak check).
-Negatives (grade 0): the `hard_negatives` best BM25 paragraphs of other groups (maxscore.rerank.bm25
+Negatives (grade 0): the `hard_negatives` best BM25 paragraphs of other groups (maxscore.datasets.bm25
 over every paragraph), then random paragraphs of other groups. Every pydoc query is kept; docstring
 queries are sampled to fill `max_queries`. Deterministic in `seed`.
 """
@@ -29,8 +29,8 @@ from typing import Collection, Sequence
 import numpy as np
 
 from maxscore.lm import corpus as corpus_lib
-from maxscore.rerank import bm25
-from maxscore.rerank.bm25 import BM25Index
+from maxscore.datasets import bm25
+from maxscore.datasets.bm25 import BM25Index
 
 COMMON_WORD_FRACTION = 0.01  # a keyword query never uses a word held by more paragraphs than this
 

@@ -50,7 +50,7 @@ from maxscore.errors import TrainError
 from maxscore.training import checkpoint, partition, trainer
 from maxscore.lm import corpus as corpus_lib
 from maxscore.lm import tokenizer_training
-from maxscore.rerank import data
+from maxscore.datasets import data
 
 FORMAT_VERSION = 1
 

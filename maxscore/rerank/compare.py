@@ -16,7 +16,8 @@ import json
 import pathlib
 from typing import Any, Literal, Mapping, Optional, Sequence
 
-from maxscore.rerank import data, first_stage, metrics, significance
+from maxscore.datasets import data
+from maxscore.rerank import first_stage, metrics, significance
 
 DEFAULT_METRICS = ("ndcg@10", "mrr@10", "map")
 TESTS = ("randomization", "t")

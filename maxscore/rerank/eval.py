@@ -33,12 +33,13 @@ from absl import logging
 from tqdm import tqdm
 
 from maxscore.heads import head_scorer, head_storage
-from maxscore.rerank import data, eval_outputs, first_stage, fusion, listwise, pipeline, prompts, stages
+from maxscore.datasets import data
+from maxscore.rerank import eval_outputs, first_stage, fusion, listwise, pipeline, prompts, stages
 from maxscore.rerank.eval_outputs import EvalReport, format_report  # noqa: F401  (this module's public face)
 from maxscore.rerank.score_cache import ScoreCache, scorer_key
 from maxscore.distributed import mesh as mesh_lib
 from maxscore.config import load_config, parse_override
-from maxscore.rerank.data import RerankSet
+from maxscore.datasets.data import RerankSet
 from maxscore import errors
 from maxscore.files import identity, safety
 from maxscore.scoring.scorer import Scorer

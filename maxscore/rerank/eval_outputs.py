@@ -13,8 +13,9 @@ import jax
 
 from maxscore.config import to_flat_dict
 from maxscore.files import safety
-from maxscore.rerank import data, first_stage, fusion, metrics, stages
-from maxscore.rerank.data import RerankSet
+from maxscore.datasets import data
+from maxscore.rerank import first_stage, fusion, metrics, stages
+from maxscore.datasets.data import RerankSet
 from maxscore.scoring.scorer import Scorer
 
 

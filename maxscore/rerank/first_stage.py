@@ -11,7 +11,8 @@ scores, so trec_eval's tie-breaking by docid never reorders it.
 import dataclasses
 from typing import Iterable, Mapping, Sequence
 
-from maxscore.rerank import data, metrics
+from maxscore.datasets import data
+from maxscore.rerank import metrics
 
 RUN_FILE = "first_stage.trec"
 RUN_TAG = "first_stage"

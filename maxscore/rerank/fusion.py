@@ -180,7 +180,7 @@ class Learned:
 
 
 def _words(text: str) -> list[str]:
-  from maxscore.rerank.bm25 import words  # pylint: disable=import-outside-toplevel
+  from maxscore.datasets.bm25 import words  # pylint: disable=import-outside-toplevel
   return words(text)
 
 

@@ -31,7 +31,8 @@ import numpy as np
 
 from maxscore.errors import ScoreInputError
 from maxscore.checkpoints.tokenizer import Tokenizer
-from maxscore.rerank import data, metrics
+from maxscore.datasets import data
+from maxscore.rerank import metrics
 
 DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
 DEFAULT_METRICS = ("ndcg@10", "mrr@10", "map", "recall@10", "p@10")

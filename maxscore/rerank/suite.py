@@ -21,7 +21,8 @@ from typing import Any, Literal, Optional
 
 from absl import logging
 
-from maxscore.rerank import compare, data, eval as eval_lib, metrics, significance, stages
+from maxscore.rerank import compare, eval as eval_lib, metrics, significance, stages
+from maxscore.datasets import data
 
 RUNS = (stages.FIRST, stages.RERANKED, stages.FUSED)
 P_KEYS = {"randomization": "p_randomization", "t": "p_t"}

@@ -2,7 +2,7 @@
 
 import json
 
-from maxscore.rerank import data
+from maxscore.datasets import data
 
 
 def records(split: str = "test") -> list[dict]:

@@ -4,7 +4,7 @@ someone else wrote, a tiny rerank set."""
 import json
 import pathlib
 
-from maxscore.rerank import data
+from maxscore.datasets import data
 
 
 def tree(directory: pathlib.Path) -> dict[str, bytes]:

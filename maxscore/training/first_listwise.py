@@ -24,7 +24,7 @@ import numpy as np
 
 from maxscore.errors import TrainError
 from maxscore.rerank import listwise, metrics
-from maxscore.rerank.data import RerankSet
+from maxscore.datasets.data import RerankSet
 
 
 def ideal_ranks(targets_BxK, mask_BxK):

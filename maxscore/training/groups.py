@@ -16,7 +16,7 @@ import pathlib
 import numpy as np
 from absl import logging
 
-from maxscore.rerank import data
+from maxscore.datasets import data
 
 
 def read_groups(path: os.PathLike) -> list[dict]:

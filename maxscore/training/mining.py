@@ -15,7 +15,7 @@ scores). Per query:
 
 Every judged-relevant document with text in the corpus is a positive. A query with no positive text, or left
 with no negative, is skipped and counted. It streams: each query reads only the documents its record can name,
-through the corpus's document store (maxscore/rerank/docstore.py), and is written before the next; the BM25
+through the corpus's document store (maxscore/datasets/docstore.py), and is written before the next; the BM25
 index is built once per corpus and memory-mapped after (BM25Index.for_corpus).
 """
 
@@ -28,8 +28,8 @@ from typing import Iterable, Iterator, Literal, Optional
 import numpy as np
 
 from maxscore.errors import ScoreInputError
-from maxscore.rerank import data
-from maxscore.rerank.bm25 import BM25Index
+from maxscore.datasets import data
+from maxscore.datasets.bm25 import BM25Index
 
 
 class MiningError(ScoreInputError):

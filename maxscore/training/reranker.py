@@ -81,8 +81,9 @@ from maxscore.training import reranker_outputs as outputs
 from maxscore.training import lora as lora_lib
 from maxscore.training.optimizer import make_optimizer
 from maxscore.training.selection import Selection
-from maxscore.rerank import data, metrics, prompts
-from maxscore.rerank.data import RerankSet
+from maxscore.datasets import data
+from maxscore.rerank import metrics, prompts
+from maxscore.datasets.data import RerankSet
 from maxscore.rerank.eval import build_scorer
 from maxscore.rerank.prompts import SCORE_MODES, PromptConfig
 from maxscore.scoring.runner import DTYPES

@@ -15,7 +15,7 @@ import jax
 from maxscore.errors import TrainError
 from maxscore.files import identity, safety
 from maxscore.heads import head_storage
-from maxscore.rerank import data
+from maxscore.datasets import data
 from maxscore.rerank.prompts import PromptConfig
 from maxscore.training import lora as lora_lib
 from maxscore.training import trainer

@@ -26,7 +26,8 @@ from typing import Callable, Literal, Optional, Sequence
 import numpy as np
 import tqdm
 
-from maxscore.rerank import data, eval as eval_lib, metrics, prompts
+from maxscore.datasets import data
+from maxscore.rerank import eval as eval_lib, metrics, prompts
 from maxscore.training import bi_encoder, groups as groups_lib
 from maxscore.training.mining import MiningError
 

@@ -22,6 +22,7 @@ from typing import Mapping, Sequence
 import bm25s
 import numpy as np
 
+from maxscore.datasets import data, docstore
 from maxscore.files import cache
 
 _INDEX_VERSION = 1  # of the saved index (BM25Index.for_corpus)
@@ -76,7 +77,6 @@ class BM25Index:
     per-user cache (maxscore/files/cache.py: bm25/), then loaded memory-mapped by every later call. The saved index
     is used only while its corpus is the one indexed (the document store's signature: size, modification time,
     sampled blocks) with the same k1, b and tokenization."""
-    from maxscore.rerank import data, docstore  # pylint: disable=import-outside-toplevel
     corpus = pathlib.Path(corpus)
     key = {"version": _INDEX_VERSION, "corpus": str(corpus.resolve()), "k1": k1, "b": b,
            "signature": docstore.corpus_signature(corpus)}

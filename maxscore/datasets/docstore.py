@@ -31,6 +31,7 @@ from typing import Any, Iterable, Optional
 import numpy as np
 from absl import logging
 
+from maxscore.datasets.records import doc_text, not_utf8_message, parse_json_record, record_id
 from maxscore.files import cache
 
 INDEX_VERSION = 1
@@ -174,17 +175,16 @@ def build_index(corpus: pathlib.Path, where: pathlib.Path, signature: dict) -> f
 
 def _check_line(raw: bytes):
   """A corpus line's docid; (reason, message) when the loader would report it; None for a blank line."""
-  from maxscore.rerank import data  # pylint: disable=import-outside-toplevel  (data reads through this module)
   try:
     line = raw.decode("utf-8").rstrip("\r\n")
   except UnicodeDecodeError as e:
-    return ("fatal", data.not_utf8_message(raw, e))
+    return ("fatal", not_utf8_message(raw, e))
   if not line.strip():
     return None
-  rec, problem = data.parse_json_record(line)
+  rec, problem = parse_json_record(line)
   if problem is not None:
     return ("bad_json_lines", problem)
-  docid = data._id(rec.get("_id"))  # pylint: disable=protected-access
+  docid = record_id(rec.get("_id"))
   if docid is None:
     return ("bad_records", f"_id={rec.get('_id')!r} must be a non-empty string without whitespace")
   return docid
@@ -194,7 +194,6 @@ def _repeats(corpus: pathlib.Path, arrays: dict) -> tuple[np.ndarray, list]:
   """(which sorted entries to keep, the problems of repeated docids): of a docid repeated with the same text the
   first record is kept; one repeated with other text is reported (the first kept). Only runs of equal hashes are
   read again (repeats and the rare hash collision)."""
-  from maxscore.rerank import data  # pylint: disable=import-outside-toplevel  (data reads through this module)
   keys = arrays["keys"]
   keep = np.ones(len(keys), bool)
   problems = []
@@ -213,7 +212,7 @@ def _repeats(corpus: pathlib.Path, arrays: dict) -> tuple[np.ndarray, list]:
       first: dict[str, tuple[str, int]] = {}  # docid -> (text, line) of its first record
       for i in range(a, b + 1):  # file order within the run (stable sort)
         rec = json.loads(os.pread(fd, int(arrays["lengths"][i]), int(arrays["offsets"][i])))
-        docid, text, line = data._id(rec.get("_id")), data._doc_text(rec), int(arrays["lines"][i])  # pylint: disable=protected-access
+        docid, text, line = record_id(rec.get("_id")), doc_text(rec), int(arrays["lines"][i])
         if docid in first:
           keep[i] = False
           if first[docid][0] != text:  # which text was meant is unknown: the loader refuses (or skips) it

@@ -26,7 +26,8 @@ import numpy as np
 from absl import logging
 
 from maxscore.errors import ScoreInputError
-from maxscore.rerank import docstore
+from maxscore.datasets import docstore
+from maxscore.datasets.records import doc_text, not_utf8_message, parse_json_record, record_id
 
 DEFAULT_DIR = pathlib.Path(__file__).resolve().parent.parent / "assets" / "default"
 DEFAULT_CHECKPOINT = DEFAULT_DIR / "pydoc-tiny-qwen3"
@@ -107,23 +108,6 @@ def _lines(path: pathlib.Path) -> Iterator[tuple[int, str]]:
         yield number, line
 
 
-def not_utf8_message(raw: bytes, error: UnicodeDecodeError) -> str:
-  return f"not UTF-8 text (byte {raw[error.start]:#04x} at column {error.start + 1})"
-
-
-def parse_json_record(line: str) -> tuple[Optional[dict], Optional[str]]:
-  """(the JSON object a line holds, None), or (None, why it is not one: a bad_json_lines message)."""
-  try:
-    record = json.loads(line)
-  except json.JSONDecodeError as e:
-    return None, f"invalid JSON ({e.msg} at column {e.colno})"
-  except RecursionError:
-    return None, "JSON nested too deeply"
-  if not isinstance(record, dict):
-    return None, f"expected a JSON object, got {type(record).__name__}"
-  if "\\u" in line and not _valid_unicode(record):
-    return None, "text holds a lone UTF-16 surrogate escape (e.g. \\ud800), not valid Unicode"
-  return record, None
 
 
 def _json_records(path: pathlib.Path, problems: _Problems) -> Iterator[tuple[str, dict]]:
@@ -137,20 +121,6 @@ def _json_records(path: pathlib.Path, problems: _Problems) -> Iterator[tuple[str
     yield where, record
 
 
-def _valid_unicode(record: dict) -> bool:
-  try:
-    json.dumps(record, ensure_ascii=False).encode("utf-8")
-  except UnicodeEncodeError:
-    return False
-  return True
-
-
-def _id(value: Any) -> Optional[str]:
-  """A qid/docid as text: strings and integers are accepted, whitespace is not (TREC columns)."""
-  if isinstance(value, bool) or not isinstance(value, (str, int)):
-    return None
-  value = str(value)
-  return value if value and not any(c.isspace() for c in value) else None
 
 
 def _grade(value: Any) -> Optional[int]:
@@ -184,7 +154,7 @@ def load_jsonl(path: os.PathLike, split: Optional[str] = "test", top_k: int = 0,
       problems("bad_records", where, f"missing field(s) {missing}; a record is "
                '{"qid", "query", "candidates": [{"docid", "text"}], "qrels": {docid: grade}}')
       continue
-    qid = _id(rec["qid"])
+    qid = record_id(rec["qid"])
     if qid is None:
       problems("bad_records", where, f"qid={rec['qid']!r} must be a non-empty string without whitespace")
       continue
@@ -213,7 +183,7 @@ def load_jsonl(path: os.PathLike, split: Optional[str] = "test", top_k: int = 0,
     kept: dict[str, str] = {}
     for j, c in enumerate(cands):
       at = f"candidates[{j}] of qid {qid!r}"
-      docid = _id(c.get("docid")) if isinstance(c, dict) else None
+      docid = record_id(c.get("docid")) if isinstance(c, dict) else None
       if docid is None:
         problems("bad_candidates", where, f"{at} needs a docid (non-empty, no whitespace) and a text")
         continue
@@ -238,7 +208,7 @@ def load_jsonl(path: os.PathLike, split: Optional[str] = "test", top_k: int = 0,
 def _read_queries(path: pathlib.Path, problems: _Problems) -> dict[str, str]:
   out, lines = {}, {}
   for where, rec in _json_records(path, problems):
-    qid, text = _id(rec.get("_id")), rec.get("text")
+    qid, text = record_id(rec.get("_id")), rec.get("text")
     if qid is None:
       problems("bad_records", where, f"_id={rec.get('_id')!r} must be a non-empty string without whitespace")
     elif not isinstance(text, str) or not text.strip():
@@ -338,12 +308,6 @@ def _read_run(path: pathlib.Path, qrels: Qrels, queries: dict[str, str], top_k: 
   return out, passed_over
 
 
-def _doc_text(rec: dict) -> str:
-  title, text = rec.get("title") or "", rec.get("text") or ""
-  if not isinstance(title, str) or not isinstance(text, str):
-    return ""
-  return f"{title} {text}".strip() if title.strip() else text
-
 
 def load_beir(data_dir: os.PathLike, run_file: os.PathLike, split: str = "test", top_k: int = 100,
               skip_bad: bool = False) -> RerankSet:
@@ -386,7 +350,7 @@ def load_beir(data_dir: os.PathLike, run_file: os.PathLike, split: str = "test",
 
 def _read_needed(corpus_path: pathlib.Path, needed: set, problems: _Problems) -> tuple[dict[str, str], set]:
   """({docid: text}, docids with empty text) of the needed documents, read through the corpus's document store
-  (maxscore/rerank/docstore.py: an offset index built once); the corpus's problems are reported in file order,
+  (maxscore/datasets/docstore.py: an offset index built once); the corpus's problems are reported in file order,
   as reading the whole file reports them."""
   try:
     store = docstore.DocStore.open(corpus_path)
@@ -395,7 +359,7 @@ def _read_needed(corpus_path: pathlib.Path, needed: set, problems: _Problems) ->
   found = store.get(needed)
   texts, empty, found_problems = {}, set(), []
   for docid, (line, rec) in found.items():
-    text = _doc_text(rec)
+    text = doc_text(rec)
     if text.strip():
       texts[docid] = text
     else:
@@ -491,7 +455,7 @@ def document_reader(path: os.PathLike):
     bad = sorted(d for d in docids if d in repeated)
     if bad:
       raise DataError(f"{repeated[bad[0]][1]}: {repeated[bad[0]][2]}")
-    texts = {d: _doc_text(rec) for d, (_, rec) in store.get(docids).items()}
+    texts = {d: doc_text(rec) for d, (_, rec) in store.get(docids).items()}
     return {d: t for d, t in texts.items() if t.strip()}
   return get
 
@@ -504,12 +468,12 @@ def read_corpus(path: os.PathLike, needed: Optional[set] = None) -> dict[str, st
   texts: dict[str, str] = {}
   seen: set = set()
   for where, rec in _json_records(path, problems):
-    docid = _id(rec.get("_id"))
+    docid = record_id(rec.get("_id"))
     if docid is None:
       problems("bad_records", where, f"_id={rec.get('_id')!r} must be a non-empty string without whitespace")
     if needed is not None and docid not in needed:
       continue
-    text = _doc_text(rec)
+    text = doc_text(rec)
     if not text.strip():
       problems("empty_texts", where, f"document {docid!r} has empty title and text")
     if docid in seen and texts[docid] != text:
