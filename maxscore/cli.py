@@ -54,7 +54,7 @@ def expected_errors() -> tuple[type[BaseException], ...]:
   from maxscore.rerank.compare import CompareError
   from maxscore.rerank.plots import PlotError
   from maxscore.serving.config import ServeError
-  from maxscore.training.lora import LoraError
+  from maxscore.checkpoints.adapters import LoraError
   return (ScoreInputError, UnsafeOutputError, ResumeError, ConfigError, CheckpointError, ConversionError, ExportError,
           MeshError, ShardingError, TrainError, TokenizerError, CompareError, PlotError, TopologyError, ServeError,
           LoraError, OSError)

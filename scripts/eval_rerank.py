@@ -15,6 +15,7 @@ go to <output_dir>/eval_rerank.log (and the console with -v).
 
 from absl import flags
 
+from maxscore.scoring import loading
 from maxscore import cli
 from maxscore.files import safety
 from maxscore.datasets import data
@@ -39,7 +40,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     safety.check_output_dir(run.output_dir, "eval",
                             [*data.input_paths(dataset), *(data.input_paths(dev) if dev else []), run.checkpoint_dir,
                              run.score_cache], "--output_dir")  # before loading a model
-    scorer = eval_lib.build_scorer(run.checkpoint_dir, argv[1:], use_head=run.use_head, adapters_dir=run.adapters_dir)
+    scorer = loading.build_scorer(run.checkpoint_dir, argv[1:], use_head=run.use_head, adapters_dir=run.adapters_dir)
     report = eval_lib.run_eval(scorer, dataset, cfg, run.output_dir, overwrite=run.overwrite,
                                progress=run.progress, fsync=run.fsync, gather_every=run.gather_every, dev=dev,
                                score_cache=run.score_cache)

@@ -13,6 +13,7 @@ import pathlib
 
 from absl import flags
 
+from maxscore.scoring import loading
 from maxscore import cli
 from maxscore.files import safety
 from maxscore.rerank import eval as eval_lib, suite
@@ -32,7 +33,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     opts, cfg = s["suite"], s["eval"]
     inputs = list(suite.parse_datasets(opts.datasets).values())
     safety.refuse_overlap([opts.output_json, opts.output_latex], inputs, "--output_json/--output_latex")
-    scorer = eval_lib.build_scorer(opts.checkpoint_dir, list(argv[1:]), use_head=opts.use_head)
+    scorer = loading.build_scorer(opts.checkpoint_dir, list(argv[1:]), use_head=opts.use_head)
   result = suite.run_suite(scorer, opts, cfg, expected=cli.expected_errors())
   print(suite.markdown(result))
   with cli.one_line_errors():

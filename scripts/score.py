@@ -22,8 +22,7 @@ from absl import flags
 
 from maxscore import cli
 from maxscore.config import ConfigError
-from maxscore.rerank import eval as eval_lib
-from maxscore.scoring import jsonl as score_file, model_names
+from maxscore.scoring import jsonl as score_file, loading, model_names
 from maxscore.files import safety
 
 
@@ -60,7 +59,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     if not opts.input:
       raise ConfigError("--input is required (a JSONL file of /v1/score requests, or - for stdin)")
     safety.check_output_file(opts.output, [opts.input, opts.checkpoint_dir], "--output")  # before loading a model
-    scorer = eval_lib.build_scorer(opts.checkpoint_dir, argv[1:])
+    scorer = loading.build_scorer(opts.checkpoint_dir, argv[1:])
     counts = score_file.score_jsonl(scorer, opts.input, opts.output, opts.batch_size, opts.score_mode == "raw_logit",
                                     opts.served_model_name)
   if counts["errors"]:

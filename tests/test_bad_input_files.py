@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from maxscore.checkpoints import storage
 from maxscore.datasets import data
-from maxscore.rerank import eval as eval_lib
+from maxscore.scoring import loading
 from maxscore.testing import hf_models, scripts
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -119,7 +119,7 @@ def test_corrupt_config_json_and_truncated_safetensors_are_one_line(tmp_path, ca
 def test_a_real_bug_still_shows_its_traceback(tmp_path, monkeypatch):
   def bug(*args, **kwargs):
     raise KeyError("a bug, not bad input")
-  monkeypatch.setattr(eval_lib, "build_scorer", bug)
+  monkeypatch.setattr(loading, "build_scorer", bug)
   with pytest.raises(KeyError, match="a bug"):
     eval_rerank.run(["eval_rerank.py", f"--output_dir={tmp_path / 'out'}", "--noprogress"])
 

@@ -14,11 +14,13 @@ import time
 import jax
 import pytest
 
+from maxscore.scoring import loading
 from maxscore.checkpoints import storage
 from maxscore.checkpoints.convert import convert_hf_checkpoint
 from maxscore.errors import ResumeError, TrainError, UnsafeOutputError
 from maxscore.files import identity, safety
-from maxscore.heads import head, head_storage
+from maxscore.heads import head
+from maxscore.checkpoints import head_storage
 from maxscore.training import reranker as train_lib
 from maxscore.training.reranker_config import TrainConfig
 from maxscore.datasets import data
@@ -32,7 +34,7 @@ CFG = eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=8)
 
 @pytest.fixture(scope="module")
 def scorer():
-  return eval_lib.build_scorer(use_head=False)
+  return loading.build_scorer(use_head=False)
 
 
 # --- score.py ------------------------------------------------------------------------------------------
@@ -195,17 +197,17 @@ def test_eval_resume_refused_after_weights_replaced_in_place(tmp_path, two_check
   ckpt, out = tmp_path / "model", tmp_path / "out"
   dataset = tiny_set(tmp_path / "d.jsonl")
   shutil.copytree(a, ckpt)
-  eval_lib.run_eval(eval_lib.build_scorer(str(ckpt)), dataset, dataclasses.replace(CFG, max_queries=1), out,
+  eval_lib.run_eval(loading.build_scorer(str(ckpt)), dataset, dataclasses.replace(CFG, max_queries=1), out,
                     progress=False)
   shutil.rmtree(ckpt)
   shutil.copytree(b, ckpt)  # same path, other weights
   with pytest.raises(ResumeError, match=r"changed: scorer.params_sha256.*--overwrite"):
-    eval_lib.run_eval(eval_lib.build_scorer(str(ckpt)), dataset, CFG, out, progress=False)
+    eval_lib.run_eval(loading.build_scorer(str(ckpt)), dataset, CFG, out, progress=False)
   shutil.rmtree(ckpt / "params")
   shutil.copytree(b / "params", ckpt / "params")  # only params/ replaced: its files no longer match
   shutil.copy2(a / "maxscore.json", ckpt / "maxscore.json")
   with pytest.raises(storage.CheckpointError, match="is not what was written"):
-    eval_lib.build_scorer(str(ckpt))
+    loading.build_scorer(str(ckpt))
 
 
 def test_eval_resume_refused_after_reconverting_with_other_weights(tmp_path, hf_checkpoints, sp_tokenizer_path):
@@ -215,36 +217,36 @@ def test_eval_resume_refused_after_reconverting_with_other_weights(tmp_path, hf_
   over = [f"tokenizer_path={sp_tokenizer_path}"]
   dataset = tiny_set(tmp_path / "d.jsonl")
   convert_hf_checkpoint(hf_dir, ckpt)
-  eval_lib.run_eval(eval_lib.build_scorer(str(ckpt), over), dataset, dataclasses.replace(cfg, max_queries=1), out,
+  eval_lib.run_eval(loading.build_scorer(str(ckpt), over), dataset, dataclasses.replace(cfg, max_queries=1), out,
                     progress=False)
   convert_hf_checkpoint(hf_dir, ckpt, overwrite=True)  # the same weights again: resumes
-  report = eval_lib.run_eval(eval_lib.build_scorer(str(ckpt), over), dataset, cfg, out, progress=False)
+  report = eval_lib.run_eval(loading.build_scorer(str(ckpt), over), dataset, cfg, out, progress=False)
   assert report.summary["queries_resumed"] == 1
   convert_hf_checkpoint(hf_dir, ckpt, dtype="bfloat16", overwrite=True)
   with pytest.raises(ResumeError, match=r"changed: scorer.params_sha256"):
-    eval_lib.run_eval(eval_lib.build_scorer(str(ckpt), over), dataset, cfg, out, progress=False)
+    eval_lib.run_eval(loading.build_scorer(str(ckpt), over), dataset, cfg, out, progress=False)
 
 
 def test_eval_resume_refused_after_tokenizer_changed(tmp_path, two_checkpoints, sp_tokenizer_path, scorer):
   a, _ = two_checkpoints
   out = tmp_path / "out"
   dataset = tiny_set(tmp_path / "d.jsonl")
-  eval_lib.run_eval(eval_lib.build_scorer(str(a)), dataset, dataclasses.replace(CFG, max_queries=1), out,
+  eval_lib.run_eval(loading.build_scorer(str(a)), dataset, dataclasses.replace(CFG, max_queries=1), out,
                     progress=False)
   same = tmp_path / "copy.model"  # the same tokenizer at another path resumes: identity is content
   shutil.copy2(a / "tokenizer" / "tokenizer.model", same)
-  report = eval_lib.run_eval(eval_lib.build_scorer(str(a), [f"tokenizer_path={same}"]), dataset, CFG, out,
+  report = eval_lib.run_eval(loading.build_scorer(str(a), [f"tokenizer_path={same}"]), dataset, CFG, out,
                              progress=False)
   assert report.summary["queries_resumed"] == 1
   with pytest.raises(ResumeError, match=r"changed: scorer.tokenizer_sha256"):
-    eval_lib.run_eval(eval_lib.build_scorer(str(a), [f"tokenizer_path={sp_tokenizer_path}"]), dataset, CFG,
+    eval_lib.run_eval(loading.build_scorer(str(a), [f"tokenizer_path={sp_tokenizer_path}"]), dataset, CFG,
                       out, progress=False)
   ckpt = tmp_path / "model"  # the tokenizer file replaced in place, at the same path
   shutil.copytree(a, ckpt)
-  eval_lib.run_eval(eval_lib.build_scorer(str(ckpt)), dataset, CFG, tmp_path / "out2", progress=False)
+  eval_lib.run_eval(loading.build_scorer(str(ckpt)), dataset, CFG, tmp_path / "out2", progress=False)
   shutil.copy2(sp_tokenizer_path, ckpt / "tokenizer" / "tokenizer.model")
   with pytest.raises(ResumeError, match=r"changed: scorer.tokenizer_sha256"):
-    eval_lib.run_eval(eval_lib.build_scorer(str(ckpt)), dataset, CFG, tmp_path / "out2", progress=False)
+    eval_lib.run_eval(loading.build_scorer(str(ckpt)), dataset, CFG, tmp_path / "out2", progress=False)
 
 
 # --- the machinery itself ----------------------------------------------------------------------------

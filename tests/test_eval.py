@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+from maxscore.scoring import loading
 from maxscore.errors import ResumeError
 from maxscore.lm.tokenizer_training import sample_texts
 from maxscore.datasets import data
@@ -46,7 +47,7 @@ def _dataset(path, num_queries, seed=0):
 
 @pytest.fixture(scope="module")
 def scorer():
-  return eval_lib.build_scorer()
+  return loading.build_scorer()
 
 
 @pytest.fixture(scope="module")

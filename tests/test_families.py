@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import FAMILY_VARIANTS
+from maxscore.scoring import loading
 from maxscore import Scorer
 from maxscore.testing.hf_models import hf_logits
 
@@ -155,7 +156,6 @@ def test_layer_pattern_from_configs_without_layer_types(hf, pattern, window):
 def test_score_script_raw_logit_mode(load_script, tmp_path, hf_checkpoints):
   """scripts/score.py --score_mode=raw_logit answers with the labels' raw logits; through a score head (the
   embedded default has one) it is an error line, as a head gives log-probs."""
-  from maxscore.rerank import eval as eval_lib
   script = load_script("score")
   request = {"query": [10, 11, 12], "items": [[13, 14], [], [7]], "label_token_ids": [4, 5], "apply_softmax": True}
   src, dst = tmp_path / "req.jsonl", tmp_path / "resp.jsonl"
@@ -167,7 +167,7 @@ def test_score_script_raw_logit_mode(load_script, tmp_path, hf_checkpoints):
   _, _, ckpt = hf_checkpoints("gemma")
   script.run(["score.py", f"--input={src}", f"--output={dst}", "--score_mode=raw_logit", f"--checkpoint_dir={ckpt}"])
   got = json.loads(dst.read_text())["scores"]
-  scorer = eval_lib.build_scorer(str(ckpt))
+  scorer = loading.build_scorer(str(ckpt))
   want = scorer.label_logits(request["query"], request["items"], request["label_token_ids"]).scores
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
   probs = scorer.score(request["query"], request["items"], request["label_token_ids"], apply_softmax=False).scores

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from maxscore.scoring import loading
 from maxscore.checkpoints import storage
 from maxscore.errors import TrainError
 from maxscore.training import reranker as train_lib
@@ -68,8 +69,7 @@ def test_a_window_holds_the_positives_then_the_first_negatives_in_first_stage_or
 
 def test_window_examples_read_the_identifiers_at_the_answer_position():
   from maxscore.datasets import data  # pylint: disable=import-outside-toplevel
-  from maxscore.rerank import eval as eval_lib
-  scorer = eval_lib.build_scorer(None, [], use_head=False)
+  scorer = loading.build_scorer(None, [], use_head=False)
   ds = data.load_jsonl(data.DEFAULT_JSONL, split="train")
   ds.queries = ds.queries[:3]
   builder = first_listwise.window_prompts(scorer.tokenizer, 4, chat=False, max_passage_tokens=12)
@@ -119,7 +119,7 @@ def lora_run(tmp_path_factory):
 def test_lora_trains_only_the_adapters_and_lowers_the_loss(lora_run):
   import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
   from maxscore.datasets import data  # pylint: disable=import-outside-toplevel
-  from maxscore.training import lora as lora_lib  # pylint: disable=import-outside-toplevel
+  from maxscore.checkpoints import adapters as lora_lib  # pylint: disable=import-outside-toplevel
   losses = [r["loss"] for r in _records(lora_run)]
   assert all(np.isfinite(losses)) and losses[-1] < losses[0]
   state = ocp.StandardCheckpointer().restore(lora_run / "checkpoints" / "4" / "state")
@@ -145,7 +145,7 @@ def test_gradients_reach_the_backbone_only_when_it_trains():
   with a frozen backbone only the head has params."""
   from maxscore.datasets import data  # pylint: disable=import-outside-toplevel
   from maxscore.rerank.prompts import PromptConfig  # pylint: disable=import-outside-toplevel
-  from maxscore.training import lora as lora_lib  # pylint: disable=import-outside-toplevel
+  from maxscore.checkpoints import adapters as lora_lib  # pylint: disable=import-outside-toplevel
   ds = data.load_jsonl(data.DEFAULT_JSONL, split="train")
   ds.queries = ds.queries[:2]
   common = dict(loss="first_listwise", listwise_window=4, listwise_chat=False, listwise_passage_tokens=8,

@@ -13,6 +13,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
+from maxscore.scoring import loading
 from maxscore import config as config_lib
 from maxscore.lm import assets
 from maxscore.lm.tokenizer_training import sample_texts
@@ -121,7 +122,7 @@ def _beir(root: pathlib.Path, seed: int, splits=("dev", "test"), per_split=3) ->
 
 @pytest.fixture(scope="module")
 def scorer():
-  return eval_lib.build_scorer()
+  return loading.build_scorer()
 
 
 def _run_eval(scorer, d, out, cfg):
@@ -251,7 +252,7 @@ _EVAL_BUCKETS = ["item_buckets=[128,256,512]", "prefix_buckets=[32,512]", "item_
 def test_the_shipped_learned_fusion_is_the_one_the_shipped_dev_split_tunes(tmp_path):
   """make eval reads learned_fusion.json instead of scoring dev: it holds what tuning on the shipped dev split
   with the default model gives (make learned-fusion), and fusing with it equals fusing with a fresh tuning."""
-  scorer = eval_lib.build_scorer(None, _EVAL_BUCKETS)
+  scorer = loading.build_scorer(None, _EVAL_BUCKETS)
   dev = data.load_beir(data.DEFAULT_DOCS_DIR, data.DEFAULT_DOCS_RUN, split="dev")
   cfg = eval_lib.EvalConfig(fusion="none", metrics=("ndcg_cut_10",))
   eval_lib.run_eval(scorer, dev, cfg, tmp_path / "dev", progress=False)

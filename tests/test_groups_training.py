@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
+from maxscore.scoring import loading
 from maxscore.errors import TrainError
 from maxscore.training import losses
 from maxscore.training import reranker as train_lib
@@ -128,7 +129,7 @@ def test_a_student_distilled_from_a_teacher_reaches_its_order(tmp_path):
   train_lib.train(cfg, prompt, None, rset, None, tmp_path / "work", export_dir=tmp_path / "model", progress=False)
   losses_seen = [json.loads(l)["loss"] for l in (tmp_path / "work" / "metrics.jsonl").read_text().splitlines()
                  if json.loads(l)["kind"] == "train"]
-  tau = _order_agreement(eval_lib.build_scorer(str(tmp_path / "model")), rset, rset.teacher_scores)
+  tau = _order_agreement(loading.build_scorer(str(tmp_path / "model")), rset, rset.teacher_scores)
   print(f"distill loss {losses_seen[0]:.3f} -> {losses_seen[-1]:.3f}; mean Kendall tau with the teacher {tau:.3f}")
   assert losses_seen[-1] < losses_seen[0] / 2 and tau > 0.7, (losses_seen, tau)
   with pytest.raises(TrainError, match="teacher"):
@@ -148,7 +149,7 @@ def test_teacher_scores_are_the_eval_ranking_scores_of_each_group(tmp_path, load
   load_script("score_teacher").run(argv)
   assert "wrote 3 groups" in capsys.readouterr().out
   scored = groups_lib.read_groups(out)
-  scorer = eval_lib.build_scorer(None)
+  scorer = loading.build_scorer(None)
   prompt = prompts.PromptConfig(score_mode="log_odds", max_query_tokens=8, max_item_tokens=16)
   template = prompts.get_template(prompt.template)
   builder = prompts.PromptBuilder(scorer.tokenizer, template, prompt.instruction, 8, 16)
@@ -173,7 +174,7 @@ def test_selection_exports_the_best_dev_step_and_patience_stops(tmp_path, monkey
   """Dev evaluations with planted values (one per eval, best at step 4): the export holds step 4's params, training
   stops two evaluations later, selection.json and the summary say which step won and why, and a rerun over the
   stopped workdir trains nothing more."""
-  from maxscore.heads import head_storage  # pylint: disable=import-outside-toplevel
+  from maxscore.checkpoints import head_storage  # pylint: disable=import-outside-toplevel
   planted = {0: 0.1, 2: 0.3, 4: 0.5, 6: 0.45, 8: 0.5, 10: 0.9}
   seen_params = {}
 

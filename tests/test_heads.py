@@ -6,11 +6,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from maxscore.scoring import loading
 from maxscore import ScoreInputError
 
-from maxscore.heads import head, head_scorer, head_storage
+from maxscore.heads import head
+from maxscore.scoring import head_scorer
+from maxscore.checkpoints import head_storage
 from maxscore.datasets import data
-from maxscore.rerank import eval as eval_lib
 from maxscore.checkpoints.storage import CheckpointError
 
 QUERY = "What does the for statement do?"
@@ -20,7 +22,7 @@ ITEMS = ["The for statement iterates over the elements of a sequence.", "Boolean
 
 @pytest.fixture(scope="module")
 def scorer():
-  return eval_lib.build_scorer(use_head=False)
+  return loading.build_scorer(use_head=False)
 
 
 @pytest.fixture(scope="module")
@@ -124,11 +126,11 @@ def test_export_load_and_eval_use_the_head(scorer, labels, tmp_path):
   assert loaded_cfg == cfg and info == {"note": "test"}
   for k in params:
     np.testing.assert_array_equal(loaded[k], params[k])
-  with_head = eval_lib.build_scorer(str(out))
+  with_head = loading.build_scorer(str(out))
   assert isinstance(with_head, head_scorer.HeadScorer)
   np.testing.assert_array_equal(with_head.score(QUERY, ITEMS, algorithm="packed").scores,
                                 head_scorer.HeadScorer(scorer, cfg, params).score(QUERY, ITEMS, algorithm="packed").scores)
-  assert not isinstance(eval_lib.build_scorer(str(out), use_head=False), head_scorer.HeadScorer)
+  assert not isinstance(loading.build_scorer(str(out), use_head=False), head_scorer.HeadScorer)
   # Other labels are the backbone's scores; a batch mixes both kinds; validation is the scorer's.
   swapped = [labels[1], labels[0]]
   mixed = with_head.score_batch([{"query": QUERY, "items": ITEMS, "label_token_ids": swapped},

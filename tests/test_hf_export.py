@@ -13,6 +13,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from conftest import FAMILY_VARIANTS, HF_VARIANTS
+from maxscore.scoring import loading
 from maxscore import Scorer
 from maxscore.checkpoints import (CheckpointError, ExportError, convert_hf_checkpoint, export_hf_checkpoint,
                                   load_tokenizer, read_metadata)
@@ -93,7 +94,7 @@ def _adapters(ckpt, directory):
   the adapters change the model), saved against `ckpt`, and the same merged into an ordinary checkpoint."""
   import jax
   from maxscore.checkpoints import restore_checkpoint
-  from maxscore.training import lora as lora_lib
+  from maxscore.checkpoints import adapters as lora_lib
   base = restore_checkpoint(ckpt)
   lora = lora_lib.lora_config(4, 8.0)
   shapes = jax.eval_shape(lambda key: lora_lib.init_adapters(base.model, lora, key), jax.random.PRNGKey(0))
@@ -105,11 +106,11 @@ def _adapters(ckpt, directory):
 
 
 def test_lora_merged_export_scores_as_the_adapted_model(hf_checkpoints, tmp_path):
-  from maxscore.training import lora as lora_lib
+  from maxscore.checkpoints import adapters as lora_lib
   model, _, ckpt = hf_checkpoints("qwen3_kv2_tied")
   adapters_dir, merged = _adapters(ckpt, tmp_path / "adapters")
   out = export_hf_checkpoint(ckpt, tmp_path / "hf", adapters_dir=adapters_dir)
-  adapted = lora_lib.load_scorer(ckpt, adapters_dir, mesh=None)
+  adapted = loading.load_adapted(ckpt, adapters_dir, mesh=None)
   exported = _load(out)
   want = adapted.score(QUERY, ITEMS, LABELS, apply_softmax=False).scores
   got = []
@@ -152,7 +153,7 @@ def test_bfloat16_export_and_tokenizer_files(hf_checkpoints, tmp_path, hf_tokeni
 
 def test_score_head_is_refused_unless_dropped(hf_checkpoints, tmp_path):
   import jax
-  from maxscore.heads import head_storage
+  from maxscore.checkpoints import head_storage
   from maxscore.heads.head import HeadConfig, init_head
   _, _, ckpt = hf_checkpoints("qwen3_kv2_tied")
   with_head = pathlib.Path(shutil.copytree(ckpt, tmp_path / "ckpt"))

@@ -8,6 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
+from maxscore.scoring import loading
 from maxscore import Scorer
 from maxscore.checkpoints.tokenizer import load_tokenizer
 from maxscore.errors import ResumeError, ScoreInputError
@@ -212,7 +213,7 @@ def _ranked(out):
 
 
 def test_eval_listwise_stage_reorders_the_pointwise_head(tmp_path):
-  scorer = eval_lib.build_scorer()  # the embedded default model; the listwise stage reads its backbone
+  scorer = loading.build_scorer()  # the embedded default model; the listwise stage reads its backbone
   dataset = _rerank_set(tmp_path / "set.jsonl")
   common = dict(max_query_tokens=8, max_item_tokens=24, fusion="none")
   pointwise = eval_lib.run_eval(scorer, dataset, eval_lib.EvalConfig(**common), tmp_path / "pw", progress=False)

@@ -1,4 +1,4 @@
-"""LoRA adapters (layers/lora.py, maxscore/training/lora.py): exact at step 0, only adapters train, and the
+"""LoRA adapters (layers/lora.py, maxscore/checkpoints/adapters.py): exact at step 0, only adapters train, and the
 merged and the base + adapters exports score alike (and like the unmerged adapted model).
 
 The 2-device check runs this file as a script in a subprocess (`python tests/test_lora.py devices`), as
@@ -24,7 +24,7 @@ def _setup(targets=None):
   from layers.config import ModelConfig
   from layers.decoder import Decoder, init_params
   from layers.kernels import get_kernel
-  from maxscore.training import lora as lora_lib
+  from maxscore.checkpoints import adapters as lora_lib
   model = ModelConfig()
   lora = lora_lib.lora_config(targets=targets or lora_lib.TARGETS, **LORA_KW)
   decoder = lora_lib.adapt(Decoder(model, get_kernel("reference")), lora)
@@ -63,7 +63,7 @@ def _adapted_decoder(lora):
   from layers.decoder import Decoder  # pylint: disable=g-import-not-at-top
   from layers.kernels import get_kernel
   from layers.config import ModelConfig
-  from maxscore.training import lora as lora_lib
+  from maxscore.checkpoints import adapters as lora_lib
   return lora_lib.adapt(Decoder(ModelConfig(), get_kernel("reference")), lora)
 
 
@@ -71,7 +71,7 @@ def _optimizer(params):
   """Adam on the adapters, nothing on the base (the trainable mask drives it)."""
   import jax  # pylint: disable=g-import-not-at-top
   import optax
-  from maxscore.training import lora as lora_lib
+  from maxscore.checkpoints import adapters as lora_lib
   labels = jax.tree_util.tree_map(lambda t: "train" if t else "freeze", lora_lib.trainable_mask(params))
   return optax.multi_transform({"train": optax.adam(1e-2), "freeze": optax.set_to_zero()}, labels)
 
@@ -92,7 +92,7 @@ def _train(steps: int, targets=None, base_dtype=None):
   """(model, lora, base params, params before, params after, losses) of a few steps on one packed row;
   `base_dtype` casts the base (not the adapters) first."""
   import jax  # pylint: disable=g-import-not-at-top
-  from maxscore.training import lora as lora_lib
+  from maxscore.checkpoints import adapters as lora_lib
   model, lora, base, adapters = _setup(targets)
   if base_dtype is not None:
     base = jax.tree_util.tree_map(lambda x: x.astype(base_dtype), base)
@@ -111,6 +111,7 @@ def _train(steps: int, targets=None, base_dtype=None):
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from maxscore.scoring import loading
 from maxscore.testing import processes  # noqa: E402
 
 
@@ -122,7 +123,7 @@ def trained():
 def test_unknown_target_is_a_one_line_error_naming_the_valid_ones():
   from maxscore.errors import TrainError
   from maxscore.training.reranker_config import TrainConfig
-  from maxscore.training import lora as lora_lib
+  from maxscore.checkpoints import adapters as lora_lib
   with pytest.raises(lora_lib.LoraError) as e:
     lora_lib.lora_config(4, 8.0, ("q", "qkv"))
   assert "\n" not in str(e.value) and "'qkv'" in str(e.value)
@@ -188,7 +189,7 @@ def test_train_script_refuses_adapters_dir_without_lora_in_one_line(load_script,
 
 def test_rank_zero_means_no_adapters():
   import jax
-  from maxscore.training import lora as lora_lib
+  from maxscore.checkpoints import adapters as lora_lib
   model, _, base, _ = _setup()
   assert lora_lib.lora_config(0, 8.0) is None
   decoder = _adapted_decoder(None)
@@ -200,7 +201,7 @@ def test_rank_zero_means_no_adapters():
 def test_only_targets_get_adapters_shaped_like_their_weights():
   from flax import traverse_util
   import jax
-  from maxscore.training import lora as lora_lib
+  from maxscore.checkpoints import adapters as lora_lib
   model, lora = _setup()[0], lora_lib.lora_config(4, 8.0, ("q", "o", "down"))
   adapters = lora_lib.init_adapters(model, lora, jax.random.PRNGKey(1))
   names = {k[-1] for k in traverse_util.flatten_dict(adapters)}
@@ -213,7 +214,7 @@ def test_only_targets_get_adapters_shaped_like_their_weights():
 
 def test_adapted_model_equals_base_exactly_at_step_0():
   import jax
-  from maxscore.training import lora as lora_lib
+  from maxscore.checkpoints import adapters as lora_lib
   _, lora, base, adapters = _setup()
   batch = _packed_batch()
   params = lora_lib.add_adapters(base, adapters)
@@ -228,7 +229,7 @@ def test_adapted_model_equals_base_exactly_at_step_0():
 
 def test_training_changes_only_adapters(trained):
   import jax
-  from maxscore.training import lora as lora_lib
+  from maxscore.checkpoints import adapters as lora_lib
   _, _, base, before, after, losses = trained
   assert losses[-1] < losses[0]
   flat = lambda t: dict(jax.tree_util.tree_flatten_with_path(t)[0])
@@ -245,7 +246,7 @@ def test_training_changes_only_adapters(trained):
 def test_bf16_base_stays_frozen_while_f32_adapters_train():
   import jax
   import jax.numpy as jnp
-  from maxscore.training import lora as lora_lib
+  from maxscore.checkpoints import adapters as lora_lib
   _, _, base, before, after, losses = _train(steps=2, base_dtype=jnp.bfloat16)
   assert np.isfinite(losses).all()
   for path, x in jax.tree_util.tree_flatten_with_path(after)[0]:
@@ -286,20 +287,20 @@ def _serial_unmerged_scores(lora, params) -> np.ndarray:
 def test_merged_and_adapter_exports_score_equally(trained, tmp_path):
   from maxscore.checkpoints import storage
   from maxscore.scoring.scorer import Scorer
-  from maxscore.training import lora as lora_lib
+  from maxscore.checkpoints import adapters as lora_lib
   model, lora, base, _, after, _ = trained
   base_dir = storage.save_checkpoint(tmp_path / "base", base, model)
   lora_lib.save_merged(tmp_path / "merged", after, lora, model)
   lora_lib.save_adapters(tmp_path / "adapters", after, lora, base_dir)
   kw = dict(mesh=None, attention="shared_prefix")
   merged = Scorer.from_checkpoint(tmp_path / "merged", **kw)
-  with_adapters = lora_lib.load_scorer(base_dir, tmp_path / "adapters", **kw)
+  with_adapters = loading.load_adapted(base_dir, tmp_path / "adapters", **kw)
   score = lambda s, alg: s.score(QUERY, ITEMS, LABELS, apply_softmax=False, algorithm=alg).scores
   oracle = _serial_unmerged_scores(lora, after)
   for alg in ("packed", "prefill_extend"):
     np.testing.assert_allclose(score(merged, alg), oracle, rtol=0, atol=1e-5)
   np.testing.assert_allclose(score(with_adapters, "packed"), score(merged, "packed"), rtol=0, atol=1e-5)
-  from maxscore.rerank.eval import build_scorer  # what eval_rerank.py --adapters_dir builds
+  from maxscore.scoring.loading import build_scorer  # what eval_rerank.py --adapters_dir builds
   eval_scorer = build_scorer(str(base_dir), ["attention=shared_prefix"], adapters_dir=str(tmp_path / "adapters"))
   np.testing.assert_allclose(score(eval_scorer, "packed"), score(merged, "packed"), rtol=0, atol=1e-5)
   # Training moved the scores, so the comparisons above see the adapters.
@@ -311,13 +312,13 @@ def test_merged_and_adapter_exports_score_equally(trained, tmp_path):
 def test_adapters_refuse_another_base(trained, tmp_path):
   import jax
   from maxscore.checkpoints import storage
-  from maxscore.training import lora as lora_lib
+  from maxscore.checkpoints import adapters as lora_lib
   model, lora, base, _, after, _ = trained
   base_dir = storage.save_checkpoint(tmp_path / "base", base, model)
   other = storage.save_checkpoint(tmp_path / "other", jax.tree_util.tree_map(lambda x: x * 2, base), model)
   lora_lib.save_adapters(tmp_path / "adapters", after, lora, base_dir)
   with pytest.raises(lora_lib.LoraError, match="trained on base params") as e:
-    lora_lib.load_scorer(other, tmp_path / "adapters", mesh=None)
+    loading.load_adapted(other, tmp_path / "adapters", mesh=None)
   assert "\n" not in str(e.value)
   meta_path = tmp_path / "adapters" / lora_lib.METADATA_FILE
   meta = json.loads(meta_path.read_text())
@@ -343,7 +344,7 @@ def _devices_main() -> None:
   from layers import sharding
   _, _, _, _, after_1, losses_1 = _train(steps=2)
   model, lora, base, adapters = _setup()
-  from maxscore.training import lora as lora_lib  # pylint: disable=g-import-not-at-top
+  from maxscore.checkpoints import adapters as lora_lib  # pylint: disable=g-import-not-at-top
   devices = np.asarray(jax.devices()).reshape(1, 2, 1)
   mesh = jax.sharding.Mesh(devices, sharding.MESH_AXES)  # fsdp=2
   placed_base = sharding.place_params(base, model, mesh)

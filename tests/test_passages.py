@@ -6,6 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from maxscore.scoring import loading
 from maxscore.datasets import data
 from maxscore.rerank import eval as eval_lib, prompts
 
@@ -14,7 +15,7 @@ CFG = eval_lib.EvalConfig(max_query_tokens=8, max_item_tokens=64, fusion="none")
 
 @pytest.fixture(scope="module")
 def scorer():
-  return eval_lib.build_scorer()
+  return loading.build_scorer()
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from maxscore.scoring import loading
 from maxscore.bench import precision
 from maxscore.config import load_config
 from maxscore.datasets import data
@@ -26,8 +27,8 @@ def test_kendall_tau_by_hand():
 def test_bf16_on_the_embedded_eval_stays_within_measured_bounds():
   """Measured on the pretrained + fine-tuned default (no head): max |d log-prob| 0.0507, max |d score| 0.0099,
   tau min 0.964, d nDCG@10 -0.0019 (20 queries)."""
-  ref = rerank_eval.build_scorer(None, [], use_head=False)
-  bf16 = rerank_eval.build_scorer(None, BF16, use_head=False)
+  ref = loading.build_scorer(None, [], use_head=False)
+  bf16 = loading.build_scorer(None, BF16, use_head=False)
   assert {x.dtype for x in jax.tree_util.tree_leaves(bf16.runner.params)} == {jnp.dtype(jnp.bfloat16)}
   r = precision.compare_on_rerank_set(ref, bf16, data.load_jsonl(data.DEFAULT_JSONL), rerank_eval.EvalConfig())
   assert r["queries"] == 20 and r["items"] == 480

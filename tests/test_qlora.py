@@ -17,8 +17,9 @@ from layers import quantization as quant
 from layers.config import ModelConfig
 from layers.decoder import Decoder, init_params
 from layers.kernels import get_kernel
+from maxscore.scoring import loading
 from maxscore.errors import TrainError
-from maxscore.training import lora as lora_lib
+from maxscore.checkpoints import adapters as lora_lib
 from maxscore.training import trainer
 from maxscore.training.optimizer import OptimizerConfig, make_optimizer
 from maxscore.training.state import fresh
@@ -133,7 +134,7 @@ def test_the_merged_qlora_model_is_float_and_scores_as_the_qlora_model(tmp_path)
   lora_lib.save_adapters(tmp_path / "adapters", after, lora, base_dir, base_quantization=MODE)
   _, _, meta = lora_lib.load_adapters(tmp_path / "adapters")
   assert meta["base_quantization"] == MODE
-  np.testing.assert_allclose(score(lora_lib.load_scorer(base_dir, tmp_path / "adapters", **kw)), oracle, rtol=0,
+  np.testing.assert_allclose(score(loading.load_adapted(base_dir, tmp_path / "adapters", **kw)), oracle, rtol=0,
                              atol=MERGE_ATOL)
   # export_hf_checkpoint.py --adapters_dir merges them alike: the same tensors as the merged checkpoint's export.
   from safetensors.numpy import load_file
@@ -213,5 +214,5 @@ def test_qlora_through_the_trainer_exports_a_float_model(tmp_path, group):
     kw = dict(mesh=None, separator_token_id=3)
     request = ([4, 9, 33, 7], [[5, 6], [100, 200, 300]], [5, 17])
     exported_scorer = Scorer.from_checkpoint(tmp_path / "export", **kw)
-    loaded = lora_lib.load_scorer(data.DEFAULT_CHECKPOINT, tmp_path / "adapters", **kw)
+    loaded = loading.load_adapted(data.DEFAULT_CHECKPOINT, tmp_path / "adapters", **kw)
     np.testing.assert_allclose(loaded.score(*request).scores, exported_scorer.score(*request).scores, rtol=1e-5)

@@ -12,6 +12,7 @@ from layers.config import ModelConfig
 from layers.decoder import Decoder, init_params
 from layers.kernels import get_kernel
 from layers.lora import LoraConfig
+from maxscore.scoring import loading
 from maxscore.config import ConfigError, load_config
 from maxscore.files import identity
 from maxscore.scoring.scorer import Scorer
@@ -298,8 +299,8 @@ def test_int8_on_the_embedded_eval_stays_within_measured_bounds(mode, logprob, s
   from maxscore.bench import precision
   from maxscore.datasets import data
   from maxscore.rerank import eval as rerank_eval
-  ref = rerank_eval.build_scorer(None, [], use_head=False)
-  quantized = rerank_eval.build_scorer(None, [f"quantization={mode}"], use_head=False)
+  ref = loading.build_scorer(None, [], use_head=False)
+  quantized = loading.build_scorer(None, [f"quantization={mode}"], use_head=False)
   r = precision.compare_on_rerank_set(ref, quantized, data.load_jsonl(data.DEFAULT_JSONL), rerank_eval.EvalConfig())
   assert r["queries"] == 20 and r["items"] == 480
   assert 0 < r["max_abs_logprob"] < logprob, r

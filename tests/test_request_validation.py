@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
+from maxscore.scoring import loading
 from maxscore import ScoreInputError
-from maxscore.rerank import eval as eval_lib
 from maxscore.scoring import jsonl as score_file
 
 ALGORITHMS = ("serial", "packed", "prefill_extend")
@@ -19,7 +19,7 @@ GOOD = {"query": [1, 2], "items": [[3], [4, 5]], "label_token_ids": [6, 7]}
 @pytest.fixture(scope="module")
 def scorer():
   """The embedded default model (it has a tokenizer, vocabulary 3072), without its head."""
-  return eval_lib.build_scorer(use_head=False)
+  return loading.build_scorer(use_head=False)
 
 
 @pytest.mark.parametrize("field,value,message", [

@@ -9,6 +9,7 @@ import multiprocessing
 import numpy as np
 import pytest
 
+from maxscore.scoring import loading
 from maxscore.datasets import data
 from maxscore.rerank import eval as eval_lib
 from maxscore.rerank.score_cache import ScoreCache, pair_key
@@ -23,7 +24,7 @@ CFG = eval_lib.EvalConfig(max_queries=3, fusion="none", max_query_tokens=8, max_
 
 @pytest.fixture(scope="module")
 def scorer():
-  return eval_lib.build_scorer()
+  return loading.build_scorer()
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,7 @@ def test_a_changed_model_or_prompt_misses(scorer, two_checkpoints, tmp_path):
                 dataclasses.replace(CFG, score_mode="log_odds")):
     assert scorer_key(scorer, other, [1, 2]) != key
   assert scorer_key(scorer, CFG, [2, 1]) != key
-  a, b = (eval_lib.build_scorer(str(c)) for c in two_checkpoints)
+  a, b = (loading.build_scorer(str(c)) for c in two_checkpoints)
   assert scorer_key(a, CFG, [1, 2]) != scorer_key(b, CFG, [1, 2])  # weights differ by 1%
 
 

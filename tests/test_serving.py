@@ -17,6 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from maxscore.scoring import loading
 from maxscore import serving
 from maxscore.checkpoints.convert import convert_hf_checkpoint
 from maxscore.config import load_config, parse_override
@@ -36,7 +37,7 @@ LABELS = [4, 5]
 @pytest.fixture(scope="module")
 def default_server():
   """The embedded default model (with its score head), served."""
-  service = serving.ScoringService(eval_lib.build_scorer(None, FEW_BUCKETS), CFG, PROMPT)
+  service = serving.ScoringService(loading.build_scorer(None, FEW_BUCKETS), CFG, PROMPT)
   with serving.ServerThread(service) as server:
     yield server
 

@@ -19,9 +19,12 @@ import pytest
 
 from layers.decoder import Decoder
 from layers.kernels import KernelOptions, get_kernel
+from maxscore.scoring import loading
 from maxscore.checkpoints import storage as checkpointing
 from maxscore.errors import ResumeError, TrainError
-from maxscore.heads import features, head_storage, study as head_study
+from maxscore.training import head_features as features
+from maxscore.checkpoints import head_storage
+from maxscore.heads import study as head_study
 from maxscore.training import losses
 from maxscore.training import reranker as train_lib
 from maxscore.training.reranker_config import TrainConfig
@@ -136,7 +139,7 @@ def test_summary_reports_metrics_and_throughput(frozen_run):
     key = "loss" if l["kind"] == "train" else "ndcg_cut_10"
     assert tb[(f"{l['kind']}/{key}", l["step"])] == pytest.approx(l[key], rel=1e-6)
   # Exported head, used by eval: dev metrics of run_eval equal the trainer's final dev metrics.
-  report = eval_lib.run_eval(eval_lib.build_scorer(summary["export_dir"]), _split("dev", 3), PROMPT,
+  report = eval_lib.run_eval(loading.build_scorer(summary["export_dir"]), _split("dev", 3), PROMPT,
                              root / "eval", progress=False)
   for k, v in summary["dev_metrics_final"].items():
     assert report.metrics[k] == pytest.approx(v, abs=1e-6), k
@@ -268,7 +271,7 @@ def test_beir_and_jsonl_training_data_train_the_same_head(load_script, tmp_path)
 # --- train_backbone --------------------------------------------------------------------------------
 def test_remat_decoder_matches_decoder():
   """train_backbone's forward: same params and hidden states as the scorer's, layers rematerialized."""
-  scorer = eval_lib.build_scorer(use_head=False)
+  scorer = loading.build_scorer(use_head=False)
   ex = features.make_examples(scorer, _split("train", 1), eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=6),
                                (4, 5))
   ex = dataclasses.replace(ex, requests=(dataclasses.replace(ex.requests[0], items=ex.requests[0].items[:4]),))
@@ -288,7 +291,7 @@ def test_remat_decoder_matches_decoder():
 def test_a_group_packs_only_its_drawn_items_with_the_same_features():
   """A training group's row holds only the items drawn for the step: their hidden states and label
   log-probs equal those of the row that packs every item (items never see each other)."""
-  scorer = eval_lib.build_scorer(use_head=False)
+  scorer = loading.build_scorer(use_head=False)
   ex = features.make_examples(scorer, _split("train", 2), eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=6),
                                (4, 5))
   reqs = [dataclasses.replace(r, items=r.items[:5]) for r in ex.requests]
@@ -335,7 +338,7 @@ def test_train_backbone_with_groups_packs_the_drawn_group():
 def test_backbone_gradients_through_a_pallas_kernel_equal_shared_prefix(kernel, options):
   """The backbone's gradient through the scanned, rematerialized decoder with splash's or pallas_gpu's Pallas
   backward (interpret mode) equals the one through shared_prefix: the kernel a TPU or GPU trains with."""
-  scorer = eval_lib.build_scorer(use_head=False)
+  scorer = loading.build_scorer(use_head=False)
   ex = features.make_examples(scorer, _split("train", 1), eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=6),
                                (4, 5))
   ex = dataclasses.replace(ex, requests=(dataclasses.replace(ex.requests[0], items=ex.requests[0].items[:4]),))

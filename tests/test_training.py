@@ -16,11 +16,12 @@ import optax
 import pytest
 
 from layers.kernels.base import training_kernel
+from maxscore.scoring import loading
 from maxscore.checkpoints import storage
 from maxscore.errors import TrainError
 from maxscore.testing.processes import free_port as _free_port
 from maxscore.testing.processes import subprocess_env as _env
-from maxscore.heads import head_storage
+from maxscore.checkpoints import head_storage
 from maxscore.training import reranker as train_lib
 from maxscore.training.reranker_config import TrainConfig
 from maxscore.training import partition, trainer
@@ -289,7 +290,7 @@ def _checkpointed_backbone(work: pathlib.Path) -> dict:
 @pytest.mark.slow
 def test_lora_trains_only_the_adapters_and_exports_them_merged(lora_one_process):
   from maxscore.datasets import data  # pylint: disable=import-outside-toplevel
-  from maxscore.training import lora as lora_lib  # pylint: disable=import-outside-toplevel
+  from maxscore.checkpoints import adapters as lora_lib  # pylint: disable=import-outside-toplevel
   base_before = jax.tree_util.tree_map(np.asarray, storage.restore_checkpoint(data.DEFAULT_CHECKPOINT).params)
   trained = _checkpointed_backbone(lora_one_process / "work")
   base_after, adapters = lora_lib.split_adapters(trained)
@@ -313,10 +314,10 @@ def test_lora_adapters_exported_by_the_script_score_as_the_merged_export(lora_on
   from maxscore.rerank import eval as eval_lib
   adapters = lora_one_process / "adapters"
   assert (adapters / "lora.json").is_file() and (adapters / "head" / "head.json").is_file()
-  merged = eval_lib.build_scorer(str(lora_one_process / "export"), ["attention=shared_prefix"])
-  with_adapters = eval_lib.build_scorer(str(data.DEFAULT_CHECKPOINT), ["attention=shared_prefix"],
+  merged = loading.build_scorer(str(lora_one_process / "export"), ["attention=shared_prefix"])
+  with_adapters = loading.build_scorer(str(data.DEFAULT_CHECKPOINT), ["attention=shared_prefix"],
                                         adapters_dir=str(adapters))
-  base = eval_lib.build_scorer(str(data.DEFAULT_CHECKPOINT), ["attention=shared_prefix"])
+  base = loading.build_scorer(str(data.DEFAULT_CHECKPOINT), ["attention=shared_prefix"])
   query, items = "the for statement", ["for x in y: pass", "while loops", "class bodies"]
   score = lambda s: s.score(query, items).scores
   np.testing.assert_allclose(score(with_adapters), score(merged), rtol=0, atol=1e-5)

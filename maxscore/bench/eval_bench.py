@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from maxscore.scoring import loading
 from maxscore.rerank import eval as eval_lib
 from maxscore.rerank import prompts
 
@@ -57,7 +58,7 @@ def run(opts: EvalBenchOptions, overrides=()) -> dict[str, Any]:
   cfg = eval_lib.EvalConfig(max_queries=opts.max_queries, fusion="none")
   dataset, _ = eval_lib.load_data(run_cfg, cfg.validate())
   # transformers has no score head: against it, maxscore scores with the model's own label log-probs too.
-  scorer = eval_lib.build_scorer(opts.checkpoint_dir, list(overrides),
+  scorer = loading.build_scorer(opts.checkpoint_dir, list(overrides),
                                  use_head=run_cfg.use_head and not opts.hf_baseline)
   template = prompts.get_template(cfg.template)
   label_ids = prompts.resolve_labels(scorer.tokenizer, cfg.labels or template.default_labels)

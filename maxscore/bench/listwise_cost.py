@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from maxscore.scoring import loading
 from maxscore.datasets import data
 from maxscore.rerank import eval as eval_lib, listwise, prompts
 
@@ -90,7 +91,7 @@ def run(opts: ListwiseCostOptions, overrides=()) -> dict[str, Any]:
   out = {"queries": len(queries), "candidates_per_query": float(np.mean([len(q.candidates) for q in queries])),
          "options": dataclasses.asdict(opts), "overrides": list(overrides), "prefix_cache": {}}
   for cache_bytes in (1 << 30, 0):
-    scorer = eval_lib.build_scorer(opts.checkpoint_dir, [*overrides, f"prefix_cache_bytes={cache_bytes}"],
+    scorer = loading.build_scorer(opts.checkpoint_dir, [*overrides, f"prefix_cache_bytes={cache_bytes}"],
                                    use_head=False)
     label_ids = prompts.resolve_labels(scorer.tokenizer, cfg.labels or prompts.TEMPLATES[cfg.template].default_labels)
     builder = prompts.PromptBuilder(scorer.tokenizer, prompts.get_template(cfg.template), cfg.instruction,

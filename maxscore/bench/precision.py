@@ -1,7 +1,7 @@
 """bfloat16 (or int8) against float32 on the same weights: label log-probs, scores, and the ranking they give.
 
-    ref = eval.build_scorer(None, [], use_head=False)
-    bf16 = eval.build_scorer(None, ["dtype=bfloat16", "weight_dtype=bfloat16"], use_head=False)
+    ref = loading.build_scorer(None, [], use_head=False)
+    bf16 = loading.build_scorer(None, ["dtype=bfloat16", "weight_dtype=bfloat16"], use_head=False)
     compare_on_rerank_set(ref, bf16, data.load_jsonl(data.DEFAULT_JSONL), eval.EvalConfig())
 
 TPU runs score in bfloat16; these figures (measured on CPU, where XLA emulates bf16 matmuls

@@ -26,8 +26,8 @@ from typing import Any, Optional
 import httpx
 import numpy as np
 
+from maxscore.scoring import loading
 from maxscore.datasets import data
-from maxscore.rerank import eval as eval_lib
 from maxscore.scoring import layout
 from maxscore.serving import RerankPrompt, ScoringService, ServeConfig, ServerThread
 
@@ -151,7 +151,7 @@ def run_load(cfg: LoadConfig, overrides=()) -> dict[str, Any]:
   """Runs the three modes on one model; returns the per-mode figures, the gains and the load average."""
   cfg.validate()
   load_before = os.getloadavg()
-  scorer = eval_lib.build_scorer(cfg.checkpoint_dir, overrides)
+  scorer = loading.build_scorer(cfg.checkpoint_dir, overrides)
   prompt = RerankPrompt(max_item_tokens=cfg.max_item_tokens)
   base = ServeConfig(port=0, warmup_items=(0,), max_queue=max(256, cfg.clients * 2), request_timeout_s=300.0)
   pool = request_pool(cfg)

@@ -37,7 +37,7 @@ from layers.decoder import Decoder
 from layers.lora import LoraConfig as LayersLoraConfig
 from maxscore.checkpoints import storage
 from maxscore.heads import head
-from maxscore.heads.features import plan_packed
+from maxscore.training.head_features import plan_packed
 from maxscore.training.losses import MASK_LOGIT, batch_loss
 from maxscore.training.optimizer import make_optimizer
 from maxscore.training.state import TrainState

@@ -11,7 +11,7 @@ before anything is written, and must give the checkpoint's model config again, o
 naming the fields that would change (a model config no transformers config expresses, e.g. a Mistral with
 mixed local and global layers).
 
-LoRA adapters (`adapters_dir`, maxscore/training/lora.py) are merged into the base as eval_rerank.py
+LoRA adapters (`adapters_dir`, maxscore/checkpoints/adapters.py) are merged into the base as eval_rerank.py
 `--adapters_dir` merges them. A trained score head (`head/`) is no part of a causal LM: a checkpoint or adapter
 directory holding one is refused unless `drop_head`, and then only the backbone is exported (it scores as the
 checkpoint without its head).
@@ -46,7 +46,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "
 # apply the family's rule from the legacy keys, which are written too).
 _LAYER_TYPES = ("qwen2", "qwen3", "gemma2", "gemma3")
 KIND = "hf_model"  # the ownership marker's kind (maxscore/files/safety.py)
-HEAD_DIR, HEAD_JSON = "head", "head.json"  # a trained score head (maxscore/heads/head_storage.py)
+HEAD_DIR, HEAD_JSON = "head", "head.json"  # a trained score head (maxscore/checkpoints/head_storage.py)
 
 
 class ExportError(ValueError):
@@ -229,7 +229,7 @@ def export_hf_checkpoint(checkpoint_dir: os.PathLike, output_dir: os.PathLike, d
                       f"backwards and needs the float weights; export the checkpoint converted without quantize")
   adapters = None
   if adapters_dir:
-    from maxscore.training import lora as lora_lib  # pylint: disable=import-outside-toplevel  (heavy, optional)
+    from maxscore.checkpoints import adapters as lora_lib  # pylint: disable=import-outside-toplevel  (heavy, optional)
     adapters = lora_lib.load_adapters_for(checkpoint_dir, adapters_dir)
   heads = _head_dirs(adapters_dir, checkpoint_dir)
   if heads and not drop_head:

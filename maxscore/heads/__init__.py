@@ -1,13 +1,10 @@
-"""Score heads: small trainable maps from the scorer's features to scores.
+"""Score heads: small trainable maps from the scorer's features to scores (`head`: HeadConfig, init and apply).
 
-`head` holds what a head computes (HeadConfig, init and apply), `head_storage` its files beside a
-checkpoint, `head_scorer` scoring through it. Training them (and the rerankers under them) is
-maxscore.training.reranker's; `features` (what training reads) and `study` (heads vs no head) build on
-`maxscore.rerank` and are imported as modules; this face holds the heads themselves, which the eval loads.
+A head's files beside a checkpoint are maxscore/checkpoints/head_storage.py's, scoring through it is
+maxscore/scoring/head_scorer.py's (loaded by maxscore/scoring/loading.py), and training it is
+maxscore.training.reranker's (with the features it reads, maxscore/training/head_features.py).
 """
 
 from maxscore.heads.head import HeadConfig
-from maxscore.heads.head_scorer import HeadScorer, load_scorer
-from maxscore.heads.head_storage import has_head, load_head, save_head
 
-__all__ = ["HeadConfig", "HeadScorer", "has_head", "load_head", "load_scorer", "save_head"]
+__all__ = ["HeadConfig"]

@@ -22,6 +22,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from maxscore.scoring import loading
 from maxscore.errors import TrainError
 from maxscore.files import safety
 from maxscore.training import reranker as train_lib
@@ -99,7 +100,7 @@ def study(checkpoint_dir: Optional[str], jsonl: Optional[str], specs: Sequence[s
                                progress=False)
     return report.per_query
 
-  base = eval_lib.build_scorer(checkpoint_dir, overrides, use_head=False)
+  base = loading.build_scorer(checkpoint_dir, overrides, use_head=False)
   baseline = {s: evaluate(base, s, "no_head") for s in SPLITS}
   out: dict[str, Any] = {
       "baseline": {s: metrics.aggregate(pq) for s, pq in baseline.items()},
@@ -127,7 +128,7 @@ def study(checkpoint_dir: Optional[str], jsonl: Optional[str], specs: Sequence[s
         raise RuntimeError(f"{name} seed {seed}: the dev set changed the trained head ({sorted(digests)})")
       out["runs"].append({"name": name, "spec": spec, "seed": seed, "config": dataclasses.asdict(cfg), **finals})
       if export is not None:
-        scorer = eval_lib.build_scorer(str(export), overrides)
+        scorer = loading.build_scorer(str(export), overrides)
         for s in SPLITS:
           exported[s][name] = evaluate(scorer, s, f"{tag}-s{seed}")
   out["paired"] = paired_tests(baseline, exported)

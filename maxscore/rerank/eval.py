@@ -1,6 +1,6 @@
 """Reranker evaluation: score every query's candidates, write a reranked run and trec_eval metrics.
 
-    scorer = build_scorer(None, [])                      # the embedded default model
+    scorer = loading.build_scorer(None, [])              # maxscore/scoring/loading.py
     report = run_eval(scorer, data.load_jsonl(data.DEFAULT_JSONL), EvalConfig(), "out/eval")
 
 One `Scorer.score` call per query scores all its candidates with the scorer's fast path.
@@ -32,18 +32,15 @@ import numpy as np
 from absl import logging
 from tqdm import tqdm
 
-from maxscore.heads import head_scorer, head_storage
 from maxscore.datasets import data
 from maxscore.rerank import eval_outputs, first_stage, fusion, listwise, pipeline, prompts, stages
 from maxscore.rerank.eval_outputs import EvalReport, format_report  # noqa: F401  (this module's public face)
 from maxscore.rerank.score_cache import ScoreCache, scorer_key
 from maxscore.distributed import mesh as mesh_lib
-from maxscore.config import load_config, parse_override
 from maxscore.datasets.data import RerankSet
 from maxscore import errors
 from maxscore.files import identity, safety
 from maxscore.scoring.scorer import Scorer
-from maxscore.training import lora
 
 RESULTS_FILE = "results.jsonl"
 OUTPUT_FILES = (RESULTS_FILE, "run.trec", "metrics_per_query.jsonl", "metrics.json", "summary.json",
@@ -155,31 +152,6 @@ class EvalRun:
     if self.gather_every < 1:
       raise data.DataError(f"gather_every={self.gather_every} must be >= 1")
     return self
-
-
-def build_scorer(checkpoint_dir: Optional[str] = None, overrides: Sequence[str] = (),
-                 use_head: bool = True, adapters_dir: Optional[str] = None) -> Scorer:
-  """The scorer a script asked for: a checkpoint (default: the embedded default model), or
-  `checkpoint_dir="none"` for the config's random-init model; overrides are `key=value`.
-  A checkpoint with a trained score head (head/) scores through it unless use_head=False.
-  `adapters_dir`: LoRA adapters trained on that checkpoint (maxscore/training/lora.py), merged on load; a
-  head stored with them (train_reranker.py --adapters_dir) is used instead of the checkpoint's."""
-  over = dict(parse_override(a) for a in overrides)
-  if checkpoint_dir is None:
-    checkpoint_dir = over.pop("checkpoint_dir", None) or str(data.DEFAULT_CHECKPOINT)
-  over.pop("checkpoint_dir", None)
-  if checkpoint_dir.lower() == "none":
-    if adapters_dir:
-      raise errors.ScoreInputError(f"adapters_dir={adapters_dir} needs the checkpoint it was trained on, not "
-                                   "checkpoint_dir=none")
-    return Scorer.from_config(load_config(over))
-  if not adapters_dir:
-    return head_scorer.load_scorer(checkpoint_dir, use_head=use_head, **over)
-  scorer = lora.load_scorer(checkpoint_dir, adapters_dir, **over)
-  head_dir = next((d for d in (adapters_dir, checkpoint_dir) if head_storage.has_head(d)), None)
-  if use_head and head_dir is not None:  # the head trained with the adapters, else the base's
-    return head_scorer.HeadScorer(scorer, *head_storage.load_head(head_dir))
-  return scorer
 
 
 def load_data(run: EvalRun, cfg: EvalConfig) -> tuple[RerankSet, Optional[RerankSet]]:

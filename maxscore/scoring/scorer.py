@@ -97,7 +97,7 @@ def score_output(apply_softmax: bool) -> str:
 class Scorer:
   """Scores items for queries with one model; holds params, tokenizer, compiled functions and caches."""
 
-  # A plain scorer applies no score head (heads.HeadScorer: the head's config and params digest).
+  # A plain scorer applies no score head (scoring/head_scorer.py's HeadScorer: the head's config and params digest).
   head_fingerprint: Optional[dict[str, Any]] = None
 
   def __init__(self, config: Config, params: Any, tokenizer: Optional[Tokenizer] = None,

@@ -16,11 +16,11 @@ from maxscore.serving.service import ScoringService, Work, check_single_process
 
 def build_service(cfg: ServeConfig, prompt: RerankPrompt, overrides: Sequence[str] = ()) -> ScoringService:
   """The checkpoint's scorer (the embedded default when cfg.checkpoint_dir is None) as a ScoringService."""
-  from maxscore.rerank import eval as eval_lib  # pylint: disable=import-outside-toplevel
+  from maxscore.scoring import loading  # pylint: disable=import-outside-toplevel
   check_single_process()
   cfg.validate()
   prompt.validate()
-  return ScoringService(eval_lib.build_scorer(cfg.checkpoint_dir, overrides, use_head=cfg.use_head), cfg, prompt)
+  return ScoringService(loading.build_scorer(cfg.checkpoint_dir, overrides, use_head=cfg.use_head), cfg, prompt)
 
 
 def run_server(cfg: ServeConfig, prompt: RerankPrompt, overrides: Sequence[str] = (),

@@ -25,6 +25,7 @@ import numpy as np
 from maxscore.errors import TrainError
 from maxscore.rerank import listwise, metrics
 from maxscore.datasets.data import RerankSet
+from maxscore.training.head_features import Examples
 
 
 def ideal_ranks(targets_BxK, mask_BxK):
@@ -67,7 +68,6 @@ def pick_window(grades: Sequence[int], window: int) -> list[int]:
 
 def window_examples(scorer, dataset: RerankSet, builder: listwise.WindowPrompts, window: int):
   """(Examples with one window request per query, grades [Q, window] per identifier, mask [Q, window])."""
-  from maxscore.heads.features import Examples  # pylint: disable=import-outside-toplevel (heads import this)
   queries = [q for q in dataset.queries if q.candidates]
   qids, docids, reqs, rows = [], [], [], []
   for q in queries:

@@ -8,7 +8,7 @@ state, step, optimizer, data order, checkpoints, metrics log and the mesh are th
 1. Prompts are built exactly as the eval builds them (a `PromptConfig`: template, labels, truncation).
 2. Frozen backbone: each query's features (hidden states h and label log-probs lp at the score
    positions) are computed ONCE, without gradients, by the scorer's own fast path and optionally
-   cached in an npz (maxscore/heads/features.py).
+   cached in an npz (maxscore/training/head_features.py).
 3. Each step takes `batch_size` queries in an order drawn per epoch from PRNG(seed, epoch); the
    head maps (h, lp) to label log-probs, `head.relevance` to one ranking logit per item, and the
    loss compares each query's logits with its graded qrels: `listwise` softmax cross-entropy
@@ -64,27 +64,21 @@ from maxscore.config import MeshConfig
 from maxscore.distributed import mesh as mesh_lib
 from maxscore.errors import TrainError, TrainingInterrupted
 from maxscore.files import identity, safety
-from maxscore.heads import features, head
-from maxscore.heads.features import (
-  Examples,
-  load_or_extract,
-  make_examples,
-  packed_features,
-  packed_geometry,
-  plan_packed,
-)
+from maxscore.training import head_features as features
+from maxscore.heads import head
+from maxscore.training.head_features import Examples, load_or_extract, make_examples, packed_features, packed_geometry, plan_packed
 from maxscore.training.losses import MASK_LOGIT, batch_loss, probe_bce, probe_logits
 from maxscore.training.reranker_config import LORA_TARGETS, TrainConfig
 from maxscore.scoring.layout import bucket
 from maxscore.training import checkpoint, first_listwise, groups, partition, trainer
 from maxscore.training import reranker_outputs as outputs
-from maxscore.training import lora as lora_lib
+from maxscore.checkpoints import adapters as lora_lib
 from maxscore.training.optimizer import make_optimizer
 from maxscore.training.selection import Selection
 from maxscore.datasets import data
 from maxscore.rerank import metrics, prompts
 from maxscore.datasets.data import RerankSet
-from maxscore.rerank.eval import build_scorer
+from maxscore.scoring.loading import build_scorer
 from maxscore.rerank.prompts import SCORE_MODES, PromptConfig
 from maxscore.scoring.runner import DTYPES
 from maxscore.scoring.scorer import Scorer, finalize_scores
@@ -360,7 +354,7 @@ def _mesh_config(overrides: Sequence[str]) -> MeshConfig:
 
 def _trainable(cfg: TrainConfig, params: dict[str, Any]) -> Optional[Any]:
   """The boolean trainable pytree the optimizer freezes the rest by (None: everything trains). With LoRA it
-  is the head and probes plus the adapter leaves of the backbone (maxscore/training/lora.py's trainable_mask,
+  is the head and probes plus the adapter leaves of the backbone (maxscore/checkpoints/adapters.py's trainable_mask,
   wired here together with the adapted decoder and the adapters' params and shardings)."""
   if _lora(cfg) is None:
     return None
@@ -390,7 +384,7 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
     feature_cache: an npz of the frozen features, reused when it matches (frozen backbone only).
     export_dir: where the base checkpoint with the trained head (and backbone) is written; None = no export.
       With LoRA the backbone there is merged (W + alpha / rank * A @ B).
-    adapters_dir: with LoRA, where the adapters and the trained head are written (maxscore/training/lora.py's
+    adapters_dir: with LoRA, where the adapters and the trained head are written (maxscore/checkpoints/adapters.py's
       layout, which eval_rerank.py --checkpoint_dir=<base> --adapters_dir reads); None = not written.
     overwrite: remove the workdir (and replace export_dir) when maxscore wrote it, instead of resuming.
     progress: log progress lines.

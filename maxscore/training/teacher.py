@@ -26,6 +26,7 @@ from typing import Callable, Literal, Optional, Sequence
 import numpy as np
 import tqdm
 
+from maxscore.scoring import loading
 from maxscore.datasets import data
 from maxscore.rerank import eval as eval_lib, metrics, prompts
 from maxscore.training import bi_encoder, groups as groups_lib
@@ -95,7 +96,7 @@ class TeacherConfig:
 
 def _maxscore_teacher(cfg: TeacherConfig, overrides: Sequence[str]) -> Teacher:
   prompt = cfg.prompt()
-  scorer = eval_lib.build_scorer(cfg.checkpoint_dir, overrides, adapters_dir=cfg.adapters_dir)
+  scorer = loading.build_scorer(cfg.checkpoint_dir, overrides, adapters_dir=cfg.adapters_dir)
   template = prompts.get_template(prompt.template)
   label_ids = prompts.resolve_labels(scorer.tokenizer, prompt.labels or template.default_labels)
   builder = prompts.PromptBuilder(scorer.tokenizer, template, prompt.instruction, prompt.max_query_tokens,

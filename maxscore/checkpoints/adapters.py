@@ -1,4 +1,4 @@
-"""LoRA fine-tuning of the decoder: which params train, and the two exports eval can load.
+"""LoRA adapters of the decoder: which params train, and the two exports eval can load.
 
 The adapters themselves are layers' (layers/lora.py: `<weight>_lora_a` / `<weight>_lora_b` beside
 each targeted projection, B initialised to zero so step 0 is the base model exactly). Here:
@@ -8,8 +8,9 @@ each targeted projection, B initialised to zero so step 0 is the base model exac
 - `trainable_mask` is True on adapter leaves only: the optimizer freezes the rest;
 - `merge` folds W + alpha / rank * A @ B into a plain base tree (an ordinary checkpoint);
 - `save_adapters` writes the adapters beside a base checkpoint (and the base's digest);
-  `load_scorer` loads base + adapters as a Scorer, merged on load (scripts/export_hf_checkpoint.py merges them
-  the same way into a transformers directory).
+  `load_adapters_for` reads them back for their base; maxscore/scoring/loading.py's `load_adapted` loads base +
+  adapters as a Scorer, merged on load (scripts/export_hf_checkpoint.py merges them the same way into a
+  transformers directory).
 
     <adapters_dir>/adapters/   Orbax tree of the adapter params only
     <adapters_dir>/lora.json   {"format_version", "rank", "alpha", "targets", "model",
@@ -40,7 +41,7 @@ from maxscore.config import model_config_from_dict, model_config_to_dict
 from maxscore.files import identity, safety
 
 __all__ = ["TARGETS", "LoraConfig", "LoraError", "adapt", "add_adapters", "adapter_shardings", "init_adapters",
-           "is_adapter", "load_adapters", "load_adapters_for", "load_scorer", "lora_config", "merge", "save_adapters",
+           "is_adapter", "load_adapters", "load_adapters_for", "lora_config", "merge", "save_adapters",
            "save_merged", "split_adapters", "trainable_mask"]
 
 FORMAT_VERSION = 1
@@ -169,7 +170,7 @@ def save_adapters(directory: os.PathLike, params: Any, lora: LoraConfig, base_ch
                   **owner_info: Any) -> pathlib.Path:
   """Writes the adapters of `params` beside the base checkpoint they were trained on (its digest kept).
   `base_quantization` is the quantization the base was trained under (QLoRA: int8_weights), kept so that
-  `load_scorer` merges the adapters into the same dequantized weights they were trained against (with the
+  `loading.load_adapted` merges the adapters into the same dequantized weights they were trained against (with the
   group size of its per-group scales, `base_quantization_group`, when it had them).
   `owner_info` goes into the directory's ownership marker (a trainer's workdir: its rerun may replace it)."""
   model, _ = storage.read_metadata(base_checkpoint)
@@ -233,23 +234,3 @@ def load_adapters_for(checkpoint_dir: os.PathLike, adapters_dir: os.PathLike) ->
                     f"{checkpoint_dir} holds {base_digest}")
   return adapters, lora, meta
 
-
-def load_scorer(checkpoint_dir: os.PathLike, adapters_dir: os.PathLike, mesh: Any = "auto", **overrides: Any):
-  """A Scorer of the base checkpoint plus the adapters, merged on load (so it scores as a merged export).
-
-  Refuses adapters trained on another base (their stored base digest differs). Adapters trained on a quantized
-  base (QLoRA, lora.json's base_quantization) are merged into that base quantized as in training and
-  dequantized (as is a base stored int8), so the merged model is float and scores as the QLoRA model did. It
-  scores with quantization=none unless the overrides name another (which quantizes the merged float weights)."""
-  from maxscore.scoring.scorer import Scorer  # pylint: disable=g-import-not-at-top  (scoring imports much)
-  adapters, lora, meta = load_adapters_for(checkpoint_dir, adapters_dir)
-  load_as = meta["base_quantization"]
-  if load_as == "none" and storage.stored_quantization(checkpoint_dir) != "none":
-    load_as = "int8_weights"  # int8 as stored; merge dequantizes it
-  group = meta["base_quantization_group_size"]
-  base = Scorer.from_checkpoint(checkpoint_dir, mesh=mesh, **{**overrides, "quantization": load_as,
-                                                             "quantization_group_size": group})
-  merged = merge(add_adapters(base.runner.params, adapters), lora)
-  config = base.config.replace(quantization=overrides.get("quantization", "none"),
-                               quantization_group_size=overrides.get("quantization_group_size", 0))
-  return Scorer(config, merged, base.tokenizer, model_name=base.model_name, mesh=base.mesh)

@@ -1,5 +1,5 @@
 """Scoring with a trained head: `load_scorer(dir)` returns a `HeadScorer` (a Scorer that applies the head)
-when the directory has a head, else a plain `Scorer`; `eval.build_scorer` goes through it. A head scores the
+when the directory has a head, else a plain `Scorer`; `loading.build_scorer` goes through it. A head scores the
 labels it was trained for; requests for other labels get the backbone's scores, as without a head.
 """
 
@@ -13,7 +13,7 @@ from maxscore.checkpoints import storage as checkpointing
 from maxscore.errors import ScoreInputError
 from maxscore.files import identity
 from maxscore.heads.head import HeadConfig, jit_apply
-from maxscore.heads.head_storage import has_head, load_head
+from maxscore.checkpoints.head_storage import has_head, load_head
 from maxscore.scoring.requests import TokenRequest, validate_batch
 from maxscore.scoring.scorer import ScoreResult, Scorer, finalize_scores, score_output
 
