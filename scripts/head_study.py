@@ -18,7 +18,7 @@ from absl import flags
 
 from maxscore import cli
 from maxscore.files import safety
-from maxscore.heads import study as head_study
+from maxscore.studies import head_study
 from maxscore.datasets import data
 
 ENTRY = "study"

@@ -8,7 +8,7 @@ import bm25s
 import numpy as np
 import pytest
 
-from maxscore.heads import study as head_study
+from maxscore.studies import head_study
 from maxscore.lm.tokenizer_training import sample_texts
 from maxscore.datasets import bm25, data
 

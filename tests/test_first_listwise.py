@@ -16,6 +16,7 @@ from maxscore.scoring import loading
 from maxscore.checkpoints import storage
 from maxscore.errors import TrainError
 from maxscore.training import reranker as train_lib
+from maxscore.training import reranker_data
 from maxscore.training.losses import batch_loss
 from maxscore.training.reranker_config import TrainConfig
 from maxscore.testing.processes import subprocess_env
@@ -152,7 +153,7 @@ def test_gradients_reach_the_backbone_only_when_it_trains():
                 batch_size=2, use_bias=False)
   for kw in (dict(train_backbone=True, lora_rank=2), dict(train_backbone=True), {}):
     cfg = TrainConfig(**common, **kw).validate()
-    prep = train_lib.prepare(cfg, PromptConfig(), None, ds, None, progress=False)
+    prep = reranker_data.prepare(cfg, PromptConfig(), None, ds, None, progress=False)
     params = train_lib.init_params(cfg, prep)
     loss_fn = train_lib.make_loss_fn(cfg, prep.head_cfg, train_lib.backbone_decoder(cfg, prep.scorer),
                                      jnp.asarray(prep.label_ids, jnp.int32))

@@ -163,7 +163,7 @@ def test_dequantize_params_inverts_quantize_params_up_to_half_a_step():
 
 
 def test_full_fine_tuning_of_a_quantized_base_is_still_one_clear_error():
-  from maxscore.training import reranker as train_lib
+  from maxscore.training import reranker_data
   from maxscore.training.reranker_config import TrainConfig
   from maxscore.datasets import data
   from maxscore.rerank import eval as eval_lib
@@ -172,10 +172,10 @@ def test_full_fine_tuning_of_a_quantized_base_is_still_one_clear_error():
   prompt = eval_lib.EvalConfig(max_query_tokens=8, max_item_tokens=16)
   with pytest.raises(TrainError, match=r"quantization='int8_weights' is for scoring only, and train_backbone trains "
                                        r"the whole backbone; use quantization=none, or train LoRA adapters") as e:
-    train_lib.prepare(TrainConfig(train_backbone=True), prompt, None, train, None, ["quantization=int8_weights"])
+    reranker_data.prepare(TrainConfig(train_backbone=True), prompt, None, train, None, ["quantization=int8_weights"])
   assert "\n" not in str(e.value)
   with pytest.raises(TrainError, match=r"quantization='int8' \(w8a8\) rounds the activations"):
-    train_lib.prepare(TrainConfig(train_backbone=True, lora_rank=4), prompt, None, train, None, ["quantization=int8"])
+    reranker_data.prepare(TrainConfig(train_backbone=True, lora_rank=4), prompt, None, train, None, ["quantization=int8"])
   # The layers refuse alike: w8a8 under adapters, and a rematerialized (training) decoder without them.
   with pytest.raises(ValueError, match=r"quantization='int8' \(w8a8\)"):
     init_params(lora_lib.adapt(Decoder(ModelConfig(), get_kernel("reference"), quantization="int8"),

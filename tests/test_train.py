@@ -24,9 +24,10 @@ from maxscore.checkpoints import storage as checkpointing
 from maxscore.errors import ResumeError, TrainError
 from maxscore.training import head_features as features
 from maxscore.checkpoints import head_storage
-from maxscore.heads import study as head_study
+from maxscore.studies import head_study
 from maxscore.training import losses
 from maxscore.training import reranker as train_lib
+from maxscore.training import reranker_data
 from maxscore.training.reranker_config import TrainConfig
 from maxscore.datasets import data
 from maxscore.rerank import eval as eval_lib
@@ -318,7 +319,7 @@ def test_train_backbone_with_groups_packs_the_drawn_group():
   """With group_size, a train_backbone step's rows have room for the group alone, and the gather finds each
   drawn item (the mask's) in them."""
   cfg = TrainConfig(train_backbone=True, group_size=3, batch_size=2)
-  prep = train_lib.prepare(cfg, PROMPT, None, _split("train", 2), None, progress=False)
+  prep = reranker_data.prepare(cfg, PROMPT, None, _split("train", 2), None, progress=False)
   whole = features.packed_geometry(prep.scorer, prep.examples["train"])
   assert prep.geometry["train"][:2] == whole[:2] and 3 <= prep.geometry["train"][2] < whole[2]  # 24 candidates
   batch, items = train_lib.make_batch(prep, np.array([0, 1]), step=0, cfg=cfg)

@@ -66,19 +66,18 @@ from maxscore.errors import TrainError, TrainingInterrupted
 from maxscore.files import identity, safety
 from maxscore.training import head_features as features
 from maxscore.heads import head
-from maxscore.training.head_features import Examples, load_or_extract, make_examples, packed_features, packed_geometry, plan_packed
+from maxscore.training.head_features import Examples, packed_features, plan_packed
 from maxscore.training.losses import MASK_LOGIT, batch_loss, probe_bce, probe_logits
-from maxscore.training.reranker_config import LORA_TARGETS, TrainConfig
-from maxscore.scoring.layout import bucket
+from maxscore.training.reranker_config import LORA_TARGETS, TrainConfig, lora_settings
+from maxscore.training.reranker_data import Prepared, prepare
 from maxscore.training import checkpoint, first_listwise, groups, partition, trainer
 from maxscore.training import reranker_outputs as outputs
 from maxscore.checkpoints import adapters as lora_lib
 from maxscore.training.optimizer import make_optimizer
 from maxscore.training.selection import Selection
 from maxscore.datasets import data
-from maxscore.rerank import metrics, prompts
+from maxscore.rerank import metrics
 from maxscore.datasets.data import RerankSet
-from maxscore.scoring.loading import build_scorer
 from maxscore.rerank.prompts import SCORE_MODES, PromptConfig
 from maxscore.scoring.runner import DTYPES
 from maxscore.scoring.scorer import Scorer, finalize_scores
@@ -123,80 +122,6 @@ def _run_fingerprint(cfg: TrainConfig, prompt: PromptConfig, scorer: Scorer, exa
           "data": {k: v.digest() for k, v in sorted(examples.items())}}
 
 
-@dataclasses.dataclass
-class Prepared:
-  """Everything a run trains on, built once: the scorer, its labels and head, and each split's
-  examples with their frozen features (or packed plans when the backbone trains too)."""
-  scorer: Scorer
-  label_ids: tuple[int, ...]
-  head_cfg: head.HeadConfig
-  examples: dict[str, Examples]
-  grids: dict[str, tuple[np.ndarray, np.ndarray]]
-  feats: Optional[dict] = None       # frozen features per split
-  geometry: Optional[dict] = None    # train_backbone: packed geometry per split
-  feature_seconds: float = 0.0
-  cached: bool = False
-  match_targets: bool = False        # batches carry the token-match targets (match_loss_weight > 0)
-  teacher: Optional[np.ndarray] = None  # the train split's teacher scores [Q, N] (loss=distill)
-  window_grades: Optional[dict] = None  # loss=first_listwise: per split (grades [Q, K], mask [Q, K]) per identifier
-  group_rows: bool = False           # train_backbone with group_size: a train row packs only the group drawn
-
-  @property
-  def num_train(self) -> int:
-    return len(self.examples["train"].requests)
-
-
-def prepare(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str], train_set: RerankSet,
-            dev_set: Optional[RerankSet], overrides: Sequence[str] = (), feature_cache: Optional[os.PathLike] = None,
-            progress: bool = True) -> Prepared:
-  """Loads the backbone, builds the prompts as the eval does, and the features training reads."""
-  scorer = build_scorer(checkpoint_dir, overrides, use_head=False)
-  quantization = scorer.config.runtime.quantization
-  if cfg.train_backbone and _lora(cfg) is None and quantization != "none":
-    raise TrainError(f"quantization={quantization!r} is for scoring only, and train_backbone trains the whole "
-                     "backbone; use quantization=none, or train LoRA adapters on the quantized base (--lora_rank > 0 "
-                     "with quantization=int8_weights: QLoRA), or a head alone on the quantized backbone's features")
-  if _lora(cfg) is not None:  # QLoRA: the int8 base stays frozen, the float adapters train
-    quant.refuse_qlora(quantization, TrainError)
-  window_grades = None
-  if cfg.loss == "first_listwise":  # one FIRST window per query; its identifiers are the labels
-    builder = first_listwise.window_prompts(scorer.tokenizer, cfg.listwise_window, cfg.listwise_identifiers,
-                                            cfg.listwise_passage_tokens, cfg.listwise_window_tokens, cfg.listwise_chat)
-    label_ids = builder.label_ids[:cfg.listwise_window]
-    built = {s: first_listwise.window_examples(scorer, ds, builder, cfg.listwise_window)
-             for s, ds in (("train", train_set), ("dev", dev_set)) if ds is not None}
-    examples = {s: b[0] for s, b in built.items()}
-    window_grades = {s: b[1:] for s, b in built.items()}
-  else:
-    label_ids = prompts.resolve_labels(scorer.tokenizer,
-                                       prompt.labels or prompts.TEMPLATES[prompt.template].default_labels)
-    examples = {"train": make_examples(scorer, train_set, prompt, label_ids)}
-    if dev_set is not None:
-      examples["dev"] = make_examples(scorer, dev_set, prompt, label_ids)
-  if not examples["train"].requests:
-    raise data.DataError("the train split has no queries with candidates")
-  if cfg.loss == "distill" and examples["train"].teacher is None:
-    raise TrainError("loss=distill trains toward a teacher's scores: give --groups_file with pos_scores and "
-                     "neg_scores in every group (scripts/score_teacher.py writes them)")
-  prep = Prepared(scorer, tuple(label_ids), cfg.head_config(label_ids, scorer.config.model.hidden_size), examples,
-                  {s: ex.grid() for s, ex in examples.items()},
-                  teacher=examples["train"].teacher_grid() if cfg.loss == "distill" else None,
-                  window_grades=window_grades)
-  if cfg.train_backbone:
-    prep.geometry = {s: packed_geometry(scorer, ex) for s, ex in examples.items()}
-    prep.match_targets = cfg.match_loss_weight > 0
-    prep.group_rows = bool(cfg.group_size) and not prep.match_targets  # match targets need every item
-    if prep.group_rows:
-      p, l, n = prep.geometry["train"]
-      prep.geometry["train"] = (p, l, min(n, bucket(cfg.group_size, scorer.config.buckets.item_count_buckets,
-                                                    "group size")))
-  else:
-    prep.feats = load_or_extract(scorer, examples, feature_cache, cfg.algorithm, progress)
-    prep.feature_seconds = sum(f.seconds for f in prep.feats.values())
-    prep.cached = all(f.cached for f in prep.feats.values())
-  return prep
-
-
 def backbone_decoder(cfg: TrainConfig, scorer: Scorer, mesh: Optional[Mesh] = None) -> Optional[Decoder]:
   """The scorer's decoder for training, when the backbone trains: its attention kernel run per shard of
   `mesh` (None: unsharded, for the dev eval on a host copy), compute in `compute_dtype` (default the
@@ -211,12 +136,7 @@ def backbone_decoder(cfg: TrainConfig, scorer: Scorer, mesh: Optional[Mesh] = No
   decoder = Decoder(scorer.config.model, attend, dtype=dtype, param_dtype=param_dtype, precision=runner.precision,
                     remat=cfg.remat != "none", quantization=runner.quantization,
                     quantization_group=runner.quantization_group)
-  return lora_lib.adapt(decoder, _lora(cfg))
-
-
-def _lora(cfg: TrainConfig) -> Optional[lora_lib.LoraConfig]:
-  """The run's LoRA settings (None: full fine-tuning, or the backbone frozen)."""
-  return lora_lib.lora_config(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets) if cfg.train_backbone else None
+  return lora_lib.adapt(decoder, lora_settings(cfg))
 
 
 def init_params(cfg: TrainConfig, prep: Prepared) -> dict[str, Any]:
@@ -229,10 +149,10 @@ def init_params(cfg: TrainConfig, prep: Prepared) -> dict[str, Any]:
     cast = lambda path, x: (jnp.asarray(x, DTYPES[cfg.param_dtype]) if cfg.param_dtype and not keeps(path)
                             else jnp.asarray(x))
     params["backbone"] = jax.tree_util.tree_map_with_path(cast, prep.scorer.runner.params)
-    if _lora(cfg) is not None:  # adapters in float32 (A random, B zero: step 0 is the base model exactly)
+    if lora_settings(cfg) is not None:  # adapters in float32 (A random, B zero: step 0 is the base model exactly)
       adapter_key = jax.random.fold_in(init_key, 1)
       params["backbone"] = lora_lib.add_adapters(params["backbone"], lora_lib.init_adapters(
-          prep.scorer.config.model, _lora(cfg), adapter_key))
+          prep.scorer.config.model, lora_settings(cfg), adapter_key))
   if cfg.match_loss_weight:
     probe = lambda: {"w": jnp.zeros((prep.scorer.config.model.hidden_size,), jnp.float32),
                      "b": jnp.zeros((), jnp.float32)}
@@ -248,9 +168,9 @@ def param_shardings(cfg: TrainConfig, params: dict[str, Any], prep: Prepared, me
     out["backbone"] = sharding_lib.model_param_shardings(prep.scorer.config.model, mesh,
                                                          quantization=prep.scorer.runner.quantization,
                                                          quantization_group=prep.scorer.runner.quantization_group)
-    if _lora(cfg) is not None:
+    if lora_settings(cfg) is not None:
       out["backbone"] = lora_lib.add_adapters(out["backbone"], lora_lib.adapter_shardings(
-          prep.scorer.config.model, _lora(cfg), mesh))
+          prep.scorer.config.model, lora_settings(cfg), mesh))
   return out
 
 
@@ -356,7 +276,7 @@ def _trainable(cfg: TrainConfig, params: dict[str, Any]) -> Optional[Any]:
   """The boolean trainable pytree the optimizer freezes the rest by (None: everything trains). With LoRA it
   is the head and probes plus the adapter leaves of the backbone (maxscore/checkpoints/adapters.py's trainable_mask,
   wired here together with the adapted decoder and the adapters' params and shardings)."""
-  if _lora(cfg) is None:
+  if lora_settings(cfg) is None:
     return None
   mask = jax.tree_util.tree_map(lambda _: True, params)
   mask["backbone"] = lora_lib.trainable_mask(params["backbone"])
@@ -399,7 +319,7 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   """
   cfg.validate()
   prompt.validate()
-  if adapters_dir and _lora(cfg) is None:
+  if adapters_dir and lora_settings(cfg) is None:
     raise TrainError(f"--adapters_dir={adapters_dir} writes LoRA adapters: it needs --train_backbone and "
                      f"--lora_rank > 0 (--export_dir writes the trained model as a checkpoint)")
   wall_start = time.perf_counter()
@@ -474,9 +394,9 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
     logging.info("train: exporting step %d (%s %.4f): %s", selection.best_step, selection.metric,
                  selection.best_value, selection.report()["reason"])
   if export_dir:
-    summary["export_dir"] = outputs.export(cfg, prep, summary, final, export_dir, workdir, overwrite, _lora(cfg))
+    summary["export_dir"] = outputs.export(cfg, prep, summary, final, export_dir, workdir, overwrite, lora_settings(cfg))
   if adapters_dir:
     summary["adapters_dir"] = outputs.export_adapters(prep, summary, final, adapters_dir, workdir, overwrite,
-                                                      _lora(cfg))
+                                                      lora_settings(cfg))
   safety.atomic_write_text(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
   return summary

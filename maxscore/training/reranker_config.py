@@ -4,7 +4,8 @@ writes (TrainRun); configs/train.yml documents every key."""
 import dataclasses
 from typing import Literal, Optional, Sequence
 
-from layers.lora import TARGETS
+from layers.lora import TARGETS, LoraConfig
+from maxscore.checkpoints.adapters import lora_config
 from maxscore.errors import TrainError
 from maxscore.heads.head import HEADS, HeadConfig
 from maxscore.training.losses import LOSSES
@@ -160,3 +161,8 @@ class TrainRun:
       if getattr(self, name) < 0:
         raise TrainError(f"{name}={getattr(self, name)} must be >= 0")
     return self
+
+
+def lora_settings(cfg: TrainConfig) -> Optional[LoraConfig]:
+  """The run's LoRA settings (None: full fine-tuning, or the backbone frozen)."""
+  return lora_config(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets) if cfg.train_backbone else None

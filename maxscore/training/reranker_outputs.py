@@ -2,13 +2,11 @@
 run's throughput), and the exports (a checkpoint with the trained weights, or LoRA adapters with their head).
 """
 
-from __future__ import annotations
-
 import dataclasses
 import json
 import os
 import pathlib
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import jax
 
@@ -21,10 +19,7 @@ from maxscore.checkpoints import adapters as lora_lib
 from maxscore.training import trainer
 from maxscore.training.metrics_log import MetricsLog
 from maxscore.training.reranker_config import TrainConfig
-
-if TYPE_CHECKING:
-  from maxscore.training.reranker import Prepared
-
+from maxscore.training.reranker_data import Prepared
 
 def prepare_outputs(workdir: pathlib.Path, export_dir: Optional[os.PathLike], overwrite: bool,
                      checkpoint_dir: Optional[str], feature_cache: Optional[os.PathLike], data_paths,

@@ -1,0 +1,97 @@
+"""A reranker training run's inputs, built once before the loop: the backbone's scorer, its labels and head, and
+each split's examples with their frozen features (or the packed geometry when the backbone trains too).
+"""
+
+import dataclasses
+import os
+from typing import Optional, Sequence
+
+import numpy as np
+
+from layers import quantization as quant
+from maxscore.datasets import data
+from maxscore.datasets.data import RerankSet
+from maxscore.errors import TrainError
+from maxscore.heads import head
+from maxscore.rerank import prompts
+from maxscore.rerank.prompts import PromptConfig
+from maxscore.scoring.layout import bucket
+from maxscore.scoring.loading import build_scorer
+from maxscore.scoring.scorer import Scorer
+from maxscore.training import first_listwise
+from maxscore.training.head_features import Examples, load_or_extract, make_examples, packed_geometry
+from maxscore.training.reranker_config import TrainConfig, lora_settings
+
+
+@dataclasses.dataclass
+class Prepared:
+  """Everything a run trains on, built once: the scorer, its labels and head, and each split's
+  examples with their frozen features (or packed plans when the backbone trains too)."""
+  scorer: Scorer
+  label_ids: tuple[int, ...]
+  head_cfg: head.HeadConfig
+  examples: dict[str, Examples]
+  grids: dict[str, tuple[np.ndarray, np.ndarray]]
+  feats: Optional[dict] = None       # frozen features per split
+  geometry: Optional[dict] = None    # train_backbone: packed geometry per split
+  feature_seconds: float = 0.0
+  cached: bool = False
+  match_targets: bool = False        # batches carry the token-match targets (match_loss_weight > 0)
+  teacher: Optional[np.ndarray] = None  # the train split's teacher scores [Q, N] (loss=distill)
+  window_grades: Optional[dict] = None  # loss=first_listwise: per split (grades [Q, K], mask [Q, K]) per identifier
+  group_rows: bool = False           # train_backbone with group_size: a train row packs only the group drawn
+
+  @property
+  def num_train(self) -> int:
+    return len(self.examples["train"].requests)
+
+
+def prepare(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str], train_set: RerankSet,
+            dev_set: Optional[RerankSet], overrides: Sequence[str] = (), feature_cache: Optional[os.PathLike] = None,
+            progress: bool = True) -> Prepared:
+  """Loads the backbone, builds the prompts as the eval does, and the features training reads."""
+  scorer = build_scorer(checkpoint_dir, overrides, use_head=False)
+  quantization = scorer.config.runtime.quantization
+  if cfg.train_backbone and lora_settings(cfg) is None and quantization != "none":
+    raise TrainError(f"quantization={quantization!r} is for scoring only, and train_backbone trains the whole "
+                     "backbone; use quantization=none, or train LoRA adapters on the quantized base (--lora_rank > 0 "
+                     "with quantization=int8_weights: QLoRA), or a head alone on the quantized backbone's features")
+  if lora_settings(cfg) is not None:  # QLoRA: the int8 base stays frozen, the float adapters train
+    quant.refuse_qlora(quantization, TrainError)
+  window_grades = None
+  if cfg.loss == "first_listwise":  # one FIRST window per query; its identifiers are the labels
+    builder = first_listwise.window_prompts(scorer.tokenizer, cfg.listwise_window, cfg.listwise_identifiers,
+                                            cfg.listwise_passage_tokens, cfg.listwise_window_tokens, cfg.listwise_chat)
+    label_ids = builder.label_ids[:cfg.listwise_window]
+    built = {s: first_listwise.window_examples(scorer, ds, builder, cfg.listwise_window)
+             for s, ds in (("train", train_set), ("dev", dev_set)) if ds is not None}
+    examples = {s: b[0] for s, b in built.items()}
+    window_grades = {s: b[1:] for s, b in built.items()}
+  else:
+    label_ids = prompts.resolve_labels(scorer.tokenizer,
+                                       prompt.labels or prompts.TEMPLATES[prompt.template].default_labels)
+    examples = {"train": make_examples(scorer, train_set, prompt, label_ids)}
+    if dev_set is not None:
+      examples["dev"] = make_examples(scorer, dev_set, prompt, label_ids)
+  if not examples["train"].requests:
+    raise data.DataError("the train split has no queries with candidates")
+  if cfg.loss == "distill" and examples["train"].teacher is None:
+    raise TrainError("loss=distill trains toward a teacher's scores: give --groups_file with pos_scores and "
+                     "neg_scores in every group (scripts/score_teacher.py writes them)")
+  prep = Prepared(scorer, tuple(label_ids), cfg.head_config(label_ids, scorer.config.model.hidden_size), examples,
+                  {s: ex.grid() for s, ex in examples.items()},
+                  teacher=examples["train"].teacher_grid() if cfg.loss == "distill" else None,
+                  window_grades=window_grades)
+  if cfg.train_backbone:
+    prep.geometry = {s: packed_geometry(scorer, ex) for s, ex in examples.items()}
+    prep.match_targets = cfg.match_loss_weight > 0
+    prep.group_rows = bool(cfg.group_size) and not prep.match_targets  # match targets need every item
+    if prep.group_rows:
+      p, l, n = prep.geometry["train"]
+      prep.geometry["train"] = (p, l, min(n, bucket(cfg.group_size, scorer.config.buckets.item_count_buckets,
+                                                    "group size")))
+  else:
+    prep.feats = load_or_extract(scorer, examples, feature_cache, cfg.algorithm, progress)
+    prep.feature_seconds = sum(f.seconds for f in prep.feats.values())
+    prep.cached = all(f.cached for f in prep.feats.values())
+  return prep
