@@ -18,7 +18,7 @@ import time
 # model's forward about a third slower (BENCHMARKS.md), which the few tests that run real models pay, and the
 # suite gains several times over. Numerics are asserted with the same tolerances either way; XLA_FLAGS set in
 # the environment replaces these (XLA_FLAGS=--xla_force_host_platform_device_count=1: XLA's defaults).
-# Subprocess tests keep the session's flags (maxscore/testing/processes.xla_flags).
+# Subprocess tests keep the session's flags (maxscore/distributed/processes.xla_flags).
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0 "
                                    "--xla_cpu_use_fusion_emitters=false")
 

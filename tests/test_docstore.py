@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from maxscore.datasets import data, docstore
-from maxscore.testing.processes import REPO, subprocess_env
+from maxscore.distributed.processes import REPO, subprocess_env
 
 
 def _corpus(path, n=300):

@@ -14,7 +14,7 @@ from absl import flags
 
 from maxscore import cli, config as config_lib
 from maxscore.config import ConfigError, load_config
-from maxscore.testing import processes
+from maxscore.distributed import processes
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 ENTRY_SCRIPTS = ["bench", "bench_corpus", "bench_eval", "bench_listwise_cost", "bench_serve", "bench_train", "build_default_assets", "compare_runs",

@@ -328,7 +328,7 @@ def test_compilation_cache_is_per_user_by_default_and_off_with_one_key(tmp_path)
 def test_a_second_eval_reads_its_programs_from_the_user_cache(tmp_path):
   """Two evals of one query in fresh processes, with the per-user cache of the defaults: the first writes
   programs into $XDG_CACHE_HOME/maxscore/jax, the second reads them back; compilation_cache_dir=none writes none."""
-  from maxscore.testing.processes import REPO, subprocess_env  # pylint: disable=import-outside-toplevel
+  from maxscore.distributed.processes import REPO, subprocess_env  # pylint: disable=import-outside-toplevel
   env = subprocess_env(1)
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
   env.pop("MAXSCORE_CACHE_DIR", None)

@@ -19,7 +19,7 @@ from maxscore.training import reranker as train_lib
 from maxscore.training import reranker_data
 from maxscore.training.losses import batch_loss
 from maxscore.training.reranker_config import TrainConfig
-from maxscore.testing.processes import subprocess_env
+from maxscore.distributed.processes import subprocess_env
 from maxscore.training import first_listwise
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

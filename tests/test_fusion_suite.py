@@ -19,7 +19,7 @@ from maxscore.lm import assets
 from maxscore.lm.tokenizer_training import sample_texts
 from maxscore.datasets import data
 from maxscore.rerank import eval as eval_lib, fusion, metrics, stages
-from maxscore.testing import processes
+from maxscore.distributed import processes
 
 CFG = eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=24)
 

@@ -11,7 +11,7 @@ import pytest
 
 from layers.kernels import pallas_gpu, reference
 from layers.kernels.base import KernelOptions, PrefixKV, SegmentLayout
-from maxscore.testing import kernel_grads
+from maxscore.bench import kernel_grads
 
 
 def _layout(rng, b, p, l, n):

@@ -9,7 +9,7 @@ import pytest
 
 from layers.kernels import reference, splash
 from layers.kernels.base import KernelOptions, PrefixKV, SegmentLayout
-from maxscore.testing import kernel_grads
+from maxscore.bench import kernel_grads
 
 # Interpret mode needs block_kv to be a multiple of 128; block_q may be small.
 _OPTIONS = KernelOptions(splash_block_q=32, splash_block_kv=128, kernel_interpret=True)

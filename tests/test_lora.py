@@ -112,7 +112,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from maxscore.scoring import loading
-from maxscore.testing import processes  # noqa: E402
+from maxscore.distributed import processes  # noqa: E402
 
 
 @pytest.fixture(scope="module")

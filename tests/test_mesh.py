@@ -154,9 +154,9 @@ from layers.config import ModelConfig  # noqa: E402
 from layers.sharding import MESH_AXES, ShardingError, batch_axes, check_divisible, rules_for_batch  # noqa: E402
 from maxscore.distributed import mesh as mesh_lib  # noqa: E402
 from maxscore.config import MeshConfig  # noqa: E402
-from maxscore.testing.processes import free_port as _free_port  # noqa: E402
-from maxscore.testing import processes  # noqa: E402
-from maxscore.testing.processes import subprocess_env as _env  # noqa: E402
+from maxscore.distributed.processes import free_port as _free_port  # noqa: E402
+from maxscore.distributed import processes  # noqa: E402
+from maxscore.distributed.processes import subprocess_env as _env  # noqa: E402
 
 
 def test_mesh_must_match_the_device_count():

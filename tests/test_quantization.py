@@ -396,7 +396,7 @@ def test_quantized_scoring_on_a_two_device_mesh_matches_one_device():
   (tensor and fsdp split)."""
   import subprocess
   import sys
-  from maxscore.testing.processes import subprocess_env
+  from maxscore.distributed.processes import subprocess_env
   p = subprocess.run([sys.executable, "-c", _MESH_SCRIPT], env=subprocess_env(2), capture_output=True, text=True,
                      timeout=300)
   assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]

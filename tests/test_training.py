@@ -19,8 +19,8 @@ from layers.kernels.base import training_kernel
 from maxscore.scoring import loading
 from maxscore.checkpoints import storage
 from maxscore.errors import TrainError
-from maxscore.testing.processes import free_port as _free_port
-from maxscore.testing.processes import subprocess_env as _env
+from maxscore.distributed.processes import free_port as _free_port
+from maxscore.distributed.processes import subprocess_env as _env
 from maxscore.checkpoints import head_storage
 from maxscore.training import reranker as train_lib
 from maxscore.training.reranker_config import TrainConfig

@@ -32,7 +32,7 @@ from layers.kernels.base import KernelOptions, PrefixKV, SegmentLayout
 from maxscore.bench import measure, train_bench
 from maxscore.bench.harness import BenchOptions, run_benchmark
 from maxscore.bench.train_bench import TrainBenchOptions
-from maxscore.testing import kernel_grads
+from maxscore.bench import kernel_grads
 
 # (name, prefix P, items N, item tokens L, q heads, kv heads, head_dim, dtype, cached prefix, window, softcap)
 _KERNEL_CASES = (
@@ -125,7 +125,7 @@ def kernel_parity(interpret: bool, cases=_KERNEL_CASES) -> list[dict[str, Any]]:
 
 def kernel_grad_parity(interpret: bool, cases=_KERNEL_CASES) -> list[dict[str, Any]]:
   """pallas_gpu's backward (its custom VJP: the dq and dkv kernels) against reference.attend's gradients: the
-  loss and dq, dk, dv of one weighted sum over the real queries (maxscore/testing/kernel_grads.py). The error
+  loss and dq, dk, dv of one weighted sum over the real queries (maxscore/bench/kernel_grads.py). The error
   is relative to the largest reference entry; on the GPU the gradient program that ran is also searched for
   its Triton calls (forward, dq, dkv)."""
   rows = []

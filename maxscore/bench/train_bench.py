@@ -37,7 +37,7 @@ from maxscore.bench import measure, train_compile
 from maxscore.bench import train_program as tp
 from maxscore.config import CODE_ONLY, ConfigError, load_config, parse_override
 from maxscore.scoring.runner import DTYPES
-from maxscore.testing import processes
+from maxscore.distributed import processes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Subprocess helpers for tests that start JAX in other processes (host devices, jax.distributed)."""
+"""Starting JAX in other processes (host devices, jax.distributed): the child's environment and XLA flags, a free
+coordinator port. The tests and the training benchmark start their children with these."""
 
 import os
 import pathlib
