@@ -61,7 +61,7 @@ class StudyOptions:
 
 
 def bm25_run(dataset: data.RerankSet, k1: float = 1.2, b: float = 0.75) -> dict[str, dict[str, float]]:
-  """BM25 scores of each query's candidates (`rerank.bm25`: lowercase [a-z] words); idf and the
+  """BM25 scores of each query's candidates (`datasets.bm25`: lowercase [a-z] words); idf and the
   average length come from the distinct candidates of `dataset` (a reference ranking, not a model)."""
   texts = {d: t for q in dataset.queries for d, t in q.candidates}
   row = {d: i for i, d in enumerate(texts)}
