@@ -15,11 +15,11 @@ go to <output_dir>/eval_rerank.log (and the console with -v).
 
 from absl import flags
 
-from maxscore.scoring import loading
 from maxscore import cli
-from maxscore.files import safety
 from maxscore.datasets import data
+from maxscore.files import safety
 from maxscore.rerank import eval as eval_lib, first_stage, metrics, plots
+from maxscore.scoring import loading
 
 
 ENTRY = "eval"

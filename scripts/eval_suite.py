@@ -13,10 +13,10 @@ import pathlib
 
 from absl import flags
 
-from maxscore.scoring import loading
 from maxscore import cli
 from maxscore.files import safety
 from maxscore.rerank import eval as eval_lib, suite
+from maxscore.scoring import loading
 
 ENTRY = "eval_suite"
 SECTIONS = {"suite": suite.SuiteRun, "eval": eval_lib.EvalConfig}

@@ -17,9 +17,9 @@ import pathlib
 from absl import flags
 
 from maxscore import cli
+from maxscore.datasets import data
 from maxscore.files import safety
 from maxscore.studies import head_study
-from maxscore.datasets import data
 
 ENTRY = "study"
 SECTIONS = {"study": head_study.StudyOptions}

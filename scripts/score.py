@@ -22,8 +22,8 @@ from absl import flags
 
 from maxscore import cli
 from maxscore.config import ConfigError
-from maxscore.scoring import jsonl as score_file, loading, model_names
 from maxscore.files import safety
+from maxscore.scoring import jsonl as score_file, loading, model_names
 
 
 @dataclasses.dataclass(frozen=True)

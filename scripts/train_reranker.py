@@ -27,12 +27,12 @@ import sys
 from absl import flags
 
 from maxscore import cli
-from maxscore.errors import TrainingInterrupted
-from maxscore.training import reranker as train_lib
-from maxscore.training.reranker_config import TrainConfig, TrainRun
 from maxscore.datasets import data
+from maxscore.errors import TrainingInterrupted
 from maxscore.rerank.prompts import PromptConfig
 from maxscore.training import groups
+from maxscore.training import reranker as train_lib
+from maxscore.training.reranker_config import TrainConfig, TrainRun
 
 ENTRY = "train"
 INTERRUPTED = 130  # exit status after Ctrl-C (128 + SIGINT, as shells report it)

@@ -54,8 +54,8 @@ from absl import logging as absl_logging
 from maxscore import cli
 from maxscore.checkpoints import gguf_reader, storage
 from maxscore.checkpoints.convert import convert_gguf_checkpoint, convert_hf_checkpoint
-from maxscore.lm.tokenizer_training import sample_texts, train_sentencepiece
 from maxscore.datasets import data
+from maxscore.lm.tokenizer_training import sample_texts, train_sentencepiece
 from maxscore.testing import hf_models, scripts, tokenizers
 
 # name -> (family, overrides): GQA with 1 and 2 kv heads, tied and untied, biases, Llama-3 rope scaling.

@@ -8,9 +8,9 @@ import bm25s
 import numpy as np
 import pytest
 
-from maxscore.studies import head_study
-from maxscore.lm.tokenizer_training import sample_texts
 from maxscore.datasets import bm25, data
+from maxscore.lm.tokenizer_training import sample_texts
+from maxscore.studies import head_study
 
 # The toy corpus: lowercase [a-z] words per document "apple banana" (2), "apple cherry cherry cherry" (4),
 # "date" (1); n = 3 documents, average length 7 / 3.

@@ -18,8 +18,8 @@ from layers import sharding
 from layers.config import ModelConfig
 from maxscore.bench import chips, compile_report
 from maxscore.config import load_config
-from maxscore.scoring import cost_model
 from maxscore.distributed import processes
+from maxscore.scoring import cost_model
 from maxscore.testing import scripts
 from maxscore.testing.compile_targets import abstract_scorer, assert_compiled, compile_both_algorithms
 

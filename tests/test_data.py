@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from maxscore.checkpoints import storage as checkpointing
-from maxscore.datasets import data
-from maxscore.rerank import prompts
-from maxscore.datasets.data import DataError
 from maxscore.checkpoints.tokenizer import load_tokenizer
+from maxscore.datasets import data
+from maxscore.datasets.data import DataError
+from maxscore.rerank import prompts
 
 
 def _write_jsonl(path, records):

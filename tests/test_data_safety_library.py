@@ -14,19 +14,19 @@ import time
 import jax
 import pytest
 
-from maxscore.scoring import loading
+from maxscore.checkpoints import head_storage
 from maxscore.checkpoints import storage
 from maxscore.checkpoints.convert import convert_hf_checkpoint
+from maxscore.datasets import data
 from maxscore.errors import ResumeError, TrainError, UnsafeOutputError
 from maxscore.files import identity, safety
 from maxscore.heads import head
-from maxscore.checkpoints import head_storage
-from maxscore.training import reranker as train_lib
-from maxscore.training.reranker_config import TrainConfig
-from maxscore.datasets import data
 from maxscore.rerank import eval as eval_lib
 from maxscore.scoring import jsonl as score_file
+from maxscore.scoring import loading
 from maxscore.testing.disk import foreign_dir, tiny_set, tree
+from maxscore.training import reranker as train_lib
+from maxscore.training.reranker_config import TrainConfig
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CFG = eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=8)

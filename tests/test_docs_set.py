@@ -8,8 +8,8 @@ import pathlib
 import pytest
 
 from maxscore import errors
-from maxscore.lm import docs_set
 from maxscore.datasets import data
+from maxscore.lm import docs_set
 
 LONG = "word " * 40  # a paragraph long enough to keep (>= 150 characters)
 

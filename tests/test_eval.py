@@ -12,11 +12,11 @@ import time
 import numpy as np
 import pytest
 
-from maxscore.scoring import loading
+from maxscore.datasets import data
 from maxscore.errors import ResumeError
 from maxscore.lm.tokenizer_training import sample_texts
-from maxscore.datasets import data
 from maxscore.rerank import eval as eval_lib, fusion, metrics, prompts
+from maxscore.scoring import loading
 from maxscore.testing import scripts
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import FAMILY_VARIANTS
-from maxscore.scoring import loading
 from maxscore import Scorer
+from maxscore.scoring import loading
 from maxscore.testing.hf_models import hf_logits
 
 FAMILIES = sorted(FAMILY_VARIANTS)

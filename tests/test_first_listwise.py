@@ -12,15 +12,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maxscore.scoring import loading
 from maxscore.checkpoints import storage
+from maxscore.distributed.processes import subprocess_env
 from maxscore.errors import TrainError
+from maxscore.scoring import loading
+from maxscore.training import first_listwise
 from maxscore.training import reranker as train_lib
 from maxscore.training import reranker_data
 from maxscore.training.losses import batch_loss
 from maxscore.training.reranker_config import TrainConfig
-from maxscore.distributed.processes import subprocess_env
-from maxscore.training import first_listwise
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # 4 train queries in one batch (every step sees the same windows), windows of 4 short passages, plain prompts

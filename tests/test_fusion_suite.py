@@ -13,13 +13,13 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from maxscore.scoring import loading
 from maxscore import config as config_lib
+from maxscore.datasets import data
+from maxscore.distributed import processes
 from maxscore.lm import assets
 from maxscore.lm.tokenizer_training import sample_texts
-from maxscore.datasets import data
 from maxscore.rerank import eval as eval_lib, fusion, metrics, stages
-from maxscore.distributed import processes
+from maxscore.scoring import loading
 
 CFG = eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=24)
 

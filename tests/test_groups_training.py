@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from maxscore.scoring import loading
+from maxscore.datasets import data
 from maxscore.errors import TrainError
+from maxscore.rerank import eval as eval_lib, prompts
+from maxscore.scoring import loading
+from maxscore.training import groups as groups_lib
 from maxscore.training import losses
 from maxscore.training import reranker as train_lib
 from maxscore.training.reranker_config import TrainConfig
-from maxscore.datasets import data
-from maxscore.rerank import eval as eval_lib, prompts
-from maxscore.training import groups as groups_lib
 
 
 def _log_softmax(x):

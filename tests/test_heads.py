@@ -6,14 +6,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maxscore.scoring import loading
 from maxscore import ScoreInputError
+from maxscore.scoring import loading
 
+from maxscore.checkpoints import head_storage
+from maxscore.checkpoints.storage import CheckpointError
+from maxscore.datasets import data
 from maxscore.heads import head
 from maxscore.scoring import head_scorer
-from maxscore.checkpoints import head_storage
-from maxscore.datasets import data
-from maxscore.checkpoints.storage import CheckpointError
 
 QUERY = "What does the for statement do?"
 ITEMS = ["The for statement iterates over the elements of a sequence.", "Boolean operations.", "",

@@ -13,13 +13,13 @@ import pytest
 from safetensors.numpy import load_file
 
 from conftest import FAMILY_VARIANTS, HF_VARIANTS
-from maxscore.scoring import loading
 from maxscore import Scorer
+from maxscore.scoring import loading
 from maxscore.checkpoints import (CheckpointError, ExportError, convert_hf_checkpoint, export_hf_checkpoint,
                                   load_tokenizer, read_metadata)
 from maxscore.checkpoints.convert import _global_specs, _layer_specs
-from maxscore.checkpoints.hf_config import model_config_from_hf
 from maxscore.checkpoints.export import check_config, hf_config
+from maxscore.checkpoints.hf_config import model_config_from_hf
 from maxscore.errors import UnsafeOutputError
 from maxscore.testing.hf_models import HF_CONFIGS, hf_logits, make_hf_model, save_hf_model
 

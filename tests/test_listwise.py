@@ -8,12 +8,12 @@ import shutil
 import numpy as np
 import pytest
 
-from maxscore.scoring import loading
 from maxscore import Scorer
 from maxscore.checkpoints.tokenizer import load_tokenizer
-from maxscore.errors import ResumeError, ScoreInputError
 from maxscore.datasets import data
+from maxscore.errors import ResumeError, ScoreInputError
 from maxscore.rerank import eval as eval_lib, listwise
+from maxscore.scoring import loading
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

@@ -6,9 +6,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from maxscore.scoring import loading
 from maxscore.datasets import data
 from maxscore.rerank import eval as eval_lib, prompts
+from maxscore.scoring import loading
 
 CFG = eval_lib.EvalConfig(max_query_tokens=8, max_item_tokens=64, fusion="none")
 

@@ -5,11 +5,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from maxscore.scoring import loading
 from maxscore.bench import precision
 from maxscore.config import load_config
 from maxscore.datasets import data
 from maxscore.rerank import eval as rerank_eval
+from maxscore.scoring import loading
 from maxscore.scoring.scorer import Scorer
 
 BF16 = ["dtype=bfloat16", "weight_dtype=bfloat16"]

@@ -10,13 +10,13 @@ import pytest
 
 from maxscore.checkpoints import storage
 from maxscore.checkpoints.tokenizer import load_tokenizer
+from maxscore.datasets import bm25
+from maxscore.datasets import data
 from maxscore.errors import ResumeError
 from maxscore.lm import corpus as corpus_lib
 from maxscore.lm import pairs as pairs_lib
 from maxscore.lm import pretrain as pretrain_lib
 from maxscore.lm import tokenizer_training
-from maxscore.datasets import bm25
-from maxscore.datasets import data
 
 TOKENIZER = data.DEFAULT_CHECKPOINT / "tokenizer" / "tokenizer.model"
 TINY = dict(model_name="tiny-qwen3", sources=("pydoc",), pydoc_repeats=1, seq_len=32, batch_size=4, num_steps=6,

@@ -17,9 +17,9 @@ from layers import quantization as quant
 from layers.config import ModelConfig
 from layers.decoder import Decoder, init_params
 from layers.kernels import get_kernel
-from maxscore.scoring import loading
-from maxscore.errors import TrainError
 from maxscore.checkpoints import adapters as lora_lib
+from maxscore.errors import TrainError
+from maxscore.scoring import loading
 from maxscore.training import trainer
 from maxscore.training.optimizer import OptimizerConfig, make_optimizer
 from maxscore.training.state import fresh
@@ -175,7 +175,8 @@ def test_full_fine_tuning_of_a_quantized_base_is_still_one_clear_error():
     reranker_data.prepare(TrainConfig(train_backbone=True), prompt, None, train, None, ["quantization=int8_weights"])
   assert "\n" not in str(e.value)
   with pytest.raises(TrainError, match=r"quantization='int8' \(w8a8\) rounds the activations"):
-    reranker_data.prepare(TrainConfig(train_backbone=True, lora_rank=4), prompt, None, train, None, ["quantization=int8"])
+    reranker_data.prepare(TrainConfig(train_backbone=True, lora_rank=4), prompt, None, train, None,
+                          ["quantization=int8"])
   # The layers refuse alike: w8a8 under adapters, and a rematerialized (training) decoder without them.
   with pytest.raises(ValueError, match=r"quantization='int8' \(w8a8\)"):
     init_params(lora_lib.adapt(Decoder(ModelConfig(), get_kernel("reference"), quantization="int8"),

@@ -12,9 +12,9 @@ from layers.config import ModelConfig
 from layers.decoder import Decoder, init_params
 from layers.kernels import get_kernel
 from layers.lora import LoraConfig
-from maxscore.scoring import loading
 from maxscore.config import ConfigError, load_config
 from maxscore.files import identity
+from maxscore.scoring import loading
 from maxscore.scoring.scorer import Scorer
 
 MODES = ("int8_weights", "int8")

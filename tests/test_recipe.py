@@ -7,8 +7,8 @@ import pytest
 from absl import flags
 
 from maxscore import cli, errors
-from maxscore.lm import assets, recipe
 from maxscore.datasets import data
+from maxscore.lm import assets, recipe
 from maxscore.testing.scripts import load_script
 
 

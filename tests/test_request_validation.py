@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
-from maxscore.scoring import loading
 from maxscore import ScoreInputError
 from maxscore.scoring import jsonl as score_file
+from maxscore.scoring import loading
 
 ALGORITHMS = ("serial", "packed", "prefill_extend")
 GOOD = {"query": [1, 2], "items": [[3], [4, 5]], "label_token_ids": [6, 7]}

@@ -9,11 +9,11 @@ import multiprocessing
 import numpy as np
 import pytest
 
-from maxscore.scoring import loading
 from maxscore.datasets import data
 from maxscore.rerank import eval as eval_lib
 from maxscore.rerank.score_cache import ScoreCache, pair_key
 from maxscore.rerank.score_cache import scorer_key as _key_of
+from maxscore.scoring import loading
 
 
 def scorer_key(scorer, cfg, label_ids):

@@ -17,13 +17,13 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from maxscore.scoring import loading
 from maxscore import serving
 from maxscore.checkpoints.convert import convert_hf_checkpoint
 from maxscore.config import load_config, parse_override
 from maxscore.datasets import data
 from maxscore.rerank import eval as eval_lib
 from maxscore.scoring import Scorer
+from maxscore.scoring import loading
 from maxscore.testing import hf_models
 
 FEW_BUCKETS = ["batch_buckets=[1,8]", "item_count_buckets=[4,8,32]", "item_buckets=[16,64,4096]",

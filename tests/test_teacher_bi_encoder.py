@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from maxscore.datasets import data
-from maxscore.testing import hf_models
 from maxscore.distributed import processes
+from maxscore.testing import hf_models
 from maxscore.training import bi_encoder, groups as groups_lib, teacher
 
 TEXTS = ["Sort a Python dict by value", "the list", "", "x = 1 is an assignment statement of the value 1 to x",

@@ -19,21 +19,21 @@ import pytest
 
 from layers.decoder import Decoder
 from layers.kernels import KernelOptions, get_kernel
-from maxscore.scoring import loading
-from maxscore.checkpoints import storage as checkpointing
-from maxscore.errors import ResumeError, TrainError
-from maxscore.training import head_features as features
 from maxscore.checkpoints import head_storage
+from maxscore.checkpoints import storage as checkpointing
+from maxscore.datasets import data
+from maxscore.errors import ResumeError, TrainError
+from maxscore.rerank import eval as eval_lib
+from maxscore.scoring import loading
+from maxscore.scoring.requests import TokenRequest
 from maxscore.studies import head_study
+from maxscore.testing.tensorboard_events import tensorboard_scalars
+from maxscore.training import head_features as features
 from maxscore.training import losses
 from maxscore.training import reranker as train_lib
 from maxscore.training import reranker_data
-from maxscore.training.reranker_config import TrainConfig
-from maxscore.datasets import data
-from maxscore.rerank import eval as eval_lib
-from maxscore.scoring.requests import TokenRequest
-from maxscore.testing.tensorboard_events import tensorboard_scalars
 from maxscore.training.optimizer import make_optimizer
+from maxscore.training.reranker_config import TrainConfig
 from maxscore.training.trainer import TEST_STEP_DELAY_ENV
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

@@ -16,16 +16,16 @@ import optax
 import pytest
 
 from layers.kernels.base import training_kernel
-from maxscore.scoring import loading
+from maxscore.checkpoints import head_storage
 from maxscore.checkpoints import storage
-from maxscore.errors import TrainError
 from maxscore.distributed.processes import free_port as _free_port
 from maxscore.distributed.processes import subprocess_env as _env
-from maxscore.checkpoints import head_storage
-from maxscore.training import reranker as train_lib
-from maxscore.training.reranker_config import TrainConfig
+from maxscore.errors import TrainError
+from maxscore.scoring import loading
 from maxscore.training import partition, trainer
+from maxscore.training import reranker as train_lib
 from maxscore.training.optimizer import make_optimizer
+from maxscore.training.reranker_config import TrainConfig
 from maxscore.training.state import TrainState, fresh
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

@@ -21,9 +21,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from maxscore.scoring import loading
 from maxscore.rerank import eval as eval_lib
 from maxscore.rerank import prompts
+from maxscore.scoring import loading
 
 MODES = {"pipelined": "eval, pipelined", "in_turn": "eval, host and model in turn",
          "direct": "model alone (ids tokenized beforehand)"}

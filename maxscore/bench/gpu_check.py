@@ -29,10 +29,10 @@ import numpy as np
 
 from layers.kernels import pallas_gpu, reference
 from layers.kernels.base import KernelOptions, PrefixKV, SegmentLayout
+from maxscore.bench import kernel_grads
 from maxscore.bench import measure, train_bench
 from maxscore.bench.harness import BenchOptions, run_benchmark
 from maxscore.bench.train_bench import TrainBenchOptions
-from maxscore.bench import kernel_grads
 
 # (name, prefix P, items N, item tokens L, q heads, kv heads, head_dim, dtype, cached prefix, window, softcap)
 _KERNEL_CASES = (

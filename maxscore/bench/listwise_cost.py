@@ -11,9 +11,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from maxscore.scoring import loading
 from maxscore.datasets import data
 from maxscore.rerank import eval as eval_lib, listwise, prompts
+from maxscore.scoring import loading
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,9 +26,9 @@ from typing import Any, Optional
 import httpx
 import numpy as np
 
-from maxscore.scoring import loading
 from maxscore.datasets import data
 from maxscore.scoring import layout
+from maxscore.scoring import loading
 from maxscore.serving import RerankPrompt, ScoringService, ServeConfig, ServerThread
 
 

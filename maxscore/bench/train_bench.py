@@ -36,8 +36,8 @@ from layers.kernels.base import training_kernel
 from maxscore.bench import measure, train_compile
 from maxscore.bench import train_program as tp
 from maxscore.config import CODE_ONLY, ConfigError, load_config, parse_override
-from maxscore.scoring.runner import DTYPES
 from maxscore.distributed import processes
+from maxscore.scoring.runner import DTYPES
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,14 +37,14 @@ from layers.decoder import Decoder
 from layers.lora import LoraConfig as LayersLoraConfig
 from maxscore.checkpoints import storage
 from maxscore.heads import head
+from maxscore.scoring.requests import make_request
+from maxscore.scoring.runner import label_logprobs
 from maxscore.training.head_features import plan_packed
 from maxscore.training.losses import MASK_LOGIT, batch_loss
 from maxscore.training.optimizer import make_optimizer
+from maxscore.training.reranker_config import TrainConfig
 from maxscore.training.state import TrainState
 from maxscore.training.trainer import train_step
-from maxscore.training.reranker_config import TrainConfig
-from maxscore.scoring.requests import make_request
-from maxscore.scoring.runner import label_logprobs
 
 MODES = ("full", "lora", "qlora", "head")
 ADAPTED = ("lora", "qlora")  # the modes that train adapters on a frozen base

@@ -25,9 +25,9 @@ from typing import Any, Iterator, Literal, Optional, Sequence
 import numpy as np
 from absl import logging
 
-from maxscore.errors import ScoreInputError
 from maxscore.datasets import docstore
 from maxscore.datasets.records import doc_text, not_utf8_message, parse_json_record, record_id
+from maxscore.errors import ScoreInputError
 
 DEFAULT_DIR = pathlib.Path(__file__).resolve().parent.parent / "assets" / "default"
 DEFAULT_CHECKPOINT = DEFAULT_DIR / "pydoc-tiny-qwen3"

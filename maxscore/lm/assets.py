@@ -48,9 +48,8 @@ from absl import logging
 from maxscore import config as config_lib
 from maxscore import errors
 from maxscore.checkpoints.tokenizer import load_tokenizer
+from maxscore.datasets import data
 from maxscore.files import safety
-from maxscore.training import reranker as train_lib
-from maxscore.training import reranker_config as train_config
 from maxscore.lm import corpus as corpus_lib
 from maxscore.lm import default_set
 from maxscore.lm import docs_set
@@ -58,8 +57,9 @@ from maxscore.lm import pairs as pairs_lib
 from maxscore.lm import pretrain as pretrain_lib
 from maxscore.lm import recipe as recipe_lib
 from maxscore.lm import tokenizer_training
-from maxscore.datasets import data
 from maxscore.rerank.prompts import PromptConfig
+from maxscore.training import reranker as train_lib
+from maxscore.training import reranker_config as train_config
 
 OUTPUT_KIND = "default_assets"  # the marker of an output directory this build wrote
 PAIRS_FILE = "finetune_pairs.jsonl"

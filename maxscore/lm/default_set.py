@@ -22,9 +22,9 @@ import json
 
 import numpy as np
 
+from maxscore.datasets import bm25, data
 from maxscore.lm import corpus as corpus_lib
 from maxscore.lm import pairs as pairs_lib
-from maxscore.datasets import bm25, data
 
 BEIR_DIR = data.DEFAULT_BEIR_DIR.name
 RUN_FILE = data.DEFAULT_RUN.name

@@ -28,9 +28,9 @@ from typing import Collection, Sequence
 
 import numpy as np
 
-from maxscore.lm import corpus as corpus_lib
 from maxscore.datasets import bm25
 from maxscore.datasets.bm25 import BM25Index
+from maxscore.lm import corpus as corpus_lib
 
 COMMON_WORD_FRACTION = 0.01  # a keyword query never uses a word held by more paragraphs than this
 

@@ -41,16 +41,16 @@ from layers.config import ModelConfig
 from layers.decoder import Decoder, init_params
 from layers.kernels import SegmentLayout, get_kernel
 from maxscore import config as config_lib
+from maxscore import training as train_lib
 from maxscore.checkpoints import storage
 from maxscore.checkpoints.tokenizer import load_tokenizer
-from maxscore.files import identity, safety
-from maxscore import training as train_lib
 from maxscore.config import MeshConfig
+from maxscore.datasets import data
 from maxscore.errors import TrainError
-from maxscore.training import checkpoint, partition, trainer
+from maxscore.files import identity, safety
 from maxscore.lm import corpus as corpus_lib
 from maxscore.lm import tokenizer_training
-from maxscore.datasets import data
+from maxscore.training import checkpoint, partition, trainer
 
 FORMAT_VERSION = 1
 

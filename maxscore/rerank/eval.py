@@ -35,11 +35,11 @@ from tqdm import tqdm
 from maxscore.datasets import data
 from maxscore.rerank import eval_outputs, first_stage, fusion, listwise, pipeline, prompts, stages
 from maxscore.rerank.eval_outputs import EvalReport, format_report  # noqa: F401  (this module's public face)
-from maxscore.rerank.score_cache import ScoreCache, scorer_key
-from maxscore.distributed import mesh as mesh_lib
-from maxscore.datasets.data import RerankSet
 from maxscore import errors
+from maxscore.datasets.data import RerankSet
+from maxscore.distributed import mesh as mesh_lib
 from maxscore.files import identity, safety
+from maxscore.rerank.score_cache import ScoreCache, scorer_key
 from maxscore.scoring.scorer import Scorer
 
 RESULTS_FILE = "results.jsonl"

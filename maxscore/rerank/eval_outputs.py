@@ -12,10 +12,10 @@ from typing import Any, Mapping, Optional, Sequence
 import jax
 
 from maxscore.config import to_flat_dict
-from maxscore.files import safety
 from maxscore.datasets import data
-from maxscore.rerank import first_stage, fusion, metrics, stages
 from maxscore.datasets.data import RerankSet
+from maxscore.files import safety
+from maxscore.rerank import first_stage, fusion, metrics, stages
 from maxscore.scoring.scorer import Scorer
 
 

@@ -29,9 +29,9 @@ from typing import Literal, Optional, Sequence
 
 import numpy as np
 
-from maxscore.errors import ScoreInputError
 from maxscore.checkpoints.tokenizer import Tokenizer
 from maxscore.datasets import data
+from maxscore.errors import ScoreInputError
 from maxscore.rerank import metrics
 
 DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"

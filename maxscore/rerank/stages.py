@@ -12,8 +12,8 @@ across every (run, metric) comparison of the eval.
 import dataclasses
 from typing import Any, Optional, Sequence
 
-from maxscore.rerank import compare, first_stage, fusion, metrics
 from maxscore.datasets import data
+from maxscore.rerank import compare, first_stage, fusion, metrics
 
 FIRST, RERANKED, FUSED = "first stage", "reranked", "fused"
 FUSED_NO_RERANKER = "fused, no reranker"  # fusion=learned tuned without the reranker's score: what the reranker adds

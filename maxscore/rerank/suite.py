@@ -21,8 +21,8 @@ from typing import Any, Literal, Optional
 
 from absl import logging
 
-from maxscore.rerank import compare, eval as eval_lib, metrics, significance, stages
 from maxscore.datasets import data
+from maxscore.rerank import compare, eval as eval_lib, metrics, significance, stages
 
 RUNS = (stages.FIRST, stages.RERANKED, stages.FUSED)
 P_KEYS = {"randomization": "p_randomization", "t": "p_t"}

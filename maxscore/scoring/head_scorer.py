@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxscore.checkpoints import storage as checkpointing
+from maxscore.checkpoints.head_storage import has_head, load_head
 from maxscore.errors import ScoreInputError
 from maxscore.files import identity
 from maxscore.heads.head import HeadConfig, jit_apply
-from maxscore.checkpoints.head_storage import has_head, load_head
 from maxscore.scoring.requests import TokenRequest, validate_batch
 from maxscore.scoring.scorer import ScoreResult, Scorer, finalize_scores, score_output
 

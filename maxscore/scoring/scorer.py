@@ -21,16 +21,16 @@ from layers import sharding
 from layers.decoder import Decoder, init_params
 from layers.kernels import get_kernel
 from maxscore.checkpoints import storage as checkpointing
-from maxscore.scoring import selector
-from maxscore.distributed import mesh as mesh_lib
-from maxscore.scoring.algorithms import ALGORITHMS, AlgorithmContext
+from maxscore.checkpoints.tokenizer import Tokenizer, load_tokenizer
 from maxscore.config import Config, from_flat_dict, load_config, to_flat_dict
+from maxscore.distributed import mesh as mesh_lib
 from maxscore.errors import ScoreInputError
 from maxscore.files import cache, identity
-from maxscore.scoring.runner import ModelRunner, NotCompiled
+from maxscore.scoring import selector
+from maxscore.scoring.algorithms import ALGORITHMS, AlgorithmContext
 from maxscore.scoring.prefix_cache import PrefixCache
 from maxscore.scoring.requests import TokenRequest, make_request, validate_batch, validate_request
-from maxscore.checkpoints.tokenizer import Tokenizer, load_tokenizer
+from maxscore.scoring.runner import ModelRunner, NotCompiled
 
 REQUEST_FIELDS = frozenset({"query", "items", "label_token_ids", "apply_softmax", "item_first", "model"})
 

@@ -22,13 +22,13 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from maxscore.scoring import loading
+from maxscore.datasets import bm25, data
 from maxscore.errors import TrainError
 from maxscore.files import safety
+from maxscore.rerank import compare, eval as eval_lib, metrics
+from maxscore.scoring import loading
 from maxscore.training import reranker as train_lib
 from maxscore.training.reranker_config import TrainConfig
-from maxscore.datasets import bm25, data
-from maxscore.rerank import compare, eval as eval_lib, metrics
 
 # Named head settings (TrainConfig fields); the rest are TrainConfig's defaults.
 SPECS: dict[str, dict[str, Any]] = {

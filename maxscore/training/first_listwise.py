@@ -22,9 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maxscore.datasets.data import RerankSet
 from maxscore.errors import TrainError
 from maxscore.rerank import listwise, metrics
-from maxscore.datasets.data import RerankSet
 from maxscore.training.head_features import Examples
 
 

@@ -27,13 +27,13 @@ from absl import logging
 
 from layers.decoder import Decoder
 from layers.kernels import SegmentLayout
+from maxscore.datasets.data import RerankSet
 from maxscore.errors import UnsafeOutputError
 from maxscore.files import identity, safety
 from maxscore.rerank import prompts
-from maxscore.datasets.data import RerankSet
 from maxscore.scoring.layout import RowSpec, bucket, pack_rows
-from maxscore.scoring.runner import label_logprobs, packed_hidden
 from maxscore.scoring.requests import TokenRequest
+from maxscore.scoring.runner import label_logprobs, packed_hidden
 from maxscore.scoring.scorer import Scorer
 
 FORMAT_VERSION = 1  # of the feature cache

@@ -27,9 +27,9 @@ from typing import Iterable, Iterator, Literal, Optional
 
 import numpy as np
 
-from maxscore.errors import ScoreInputError
 from maxscore.datasets import data
 from maxscore.datasets.bm25 import BM25Index
+from maxscore.errors import ScoreInputError
 
 
 class MiningError(ScoreInputError):

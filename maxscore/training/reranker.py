@@ -60,27 +60,27 @@ from layers.decoder import Decoder
 from layers.kernels import get_kernel
 from layers.kernels.base import training_kernel
 from maxscore import config as config_lib
+from maxscore.checkpoints import adapters as lora_lib
 from maxscore.config import MeshConfig
+from maxscore.datasets import data
+from maxscore.datasets.data import RerankSet
 from maxscore.distributed import mesh as mesh_lib
 from maxscore.errors import TrainError, TrainingInterrupted
 from maxscore.files import identity, safety
-from maxscore.training import head_features as features
 from maxscore.heads import head
-from maxscore.training.head_features import Examples, packed_features, plan_packed
-from maxscore.training.losses import MASK_LOGIT, batch_loss, probe_bce, probe_logits
-from maxscore.training.reranker_config import LORA_TARGETS, TrainConfig, lora_settings
-from maxscore.training.reranker_data import Prepared, prepare
-from maxscore.training import checkpoint, first_listwise, groups, partition, trainer
-from maxscore.training import reranker_outputs as outputs
-from maxscore.checkpoints import adapters as lora_lib
-from maxscore.training.optimizer import make_optimizer
-from maxscore.training.selection import Selection
-from maxscore.datasets import data
 from maxscore.rerank import metrics
-from maxscore.datasets.data import RerankSet
 from maxscore.rerank.prompts import SCORE_MODES, PromptConfig
 from maxscore.scoring.runner import DTYPES
 from maxscore.scoring.scorer import Scorer, finalize_scores
+from maxscore.training import checkpoint, first_listwise, groups, partition, trainer
+from maxscore.training import head_features as features
+from maxscore.training import reranker_outputs as outputs
+from maxscore.training.head_features import Examples, packed_features, plan_packed
+from maxscore.training.losses import MASK_LOGIT, batch_loss, probe_bce, probe_logits
+from maxscore.training.optimizer import make_optimizer
+from maxscore.training.reranker_config import LORA_TARGETS, TrainConfig, lora_settings
+from maxscore.training.reranker_data import Prepared, prepare
+from maxscore.training.selection import Selection
 
 FORMAT_VERSION = 1
 
@@ -394,7 +394,8 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
     logging.info("train: exporting step %d (%s %.4f): %s", selection.best_step, selection.metric,
                  selection.best_value, selection.report()["reason"])
   if export_dir:
-    summary["export_dir"] = outputs.export(cfg, prep, summary, final, export_dir, workdir, overwrite, lora_settings(cfg))
+    summary["export_dir"] = outputs.export(cfg, prep, summary, final, export_dir, workdir, overwrite,
+                                           lora_settings(cfg))
   if adapters_dir:
     summary["adapters_dir"] = outputs.export_adapters(prep, summary, final, adapters_dir, workdir, overwrite,
                                                       lora_settings(cfg))

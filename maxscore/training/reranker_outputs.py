@@ -10,12 +10,12 @@ from typing import Any, Optional
 
 import jax
 
-from maxscore.errors import TrainError
-from maxscore.files import identity, safety
+from maxscore.checkpoints import adapters as lora_lib
 from maxscore.checkpoints import head_storage
 from maxscore.datasets import data
+from maxscore.errors import TrainError
+from maxscore.files import identity, safety
 from maxscore.rerank.prompts import PromptConfig
-from maxscore.checkpoints import adapters as lora_lib
 from maxscore.training import trainer
 from maxscore.training.metrics_log import MetricsLog
 from maxscore.training.reranker_config import TrainConfig

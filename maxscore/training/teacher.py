@@ -26,9 +26,9 @@ from typing import Callable, Literal, Optional, Sequence
 import numpy as np
 import tqdm
 
-from maxscore.scoring import loading
 from maxscore.datasets import data
 from maxscore.rerank import eval as eval_lib, metrics, prompts
+from maxscore.scoring import loading
 from maxscore.training import bi_encoder, groups as groups_lib
 from maxscore.training.mining import MiningError
 
