@@ -81,7 +81,8 @@ test-gpu-aot: $(GPU_STAMP)
 
 # The image's own Python (GPU_PYTHON) and this checkout on its path; JAX takes half the GPU's memory, the
 # transformers baseline in the same process the rest. The report: GPU_CHECK_JSON (each part as it ends);
-# GPU_CHECK_FLAGS adds flags (GPU_CHECK_FLAGS=--parts=speed reruns the timings).
+# GPU_CHECK_FLAGS adds flags (GPU_CHECK_FLAGS=--parts=speed reruns the timings; --parts=seed,int8 runs the reference
+# workload and the int8 probe, with the HLO it reads in gpu_check_hlo/ beside GPU_CHECK_JSON).
 GPU_PYTHON ?= python3
 GPU_CHECK_JSON ?= gpu_check.json
 GPU_CHECK_FLAGS ?=

@@ -259,13 +259,24 @@ def einsum(equation: str, x: jax.Array, w: Any, num_contracting: int, mode: str,
     raise ValueError("quantization=int8 (w8a8) needs per-channel weight scales: quantize_params regroups "
                      "per-group int8 weights for it")
   xq, x_scale = quantize_activations(x, num_contracting)
-  y_int32 = jnp.einsum(equation, xq, wq, preferred_element_type=jnp.int32)
-  out_rest = y_int32.ndim - (x.ndim - num_contracting)  # the output's weight dims after its batch dims
-  x_scale = x_scale.reshape(x_scale.shape[:x.ndim - num_contracting] + (1,) * out_rest)
-  return (y_int32.astype(jnp.float32) * x_scale * scale).astype(dtype)
+  return dequantize_output(int8_dot(equation, xq, wq), x_scale, scale, num_contracting, dtype)
 
 
 def quantize_activations(x: jax.Array, num_contracting: int) -> tuple[jax.Array, jax.Array]:
   """Per-token symmetric int8 activations: (int8 xq, float32 scale with the contracted trailing dims kept as 1)."""
   xq, scale = quantize(x, tuple(range(x.ndim - num_contracting, x.ndim)))
   return xq, scale.reshape(scale.shape + (1,) * num_contracting)
+
+
+def int8_dot(equation: str, xq: jax.Array, wq: jax.Array) -> jax.Array:
+  """w8a8's contraction: int8 x int8 with int32 accumulation (exact: no rounding inside the dot)."""
+  return jnp.einsum(equation, xq, wq, preferred_element_type=jnp.int32)
+
+
+def dequantize_output(y_int32: jax.Array, x_scale: jax.Array, scale: jax.Array, num_contracting: int,
+                      dtype: Any) -> jax.Array:
+  """w8a8's rescale of the int32 dot output by the per-token scale (`quantize_activations`' second output,
+  whose leading dims are the output's batch dims) and the per-output-channel weight scale, in `dtype`."""
+  batch = x_scale.ndim - num_contracting
+  x_scale = x_scale.reshape(x_scale.shape[:batch] + (1,) * (y_int32.ndim - batch))
+  return (y_int32.astype(jnp.float32) * x_scale * scale).astype(dtype)

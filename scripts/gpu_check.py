@@ -3,10 +3,14 @@ device, then SmolLM2-135M's and Qwen3-0.6B's dimensions at full depth against tr
 
   python scripts/gpu_check.py --output_json=gpu_check.json     # on a machine with a GPU (a few minutes)
   python scripts/gpu_check.py --quick                           # every part at toy sizes (CPU: interpret mode)
+  python scripts/gpu_check.py --parts=seed,int8 --output_json=$OUT/gpu_check.json   # the reference workload
+      # at 2,000 and 8,000 query tokens, and what w8a8 runs (its optimized HLO beside the JSON, in gpu_check_hlo/)
 
 Each part's result is written to --output_json as soon as it ends, so a run cut short keeps what it did.
 Exit status 1 when a kernel case or a parity check is off (maxscore/bench/gpu_check.py says what each is).
 """
+
+import os
 
 from absl import flags
 
@@ -37,7 +41,8 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     partial[name] = result
     cli.write_report(fv, to_json(partial))
 
-  report = gpu_check.run_gpu_check(opts, on_part=save)
+  hlo_dir = os.path.join(os.path.dirname(os.path.abspath(fv.output_json)), "gpu_check_hlo") if fv.output_json else None
+  report = gpu_check.run_gpu_check(opts, on_part=save, hlo_dir=hlo_dir)
   print("\n".join(gpu_check.summary_lines(report)))
   cli.write_report(fv, to_json(report))
   return 0 if gpu_check.all_ok(report) else 1

@@ -2,6 +2,7 @@
 path a GPU machine runs is the one tested here; its figures come from the GPU (BENCHMARKS.md)."""
 
 import json
+import pathlib
 
 import pytest
 
@@ -52,6 +53,10 @@ def test_a_kernel_case_off_or_a_failed_part_fails_the_check():
     ("--speed_workloads=qwen3-0.6b:beir=32x100x256", "is not model:layers:name=QxNxL"),
     ("--dtype=float16", "dtype='float16' must be float32 or bfloat16"),
     ("--parts=kernels,speeds", "each must be one of"),
+    ("--seed_workloads=qwen3-0.6b:reference=2000x500x20", "is not model:layers:name=QxNxL"),
+    ("--int8_workload=qwen3-0.6b:28:beir=32x100", "is not name=QUERYxITEMSxITEM_LEN"),
+    ("--int8_xla_variants=xla_gpu_triton_gemm_any", "is not flag=value[+flag=value...]"),
+    ("--hf_kv_gib=0", "must be > 0"),
 ])
 def test_bad_settings_are_one_line_errors(load_script, flag, message, capsys):
   with pytest.raises(SystemExit) as e:
@@ -64,3 +69,68 @@ def test_speed_workloads_group_by_model_and_depth():
   assert opts.speed_groups() == {("m", 30): ("a=1x2x3", "c=7x8x9"), ("n", 28): ("b=4x5x6",)}
   with pytest.raises(ValueError, match="not model:layers"):
     gpu_check.GpuCheckOptions(speed_workloads=("m:x:a=1x2x3",)).validate()
+
+
+def test_the_seed_and_int8_parts_run_at_tiny_shapes_on_cpu(load_script, tmp_path):
+  """`make gpu-check GPU_CHECK_FLAGS=--parts=seed,int8` at toy sizes: the same code the GPU call runs."""
+  out = tmp_path / "gpu_check.json"
+  status = load_script("gpu_check").run([
+      "gpu_check.py", "--quick", "--parts=seed,int8", "--seed_workloads=tiny-qwen3:1:reference=20x6x4",
+      "--int8_workload=tiny-qwen3:1:beir=8x3x16", "--int8_repeats=1", "--int8_inner=1",
+      "--int8_xla_variants=xla_gpu_triton_gemm_any=true,xla_no_such_flag=1", f"--output_json={out}"])
+  report = json.loads(out.read_text())
+  assert status == 0 and gpu_check.all_ok(report)
+  assert report["seed_parts"] == ["seed_reference"] and report["speed_parts"] == [] and "kernels" not in report
+  (w,) = report["seed_reference"]["workloads"]
+  names = {r["name"] for r in w["rows"]}
+  assert {"serial[pallas_gpu]", "packed[pallas_gpu]", "prefill_extend[pallas_gpu]", "auto[pallas_gpu]"} <= names
+  hf = [r for r in w["rows"] if r["algorithm"] == "hf_prefix_reuse"]
+  assert len(hf) == 1 and set(hf[0]["items_per_s_by_batch_size"]) == {"16", "64", "256"}  # all fit at 21 tokens
+  assert all(r["pct_peak"] > 0 for r in w["rows"])
+  assert max(w["checks"]["max_abs_logprob_diff_vs_serial[pallas_gpu]"].values()) <= gpu_check._SEED_BAND
+
+  int8 = report["int8"]
+  assert int8["packed_row_tokens"] == 16 + 3 * 16  # prefix 9 -> bucket 16, 3 slots of 16
+  proj = int8["projections"]
+  assert [p["name"] for p in proj["projections"]] == ["q", "k/v", "o", "gate/up", "down"]
+  for p in proj["projections"]:
+    assert p["hlo"]["w8a8"]["int8_dots"] >= 1 and p["hlo"]["int8_dot"]["int8_dots"] == 1, p["name"]
+    assert p["hlo"]["bf16"]["int8_dots"] == 0 and not p["hlo"]["bf16"]["quantizations"], p["name"]
+    assert len(p["hlo"]["w8a8"]["quantizations"]) == 1, p["name"]
+    assert {"bf16", "int8_weights", "w8a8", "quantize", "int8_dot", "dequantize",
+            "w8a8 [xla_gpu_triton_gemm_any=true]"} <= set(p["ms"]), p["name"]
+    assert "No such compile option" in p["errors"]["w8a8 [xla_no_such_flag=1]"], "an unknown flag is recorded"
+  assert "w8a8 weight [out, in]" in proj["projections"][3]["ms"]
+  (program,) = int8["program"].values()
+  # One layer: q, k, v, o, gate, up, down as int8 dots, and the four distinct inputs quantized once each
+  # (q/k/v and gate/up share theirs); the tied lm_head stays float.
+  assert program["dots"]["dot s8xs8 -> s32"] == 7 and len(program["quantizations"]) == 4
+  assert pathlib.Path(program["file"]).parent == tmp_path / "gpu_check_hlo"
+  assert (tmp_path / "gpu_check_hlo" / "gate_up_w8a8.hlo.txt").exists()
+  rows = {r["name"]: r for r in int8["model"]["rows"]}
+  assert set(rows) == {"auto[pallas_gpu]", "auto[pallas_gpu][int8_weights]", "auto[pallas_gpu][int8]"}
+  assert all(r["x_float"] > 0 for n, r in rows.items() if n != "auto[pallas_gpu]")
+  assert any(line.startswith("program packed_logprobs int8") for line in gpu_check.int8_lines(int8))
+
+
+def test_transformers_batches_are_those_whose_prefix_kv_fits():
+  reference = gpu_check._workload("m:28:r=2000x500x20")[2]
+  # Qwen3-0.6B, 28 layers: 2 (K, V) x 28 x 8 heads x 128 x 2,021 tokens x 2 bytes = 0.23 GB per item.
+  assert gpu_check.hf_batch_sizes("qwen3-0.6b", 28, reference, 16.0) == (16, 64)
+  assert gpu_check.hf_batch_sizes("qwen3-0.6b", 28, gpu_check._workload("m:28:r=8000x500x20")[2], 16.0) == (16,)
+  assert gpu_check.hf_batch_sizes("qwen3-0.6b", 28, reference, 60.0) == (16, 64, 256)
+  assert gpu_check.hf_batch_sizes("qwen3-0.6b", 28, reference, 0.1) == (16,), "the smallest always"
+
+
+def test_seed_and_int8_results_gate_the_check():
+  seed = lambda diff, rows=(dict(name="packed"),): dict(workloads=[dict(
+      rows=list(rows), checks={"max_abs_logprob_diff_vs_serial[k]": {"packed[k]": diff}})])
+  int8 = dict(projections={}, program={}, model={})
+  good = dict(seed_parts=["seed_a"], seed_a=seed(0.02), int8=int8)
+  assert gpu_check.all_ok(good)
+  assert not gpu_check.all_ok(dict(good, seed_a=seed(0.5)))
+  assert not gpu_check.all_ok(dict(good, seed_a=seed(float("nan"))))
+  assert not gpu_check.all_ok(dict(good, seed_a=seed(0.0, rows=(dict(name="packed", error="OOM"),))))
+  assert not gpu_check.all_ok(dict(good, seed_a=dict(error="ValueError: ...")))
+  assert not gpu_check.all_ok(dict(good, int8=dict(int8, model=dict(error="XlaRuntimeError: ..."))))
+  assert not gpu_check.all_ok(dict(good, int8=dict(error="ValueError: ...")))

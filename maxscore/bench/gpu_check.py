@@ -8,7 +8,15 @@
 3. the fine-tuning step (Qwen3-0.6B's dimensions, 28 layers, full and LoRA) with pallas_gpu's backward and
    with shared_prefix: step times and losses on the same weights and batches;
 4. the real-depth workloads (SmolLM2-135M's and Qwen3-0.6B's dimensions at full depth) against
-   transformers on the same GPU, in bfloat16, against the bf16 matmul peak measured in the run.
+   transformers on the same GPU, in bfloat16, against the bf16 matmul peak measured in the run;
+5. on request (`parts=int8`), what quantization=int8 (w8a8) runs: each projection's quantize, int8 dot and
+   dequantize timed against bf16, the optimized HLO read for int8 x int8 -> int32 dots and for where the
+   activation quantization is fused (maxscore/bench/int8_profile.py), and the model at full depth in bf16,
+   int8_weights and int8;
+6. on request (`parts=seed`), the reference workload of the field's multi-item scoring (a 2,000-token query,
+   500 items of 20 tokens, Qwen3-0.6B's dimensions at 28 layers), and the same at 8,000 query tokens: auto,
+   packed and prefill_extend against serial and transformers with prefix reuse, in the same process. It runs
+   last, one workload at a time, so a call cut short keeps the int8 part and the 2,000-token workload.
 
     report = run_gpu_check(GpuCheckOptions())   # JSON-ready; summary_lines(report) prints it
 
@@ -29,10 +37,12 @@ import numpy as np
 
 from layers.kernels import pallas_gpu, reference
 from layers.kernels.base import KernelOptions, PrefixKV, SegmentLayout
-from maxscore.bench import kernel_grads
-from maxscore.bench import measure, train_bench
+from maxscore.bench import int8_profile, kernel_grads, measure, train_bench
 from maxscore.bench.harness import BenchOptions, run_benchmark
+from maxscore.bench.suite import Workload, parse_workloads
 from maxscore.bench.train_bench import TrainBenchOptions
+from maxscore.config import load_config
+from maxscore.scoring.selector import packed_row_tokens
 
 # (name, prefix P, items N, item tokens L, q heads, kv heads, head_dim, dtype, cached prefix, window, softcap)
 _KERNEL_CASES = (
@@ -43,9 +53,14 @@ _KERNEL_CASES = (
     ("f32 window+softcap", 90, 6, 30, 4, 2, 64, "float32", False, 48, 50.0),
 )
 _TOLERANCE = {"float32": 2e-5, "bfloat16": 3e-2}
+# The seed part's gate on label log-probs against serial: bf16 at 28 layers differed by 0.008-0.022 in the
+# earlier GPU runs (BENCHMARKS.md); this catches a broken program, not bf16 rounding.
+_SEED_BAND = 0.1
 _TRITON_TARGET = "__gpu$xla.gpu.triton"  # Pallas' Triton custom call (jax/_src/pallas/triton)
 _TRITON_KERNELS = ("packed_flash_forward", "packed_flash_dq", "packed_flash_dkv")
-_PARTS = ("kernels", "kernel_grads", "scorer_parity", "train", "speed")
+_PARTS = ("kernels", "kernel_grads", "scorer_parity", "train", "speed", "int8", "seed")
+_DEFAULT_PARTS = _PARTS[:5]  # seed and int8 run when named (their own prepared call: BENCHMARKS.md)
+_HF_BATCH_SIZES = (16, 64, 256)  # transformers' batch sizes tried, those whose prefix K/V fits hf_kv_gib
 
 
 
@@ -60,12 +75,29 @@ class GpuCheckOptions:
   # Attention kernels the speed part times. Each adds four compiles per workload: with shared_prefix too the
   # whole check ran past ten minutes on an H100 (shared_prefix's speed rows are in BENCHMARKS.md).
   speed_kernels: tuple[str, ...] = ("pallas_gpu",)
-  parts: tuple[str, ...] = _PARTS      # the parts to run, in this order (a rerun of one part: parts=speed)
+  parts: tuple[str, ...] = _DEFAULT_PARTS  # the parts to run, in _PARTS' order (a rerun of one part: parts=speed)
+  # The seed part's workloads, "model:layers:name=QxNxL" each, run one after the other (each saved as it ends).
+  seed_workloads: tuple[str, ...] = ("qwen3-0.6b:28:reference=2000x500x20", "qwen3-0.6b:28:reference_8k=8000x500x20")
+  # transformers expands the prefix K/V to its batch in bf16: 28 layers of Qwen3-0.6B hold 0.23 GB per item at a
+  # 2,000-token query and 0.92 GB at 8,000, so batch 256 would need 59 and 235 GB. Batches of _HF_BATCH_SIZES
+  # whose K/V fits this many GiB are tried (the smallest always).
+  hf_kv_gib: float = 16.0
+  int8_workload: str = "qwen3-0.6b:28:beir=32x100x256"  # the int8 part's model, depth and shape (one packed row)
+  int8_repeats: int = 5                # int8 part: best of this many rounds of int8_inner back-to-back calls
+  int8_inner: int = 20
+  # Compile-time XLA options each w8a8 projection is also timed under ("flag=value+flag=value" per variant).
+  int8_xla_variants: tuple[str, ...] = ("xla_gpu_enable_triton_gemm=false", "xla_gpu_triton_gemm_any=true")
 
   def validate(self) -> "GpuCheckOptions":
     if self.dtype not in ("float32", "bfloat16"):
       raise ValueError(f"dtype={self.dtype!r} must be float32 or bfloat16")
     self.speed_groups()
+    for w in self.seed_workloads + (self.int8_workload,):
+      _workload(w)
+    int8_profile.check_variants(self.int8_xla_variants)
+    if self.hf_kv_gib <= 0 or self.int8_repeats < 1 or self.int8_inner < 1:
+      raise ValueError(f"hf_kv_gib={self.hf_kv_gib}, int8_repeats={self.int8_repeats} and int8_inner="
+                       f"{self.int8_inner} must be > 0")
     bad = [p for p in self.parts if p not in _PARTS]
     if bad or not self.parts:
       raise ValueError(f"parts={list(self.parts)}: each must be one of {list(_PARTS)}")
@@ -75,12 +107,26 @@ class GpuCheckOptions:
     """{(model, layers): (suite workloads...)} in the order given."""
     groups: dict[tuple[str, int], tuple[str, ...]] = {}
     for w in self.speed_workloads:
-      parts = w.split(":")
-      if len(parts) != 3 or not parts[1].isdigit() or "=" not in parts[2]:
-        raise ValueError(f"speed workload {w!r} is not model:layers:name=QxNxL")
-      key = (parts[0], int(parts[1]))
-      groups[key] = groups.get(key, ()) + (parts[2],)
+      model, layers, spec = _split(w)
+      groups[(model, layers)] = groups.get((model, layers), ()) + (spec,)
     return groups
+
+
+def _split(w: str) -> tuple[str, int, str]:
+  """"model:layers:name=QxNxL" as (model, layers, "name=QxNxL")."""
+  parts = w.split(":")
+  if len(parts) != 3 or not parts[1].isdigit() or "=" not in parts[2]:
+    raise ValueError(f"workload {w!r} is not model:layers:name=QxNxL")
+  return parts[0], int(parts[1]), parts[2]
+
+
+def _workload(w: str) -> tuple[str, int, Workload]:
+  """"model:layers:name=QxNxL" as (model, layers, Workload); a ValueError naming the form otherwise."""
+  model, layers, spec = _split(w)
+  (workload,) = parse_workloads((spec,))
+  if workload.batch_requests:
+    raise ValueError(f"workload {w!r}: one request per call here (no xREQUESTS)")
+  return model, layers, workload
 
 
 def _case_arrays(rng, b, p, n, l, nh, kh, h, dtype, cached):
@@ -191,6 +237,58 @@ def _bench(**kw) -> dict[str, Any]:
   return run_benchmark(BenchOptions(**kw).validate())
 
 
+def _labels(vocab_size: int) -> tuple[int, ...]:
+  """The bench's label ids (Qwen3's " yes"/" no"), or two small ids for a toy vocabulary."""
+  labels = BenchOptions.labels
+  return labels if max(labels) < vocab_size else (3, 7)
+
+
+def hf_batch_sizes(model: str, layers: int, workload: Workload, kv_gib: float) -> tuple[int, ...]:
+  """The batch sizes of _HF_BATCH_SIZES whose prefix K/V (bf16, expanded to the batch by transformers'
+  cache, every layer at once) fits `kv_gib`; the smallest always."""
+  cfg = load_config([f"model_name={model}", f"num_layers={layers}"]).model
+  per_item = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * (workload.query_len + 1 + workload.item_len) * 2
+  fits = tuple(b for b in _HF_BATCH_SIZES if b * per_item <= kv_gib * 2 ** 30)
+  return fits or _HF_BATCH_SIZES[:1]
+
+
+def seed_run(spec: str, kernels: tuple[str, ...], dtype: str, kv_gib: float, interpret: bool,
+             quick: bool) -> dict[str, Any]:
+  """One seed workload: serial (its first items), packed, prefill_extend and auto with each kernel, and
+  transformers with prefix reuse on the same device, against the matmul peak measured in the run."""
+  model, layers, w = _workload(spec)
+  sizes = hf_batch_sizes(model, layers, w, kv_gib)
+  vocab = load_config([f"model_name={model}"]).model.vocab_size
+  return _bench(model=model, num_layers=layers, suite=True, suite_workloads=(f"{w.name}={w.shape}",),
+                labels=_labels(vocab),
+                algorithms=("serial", "packed", "prefill_extend", "auto"), repeats=1 if quick else 3,
+                serial_items=2, hf_batch_size=sizes[0], hf_batch_sizes=sizes[1:], kernels=kernels,
+                peak_sizes=(256,) if quick else (2048, 4096),
+                overrides=(f"dtype={dtype}", f"weight_dtype={dtype}", f"kernel_interpret={str(interpret).lower()}"))
+
+
+def int8_check(opts: GpuCheckOptions, interpret: bool, hlo_dir: Optional[str]) -> dict[str, Any]:
+  """What w8a8 runs (module docstring, 5.): its projections at the packed row of opts.int8_workload, the
+  packed program's HLO at one layer, and the model at full depth in bf16, int8_weights and int8 (auto)."""
+  model, layers, w = _workload(opts.int8_workload)
+  kernel = opts.speed_kernels[0]
+  over = [f"dtype={opts.dtype}", f"weight_dtype={opts.dtype}", f"kernel_interpret={str(interpret).lower()}"]
+  config = load_config([f"model_name={model}", "num_layers=1", "quantization=int8", f"attention={kernel}",
+                        "compilation_cache_dir=none", "separator_token_id=198"] + over)
+  _, tokens = packed_row_tokens(w.query_len + 1, [w.item_len] * w.num_items, config.buckets)
+  out: dict[str, Any] = dict(workload=opts.int8_workload, kernel=kernel, packed_row_tokens=tokens)
+  out["projections"] = _guarded(lambda: int8_profile.profile(
+      config.model, tokens, opts.dtype, opts.int8_repeats, opts.int8_inner, opts.int8_xla_variants, hlo_dir))
+  out["program"] = _guarded(lambda: int8_profile.model_program_hlo(
+      config, (w.query_len + 1, w.num_items, w.item_len), hlo_dir))
+  out["model"] = _guarded(lambda: _bench(
+      model=model, num_layers=layers, query_len=w.query_len, num_items=w.num_items, item_len=w.item_len,
+      labels=_labels(config.model.vocab_size), algorithms=("auto",), kernels=(kernel,),
+      quantizations=("int8_weights", "int8"), hf_baseline=False,
+      repeats=1 if opts.quick else 3, peak_sizes=(256,) if opts.quick else (2048, 4096), overrides=tuple(over)))
+  return out
+
+
 def _guarded(part: Callable[[], Any]) -> Any:
   try:
     return part()
@@ -198,9 +296,10 @@ def _guarded(part: Callable[[], Any]) -> Any:
     return dict(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:])
 
 
-def run_gpu_check(opts: GpuCheckOptions, on_part: Optional[Callable[[str, Any], None]] = None) -> dict[str, Any]:
+def run_gpu_check(opts: GpuCheckOptions, on_part: Optional[Callable[[str, Any], None]] = None,
+                  hlo_dir: Optional[str] = None) -> dict[str, Any]:
   """The parts (module docstring) named in opts.parts; `on_part(name, result)` sees each as it ends (to save
-  it early)."""
+  it early). The int8 part writes the optimized HLO it reads under `hlo_dir` when given."""
   quick = opts.quick
   interpret = jax.default_backend() != "gpu"
   report: dict[str, Any] = dict(backend=jax.default_backend(), devices=[str(d) for d in jax.devices()],
@@ -248,6 +347,14 @@ def run_gpu_check(opts: GpuCheckOptions, on_part: Optional[Callable[[str, Any], 
     part(f"speed_{model}_{layers}", functools.partial(_bench, **kw), key="speed")
     runs.append(f"speed_{model}_{layers}")
   report["speed_parts"] = runs if "speed" in opts.parts else []
+  part("int8", lambda: int8_check(opts, interpret, hlo_dir))
+  seeds = []
+  for spec in opts.seed_workloads:
+    name = f"seed_{_workload(spec)[2].name}"
+    part(name, functools.partial(seed_run, spec, opts.speed_kernels, opts.dtype, opts.hf_kv_gib, interpret, quick),
+         key="seed")
+    seeds.append(name)
+  report["seed_parts"] = seeds if "seed" in opts.parts else []
   report["load_after"] = os.getloadavg()
   return report
 
@@ -286,23 +393,70 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
       for mode, c in train["shared_prefix_over_pallas_gpu"].items():
         lines.append(f"{mode}: shared_prefix step / pallas_gpu step {c['step_s_ratio']:.2f}; "
                      f"loss relative diff {c['loss_relative_diff']:.1e}")
-  for name in ["scorer_parity"] + report.get("speed_parts", []):
+  for name in ["scorer_parity"] + report.get("speed_parts", []) + report.get("seed_parts", []):
     r = report.get(name)
     if r is None:
       continue
     lines.append(f"== {name}")
     lines.append(f"ERROR {r['error']}\n{r.get('traceback', '')}" if "error" in r else summary(r))
+  if "int8" in report:
+    lines += ["== int8"] + int8_lines(report["int8"])
+  return lines
+
+
+def int8_lines(r: dict[str, Any]) -> list[str]:
+  """The int8 part's digest: each projection's parts against bf16, the program's dots and quantizations, and
+  the model's items/s in bf16, int8_weights and int8."""
+  if "error" in r:
+    return [f"ERROR {r['error']}\n{r.get('traceback', '')}"]
+  lines = [f"{r['workload']}, {r['kernel']}: one packed row of {r['packed_row_tokens']} tokens"]
+  proj = r["projections"]
+  if "error" in proj:
+    lines.append(f"projections: ERROR {proj['error']}")
+  else:
+    for p in proj["projections"]:
+      ms = ", ".join(f"{k} {v:.3f}" for k, v in p["ms"].items())
+      kinds = sorted({f"{d['kind']} {'x'.join(d['operands'])}->{d['result']}" for d in p["hlo"]["w8a8"]["dots"]})
+      lines.append(f"{p['name']:<8} ms: {ms}; w8a8 / bf16 {p['x_bf16']['w8a8']:.2f}x; w8a8 dots: {kinds}")
+      lines += [f"  {k}: ERROR {v}" for k, v in p.get("errors", {}).items()]
+    lines.append("one layer's projections, ms: " + ", ".join(f"{k} {v:.3f}" for k, v in proj["layer_ms"].items()))
+    lines.append("  against bf16 (> 1 faster): " + ", ".join(f"{k} {v:.2f}x" for k, v in proj["layer_x_bf16"].items()))
+  program = r["program"]
+  if "error" in program:
+    lines.append(f"program: ERROR {program['error']}")
+  else:
+    for name, facts in program.items():
+      fused = sorted({f"{q['fused_with']} ({','.join(c['kind'] for c in q['called_by'])})"
+                      for q in facts["quantizations"]})
+      lines.append(f"program {name}: dots {facts['dots']}; {len(facts['quantizations'])} activation quantizations, "
+                   f"fused with: {fused}; {facts['kernels']} kernels")
+  model = r["model"]
+  if "error" in model:
+    lines.append(f"model: ERROR {model['error']}")
+  else:
+    for row in model["rows"]:
+      lines.append(f"model {row['name']}: " + (row.get("error") or f"{row['items_per_s']:.1f} items/s"
+                   + (f", {row['x_float']:.2f}x bf16" if "x_float" in row else "")))
   return lines
 
 
 def all_ok(report: dict[str, Any]) -> bool:
   """Of the parts that ran (at least one): none failed; every kernel case, forward and backward, within
   tolerance; in the parity part every algorithm and kernel within 1e-4 of serial, and transformers within
-  1e-4 of the scorer."""
-  ran = [name for name in ("kernels", "kernel_grads", "scorer_parity", "train", *report.get("speed_parts", []))
-         if name in report]
+  1e-4 of the scorer; in the seed part every row ran and every algorithm within _SEED_BAND of serial (bf16);
+  the int8 part's three pieces ran."""
+  ran = [name for name in ("kernels", "kernel_grads", "scorer_parity", "train", *report.get("speed_parts", []),
+                            *report.get("seed_parts", []), "int8") if name in report]
   if not ran or any(isinstance(report[name], dict) and "error" in report[name] for name in ran):
     return False
+  if "int8" in report and any("error" in report["int8"][k] for k in ("projections", "program", "model")):
+    return False
+  for name in report.get("seed_parts", []):
+    (w,) = report[name]["workloads"]
+    rows_ok = all("error" not in r for r in w["rows"])
+    diffs = [d for k, v in w["checks"].items() if k.startswith("max_abs_logprob_diff_vs_") for d in v.values()]
+    if not rows_ok or not diffs or not max(diffs) <= _SEED_BAND:  # NaN fails too
+      return False
   cases = [r for name in ("kernels", "kernel_grads") for r in report.get(name, [])]
   if not all(r["ok"] for r in cases):
     return False
