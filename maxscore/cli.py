@@ -12,6 +12,7 @@ same strict loader as configs/base.yml, so a flag and a YAML key are one setting
 
 import collections
 import contextlib
+import dataclasses
 import json
 import logging
 import logging.handlers
@@ -139,7 +140,9 @@ def define_entry_flags(fv: flags.FlagValues, entry: str, sections: Mapping[str, 
   keys = config_lib.entry_keys(sections)
   for key, section in keys.items():
     hints = typing.get_type_hints(sections[section])
-    _define(fv, key, hints[key], defaults.get(key), comments.get(key, ""))
+    allowed = {f.name: f.metadata.get("choices") for f in dataclasses.fields(sections[section])}[key]
+    help_ = comments.get(key, "") + (f" (one of: {' | '.join(allowed)})" if allowed else "")
+    _define(fv, key, hints[key], defaults.get(key), help_)
     fv.register_flag_by_module(sys.argv[0], fv[key])  # listed by the script's --help, as its own flags
 
 

@@ -321,6 +321,12 @@ def build_section(cls: type, values: Mapping[str, Any], where: str = "config") -
 CODE_ONLY = {"entry_key": False}
 
 
+def choices(names: Sequence[str]) -> dict[str, Any]:
+  """Field metadata of a string setting whose allowed values live in a registry (`names`, e.g. the prompt
+  templates): its flag's --help lists them, so the list is never written by hand."""
+  return {"choices": tuple(names)}
+
+
 def entry_keys(sections: Mapping[str, type]) -> dict[str, str]:
   """key -> section name over an entry point's sections (a key belongs to exactly one section); fields
   marked CODE_ONLY are not keys."""

@@ -50,6 +50,18 @@ def test_flags_are_the_yaml_keys(load_script, name):
   assert loaded == config_lib.load_entry(script.ENTRY, script.SECTIONS)
 
 
+@pytest.mark.parametrize("name", ["train_reranker", "eval_rerank", "eval_suite", "serve", "score_teacher"])
+def test_template_help_lists_every_template_of_the_registry(load_script, name):
+  """--help lists the templates from maxscore/rerank/prompts.py TEMPLATES (bge_gemma trains too), not a
+  hand-written list."""
+  from maxscore.rerank.prompts import TEMPLATES  # pylint: disable=import-outside-toplevel
+  script = load_script(name)
+  fv = flags.FlagValues()
+  script.define_flags(fv)
+  assert {"plain", "qwen3_reranker", "bge_gemma"} <= set(TEMPLATES)
+  assert f"(one of: {' | '.join(TEMPLATES)})" in fv["template"].help
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--batch_size=0"], "batch_size=0 must be >= 1"),
     (["--learning_rate=-1"], "learning_rate=-1.0 must be > 0"),

@@ -29,6 +29,7 @@ from typing import Literal, Optional, Sequence
 
 import numpy as np
 
+from maxscore import config as config_lib
 from maxscore.checkpoints.tokenizer import Tokenizer
 from maxscore.datasets import data
 from maxscore.errors import ScoreInputError
@@ -244,10 +245,15 @@ def _log_odds(scores_NxK: np.ndarray) -> np.ndarray:
 SCORE_MODES = {"p_first": (True, _p_first), "log_odds": (True, _log_odds), "raw_logit": (None, _p_first)}
 
 
+def template_setting(default: str = "plain"):
+  """The `template` field of a config section: a name in TEMPLATES, whose --help lists them all."""
+  return dataclasses.field(default=default, metadata=config_lib.choices(TEMPLATES))
+
+
 @dataclasses.dataclass(frozen=True)
 class PromptConfig:
   """How prompts and ranking scores are built from a rerank set (the eval and head training share it)."""
-  template: str = "plain"                  # a name in TEMPLATES
+  template: str = template_setting()
   instruction: str = DEFAULT_INSTRUCTION
   labels: tuple[str, ...] = ()             # label words or ids; () = the template's default labels
   score_mode: Literal["p_first", "log_odds", "raw_logit"] = "p_first"

@@ -57,7 +57,7 @@ class ServeConfig:
 class RerankPrompt:
   """How /v1/rerank turns (query, documents) into a request and a ranking score: the same keys and
   meaning as scripts/eval_rerank.py's, so the server ranks as the eval does."""
-  template: str = "plain"
+  template: str = prompts.template_setting()
   instruction: str = prompts.DEFAULT_INSTRUCTION
   labels: tuple[str, ...] = ()
   score_mode: Literal["p_first", "log_odds", "raw_logit"] = "p_first"

@@ -51,7 +51,7 @@ class TeacherConfig:
   rerank_top_k: int = 100
   output_run: Optional[str] = None
   overwrite: bool = False
-  template: str = "plain"
+  template: str = prompts.template_setting()
   instruction: str = prompts.DEFAULT_INSTRUCTION
   labels: tuple[str, ...] = ()
   score_mode: Literal["p_first", "log_odds", "raw_logit"] = "log_odds"
