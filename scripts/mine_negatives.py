@@ -44,10 +44,10 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     output = pathlib.Path(cfg.output)
     if output.exists() and not cfg.overwrite:
       raise FileExistsError(f"--output {output} exists; pass --overwrite to replace it")
-    records, counts = mining.mine(cfg)
+    records, counts = mining.mine(cfg, on_query=lambda: bar.update())  # skipped queries advance the bar too
     output.parent.mkdir(parents=True, exist_ok=True)
-    with safety.atomic_output(output) as out:
-      mining.write_records(tqdm.tqdm(records, total=counts.queries, unit="query", desc="mining"), out)
+    with tqdm.tqdm(total=counts.queries, unit="query", desc="mining") as bar, safety.atomic_output(output) as out:
+      mining.write_records(records, out)
   print(json.dumps({"output": cfg.output, **dataclasses.asdict(counts)}, indent=2))
 
 

@@ -54,6 +54,15 @@ def test_top_sampling_takes_the_range_without_judged_relevant_documents(beir):
   assert (counts.false_negatives_caught, counts.written, counts.negatives) == (3, 2, 6)
 
 
+def test_every_judged_query_reports_done_once_skipped_ones_too(beir):
+  root, run, _ = beir
+  done = []
+  records, counts = mining.mine(_cfg(root, run_file=str(run), range_max=6, num_negatives=3),
+                                on_query=lambda: done.append(counts.written))
+  assert len(list(records)) == 2 and counts.skipped_no_candidates == 1
+  assert done == [1, 2, 2]  # q1 and q2 written, then q3 skipped: each reported once, after it is handled
+
+
 def test_the_margin_drops_what_scores_near_the_lowest_positive(beir):
   root, run, _ = beir
   # q1's positives score 9 (d1) and 7 (d3): margin 1.5 drops every candidate scoring >= 5.5 (d2, d4)
@@ -95,8 +104,10 @@ def test_the_output_is_the_group_jsonl_that_trainers_read(beir, tmp_path, load_s
   out = tmp_path / "out" / "groups.jsonl"
   load_script("mine_negatives").run(["x", f"--data_dir={root}", f"--run_file={run}", f"--output={out}",
                                      "--range_max=8", "--num_negatives=2", "--prompt=Judge relevance"])
-  summary = json.loads(capsys.readouterr().out)
+  printed = capsys.readouterr()
+  summary = json.loads(printed.out)
   assert summary["written"] == 2 and summary["output"] == str(out)
+  assert "3/3" in printed.err  # the bar counts judged queries, q3 (skipped: in no run line) too
   groups = groups_lib.read_groups(out)
   for g in groups:  # FlagEmbedding's keys and types (sentence-transformers' hard-negative form: query/pos/neg)
     assert isinstance(g["query"], str) and g["prompt"] == "Judge relevance"

@@ -23,7 +23,7 @@ import dataclasses
 import hashlib
 import json
 import pathlib
-from typing import Iterable, Iterator, Literal, Optional
+from typing import Callable, Iterable, Iterator, Literal, Optional
 
 import numpy as np
 
@@ -111,9 +111,9 @@ def _run_rankings(path: pathlib.Path, qids: set, depth: int) -> dict[str, list[t
   return out
 
 
-def mine(cfg: MiningConfig) -> tuple[Iterator[dict], MiningCounts]:
+def mine(cfg: MiningConfig, on_query: Callable[[], None] = lambda: None) -> tuple[Iterator[dict], MiningCounts]:
   """The records of cfg.split's judged queries, in queries.jsonl order, and the counts (filled as the records are
-  consumed)."""
+  consumed). `on_query` is called once per judged query as it is done, skipped ones included."""
   cfg = cfg.validate()
   if not cfg.data_dir:
     raise MiningError("data_dir is required: a BEIR directory (corpus.jsonl, queries.jsonl, qrels/<split>.tsv)")
@@ -141,30 +141,36 @@ def mine(cfg: MiningConfig) -> tuple[Iterator[dict], MiningCounts]:
       all_scores = index.scores(queries[q])
       return [float(all_scores[position[d]]) for d in docs if d in position]
 
+  def record_of(qid: str) -> Optional[dict]:
+    ranked = ranking_of(qid)
+    texts = read(set(relevant[qid]) | {d for d, _ in ranked[cfg.range_min:cfg.range_max]})
+    pos_ids = [d for d in sorted(relevant[qid]) if d in texts]
+    if not pos_ids:
+      counts.skipped_no_positive += 1
+      return None
+    if not ranked:
+      counts.skipped_no_candidates += 1
+      return None
+    negatives = select_negatives(ranked, relevant[qid], scores_of(qid, set(pos_ids)), cfg, qid, counts)
+    negatives = [(d, s) for d, s in negatives if d in texts]
+    if not negatives:
+      counts.skipped_no_negative += 1
+      return None
+    counts.written += 1
+    counts.negatives += len(negatives)
+    counts.short += len(negatives) < cfg.num_negatives
+    record = {"query": queries[qid], "pos": [texts[d] for d in pos_ids], "neg": [texts[d] for d, _ in negatives],
+              "qid": qid, "pos_ids": pos_ids, "neg_ids": [d for d, _ in negatives]}
+    if cfg.prompt:
+      record["prompt"] = cfg.prompt
+    return record
+
   def records() -> Iterator[dict]:
     for qid in qids:
-      ranked = ranking_of(qid)
-      texts = read(set(relevant[qid]) | {d for d, _ in ranked[cfg.range_min:cfg.range_max]})
-      pos_ids = [d for d in sorted(relevant[qid]) if d in texts]
-      if not pos_ids:
-        counts.skipped_no_positive += 1
-        continue
-      if not ranked:
-        counts.skipped_no_candidates += 1
-        continue
-      negatives = select_negatives(ranked, relevant[qid], scores_of(qid, set(pos_ids)), cfg, qid, counts)
-      negatives = [(d, s) for d, s in negatives if d in texts]
-      if not negatives:
-        counts.skipped_no_negative += 1
-        continue
-      counts.written += 1
-      counts.negatives += len(negatives)
-      counts.short += len(negatives) < cfg.num_negatives
-      record = {"query": queries[qid], "pos": [texts[d] for d in pos_ids], "neg": [texts[d] for d, _ in negatives],
-                "qid": qid, "pos_ids": pos_ids, "neg_ids": [d for d, _ in negatives]}
-      if cfg.prompt:
-        record["prompt"] = cfg.prompt
-      yield record
+      record = record_of(qid)
+      on_query()  # written or skipped, the query is done: a progress bar over counts.queries reaches its total
+      if record is not None:
+        yield record
   return records(), counts
 
 
