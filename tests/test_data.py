@@ -65,6 +65,7 @@ def test_beir_loads_in_run_order_top_k_by_rank(beir):
     ("qrels_unknown_qid", "test.tsv:5: query-id 'q9' is not in queries.jsonl"),
     ("empty_corpus_text", "corpus.jsonl:7: document 'd6' has empty title and text"),
     ("unknown_docid", "run.trec:6: docid 'nope' is not in"),
+    ("empty_queries_file", "queries.jsonl is empty: it must hold the queries"),
 ])
 def test_beir_malformed_inputs_name_file_and_line(beir, case, fragment):
   d, run = beir
@@ -81,6 +82,10 @@ def test_beir_malformed_inputs_name_file_and_line(beir, case, fragment):
     _append(run, "q1 Q0 d6 3 0.1 bm25\n")
   elif case == "unknown_docid":
     _append(run, "q1 Q0 nope 3 0.1 bm25\n")
+  elif case == "empty_queries_file":  # not "query-id 'q1' is not in queries.jsonl" from the qrels
+    (d / "queries.jsonl").write_text("\n")
+    with pytest.raises(DataError, match=re.escape(fragment)):
+      data.read_queries(d / "queries.jsonl")
   with pytest.raises(DataError, match=re.escape(fragment)) as e:
     data.load_beir(d, run, "test")
   assert "\n" not in str(e.value)

@@ -206,6 +206,7 @@ def load_jsonl(path: os.PathLike, split: Optional[str] = "test", top_k: int = 0,
 
 # --- BEIR layout + TREC run ------------------------------------------------------------------
 def _read_queries(path: pathlib.Path, problems: _Problems) -> dict[str, str]:
+  """{qid: text}; an empty file is a DataError saying so (rather than, later, a qrels line's unknown qid)."""
   out, lines = {}, {}
   for where, rec in _json_records(path, problems):
     qid, text = record_id(rec.get("_id")), rec.get("text")
@@ -217,6 +218,8 @@ def _read_queries(path: pathlib.Path, problems: _Problems) -> dict[str, str]:
       problems("duplicate_qids", where, f"query {qid!r} already appeared at line {lines[qid]}")
     else:
       out[qid], lines[qid] = text, where
+  if not out and next(iter(_lines(path)), None) is None:
+    raise DataError(f'{path} is empty: it must hold the queries, one JSON record per line ({{"_id": ..., "text": ...}})')
   return out
 
 
