@@ -274,6 +274,10 @@ def test_bad_gguf_files_are_one_clear_error_and_nothing_is_written(small_llama, 
   if case == "truncated":
     data = path.read_bytes()
     path.write_bytes(data[:len(data) - 100])
+    for cut in (24, 200, len(data) // 2):  # inside the header, the metadata and the tensor data
+      (tmp_path / "cut.gguf").write_bytes(data[:cut])
+      with pytest.raises(ConversionError, match=rf"cut\.gguf is truncated: .*the file has {cut}\b"):
+        convert_gguf_checkpoint(tmp_path / "cut.gguf", tmp_path / "out")
   with pytest.raises(ConversionError, match=match) as e:
     convert_gguf_checkpoint(path, tmp_path / "out")
   assert "\n" not in str(e.value)

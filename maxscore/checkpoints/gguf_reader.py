@@ -78,6 +78,14 @@ def _gguf():
   return gguf
 
 
+class _Truncated(Exception):
+  """The parse needs bytes up to `end` of a file of `size` bytes."""
+
+  def __init__(self, end: int, size: int):
+    super().__init__(end, size)
+    self.end, self.size = end, size
+
+
 def plain_get(reader, offset, dtype, count=1, override_order=None):
   """GGUFReader._get (gguf 0.10-0.19: `count` values of `dtype` at byte `offset`) on a plain ndarray view of the
   reader's memory map, made once.
@@ -90,7 +98,10 @@ def plain_get(reader, offset, dtype, count=1, override_order=None):
   if plain is None:
     plain = reader._plain = reader.data.view(np.ndarray)
   count = int(count)
-  arr = plain[offset:offset + np.dtype(dtype).itemsize * count].view(dtype=dtype)[:count]
+  end = offset + np.dtype(dtype).itemsize * count
+  if end > len(plain):  # a cut file: say so, rather than an IndexError from the short slice further in
+    raise _Truncated(end, len(plain))
+  arr = plain[offset:end].view(dtype=dtype)[:count]
   return arr.view(arr.dtype.newbyteorder(reader.byte_order if override_order is None else override_order))
 
 
@@ -111,6 +122,9 @@ class GGUFFile:
       reader = _reader(self.path)
     except GGUFError:
       raise
+    except _Truncated as e:
+      raise GGUFError(f"{self.path} is truncated: reading it needs {e.end} bytes, the file has {e.size} (an "
+                      "interrupted download or copy?)") from None
     except Exception as e:  # gguf raises ValueError, KeyError, IndexError... for truncated or corrupt files
       raise GGUFError(f"{self.path} is not a readable GGUF file (truncated or corrupt?): {type(e).__name__}: "
                       f"{' '.join(str(e).split())[:200]}") from None
