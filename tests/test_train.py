@@ -3,6 +3,7 @@ kill-and-resume bit-exactness of the script, throughput reporting, train_backbon
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import pathlib
@@ -93,6 +94,21 @@ def test_optimizer_schedule():
   cfg = TrainConfig(learning_rate=0.1, warmup_steps=4, end_learning_rate=0.01)
   _, schedule = make_optimizer(cfg, 20)
   np.testing.assert_allclose([schedule(0), schedule(2), schedule(4), schedule(20)], [0.0, 0.05, 0.1, 0.01], rtol=1e-5)
+
+
+def test_a_warmup_longer_than_half_the_run_is_cut_to_half_so_the_run_decays(caplog):
+  """warmup_steps=10 on 4 steps: the rate peaks at step 2 and falls by the last step (step 3), with a warning;
+  without the cut the run would end at the peak and never decay."""
+  cfg = TrainConfig(learning_rate=0.1, warmup_steps=10, end_learning_rate=0.0)
+  with caplog.at_level(logging.WARNING):
+    _, schedule = make_optimizer(cfg, 4)
+  lrs = [float(schedule(i)) for i in range(4)]
+  np.testing.assert_allclose(lrs[:3], [0.0, 0.05, 0.1], rtol=1e-6)
+  assert lrs[3] < 0.1 and max(lrs) == lrs[2]
+  assert "warmup_steps=10 is more than half of the run's 4 steps: warming up for 2 steps" in caplog.text
+  caplog.clear()
+  make_optimizer(TrainConfig(warmup_steps=2), 4)
+  assert "warmup_steps" not in caplog.text  # no cut, no warning
 
 
 # --- training in-process ------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 import jax
 import optax
+from absl import logging
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,9 +31,15 @@ class OptimizerConfig:
 def make_optimizer(settings: Any, total_steps: int,
                    trainable: Optional[Any] = None) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """clip_by_global_norm, then AdamW on linear warmup + cosine decay to end_learning_rate; with a
-  `trainable` pytree of bools (the params' structure), frozen leaves are never updated."""
+  `trainable` pytree of bools (the params' structure), frozen leaves are never updated.
+
+  The warmup takes at most half the run (a warning says when warmup_steps is cut), so a short run both
+  reaches the peak and decays from it: warmup_steps=10 on a 4-step run would otherwise end at the peak rate."""
   cfg = OptimizerConfig.of(settings)
-  warmup = min(cfg.warmup_steps, max(total_steps - 1, 0))
+  warmup = min(cfg.warmup_steps, total_steps // 2)
+  if warmup < cfg.warmup_steps:
+    logging.warning("warmup_steps=%d is more than half of the run's %d steps: warming up for %d steps, then "
+                    "decaying", cfg.warmup_steps, total_steps, warmup)
   schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, warmup, max(total_steps, warmup + 1),
                                                 cfg.end_learning_rate)
   opt = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), optax.adamw(schedule, weight_decay=cfg.weight_decay))
