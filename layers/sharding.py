@@ -159,6 +159,21 @@ def abstract_put(x: Any, sharding: NamedSharding) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(np.shape(x), dtype, sharding=sharding)
 
 
+def compile_only(lowered: Any) -> Any:
+  """`lowered.compile()` for devices that cannot run it (a TPU or GPU topology described on a CPU host), kept
+  out of JAX's persistent compilation cache: such an executable is written there but cannot be read back (its
+  deserialization needs a client with devices: "PjRtCompiler must be constructed with a Client"), so a later
+  compile of the same program would warn instead of reusing it. No write, so later reads simply miss; the
+  setting is put back afterwards, and programs that run keep the cache."""
+  name = "jax_persistent_cache_min_compile_time_secs"
+  saved = getattr(jax.config, name)
+  jax.config.update(name, float("inf"))
+  try:
+    return lowered.compile()
+  finally:
+    jax.config.update(name, saved)
+
+
 def place_params(params: Any, model: ModelConfig, mesh: Optional[Mesh], quantization: str = "none",
                  quantization_group: int = 0) -> Any:
   """Moves unboxed params onto their NamedShardings (a no-op without a mesh)."""

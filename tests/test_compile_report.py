@@ -181,6 +181,26 @@ def test_script_console_has_no_libtpu_start_up_errors(tmp_path):
   assert not [n for n in LIBTPU_NOISE if n in r.stderr], r.stderr[-3000:]
 
 
+@pytest.mark.tpu_aot
+@pytest.mark.slow
+def test_deviceless_compiles_keep_out_of_the_persistent_cache(tmp_path):
+  """Two compile_check runs sharing a persistent compilation cache: the second prints no "Error reading persistent
+  compilation cache entry ... PjRtCompiler must be constructed with a Client" (a TPU executable compiled on this
+  host cannot be read back, so none is written), and the setting is back where it was after each compile."""
+  env = dict(processes.subprocess_env(1), JAX_COMPILATION_CACHE_DIR=str(tmp_path / "cache"),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  argv = [sys.executable, str(scripts.SCRIPTS_DIR / "compile_check.py"), "--topology=v6e:1x1", "--model=tiny-qwen3",
+          "--geometries=20x4x8", "dtype=bfloat16", "weight_dtype=bfloat16"]
+  for _ in range(2):
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert r.returncode == 0 and "=> FITS" in r.stdout, r.stderr[-3000:]
+    assert "persistent compilation cache" not in r.stderr, r.stderr[-3000:]
+  before = jax.config.jax_persistent_cache_min_compile_time_secs
+  lowered = jax.jit(lambda x: x + 1).lower(np.float32(1))
+  assert sharding.compile_only(lowered) is not None
+  assert jax.config.jax_persistent_cache_min_compile_time_secs == before
+
+
 def test_libtpu_filter_keeps_what_is_not_its_start_up_noise(capfd):
   noise = ("Failed to find host bounds for accelerator type: WARNING: could not determine TPU accelerator type\n"
            "WARNING: Logging before InitGoogle() is written to STDERR\n=== Source Location Trace: ===\n"

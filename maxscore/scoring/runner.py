@@ -254,7 +254,7 @@ class ModelRunner:
       if key in self._built and key not in self.programs:  # built by jit when a request ran
         return zeros(self._built[key])
       if key not in self.programs:
-        self.programs[key] = Program(name, kernel, *geometry, fn.lower(self.params, *args).compile(),
+        self.programs[key] = Program(name, kernel, *geometry, sharding.compile_only(fn.lower(self.params, *args)),
                                      jax.eval_shape(fn, self.params, *args))
         self._built[key] = self.programs[key].out_shape
       self.programs[key].calls += 1
