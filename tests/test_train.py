@@ -176,6 +176,16 @@ def test_feature_cache_and_determinism(frozen_run, tmp_path):
   assert rerun["resumed_from_step"] == again["steps"] and rerun["params_sha256"] == again["params_sha256"]
   assert rerun["throughput"]["wall_seconds"] > again["throughput"]["wall_seconds"]
   assert {**rerun["throughput"], "wall_seconds": None} == {**again["throughput"], "wall_seconds": None}
+  # A feature cache inside the workdir (README: --workdir=out/head --feature_cache=out/head/features.npz) is the
+  # run's own: written there, and kept when the run is restarted (nothing retrains), the same head.
+  own = tmp_path / "own"
+  inside = train_lib.train(cfg, PROMPT, None, _split("train", 6), _split("dev", 3), own,
+                           feature_cache=own / "features.npz", progress=False)
+  assert (own / "features.npz").is_file() and inside["params_sha256"] == summary["params_sha256"]
+  resumed = train_lib.train(cfg, PROMPT, None, _split("train", 6), _split("dev", 3), own,
+                            feature_cache=own / "features.npz", progress=False)
+  assert resumed["resumed_from_step"] == inside["steps"] and resumed["params_sha256"] == summary["params_sha256"]
+  assert (own / "features.npz").is_file()
   # Another workdir config in the same workdir is refused, not mixed.
   with pytest.raises(ResumeError, match=r"changed: train.seed"):
     train_lib.train(TrainConfig(**{**SMALL, "seed": 1}), PROMPT, None, _split("train", 6),

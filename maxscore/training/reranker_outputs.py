@@ -32,7 +32,10 @@ def prepare_outputs(workdir: pathlib.Path, export_dir: Optional[os.PathLike], ov
     raise TrainError(f"--export_dir={export_dir} copies the base checkpoint (config, tokenizer) with the trained "
                      f"weights, and --checkpoint_dir=none (a random-init model) has none; give --checkpoint_dir "
                      f"or leave out --export_dir")
-  inputs = [i for i in (base, feature_cache, *data_paths) if i is not None]
+  # A feature cache inside the workdir is the run's own (written by it, reused on resume, removed with the
+  # workdir by --overwrite), not an input the workdir would hold.
+  own_cache = feature_cache is not None and safety.resolve(workdir) in safety.resolve(feature_cache).parents
+  inputs = [i for i in (base, None if own_cache else feature_cache, *data_paths) if i is not None]
   safety.refuse_overlap([workdir], inputs, "--workdir")
   if export_dir and (base is None or safety.resolve(export_dir) != safety.resolve(base)):  # else: head/ into base
     safety.check_export_dir(export_dir, workdir, inputs, overwrite)
