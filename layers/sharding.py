@@ -159,7 +159,7 @@ def abstract_put(x: Any, sharding: NamedSharding) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(np.shape(x), dtype, sharding=sharding)
 
 
-def compile_only(lowered: Any) -> Any:
+def compile_deviceless(lowered: Any) -> Any:
   """`lowered.compile()` for devices that cannot run it (a TPU or GPU topology described on a CPU host), kept
   out of JAX's persistent compilation cache: such an executable is written there but cannot be read back (its
   deserialization needs a client with devices: "PjRtCompiler must be constructed with a Client"), so a later

@@ -254,8 +254,8 @@ class ModelRunner:
       if key in self._built and key not in self.programs:  # built by jit when a request ran
         return zeros(self._built[key])
       if key not in self.programs:
-        self.programs[key] = Program(name, kernel, *geometry, sharding.compile_only(fn.lower(self.params, *args)),
-                                     jax.eval_shape(fn, self.params, *args))
+        compiled = sharding.compile_deviceless(fn.lower(self.params, *args))
+        self.programs[key] = Program(name, kernel, *geometry, compiled, jax.eval_shape(fn, self.params, *args))
         self._built[key] = self.programs[key].out_shape
       self.programs[key].calls += 1
       return zeros(self.programs[key].out_shape)
