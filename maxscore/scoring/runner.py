@@ -254,7 +254,8 @@ class ModelRunner:
       if key in self._built and key not in self.programs:  # built by jit when a request ran
         return zeros(self._built[key])
       if key not in self.programs:
-        compiled = sharding.compile_deviceless(fn.lower(self.params, *args))
+        lowered = fn.lower(self.params, *args)  # abstract params: for devices this host may not have
+        compiled = sharding.compile_deviceless(lowered) if self.abstract else lowered.compile()
         self.programs[key] = Program(name, kernel, *geometry, compiled, jax.eval_shape(fn, self.params, *args))
         self._built[key] = self.programs[key].out_shape
       self.programs[key].calls += 1
