@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from maxscore.testing import processes
+from maxscore.distributed import processes
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MARK = "<!-- doc-test -->"
