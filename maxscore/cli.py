@@ -29,6 +29,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 from maxscore import config as config_lib
+from maxscore.distributed import peers
 from maxscore.files import safety
 
 
@@ -302,7 +303,11 @@ def run_script(main: Callable[[Sequence[str]], Any], define_flags: Optional[Call
     process = getattr(flags.FLAGS, "process_id", None) if "process_id" in flags.FLAGS else None
     name = f"{script}.process{process}.log" if process else f"{script}.log"  # one file per process
     console_logging(pathlib.Path(log_dir) / name if log_dir else None, verbose, after_claim=True)
-    status = main(argv)
+    try:
+      status = main(argv)
+    except Exception:  # a collective that failed because a peer process died: named in one line, exit 75
+      peers.stop_if_peer_lost()
+      raise
     return status if isinstance(status, int) else None
 
   argv = _expand_bare_v(sys.argv)

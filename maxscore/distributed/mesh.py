@@ -30,11 +30,13 @@ from typing import Any, Optional, Sequence
 import jax
 import numpy as np
 from absl import logging
+from jax._src import distributed as jax_distributed  # the runtime's client: JAX has no public handle to it
 from jax.experimental import mesh_utils, multihost_utils
 from jax.sharding import Mesh
 
 from layers.sharding import MESH_AXES
 from maxscore.config import MeshConfig
+from maxscore.distributed import peers
 
 class MeshError(ValueError):
   """The mesh config does not match the devices."""
@@ -201,7 +203,8 @@ def _json_default(x: Any) -> Any:
 def _collective(fn, *args, what: str):
   try:
     return fn(*args)
-  except jax.errors.JaxRuntimeError as e:
+  except (jax.errors.JaxRuntimeError, ValueError) as e:  # gloo's lost connection is a ValueError on CPU
+    peers.stop_if_peer_lost()  # a peer died: the watchdog names it and ends this process
     raise DistributedError(f"{what} across {jax.process_count()} processes failed; a peer process most likely "
                            f"died or became unreachable (restart every process to resume): {e}") from None
 
@@ -304,8 +307,8 @@ def initialize_distributed(coordinator_address: Optional[str] = None, num_proces
   Arguments, else JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, else an
   environment JAX detects itself (SLURM, Open MPI, Cloud TPU). A peer that has not joined
   within `initialization_timeout_s` is an error naming the coordinator; once running, a
-  peer that stops heartbeating for `heartbeat_timeout_s` makes every other process exit
-  non-zero (JAX's coordination service aborts them), so a lost host never hangs the job.
+  peer that stops heartbeating makes every other process exit with one line naming it, within
+  `heartbeat_timeout_s` (maxscore/distributed/peers.py), so a lost host never hangs the job.
   """
   if jax.distributed.is_initialized():
     return Processes(jax.process_index(), jax.process_count(), "already initialized")
@@ -347,6 +350,8 @@ def initialize_distributed(coordinator_address: Optional[str] = None, num_proces
     joined.set()
   logging.info("process %d of %d (%s), %d local / %d global devices", jax.process_index(), jax.process_count(),
               source, jax.local_device_count(), jax.device_count())
+  if jax.process_count() > 1:
+    peers.watch(jax_distributed.global_state.client, jax.process_index(), jax.process_count(), heartbeat_timeout_s)
   return Processes(jax.process_index(), jax.process_count(), source)
 
 
@@ -359,7 +364,8 @@ def define_flags(flag_values: Any = None) -> None:
   flags.DEFINE_integer("num_processes", None, "number of processes (default: from env/cluster)", flag_values=fv)
   flags.DEFINE_integer("process_id", None, "this process's id in [0, num_processes)", flag_values=fv)
   flags.DEFINE_integer("distributed_timeout_s", 300, "seconds to wait for every process to join", flag_values=fv)
-  flags.DEFINE_integer("heartbeat_timeout_s", 30, "a process silent this long is dead and the others exit non-zero",
+  flags.DEFINE_integer("heartbeat_timeout_s", 30, "a process silent this long is lost: the others name it and exit "
+                       f"{peers.LOST_PEER_EXIT_CODE} within it",
                        flag_values=fv)
 
 

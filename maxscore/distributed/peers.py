@@ -1,0 +1,167 @@
+"""A lost process, named (docs/ARCHITECTURE.md section 8).
+
+Every process of a multi-process job beats a counter in the coordination service's key-value store once a
+second, from a daemon thread, and reads every other process's counter. A counter that stands still for half of
+`heartbeat_timeout_s` means its process is lost: the watchdog prints one line naming it and saying that the same
+command resumes, flushes the consoles and log files, and ends this process with LOST_PEER_EXIT_CODE.
+
+Why not JAX's own detection: its coordination service declares a silent process dead after the whole
+heartbeat timeout and then aborts every other process from C++ (SIGABRT, a fatal-error dump, no name), and
+jaxlib's hook for that (`missed_heartbeat_callback`) cannot be used from Python: it fails converting the status
+it passes. Half the timeout lets the watchdog speak first. The service lives in process 0, so when process 0
+itself is lost JAX stops the others at once, before any Python runs; they still exit non-zero, and the same
+command resumes.
+
+A process that ends normally marks its counter done (atexit), so the others never take an early finisher for
+a lost one. Process 0, which holds the service, stops last: the others' runtime would abort them without it.
+"""
+
+import atexit
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any, Optional, Sequence
+
+# EX_TEMPFAIL: the job failed for a reason outside itself; running the same command again is the remedy.
+LOST_PEER_EXIT_CODE = 75
+_PREFIX = "maxscore_beat/"
+_DONE = "done"
+_STOPPING = "stopping"
+
+
+def lost_message(lost: Sequence[int], count: int, stale_s: float) -> str:
+  """The one line a surviving process prints."""
+  who = ", ".join(str(p) for p in lost)
+  return (f"error: process {who} of {count} stopped (no heartbeat for {stale_s:g} s): the job cannot go on "
+          f"without it, so this process stops too. Run the same command on every host to resume; finished work "
+          f"is kept")
+
+
+class Watchdog:
+  """The beating and watching thread of one process (start with `start`)."""
+
+  def __init__(self, client: Any, index: int, count: int, heartbeat_timeout_s: float):
+    self.client, self.index, self.count = client, index, count
+    self.stale_s = heartbeat_timeout_s / 2
+    self.interval_s = min(1.0, self.stale_s / 5)
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, name="maxscore-peer-watchdog", daemon=True)
+
+  def start(self) -> "Watchdog":
+    self._beat(0)
+    self._thread.start()
+    atexit.register(self.finish)
+    return self
+
+  def finish(self) -> None:
+    """This process ends normally: stop watching and mark it done, so no peer takes it for lost."""
+    if self._stop.is_set():
+      return
+    self._stop.set()
+    self._thread.join(timeout=5)
+    try:
+      self._beat(_DONE)
+    except Exception:  # pylint: disable=broad-except  (the service may be gone already: nothing to tell)
+      pass
+
+  def await_verdict(self) -> None:
+    """Gives the watchdog time to find a lost peer (it then ends this process); returns if it finds none."""
+    self._stop.wait(self.decision_s + 1.0)
+
+  @property
+  def decision_s(self) -> float:
+    """The longest a lost peer can go unnoticed: its counter's deadline plus two reads."""
+    return self.stale_s + 2 * self.interval_s
+
+  def _beat(self, value: Any) -> None:
+    self.client.key_value_set(f"{_PREFIX}{self.index}", str(value), allow_overwrite=True)
+
+  def _run(self) -> None:
+    seen = {p: (None, time.monotonic()) for p in range(self.count) if p != self.index}
+    beat = 0
+    while not self._stop.wait(self.interval_s):
+      beat += 1
+      try:
+        self._beat(beat)
+        values = dict(self.client.key_value_dir_get(_PREFIX))
+      except Exception:  # pylint: disable=broad-except  (the service is unreachable: process 0 is gone)
+        if self._stop.is_set():
+          return
+        self._lost([0])
+      now = time.monotonic()
+      for p, (value, since) in seen.items():
+        current = values.get(f"{_PREFIX}{p}")
+        if current != value:
+          seen[p] = (current, now)
+      lost = [p for p, (value, since) in seen.items() if value not in (_DONE, _STOPPING) and now - since > self.stale_s]
+      if lost and not self._stop.is_set():
+        self._lost(lost)
+
+  def _lost(self, lost: Sequence[int]) -> None:
+    """Ends this process naming `lost`. Process 0 holds the coordination service, whose end stops every other
+    process at once from C++: it goes last, once each other survivor has said it is stopping (or a deadline)."""
+    line = lost_message(lost, self.count, self.stale_s)
+    if self.index != 0:
+      _say(line)
+      try:
+        self._beat(_STOPPING)
+      finally:
+        exit_now(LOST_PEER_EXIT_CODE)
+    deadline = time.monotonic() + self.decision_s
+    others = {f"{_PREFIX}{p}" for p in range(1, self.count) if p not in lost}
+    while time.monotonic() < deadline:
+      try:
+        values = dict(self.client.key_value_dir_get(_PREFIX))
+      except Exception:  # pylint: disable=broad-except
+        break
+      if all(values.get(k) in (_DONE, _STOPPING) for k in others):
+        time.sleep(self.interval_s)  # their exit follows their word
+        break
+      time.sleep(0.1)
+    _say(line)
+    exit_now(LOST_PEER_EXIT_CODE)
+
+
+def _say(line: str) -> None:
+  """Flushes the consoles and every log handler, then prints `line` on stderr."""
+  try:
+    sys.stdout.flush()
+  except Exception:  # pylint: disable=broad-except
+    pass
+  for handler in logging.getLogger().handlers:
+    try:
+      handler.flush()
+    except Exception:  # pylint: disable=broad-except
+      pass
+  try:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+  except Exception:  # pylint: disable=broad-except
+    pass
+
+
+def exit_now(code: int) -> None:
+  """Ends the process at once: its main thread may be stuck in a collective that will never return, and an
+  orderly exit would wait for the lost peer."""
+  os._exit(code)  # pylint: disable=protected-access
+
+
+_WATCHDOG: Optional[Watchdog] = None
+
+
+def watch(client: Any, index: int, count: int, heartbeat_timeout_s: float) -> Watchdog:
+  """Starts this process's watchdog (once)."""
+  global _WATCHDOG
+  if _WATCHDOG is None:
+    _WATCHDOG = Watchdog(client, index, count, heartbeat_timeout_s).start()
+  return _WATCHDOG
+
+
+def stop_if_peer_lost() -> None:
+  """Called with an error in hand in a multi-process run: a collective that failed because a peer died raises
+  here first. Waits for the watchdog's verdict (it ends the process, naming the peer); returns if every peer
+  stays alive (the error is this process's own)."""
+  if _WATCHDOG is not None:
+    _WATCHDOG.await_verdict()
