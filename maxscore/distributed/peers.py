@@ -80,17 +80,19 @@ class Watchdog:
 
   def _run(self) -> None:
     seen = {p: (None, time.monotonic()) for p in range(self.count) if p != self.index}
-    beat = 0
+    beat, unreachable_since = 0, None
     while not self._stop.wait(self.interval_s):
       beat += 1
+      now = time.monotonic()
       try:
         self._beat(beat)
         values = dict(self.client.key_value_dir_get(_PREFIX))
-      except Exception:  # pylint: disable=broad-except  (the service is unreachable: process 0 is gone)
-        if self._stop.is_set():
-          return
-        self._lost([0])
-      now = time.monotonic()
+        unreachable_since = None
+      except Exception:  # pylint: disable=broad-except  (the service does not answer: process 0 may be gone)
+        unreachable_since = unreachable_since or now
+        if now - unreachable_since > self.stale_s and not self._stop.is_set():
+          self._lost([0])
+        continue
       for p, (value, since) in seen.items():
         current = values.get(f"{_PREFIX}{p}")
         if current != value:

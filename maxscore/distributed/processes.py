@@ -1,9 +1,15 @@
 """Starting JAX in other processes (host devices, jax.distributed): the child's environment and XLA flags, a free
-coordinator port. The tests and the training benchmark start their children with these."""
+coordinator port, and N processes started together with their outputs collected. The tests and the training
+benchmark start their children with these."""
 
+import dataclasses
 import os
 import pathlib
 import socket
+import subprocess
+import threading
+import time
+from typing import Callable, Mapping, Optional, Sequence
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -33,3 +39,54 @@ def free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     return s.getsockname()[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+  """One process's exit status, what it printed, and when it ended (time.time())."""
+  code: int
+  stdout: str
+  stderr: str
+  ended: float
+
+
+def coordinator_flags(port: int, count: int, index: int, heartbeat_timeout_s: int = 20) -> list[str]:
+  """The scripts' multi-process flags for process `index` of `count` on 127.0.0.1:`port`."""
+  return [f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={count}", f"--process_id={index}",
+          f"--heartbeat_timeout_s={heartbeat_timeout_s}"]
+
+
+def start_processes(command: Callable[[int], Sequence[str]], count: int, devices: int,
+                    env: Optional[Mapping[str, str]] = None) -> list[subprocess.Popen]:
+  """Starts `command(i)` for i in [0, count), each a child JAX process with `devices` CPU devices (subprocess_env,
+  updated with `env`); their stdout and stderr are piped (collect reads them)."""
+  child_env = {**subprocess_env(devices), **(env or {})}
+  return [subprocess.Popen(list(command(i)), env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+          for i in range(count)]
+
+
+def collect(procs: Sequence[subprocess.Popen], timeout_s: float = 600) -> list[Finished]:
+  """Waits for every process (reading their pipes as they go, so none blocks on a full pipe) and returns how each
+  ended; past `timeout_s` the ones still running are killed and reported as such (code -9)."""
+  results: list[Optional[tuple[str, str, float]]] = [None] * len(procs)
+
+  def read(i):
+    results[i] = (*procs[i].communicate(), time.time())
+  threads = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(len(procs))]
+  for t in threads:
+    t.start()
+  deadline = time.monotonic() + timeout_s
+  for t in threads:
+    t.join(max(0.0, deadline - time.monotonic()))
+  for p in procs:
+    if p.poll() is None:
+      p.kill()
+  for t in threads:
+    t.join()
+  return [Finished(p.returncode, *r) for p, r in zip(procs, results)]
+
+
+def run_processes(command: Callable[[int], Sequence[str]], count: int, devices: int, timeout_s: float = 600,
+                  env: Optional[Mapping[str, str]] = None) -> list[Finished]:
+  """start_processes, then collect: `count` processes of `devices` CPU devices each, run to their end."""
+  return collect(start_processes(command, count, devices, env), timeout_s)

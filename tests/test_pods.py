@@ -1,0 +1,221 @@
+"""Pods on one machine (docs/ARCHITECTURE.md section 8): 4 jax.distributed processes of 2 CPU devices each against
+one process of 8 devices with the same mesh shape, runs resumed on another number of processes, and a process
+killed mid-run (SIGKILL at a counted call, maxscore/testing/kill_at.py) named by the survivors in one line."""
+
+import json
+import pathlib
+import re
+import shutil
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from maxscore.distributed import mesh as mesh_lib
+from maxscore.distributed.peers import LOST_PEER_EXIT_CODE
+from maxscore.distributed import processes
+from maxscore.testing.kill_at import KILLED_AT
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+HEARTBEAT_S = 20  # the survivors stop within it (their watchdog: half of it)
+LOST_LINE = re.compile(r"error: process (\d+) of (\d+) stopped \(no heartbeat for [\d.]+ s\): .*Run the same "
+                       r"command on every host to resume; finished work is kept")
+# Eval: the mesh (data 4, tensor 2) as one process of 8 devices, as 4 processes with data across them and tensor
+# within, and as 2 processes (data 2 across them).
+EVAL = [sys.executable, str(REPO / "scripts" / "eval_rerank.py"), "--max_queries=8", "--noprogress"]
+EVAL_MESH = {1: ["ici_data_parallelism=4", "ici_tensor_parallelism=2"],
+             4: ["dcn_data_parallelism=4", "ici_data_parallelism=1", "ici_tensor_parallelism=2"],
+             2: ["dcn_data_parallelism=2", "ici_data_parallelism=1", "ici_tensor_parallelism=2"]}
+# Training: the mesh (data 2, fsdp 4) as one process of 8 devices and as 4 processes with fsdp across them and
+# data within; resumed as 2 processes (fsdp 2 across, data 2 within) and as one process of 2 devices (data 2).
+TRAIN = [sys.executable, str(REPO / "scripts" / "train_reranker.py"), "--train_backbone", "--use_bias=false",
+         "--max_train_queries=8", "--dev_split=", "--max_query_tokens=8", "--max_item_tokens=16", "--batch_size=8",
+         "--num_steps=5", "--eval_every=0", "--save_every=2", "--keep_checkpoints=3", "--warmup_steps=0",
+         "--learning_rate=1e-4", "--noprogress"]
+LORA = ["--lora_rank=4", "--lora_alpha=8", "--lora_targets=q,v,up"]
+TRAIN_MESH = {(1, 8): ["ici_data_parallelism=2", "ici_fsdp_parallelism=4"],
+              (4, 2): ["dcn_fsdp_parallelism=4", "ici_data_parallelism=2", "ici_fsdp_parallelism=1"],
+              (2, 2): ["dcn_fsdp_parallelism=2", "ici_data_parallelism=2", "ici_fsdp_parallelism=1"],
+              (1, 2): ["ici_data_parallelism=2"]}
+
+
+def _run(command, count: int, devices: int, *, killed: int = -1, kill_at: tuple[str, int] = ("", 0)):
+  """`command + mesh flags` as `count` processes of `devices` devices; process `killed` SIGKILLs itself at
+  `kill_at`. Returns (results, wall seconds)."""
+  port = processes.free_port()
+
+  def cmd(i):
+    flags = processes.coordinator_flags(port, count, i, HEARTBEAT_S) if count > 1 else []
+    if i == killed:
+      return [sys.executable, "-m", "maxscore.testing.kill_at", kill_at[0], str(kill_at[1]), *command[1:], *flags]
+    return [*command, *flags]
+  start = time.perf_counter()
+  results = processes.run_processes(cmd, count, devices, timeout_s=900)
+  return results, time.perf_counter() - start
+
+
+def _ok(results):
+  assert [r.code for r in results] == [0] * len(results), [r.stderr[-3000:] for r in results]
+
+
+def _assert_lost_named(results, killed: int):
+  """The killed process died by SIGKILL; every other one exited LOST_PEER_EXIT_CODE within the heartbeat timeout,
+  with the one line naming it as its last, and no crash dump or traceback. Returns the seconds the last one
+  took after the kill."""
+  assert results[killed].code == -9, results[killed].stderr[-2000:]
+  killed_at = float(results[killed].stderr.split(KILLED_AT)[-1].split()[0])
+  for i, r in enumerate(results):
+    if i == killed:
+      continue
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.code == LOST_PEER_EXIT_CODE, (i, r.code, r.stderr[-3000:])
+    m = LOST_LINE.fullmatch(last)
+    assert m and int(m.group(1)) == killed and int(m.group(2)) == len(results), (i, last)
+    assert sum(bool(LOST_LINE.fullmatch(l)) for l in r.stderr.splitlines()) == 1
+    for dump in ("Fatal Python error", "Traceback", "Check failure stack trace", "Terminating process"):
+      assert dump not in r.stderr, (i, dump, r.stderr[-3000:])
+  after = max(r.ended for r in results) - killed_at
+  assert after < HEARTBEAT_S, after
+  return after
+
+
+# --- eval ------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def eval_single(tmp_path_factory):
+  out = tmp_path_factory.mktemp("eval_single") / "out"
+  results, wall = _run(EVAL + [f"--output_dir={out}"] + EVAL_MESH[1], 1, 8)
+  _ok(results)
+  print(f"eval, 1 process x 8 devices: {wall:.1f}s wall")
+  return out
+
+
+@pytest.mark.slow
+def test_eval_four_processes_equal_one_process(eval_single, tmp_path):
+  out = tmp_path / "out"
+  results, wall = _run(EVAL + [f"--output_dir={out}"] + EVAL_MESH[4], 4, 2)
+  _ok(results)
+  print(f"eval, 4 processes x 2 devices: {wall:.1f}s wall")
+  for name in ("run.trec", "metrics.json", "metrics_per_query.jsonl"):
+    assert (out / name).read_bytes() == (eval_single / name).read_bytes(), name
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["processes"] == 4 and summary["data_groups"] == 4
+
+
+@pytest.mark.slow
+def test_eval_killed_in_four_processes_is_named_and_resumes_in_two(eval_single, tmp_path):
+  """Process 2 dies as it starts its second query; the others name it; 2 processes finish the eval, scoring only
+  what is missing, and the outputs are the one-process run's."""
+  out = tmp_path / "out"
+  results, wall = _run(EVAL + [f"--output_dir={out}"] + EVAL_MESH[4], 4, 2, killed=2, kill_at=("eval_query", 2))
+  print(f"eval, 4 processes, process 2 killed: {wall:.1f}s wall")
+  after = _assert_lost_named(results, 2)
+  print(f"the survivors named process 2 and stopped {after:.1f}s after the kill")
+  lines = (out / "results.jsonl").read_text().splitlines()
+  records = [json.loads(l) for l in lines[1:]]  # every line whole (the first is the header)
+  assert 4 <= len(records) < 8 and not (out / "run.trec").exists()
+  results, wall = _run(EVAL + [f"--output_dir={out}"] + EVAL_MESH[2], 2, 2)
+  _ok(results)
+  print(f"eval resumed by 2 processes: {wall:.1f}s wall")
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["queries_resumed"] == len(records) and summary["processes"] == 2
+  for name in ("run.trec", "metrics.json", "metrics_per_query.jsonl"):
+    assert (out / name).read_bytes() == (eval_single / name).read_bytes(), name
+
+
+# --- training --------------------------------------------------------------------------------------------------
+def _losses(workdir: pathlib.Path) -> dict[int, float]:
+  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  return {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
+
+
+def _train(root: pathlib.Path, extra, count: int, devices: int, **kill):
+  command = TRAIN + [f"--workdir={root / 'work'}", f"--export_dir={root / 'export'}", *extra,
+                     *TRAIN_MESH[(count, devices)]]
+  return _run(command, count, devices, **kill)
+
+
+@pytest.fixture(scope="module")
+def four_process_full(tmp_path_factory):
+  root = tmp_path_factory.mktemp("train4")
+  results, wall = _train(root, [], 4, 2)
+  _ok(results)
+  print(f"training (full), 4 processes x 2 devices: {wall:.1f}s wall")
+  return _losses(root / "work")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_training_four_processes_equal_one_process(tmp_path, four_process_full, lora):
+  extra = LORA if lora else []
+  results, wall = _train(tmp_path / "one", extra, 1, 8)
+  _ok(results)
+  print(f"training ({'lora' if lora else 'full'}), 1 process x 8 devices: {wall:.1f}s wall")
+  if lora:
+    results, wall = _train(tmp_path / "four", extra, 4, 2)
+    _ok(results)
+    print(f"training (lora), 4 processes x 2 devices: {wall:.1f}s wall")
+    four = _losses(tmp_path / "four" / "work")
+  else:
+    four = four_process_full
+  one = _losses(tmp_path / "one" / "work")
+  assert sorted(one) == sorted(four) == [1, 2, 3, 4, 5]
+  np.testing.assert_allclose([four[s] for s in one], list(one.values()), rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_training_killed_in_four_processes_is_named_and_resumes_in_two_and_one(tmp_path, four_process_full):
+  """Process 3 dies as step 4 begins; the others name it; the last checkpoint resumes in 2 processes and in one,
+  and the steps after it have the uninterrupted 4-process run's losses."""
+  root = tmp_path / "killed"
+  results, wall = _train(root, [], 4, 2, killed=3, kill_at=("train_step", 4))
+  print(f"training, 4 processes, process 3 killed: {wall:.1f}s wall")
+  after = _assert_lost_named(results, 3)
+  print(f"the survivors named process 3 and stopped {after:.1f}s after the kill")
+  work = root / "work"
+  steps = sorted(int(p.name) for p in (work / "checkpoints").iterdir() if p.name.isdigit())
+  assert steps == [2], steps  # the step-2 checkpoint, whole; nothing of a later one but Orbax's temporary names
+  assert not (work / "summary.json").exists()
+  for count, devices in ((1, 2), (2, 2)):
+    resumed = tmp_path / f"resumed_{count}"
+    shutil.copytree(root, resumed)
+    results, wall = _train(resumed, [], count, devices)
+    _ok(results)
+    print(f"training resumed by {count} process(es) x {devices} devices: {wall:.1f}s wall")
+    summary = json.loads((resumed / "work" / "summary.json").read_text())
+    assert summary["resumed_from_step"] == 2
+    losses = _losses(resumed / "work")
+    np.testing.assert_allclose([losses[s] for s in (3, 4, 5)], [four_process_full[s] for s in (3, 4, 5)],
+                               rtol=0, atol=1e-6)
+
+
+# --- the docs ---------------------------------------------------------------------------------------------------
+def test_readme_names_flags_and_environment_variables_that_exist():
+  """Every --flag and environment variable the README's multi-host section names is one a process reads: a flag
+  of the distributed start-up or of the scripts, or a variable JAX or maxscore reads."""
+  readme = (REPO / "README.md").read_text()
+  section = readme[readme.index("## Sharded meshes and several hosts"):]
+  section = section[:section.index("\n## ", 1)]
+  ours = [l for l in section.splitlines() if "gcloud" not in l and not l.strip().startswith("#SBATCH")]
+  flags = {f for f in re.findall(r"--([a-z_]+)\b(?!-)", "\n".join(ours)) if not f.startswith("xla_")}
+  from absl import flags as absl_flags  # pylint: disable=import-outside-toplevel
+  fv = absl_flags.FlagValues()
+  mesh_lib.define_flags(fv)
+  script_flags = {name for s in ("eval_rerank", "train_reranker") for name in _script_flags(s)}
+  assert flags and flags <= set(fv) | script_flags, flags - set(fv) - script_flags
+  variables = set(re.findall(r"\b((?:JAX|SLURM|TPU|XLA|OMPI)_[A-Z_]+)", section))
+  jax_src = pathlib.Path(mesh_lib.jax.__file__).parent / "_src"
+  jax_source = "\n".join(p.read_text() for p in [*jax_src.glob("clusters/*.py"), jax_src / "distributed.py",
+                                                  jax_src / "config.py", jax_src / "xla_bridge.py"])
+  maxscore_source = (REPO / "maxscore" / "distributed" / "mesh.py").read_text()
+  unknown = {v for v in variables if v not in jax_source and v not in maxscore_source and v != "XLA_FLAGS"}
+  assert variables and not unknown, unknown
+
+
+def _script_flags(name: str) -> set[str]:
+  from maxscore.testing.scripts import load_script  # pylint: disable=import-outside-toplevel
+  from absl import flags as absl_flags  # pylint: disable=import-outside-toplevel
+  module = load_script(name)
+  fv = absl_flags.FlagValues()
+  module.define_flags(fv)
+  return set(fv)
