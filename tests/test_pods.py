@@ -7,12 +7,14 @@ import pathlib
 import re
 import shutil
 import sys
+import threading
 import time
 
 import numpy as np
 import pytest
 
 from maxscore.distributed import mesh as mesh_lib
+from maxscore.distributed import peers
 from maxscore.distributed.peers import LOST_PEER_EXIT_CODE
 from maxscore.distributed import processes
 from maxscore.testing.kill_at import KILLED_AT
@@ -190,6 +192,7 @@ def test_training_killed_in_four_processes_is_named_and_resumes_in_two_and_one(t
 
 
 # --- the docs ---------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_readme_names_flags_and_environment_variables_that_exist():
   """Every --flag and environment variable the README's multi-host section names is one a process reads: a flag
   of the distributed start-up or of the scripts, or a variable JAX or maxscore reads."""
@@ -219,3 +222,76 @@ def _script_flags(name: str) -> set[str]:
   fv = absl_flags.FlagValues()
   module.define_flags(fv)
   return set(fv)
+
+
+# --- the watchdog alone ------------------------------------------------------------------------------------------
+class _KeyValues:
+  """The coordination service's key-value store as the watchdog uses it."""
+
+  def __init__(self):
+    self.values, self.lock = {}, threading.Lock()
+
+  def key_value_set(self, key, value, allow_overwrite=False):
+    assert allow_overwrite
+    with self.lock:
+      self.values[key] = value
+
+  def key_value_dir_get(self, prefix):
+    with self.lock:
+      return [(k, v) for k, v in self.values.items() if k.startswith(prefix)]
+
+
+def _watch_until_verdict(monkeypatch, index: int, silent: dict[int, str], timeout_s: float = 2.0):
+  """A watchdog of process `index` of 3 (heartbeat timeout 1 s) whose other peers beat, except those in `silent`
+  (peer -> its last value); (exit code, stderr line) when it stops the process, or None."""
+  store, ended = _KeyValues(), []
+  stopped, released = threading.Event(), threading.Event()
+
+  def fake_exit(code):  # the watchdog thread waits here instead of ending the test process
+    ended.append(code)
+    stopped.set()
+    released.wait()
+  monkeypatch.setattr(peers, "exit_now", fake_exit)
+  said = []
+  monkeypatch.setattr(peers, "_say", said.append)
+  watchdog = peers.Watchdog(store, index, 3, heartbeat_timeout_s=1.0)
+  for p, value in silent.items():
+    store.key_value_set(f"{peers._PREFIX}{p}", value, allow_overwrite=True)  # pylint: disable=protected-access
+  beating = [p for p in range(3) if p != index and p not in silent]
+  done = threading.Event()
+
+  def beat():
+    n = 0
+    while not done.wait(0.05):
+      n += 1
+      for p in beating:
+        store.key_value_set(f"{peers._PREFIX}{p}", str(n), allow_overwrite=True)  # pylint: disable=protected-access
+  threading.Thread(target=beat, daemon=True).start()
+  watchdog.start()
+  try:
+    stopped.wait(timeout_s)
+  finally:
+    done.set()
+    watchdog._stop.set()  # pylint: disable=protected-access
+    released.set()
+  return (ended[0], said[0]) if ended else None
+
+
+@pytest.mark.slow
+def test_watchdog_names_the_silent_peer_and_only_it(monkeypatch):
+  code, line = _watch_until_verdict(monkeypatch, 1, {2: "7"})
+  assert code == LOST_PEER_EXIT_CODE and LOST_LINE.fullmatch(line) and line.startswith("error: process 2 of 3 ")
+  # A peer that ended normally, or is stopping itself, is not lost.
+  assert _watch_until_verdict(monkeypatch, 1, {2: "done"}) is None
+  assert _watch_until_verdict(monkeypatch, 0, {2: "stopping"}) is None
+
+
+@pytest.mark.slow
+def test_process_zero_speaks_last(monkeypatch):
+  """Process 0 holds the coordination service: it waits (up to its decision time) for the other survivors to say
+  they are stopping, so their runtime does not abort them first."""
+  start = time.monotonic()
+  code, line = _watch_until_verdict(monkeypatch, 0, {2: "7"}, timeout_s=5.0)
+  waited = time.monotonic() - start
+  assert code == LOST_PEER_EXIT_CODE and line.startswith("error: process 2 of 3 ")
+  assert waited > 0.5 + peers.Watchdog(None, 0, 3, 1.0).decision_s - 0.3  # process 1 beats on, never says stopping

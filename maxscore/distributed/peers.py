@@ -111,6 +111,7 @@ class Watchdog:
         self._beat(_STOPPING)
       finally:
         exit_now(LOST_PEER_EXIT_CODE)
+      return
     deadline = time.monotonic() + self.decision_s
     others = {f"{_PREFIX}{p}" for p in range(1, self.count) if p not in lost}
     while time.monotonic() < deadline:

@@ -82,23 +82,28 @@ def place(tree: Any, shardings: Any) -> Any:
 
 
 def local_rows(batch_size: int, mesh: Mesh) -> np.ndarray:
-  """The rows of a global batch that this process's devices hold: one contiguous block (every row on one
-  process). Each process builds only these rows."""
+  """The rows of a global batch that this process's devices hold, ascending; each process builds only these rows.
+  They need not be one block: with fsdp across processes and data within, a process holds one row block per
+  data index."""
   index = batch_sharding(mesh).addressable_devices_indices_map((batch_size,))
-  rows = sorted({r for s in index.values() for r in range(*s[0].indices(batch_size))})
-  if rows != list(range(rows[0], rows[-1] + 1)):
-    raise TrainError(f"this process's devices hold rows {rows} of the batch of {batch_size}, not one block; "
-                     "order the mesh so that each process's devices are adjacent along data x fsdp")
-  return np.asarray(rows)
+  return np.asarray(sorted({r for s in index.values() for r in range(*s[0].indices(batch_size))}))
 
 
 def place_batch(local_batch: Any, batch_size: int, mesh: Mesh) -> Any:
-  """The global batch from each process's own rows (`local_rows`), split on its leading axis over data x fsdp."""
+  """The global batch from each process's own rows (`local_rows`, in that order), split on its leading axis over
+  data x fsdp."""
   sharding = batch_sharding(mesh)
   if jax.process_count() == 1:
     return jax.tree_util.tree_map(lambda x: jax.device_put(np.asarray(x), sharding), local_batch)
-  return jax.tree_util.tree_map(lambda x: jax.make_array_from_process_local_data(
-      sharding, np.asarray(x), (batch_size, *np.shape(x)[1:])), local_batch)
+  position = {r: i for i, r in enumerate(local_rows(batch_size, mesh))}
+
+  def one(x):
+    x = np.asarray(x)
+    shape = (batch_size, *x.shape[1:])
+    shards = [jax.device_put(x[[position[r] for r in range(*index[0].indices(batch_size))]], device)
+              for device, index in sharding.addressable_devices_indices_map(shape).items()]
+    return jax.make_array_from_single_device_arrays(shape, sharding, shards)
+  return jax.tree_util.tree_map(one, local_batch)
 
 
 def check_restorable(stored: Any, target: Any, what: str) -> None:
