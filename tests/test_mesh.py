@@ -212,6 +212,11 @@ def test_single_process_helpers_are_local(monkeypatch):
   assert mesh_lib.broadcast_from_process0([1, 2]) == [1, 2]
 
 
+def test_a_heartbeat_timeout_too_short_is_refused():
+  with pytest.raises(mesh_lib.DistributedError, match=r"heartbeat_timeout_s=2 is too short.*at least 4"):
+    mesh_lib.initialize_distributed("127.0.0.1:1", 2, 0, heartbeat_timeout_s=2)
+
+
 def test_missing_peer_is_a_clear_error_not_a_hang():
   code = ("from maxscore.distributed import mesh\n"
           f"mesh.initialize_distributed('127.0.0.1:{_free_port()}', 2, 0, initialization_timeout_s=3)\n")

@@ -284,6 +284,7 @@ def detect_cluster() -> Optional[str]:
 
 
 _JAX_TIMEOUT_MARGIN_S = 10  # jax's own deadline comes this much after ours
+_MIN_HEARTBEAT_TIMEOUT_S = 4  # the watchdog decides at half of it, beating every 1/10 of it
 
 
 def _watchdog(seconds: float, message: str) -> threading.Event:
@@ -327,6 +328,9 @@ def initialize_distributed(coordinator_address: Optional[str] = None, num_proces
         return Processes(0, 1, "single process")
   if num_processes == 1 and process_id in (None, 0):
     return Processes(0, 1, "single process")
+  if heartbeat_timeout_s < _MIN_HEARTBEAT_TIMEOUT_S:
+    raise DistributedError(f"heartbeat_timeout_s={heartbeat_timeout_s} is too short: a busy host would be taken "
+                           f"for a lost one; use at least {_MIN_HEARTBEAT_TIMEOUT_S}")
   if num_processes is not None and process_id is not None and not 0 <= process_id < num_processes:
     raise DistributedError(f"process_id={process_id} must be in [0, num_processes={num_processes}) ({source})")
   where = (f"process {'?' if process_id is None else process_id} of {num_processes or '?'} with coordinator "
