@@ -213,7 +213,7 @@ def test_single_process_helpers_are_local(monkeypatch):
 
 
 def test_a_heartbeat_timeout_too_short_is_refused():
-  with pytest.raises(mesh_lib.DistributedError, match=r"heartbeat_timeout_s=2 is too short.*at least 4"):
+  with pytest.raises(mesh_lib.DistributedError, match=r"heartbeat_timeout_s=2 is too short.*at least 6"):
     mesh_lib.initialize_distributed("127.0.0.1:1", 2, 0, heartbeat_timeout_s=2)
 
 

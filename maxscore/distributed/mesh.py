@@ -284,7 +284,7 @@ def detect_cluster() -> Optional[str]:
 
 
 _JAX_TIMEOUT_MARGIN_S = 10  # jax's own deadline comes this much after ours
-_MIN_HEARTBEAT_TIMEOUT_S = 4  # the watchdog decides at half of it, beating every 1/10 of it
+_MIN_HEARTBEAT_TIMEOUT_S = 6  # the watchdog decides at a third of it
 
 
 def _watchdog(seconds: float, message: str) -> threading.Event:

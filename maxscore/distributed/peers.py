@@ -1,14 +1,14 @@
 """A lost process, named (docs/ARCHITECTURE.md section 8).
 
 Every process of a multi-process job beats a counter in the coordination service's key-value store once a
-second, from a daemon thread, and reads every other process's counter. A counter that stands still for half of
-`heartbeat_timeout_s` means its process is lost: the watchdog prints one line naming it and saying that the same
+second, from a daemon thread, and reads every other process's counter. A counter that stands still for a third
+of `heartbeat_timeout_s` means its process is lost: the watchdog prints one line naming it and saying that the same
 command resumes, flushes the consoles and log files, and ends this process with LOST_PEER_EXIT_CODE.
 
 Why not JAX's own detection: its coordination service declares a silent process dead after the whole
 heartbeat timeout and then aborts every other process from C++ (SIGABRT, a fatal-error dump, no name), and
 jaxlib's hook for that (`missed_heartbeat_callback`) cannot be used from Python: it fails converting the status
-it passes. Half the timeout lets the watchdog speak first. The service lives in process 0, so when process 0
+it passes. Deciding at a third of the timeout lets the watchdog speak first, with time to spare on a loaded host. The service lives in process 0, so when process 0
 itself is lost JAX stops the others at once, before any Python runs; they still exit non-zero, and the same
 command resumes.
 
@@ -44,7 +44,7 @@ class Watchdog:
 
   def __init__(self, client: Any, index: int, count: int, heartbeat_timeout_s: float):
     self.client, self.index, self.count = client, index, count
-    self.stale_s = heartbeat_timeout_s / 2
+    self.stale_s = heartbeat_timeout_s / 3
     self.interval_s = min(1.0, self.stale_s / 5)
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._run, name="maxscore-peer-watchdog", daemon=True)
@@ -112,7 +112,7 @@ class Watchdog:
       finally:
         exit_now(LOST_PEER_EXIT_CODE)
       return
-    deadline = time.monotonic() + self.decision_s
+    deadline = time.monotonic() + 4 * self.interval_s  # they see the same counters stand still, a read apart
     others = {f"{_PREFIX}{p}" for p in range(1, self.count) if p not in lost}
     while time.monotonic() < deadline:
       try:
