@@ -29,6 +29,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 from maxscore import config as config_lib
+from maxscore import console, errors, interrupt
 from maxscore.distributed import peers
 from maxscore.files import safety
 
@@ -239,16 +240,40 @@ class _LogAfterClaim(logging.Handler):
       if not safety.is_claimed(self._directory, self._since):
         self._pending.append(record)
         return
-      self._file = _LogFile(self.path, encoding="utf-8", delay=True)
-      self._file.setFormatter(absl_logging.PythonFormatter())
-      while self._pending:
-        self._file.handle(self._pending.popleft())
+      self._open()
     self._file.handle(record)
+
+  def _open(self) -> None:
+    self._file = _LogFile(self.path, encoding="utf-8", delay=True)
+    self._file.setFormatter(absl_logging.PythonFormatter())
+    while self._pending:
+      self._file.handle(self._pending.popleft())
 
   def close(self) -> None:
     if self._file is not None:
       self._file.close()
     super().close()
+
+  def keep_if_owned(self) -> None:
+    """Writes the lines held so far when the log's directory is maxscore's (a run stopped by Ctrl-C before
+    its claim, e.g. while computing features: its log is kept); a directory of no run, or none, gets none."""
+    if self._file is None and self._pending and safety.is_owned(self._directory):
+      self._open()
+      self._file.flush()
+
+
+class _ProgressLines(logging.StreamHandler):
+  """The progress lines of a quiet console (maxscore/console.py), plain on stderr; absl's handler shows the
+  warnings and errors."""
+
+  def __init__(self):
+    super().__init__(sys.stderr)
+    self.setLevel(logging.INFO)
+    self.addFilter(lambda r: r.levelno < logging.WARNING and console.is_progress(r))
+
+  def emit(self, record: logging.LogRecord) -> None:
+    self.stream = sys.stderr  # the stderr of now (a test's capture replaces it)
+    super().emit(record)
 
 
 def console_logging(log_file: Optional[os.PathLike] = None, verbose: bool = False,
@@ -261,6 +286,8 @@ def console_logging(log_file: Optional[os.PathLike] = None, verbose: bool = Fals
   if root.level == logging.NOTSET or root.level > logging.INFO:
     root.setLevel(logging.INFO)
   absl_logging.get_absl_handler().setLevel(logging.NOTSET if verbose else logging.WARNING)
+  if not verbose and not any(isinstance(h, _ProgressLines) for h in root.handlers):
+    root.addHandler(_ProgressLines())
   if log_file is None:
     return None
   path = pathlib.Path(log_file)
@@ -288,11 +315,17 @@ HELP_FLAGS = ("--help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")
 
 
 def run_script(main: Callable[[Sequence[str]], Any], define_flags: Optional[Callable[[flags.FlagValues], None]] = None,
-               log_dir_flag: Optional[str] = None) -> None:
+               log_dir_flag: Optional[str] = None, ctrl_c: bool = True) -> None:
   """`app.run(main)` with quiet consoles: library INFO lines go to `<flag log_dir_flag>/<script>.log` (written
   only once the run has claimed that directory) and reach stderr only with --verbosity (or -v); warnings,
-  errors, the progress bar and the script's prints always show. --help exits 0. An int `main` returns is the
-  exit status; anything else it returns (a report, for tests calling it directly) exits 0."""
+  errors, progress lines and the script's prints always show. --help exits 0. An int `main` returns is the
+  exit status; anything else it returns (a report, for tests calling it directly) exits 0.
+
+  Ctrl-C (maxscore/interrupt.py; `ctrl_c=False` leaves SIGINT to the script, as the server's drain does): a
+  loop with safe points stops at the next one, anything else at once; either way one line on stderr, the log's
+  held lines kept when its directory is maxscore's, and exit status 130."""
+  if ctrl_c:
+    interrupt.install()
   if define_flags is not None:
     define_flags(flags.FLAGS)
   script = pathlib.Path(sys.argv[0]).stem
@@ -302,12 +335,8 @@ def run_script(main: Callable[[Sequence[str]], Any], define_flags: Optional[Call
     verbose = bool(flags.FLAGS["verbosity"].present) and flags.FLAGS.verbosity >= 0
     process = getattr(flags.FLAGS, "process_id", None) if "process_id" in flags.FLAGS else None
     name = f"{script}.process{process}.log" if process else f"{script}.log"  # one file per process
-    console_logging(pathlib.Path(log_dir) / name if log_dir else None, verbose, after_claim=True)
-    try:
-      status = main(argv)
-    except Exception:  # a collective that failed because a peer process died: named in one line, exit 75
-      peers.stop_if_peer_lost()
-      raise
+from maxscore import console, errors, interrupt
+from maxscore.distributed import peers
     return status if isinstance(status, int) else None
 
   argv = _expand_bare_v(sys.argv)

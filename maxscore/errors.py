@@ -26,7 +26,15 @@ class UnknownModelError(ScoreInputError):
   """A request names a model that is not served (the HTTP server answers 404; score.py an error line)."""
 
 
-class TrainingInterrupted(KeyboardInterrupt):
+class Interrupted(KeyboardInterrupt):
+  """Ctrl-C (SIGINT) seen at a safe point of a loop (maxscore/interrupt.py): the run stopped there; `message()`
+  is the one line the scripts print before exiting 130."""
+
+  def message(self) -> str:
+    return str(self.args[0]) if self.args else "stopped (Ctrl-C)"
+
+
+class TrainingInterrupted(Interrupted):
   """Ctrl-C (SIGINT) during a training loop: `step` steps were done; `saved` is the last checkpointed step
   (where the same command resumes; None = none yet), its writes finished before this is raised."""
 

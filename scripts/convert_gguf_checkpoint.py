@@ -17,7 +17,7 @@ from typing import Literal, Optional
 
 from absl import flags, logging
 
-from maxscore import cli
+from maxscore import cli, interrupt
 from maxscore.checkpoints.convert import convert_gguf_checkpoint
 
 
@@ -46,9 +46,10 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
   with cli.one_line_errors():
     opts = cli.entry_from_flags(fv, ENTRY, SECTIONS)["convert_gguf"]
     cli.require(opts, "gguf", "output_dir")
-    out = convert_gguf_checkpoint(opts.gguf, opts.output_dir, opts.dtype, overwrite=opts.overwrite,
-                                  quantize=opts.quantize, keep_layers=opts.keep_layers,
-                                  quantize_group_size=opts.quantize_group_size)
+    with interrupt.note(lambda: f"{opts.output_dir} is as it was"):  # Ctrl-C: no half-written output
+      out = convert_gguf_checkpoint(opts.gguf, opts.output_dir, opts.dtype, overwrite=opts.overwrite,
+                                    quantize=opts.quantize, keep_layers=opts.keep_layers,
+                                    quantize_group_size=opts.quantize_group_size)
   logging.info("wrote %s", out)
   print(out)
 

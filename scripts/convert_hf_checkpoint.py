@@ -13,7 +13,7 @@ from typing import Literal, Optional
 
 from absl import flags, logging
 
-from maxscore import cli
+from maxscore import cli, interrupt
 from maxscore.checkpoints.convert import convert_hf_checkpoint
 
 
@@ -42,9 +42,10 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
   with cli.one_line_errors():
     opts = cli.entry_from_flags(fv, ENTRY, SECTIONS)["convert"]
     cli.require(opts, "hf_dir", "output_dir")
-    out = convert_hf_checkpoint(opts.hf_dir, opts.output_dir, opts.dtype, overwrite=opts.overwrite,
-                                quantize=opts.quantize, keep_layers=opts.keep_layers,
-                                quantize_group_size=opts.quantize_group_size)
+    with interrupt.note(lambda: f"{opts.output_dir} is as it was"):  # Ctrl-C: no half-written output
+      out = convert_hf_checkpoint(opts.hf_dir, opts.output_dir, opts.dtype, overwrite=opts.overwrite,
+                                  quantize=opts.quantize, keep_layers=opts.keep_layers,
+                                  quantize_group_size=opts.quantize_group_size)
   logging.info("wrote %s", out)
   print(out)
 

@@ -6,7 +6,8 @@
       --data_dir=beir/scifact --run_file=bm25.trec --split=test --rerank_top_k=100 attention=shared_prefix
 
 Every flag is a key of configs/eval.yml; trailing `key=value` arguments override configs/base.yml keys.
-Input errors print one line and exit 2. A killed run restarted with the same flags resumes. The console
+Input errors print one line and exit 2. A killed run restarted with the same flags resumes; Ctrl-C stops after
+the query being scored with one line and exit 130. The console
 shows the progress bar, warnings, errors and the summary (first stage, reranked and fused, with deltas and
 p-values against the first stage); library INFO lines
 go to <output_dir>/eval_rerank.log (and the console with -v).
@@ -15,7 +16,7 @@ go to <output_dir>/eval_rerank.log (and the console with -v).
 
 from absl import flags
 
-from maxscore import cli
+from maxscore import cli, interrupt
 from maxscore.datasets import data
 from maxscore.files import safety
 from maxscore.rerank import eval as eval_lib, first_stage, metrics, plots
@@ -40,10 +41,12 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     safety.check_output_dir(run.output_dir, "eval",
                             [*data.input_paths(dataset), *(data.input_paths(dev) if dev else []), run.checkpoint_dir,
                              run.score_cache], "--output_dir")  # before loading a model
-    scorer = loading.build_scorer(run.checkpoint_dir, argv[1:], use_head=run.use_head, adapters_dir=run.adapters_dir)
-    report = eval_lib.run_eval(scorer, dataset, cfg, run.output_dir, overwrite=run.overwrite,
-                               progress=run.progress, fsync=run.fsync, gather_every=run.gather_every, dev=dev,
-                               score_cache=run.score_cache)
+    with interrupt.note(lambda: eval_lib.stop_note(run.output_dir)):  # Ctrl-C: one line (cli.run_script)
+      scorer = loading.build_scorer(run.checkpoint_dir, argv[1:], use_head=run.use_head,
+                                    adapters_dir=run.adapters_dir)
+      report = eval_lib.run_eval(scorer, dataset, cfg, run.output_dir, overwrite=run.overwrite,
+                                 progress=run.progress, fsync=run.fsync, gather_every=run.gather_every, dev=dev,
+                                 score_cache=run.score_cache)
   if report is not None:  # process 0 writes and reports; the others only score
     print(eval_lib.format_report(report))
     if run.plot and report.per_query:

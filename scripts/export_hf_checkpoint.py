@@ -13,7 +13,7 @@ from typing import Literal, Optional
 
 from absl import flags, logging
 
-from maxscore import cli
+from maxscore import cli, interrupt
 from maxscore.checkpoints.export import export_hf_checkpoint
 
 
@@ -41,8 +41,9 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
   with cli.one_line_errors():
     opts = cli.entry_from_flags(fv, ENTRY, SECTIONS)["export"]
     cli.require(opts, "checkpoint_dir", "output_dir")
-    out = export_hf_checkpoint(opts.checkpoint_dir, opts.output_dir, opts.dtype, adapters_dir=opts.adapters_dir,
-                               overwrite=opts.overwrite, drop_head=opts.drop_head)
+    with interrupt.note(lambda: f"{opts.output_dir} is as it was"):  # Ctrl-C: no half-written output
+      out = export_hf_checkpoint(opts.checkpoint_dir, opts.output_dir, opts.dtype, adapters_dir=opts.adapters_dir,
+                                 overwrite=opts.overwrite, drop_head=opts.drop_head)
   logging.info("wrote %s", out)
   print(out)
 

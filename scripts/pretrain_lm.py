@@ -18,6 +18,7 @@ from absl import flags
 
 from maxscore import cli
 from maxscore.lm import pretrain as pretrain_lib
+from maxscore.training import trainer
 
 ENTRY = "pretrain"
 SECTIONS = {"run": pretrain_lib.PretrainRun, "pretrain": pretrain_lib.PretrainConfig}
@@ -32,7 +33,8 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
   del argv
   with cli.one_line_errors():
     s = cli.entry_from_flags(fv, ENTRY, SECTIONS)
-    summary = pretrain_lib.run_pretraining(s["run"], s["pretrain"])
+    with trainer.ctrl_c_note(s["run"].workdir):  # Ctrl-C: one line (cli.run_script), where a rerun goes on from
+      summary = pretrain_lib.run_pretraining(s["run"], s["pretrain"])
   print(json.dumps(summary, indent=2))
 
 

@@ -22,20 +22,18 @@ a rerun resumes from) and exits 130.
 """
 
 import json
-import sys
 
 from absl import flags
 
 from maxscore import cli
 from maxscore.datasets import data
-from maxscore.errors import TrainingInterrupted
 from maxscore.rerank.prompts import PromptConfig
 from maxscore.training import groups
 from maxscore.training import reranker as train_lib
+from maxscore.training import trainer
 from maxscore.training.reranker_config import TrainConfig, TrainRun
 
 ENTRY = "train"
-INTERRUPTED = 130  # exit status after Ctrl-C (128 + SIGINT, as shells report it)
 SECTIONS = {"run": TrainRun, "train": TrainConfig, "prompt": PromptConfig}
 
 
@@ -59,18 +57,11 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
       train_set.queries = train_set.queries[:run.max_train_queries]
     if dev_set is not None and run.max_dev_queries:
       dev_set.queries = dev_set.queries[:run.max_dev_queries]
-    try:
+    with trainer.ctrl_c_note(run.workdir):  # Ctrl-C: one line (cli.run_script), where a rerun goes on from
       summary = train_lib.train(s["train"], s["prompt"], run.checkpoint_dir, train_set, dev_set, run.workdir,
                                 overrides=argv[1:], feature_cache=run.feature_cache, export_dir=run.export_dir,
                                 overwrite=run.overwrite, progress=run.progress,
                                 adapters_dir=run.adapters_dir)
-    except TrainingInterrupted as e:  # Ctrl-C: one line, the shell's 130; the checkpoints stay consistent
-      print(e.message(), file=sys.stderr)
-      sys.exit(INTERRUPTED)
-    except KeyboardInterrupt:
-      print("stopped outside the training steps (Ctrl-C); run the same command to go on from the last checkpoint",
-            file=sys.stderr)
-      sys.exit(INTERRUPTED)
   if summary:  # process 0 reports
     print(json.dumps(summary, indent=2))
 

@@ -17,6 +17,7 @@ import tempfile
 import uuid
 from typing import IO, Iterable, Iterator, Mapping, Optional
 
+from maxscore import interrupt
 from maxscore.errors import UnsafeOutputError
 
 MARKER = ".maxscore-owned"
@@ -100,7 +101,7 @@ def atomic_output(path: os.PathLike, mode: str = "w", fsync: bool = False) -> It
   done = False
   try:
     os.fchmod(fd, 0o666 & ~_UMASK)
-    with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+    with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f, interrupt.removed_on_stop(tmp):
       yield f
       f.flush()
       if fsync:
@@ -273,7 +274,9 @@ def replace_dir(directory: os.PathLike, kind: str, overwrite: bool = False,
   target.parent.mkdir(parents=True, exist_ok=True)
   tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
   try:
-    yield tmp
+    with interrupt.removed_on_stop(tmp):
+      yield tmp
+      interrupt.planted("replace_dir")  # a test's Ctrl-C with the new directory written, not yet in place
     mark_owned(tmp, kind, **info)
     os.chmod(tmp, 0o777 & ~_UMASK)
     swap_dir(tmp, target)

@@ -280,7 +280,8 @@ def pretrain(cfg: PretrainConfig, tokenizer_path: Optional[os.PathLike], train_t
                         trainer.placer(run.shardings, mesh, cfg.batch_size), lambda p, step: _held_out(evaluate, p), save,
                         run.log, schedule, partition.local_rows(cfg.batch_size, mesh))
   step_fn = trainer.jit_train_step(make_loss_fn(decoder), optimizer, run.shardings, mesh)
-  state, timing = trainer.loop(settings, run.state, step_fn, hooks)
+  with trainer.reports_interrupt(run.manager, workdir):
+    state, timing = trainer.loop(settings, run.state, step_fn, hooks)
   trainer.finish(run.manager, state, save)
   log, resume_step = run.log, run.resume_step
   log.close()

@@ -35,7 +35,7 @@ from tqdm import tqdm
 from maxscore.datasets import data
 from maxscore.rerank import eval_outputs, first_stage, fusion, listwise, pipeline, prompts, stages
 from maxscore.rerank.eval_outputs import EvalReport, format_report  # noqa: F401  (this module's public face)
-from maxscore import errors
+from maxscore import errors, interrupt
 from maxscore.datasets.data import RerankSet
 from maxscore.distributed import mesh as mesh_lib
 from maxscore.files import identity, safety
@@ -468,12 +468,15 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
   # records in order, while this one runs the model.
   prepare = lambda q: prepare_query(builder, q, cfg)
   prepared = pipeline.prefetched(prepare, mine, depth=2) if pipelined else map(prepare, mine)
-  with open(results_path, "a", encoding="utf-8") if lead else contextlib.nullcontext() as f, tqdm(
-      total=len(todo) + resumed, initial=resumed, unit="query", disable=not (progress and lead),
-      dynamic_ncols=True, desc="eval") as bar, pipeline.OrderedWriter(
+  with interrupt.stop_points(), open(results_path, "a", encoding="utf-8") if lead else contextlib.nullcontext() as f, \
+      tqdm(total=len(todo) + resumed, initial=resumed, unit="query", disable=not (progress and lead),
+           dynamic_ncols=True, desc="eval") as bar, pipeline.OrderedWriter(
           lambda rec: _append(f, rec, fsync, results_path), threaded=pipelined) as writer, \
           contextlib.closing(prepared) if pipelined else contextlib.nullcontext():
     for r0 in range(0, mesh_lib.num_rounds(len(todo), group.count), gather_every):
+      if interrupt.requested():  # a safe point: the records before are written (the writer finishes them)
+        raise errors.Interrupted(f"stopped (Ctrl-C) after {len(done)} of {len(todo) + resumed} queries; "
+                                 f"{stop_note(out)}")
       recs = []
       for _ in mine[r0:r0 + gather_every]:
         t0 = time.perf_counter()
@@ -488,8 +491,12 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
         items_done, seconds = items_done + len(rec["docids"]), seconds + rec["seconds"]
         bar.set_postfix_str(f"{items_done / max(seconds, 1e-9):.0f} items/s, {rec['algorithm']}", refresh=False)
         bar.update(1)
+        interrupt.planted(f"eval:{len(done)}")  # a test's Ctrl-C once this many queries are done
   if cache is not None:
     cache.close()
+  if interrupt.requested():  # during the last query: every record is written, the outputs are left to a rerun
+    raise errors.Interrupted(f"stopped (Ctrl-C) after {len(done)} of {len(todo) + resumed} queries; "
+                             f"{stop_note(out)}")
   if not lead:
     return None
   report = eval_outputs.finalize(dataset, queries, done, cfg, out, stages.dev_split(dev, dev_queries, done), key)
@@ -507,6 +514,14 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
   logging.info("eval: wrote %s", ", ".join(str(out / n) for n in
                                           ("run.trec", "metrics.json", "metrics_per_query.jsonl", "summary.json")))
   return dataclasses.replace(report, summary=summary)
+
+
+def stop_note(output_dir: os.PathLike) -> str:
+  """Where an eval stopped by Ctrl-C stands (maxscore/interrupt.py): what its results.jsonl keeps."""
+  path = pathlib.Path(output_dir) / RESULTS_FILE
+  if not path.is_file():
+    return f"nothing was written to {output_dir}"
+  return f"{path} keeps every query scored: run the same command to resume"
 
 
 def _append(f, rec: dict, fsync: bool, path: pathlib.Path) -> None:

@@ -28,6 +28,16 @@ def save(mgr: ocp.CheckpointManager, step: int, state: TrainState, fingerprint: 
                                          run=ocp.args.JsonSave(fingerprint)))
 
 
+def stop_note(workdir: pathlib.Path) -> str:
+  """Where a run stopped by Ctrl-C stands: its last complete checkpoint on disk (an Orbax save in flight is
+  still in a temporary directory, not a step's), or none."""
+  d = pathlib.Path(workdir) / "checkpoints"
+  steps = [int(p.name) for p in d.iterdir() if p.name.isdigit()] if d.is_dir() else []
+  if not steps:
+    return f"no checkpoint was written yet in {workdir}: a rerun starts over"
+  return f"the last checkpoint is step {max(steps)} in {workdir}: run the same command to resume from it"
+
+
 def check_identity(mgr: ocp.CheckpointManager, fingerprint: dict, workdir: pathlib.Path) -> Optional[int]:
   """The latest step (None in a fresh workdir); refuses (ResumeError) a workdir whose run had another config
   or data."""

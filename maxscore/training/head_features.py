@@ -27,6 +27,7 @@ from absl import logging
 
 from layers.decoder import Decoder
 from layers.kernels import SegmentLayout
+from maxscore import console, interrupt
 from maxscore.datasets.data import RerankSet
 from maxscore.errors import UnsafeOutputError
 from maxscore.files import identity, safety
@@ -122,8 +123,9 @@ def extract_features(scorer: Scorer, examples: Examples, algorithm: Optional[str
     h = scorer.hidden_states_requests([req], algorithm)[0]
     hidden[i, :len(h)] = h
     lps[i, :len(h)] = np.asarray(lp_fn(scorer.runner.params, h, np.asarray(req.label_ids, np.int32)))
-    if progress and (i + 1) % 20 == 0:
-      logging.info("features: %d/%d queries", i + 1, q)
+    if progress and ((i + 1) % 20 == 0 or i + 1 == q):
+      logging.info("features: %d/%d queries", i + 1, q, extra=console.PROGRESS)
+    interrupt.planted(f"features:{i + 1}")  # a test's Ctrl-C while features are computed
   return Features(hidden, lps, time.perf_counter() - start)
 
 

@@ -65,7 +65,7 @@ from maxscore.config import MeshConfig
 from maxscore.datasets import data
 from maxscore.datasets.data import RerankSet
 from maxscore.distributed import mesh as mesh_lib
-from maxscore.errors import TrainError, TrainingInterrupted
+from maxscore.errors import TrainError
 from maxscore.files import identity, safety
 from maxscore.heads import head
 from maxscore.rerank import metrics
@@ -370,12 +370,8 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
                         trainer.placer(run.shardings, mesh, cfg.batch_size), evaluate, save, run.log, schedule,
                         partition.local_rows(cfg.batch_size, mesh),
                         selection.should_stop if selection is not None else None)
-  try:
+  with trainer.reports_interrupt(run.manager, workdir):
     state, timing = trainer.loop(settings, run.state, step_fn, hooks)
-  except TrainingInterrupted as e:  # the checkpoint being written is finished: the run resumes from it
-    run.manager.wait_until_finished()
-    e.saved, e.workdir = run.manager.latest_step(), workdir
-    raise
   trainer.finish(run.manager, state, save, total_steps)
   run.log.close()
   final = partition.host_copy(state.params)

@@ -13,13 +13,14 @@ permutation of the examples drawn from PRNG(seed, epoch); a step takes the next 
 bit for bit (float32 on CPU).
 """
 
+import contextlib
 import dataclasses
 import functools
 import json
 import os
 import pathlib
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +30,7 @@ from absl import logging
 from jax.sharding import Mesh
 
 from layers import sharding as sharding_lib
+from maxscore import console, interrupt
 from maxscore.errors import TrainingInterrupted
 from maxscore.files import safety
 from maxscore.training import checkpoint, partition
@@ -38,8 +40,6 @@ from maxscore.training.state import TrainState, fresh
 # Test-only, not a setting: seconds `loop` sleeps after every step, so a test can kill a run between two
 # checkpoints (tests/test_train.py). Nothing else sets it.
 TEST_STEP_DELAY_ENV = "MAXSCORE_TEST_STEP_DELAY_S"
-
-
 def abstract_state(params: Any, optimizer: optax.GradientTransformation, data_key: jax.Array) -> TrainState:
   """The state's shapes and dtypes (no arrays allocated): what restore and compile-only programs need."""
   shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), params)
@@ -297,16 +297,13 @@ def loop(s: LoopSettings, state: TrainState, step_fn: Callable, hooks: Hooks) ->
     timing: where this process's time went (step, first step and eval seconds, items trained).
 
   Raises:
-    TrainingInterrupted: Ctrl-C (KeyboardInterrupt) during the loop, with the step reached.
+    TrainingInterrupted: Ctrl-C during the loop (maxscore/interrupt.py), with the step reached. The loop stops
+      at its next safe point: after a step (the first one's compile included), its metrics, eval and save.
   """
   delay_s = float(os.environ.get(TEST_STEP_DELAY_ENV) or 0)
   timing = Timing()
-  try:
+  with interrupt.stop_points():
     return _steps(s, state, step_fn, hooks, timing, delay_s)
-  except KeyboardInterrupt as e:
-    if isinstance(e, TrainingInterrupted):
-      raise
-    raise TrainingInterrupted(timing.steps_done) from None
 
 
 def _steps(s: LoopSettings, state: TrainState, step_fn: Callable, hooks: Hooks, timing: Timing,
@@ -317,9 +314,13 @@ def _steps(s: LoopSettings, state: TrainState, step_fn: Callable, hooks: Hooks, 
   if step == 0:
     _log_eval(hooks, 0, state.params, timing)
   while step < s.total_steps and not stop():
+    if interrupt.requested():  # a safe point: every step before is logged and its checkpoint handed on
+      raise TrainingInterrupted(step)
     idx = batch_indices(state, s.num_examples, s.batch_size)
     batch, items = hooks.make_batch(idx if hooks.local_rows is None else idx[hooks.local_rows], step)
     t = time.perf_counter()
+    if timing.first_step_seconds is None:
+      interrupt.planted("compile")  # a test's Ctrl-C as the first step is traced and compiled
     new_state, metrics = step_fn(*hooks.place(state, batch))
     metrics = {k: float(v) for k, v in partition.host_copy(metrics).items()}  # waits for the step
     dt = time.perf_counter() - t
@@ -342,11 +343,33 @@ def _steps(s: LoopSettings, state: TrainState, step_fn: Callable, hooks: Hooks, 
       _log_eval(hooks, step, state.params, timing)
     if (s.save_every and step % s.save_every == 0) or step == s.total_steps or stop():
       hooks.save(step, state)
+      interrupt.planted(f"save:{step}")  # a test's Ctrl-C while the save is in flight
     if s.progress and step % s.progress_every == 0:
-      logging.info("%s: step %d/%d loss %.4f", s.name, step, s.total_steps, loss)
+      logging.info("%s: step %d/%d loss %.4f", s.name, step, s.total_steps, loss, extra=console.PROGRESS)
+    interrupt.planted(f"step:{step}")
     if delay_s > 0:
       time.sleep(delay_s)
+  if interrupt.requested():  # during the last step: it is saved, and the rest of the run is left to a rerun
+    raise TrainingInterrupted(step)
   return state, timing
+
+
+@contextlib.contextmanager
+def reports_interrupt(mgr, workdir: pathlib.Path) -> Iterator[None]:
+  """Around the loop: Ctrl-C that stops it (TrainingInterrupted) names the last complete checkpoint, the writes
+  in flight finished first."""
+  try:
+    yield
+  except TrainingInterrupted as e:
+    mgr.wait_until_finished()
+    e.saved, e.workdir = mgr.latest_step(), pathlib.Path(workdir).resolve()
+    raise
+
+
+def ctrl_c_note(workdir: os.PathLike):
+  """Around a whole run (a script's call): Ctrl-C that stops the process at once, outside the loop (loading,
+  features, compiling the eval, exports), names the last complete checkpoint on disk, or none."""
+  return interrupt.note(lambda: checkpoint.stop_note(pathlib.Path(workdir).resolve()))
 
 
 def finish(mgr, state: TrainState, save: Callable[[int, TrainState], None], total_steps: Optional[int] = None) -> None:
