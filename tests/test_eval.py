@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+from maxscore import interrupt
 from maxscore.datasets import data
 from maxscore.errors import ResumeError
 from maxscore.lm.tokenizer_training import sample_texts
@@ -223,6 +224,27 @@ def test_kill_and_resume_gives_identical_outputs(scorer, tmp_path):
   assert summary["queries_resumed"] == done_before and summary["queries_scored"] == 60
   assert _outputs(out) == _outputs(tmp_path / "ref")
   assert "ndcg_cut_10" in resumed.stdout
+
+
+def test_ctrl_c_stops_after_the_query_in_flight_with_one_line_and_resumes(scorer, tmp_path):
+  """Ctrl-C (planted once 3 queries are done): exit 130, one line naming results.jsonl, no traceback; the same
+  command then finishes with the outputs of an uninterrupted run, byte for byte."""
+  path = _dataset(tmp_path / "q.jsonl", 8, seed=2)
+  eval_lib.run_eval(scorer, data.load_jsonl(path, "all"), CFG, tmp_path / "ref", progress=False)
+  out = tmp_path / "stopped"
+  cmd = [sys.executable, str(REPO / "scripts" / "eval_rerank.py"), f"--jsonl={path}", "--split=all",
+         f"--output_dir={out}", *EVAL_FLAGS]
+  env = dict(os.environ, PYTHONPATH=str(REPO))
+  stopped = subprocess.run(cmd, env={**env, interrupt.TEST_SIGINT_AT_ENV: "eval:3"}, capture_output=True, text=True,
+                           timeout=300, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+  assert stopped.returncode == 130, stopped.stderr[-3000:]
+  assert stopped.stderr == (f"stopped (Ctrl-C) after 3 of 8 queries; {out / 'results.jsonl'} keeps every query "
+                            f"scored: run the same command to resume\n")
+  assert (out / "results.jsonl").read_bytes().count(b"\n") == 4 and not (out / "run.trec").exists()
+  resumed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert json.loads((out / "summary.json").read_text())["queries_resumed"] == 3
+  assert _outputs(out) == _outputs(tmp_path / "ref")
 
 
 def test_main_skip_bad_counts_and_flags(small, tmp_path, capsys):
