@@ -1,8 +1,10 @@
 """maxscore: fast LLM reranker scoring in JAX (docs/ARCHITECTURE.md describes the design)."""
 
+from maxscore import interrupt as _interrupt
 from maxscore import jax_platform as _platform
 
 _platform.default_jax_platforms()  # before anything imports JAX: no libtpu noise on a machine without a TPU
+_interrupt.install_for_entry_script()  # an entry script's Ctrl-C is one line from here on (maxscore/interrupt.py)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 

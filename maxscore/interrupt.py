@@ -19,6 +19,7 @@ A process whose SIGINT is ignored (a background job of a non-interactive shell) 
 import contextlib
 import logging
 import os
+import pathlib
 import shutil
 import signal
 import sys
@@ -37,6 +38,7 @@ _points = [0]  # how many `stop_points` blocks are open
 _notes: list[Callable[[], str]] = []  # what a stop at once says, innermost last
 _on_stop: list[Callable[[], None]] = []  # run before a stop at once, innermost first
 _installed = [False]
+_SCRIPTS_DIR = pathlib.Path(__file__).resolve().parent.parent / "scripts"
 _exiting = threading.Lock()  # one exit writes its line; a second Ctrl-C meanwhile waits for it
 
 
@@ -67,6 +69,16 @@ def install() -> bool:
   threading.Thread(target=_watch, args=(read_fd,), name="ctrl-c", daemon=True).start()
   _installed[0] = True
   return True
+
+
+def install_for_entry_script() -> bool:
+  """`install` when this process runs one of the repository's entry scripts (scripts/*.py), from the package's
+  first import on: Ctrl-C during the imports (seconds on a busy machine) is one line too. A program that only
+  imports maxscore keeps its own SIGINT handling."""
+  main = getattr(sys.modules.get("__main__"), "__file__", None)
+  if main and pathlib.Path(main).resolve().parent == _SCRIPTS_DIR:
+    return install()
+  return False
 
 
 def _watch(read_fd: int) -> None:

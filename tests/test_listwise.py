@@ -2,6 +2,7 @@
 the identifier check, and window scores against `Scorer.score` on the same sequence (a tiny random model)."""
 
 import dataclasses
+import logging
 import json
 import shutil
 
@@ -125,7 +126,7 @@ def test_identifiers_must_each_be_one_token(tok):
   with pytest.raises(ScoreInputError, match=r"identifier 'Qzx#9' is not one token in the tokenizer .*tokenizer"):
     listwise.WindowPrompts(tok, listwise.FIRST, identifiers=["A", "Qzx#9"], chat=False)
   with pytest.raises(ScoreInputError, match="no chat_template.*listwise_chat=false"):
-    listwise.WindowPrompts(tok, listwise.FIRST)
+    listwise.WindowPrompts(tok, listwise.FIRST, chat=True)
   with pytest.raises(ScoreInputError, match="identifiers='roman'"):
     listwise.WindowPrompts(tok, listwise.FIRST, identifiers="roman", chat=False)
 
@@ -157,12 +158,22 @@ def test_chat_prompt_wraps_the_user_turn(tmp_path, hf_tokenizer_path):
   shutil.copy2(hf_tokenizer_path, tmp_path / "tokenizer.json")
   (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML, "bos_token": "<s>"}))
   tok = load_tokenizer(tmp_path / "tokenizer.json")
-  w = listwise.WindowPrompts(tok, listwise.SETWISE, max_window_tokens=0).window("q", DOCS[:2])
+  builder = listwise.WindowPrompts(tok, listwise.SETWISE, max_window_tokens=0)  # chat unset: the tokenizer has one
+  assert builder.chat is True
+  w = builder.window("q", DOCS[:2])
   text = tok.decode(list(w.prefix + w.body))
   assert text.startswith("<|im_start|>user\nFor the query \"q\"") and text.endswith("<|im_start|>assistant\n[")
   first = listwise.WindowPrompts(tok, listwise.FIRST, max_window_tokens=0).window("q", DOCS[:2])
   text = tok.decode(list(first.prefix + first.body))
   assert text.startswith(f"<|im_start|>system\n{listwise.FIRST.system}<|im_end|>\n<|im_start|>user\nYou will get 2")
+
+
+def test_chat_unset_gives_plain_text_on_a_tokenizer_without_a_chat_template(tok):
+  """The embedded default's tokenizer has no chat template: unset, the prompt is the plain-text one."""
+  auto = listwise.WindowPrompts(tok, listwise.FIRST, max_passage_tokens=6)
+  plain = listwise.WindowPrompts(tok, listwise.FIRST, max_passage_tokens=6, chat=False)
+  assert auto.chat is False and auto.window("q", DOCS[:3]) == plain.window("q", DOCS[:3])
+  assert listwise.resolve_chat(tok, None) is False and listwise.resolve_chat(tok, True) is True
 
 
 def test_window_scores_equal_scorer_score_on_the_same_sequence(scorer, tok):
@@ -241,16 +252,32 @@ def test_eval_listwise_stage_reorders_the_pointwise_head(tmp_path):
     assert (part / f).read_bytes() == (tmp_path / "lw" / f).read_bytes(), f
 
 
+def test_the_eval_decides_the_prompt_form_for_the_tokenizer_and_logs_it(scorer, caplog):
+  cfg = eval_lib.EvalConfig(reranker="first")
+  with caplog.at_level(logging.INFO):
+    resolved = eval_lib.resolve_listwise(cfg, scorer)
+  assert resolved.listwise_chat is False and resolved.listwise().chat is False
+  assert "the first prompts are plain text (listwise_chat unset: the tokenizer has no chat template)" in caplog.text
+  with pytest.raises(ScoreInputError, match="listwise_chat=true"):  # asked for, and impossible: before any output
+    eval_lib.resolve_listwise(dataclasses.replace(cfg, listwise_chat=True), scorer)
+  assert eval_lib.resolve_listwise(eval_lib.EvalConfig(), scorer).listwise_chat is None  # pointwise: no listwise
+
+
 def test_eval_script_setwise_and_a_bad_listwise_flag(tmp_path, capsys, load_script):
   _rerank_set(tmp_path / "set.jsonl", num_queries=1, num_cands=5)
   eval_rerank = load_script("eval_rerank")
   flags = [f"--jsonl={tmp_path / 'set.jsonl'}", "--split=all", "--max_query_tokens=8", "--max_item_tokens=24",
            "--noprogress", "--noplot", "--fusion=none"]
+  # The default model's tokenizer has no chat template: with listwise_chat unset the prompts are plain text.
   eval_rerank.run(["eval_rerank.py", *flags, f"--output_dir={tmp_path / 'o'}", "--reranker=setwise",
-                   "--listwise_window=3", "--listwise_top_k=4", "--listwise_passage_tokens=12", "--nolistwise_chat"])
+                   "--listwise_window=3", "--listwise_top_k=4", "--listwise_passage_tokens=12"])
   summary = json.loads((tmp_path / "o" / "summary.json").read_text())
   assert summary["listwise"]["reranker"] == "setwise" and summary["listwise"]["forwards"] >= 3
+  assert summary["eval_config"]["listwise_chat"] is False
   assert "setwise over the pointwise top 4" in capsys.readouterr().out
+  eval_rerank.run(["eval_rerank.py", *flags, f"--output_dir={tmp_path / 'f'}", "--reranker=first",
+                   "--listwise_window=3", "--listwise_stride=2", "--listwise_passage_tokens=12"])
+  assert json.loads((tmp_path / "f" / "summary.json").read_text())["listwise"]["reranker"] == "first"
   with pytest.raises(SystemExit) as e:
     eval_rerank.run(["eval_rerank.py", *flags, f"--output_dir={tmp_path / 'o2'}", "--reranker=first",
                      "--listwise_stride=30"])

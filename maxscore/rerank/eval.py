@@ -70,7 +70,7 @@ class EvalConfig(prompts.PromptConfig):
   listwise_top_k: int = 20                 # the listwise stage reranks the pointwise top k (0 = all)
   listwise_passage_tokens: int = 128       # each passage in a window is cut to this many tokens
   listwise_window_tokens: int = 4096       # a window prompt's token budget (passages cut further to fit); 0 = none
-  listwise_chat: bool = True               # the window prompt is a user turn of the tokenizer's chat template
+  listwise_chat: Optional[bool] = None     # the window prompt is a chat user turn; None: when the tokenizer has a template
 
   def listwise(self) -> Optional[listwise.ListwiseConfig]:
     """The listwise stage's settings (None for reranker=pointwise); it sorts the whole head it is given."""
@@ -171,6 +171,22 @@ def load_data(run: EvalRun, cfg: EvalConfig) -> tuple[RerankSet, Optional[Rerank
     raise data.DataError(f"{what} needs a dev split: {e}") from None
 
 
+def resolve_listwise(cfg: EvalConfig, scorer: Scorer) -> EvalConfig:
+  """`cfg` with the listwise prompt's form decided for this tokenizer (listwise_chat unset: chat when it has a
+  template), its window prompts built once so that a tokenizer that cannot give them is refused before
+  anything is written; the log names the form."""
+  if cfg.reranker == "pointwise":
+    return cfg
+  chat = listwise.resolve_chat(scorer.tokenizer, cfg.listwise_chat)
+  why = ("listwise_chat unset: the tokenizer has " + ("a" if chat else "no") + " chat template"
+         if cfg.listwise_chat is None else f"listwise_chat={str(chat).lower()}")
+  cfg = dataclasses.replace(cfg, listwise_chat=chat)
+  listwise.window_prompts(scorer.tokenizer, cfg.listwise())
+  if jax.process_index() == 0:
+    logging.info("eval: the %s prompts are %s (%s)", cfg.reranker, listwise.prompt_form(chat), why)
+  return cfg
+
+
 # --- resume state ------------------------------------------------------------------------------
 def score_fingerprint(scorer: Scorer, cfg: EvalConfig, label_ids: Sequence[int]) -> dict[str, Any]:
   """What a ranking score depends on besides the query and document texts (maxscore/files/identity.py): a
@@ -215,6 +231,11 @@ def _load_results(path: pathlib.Path, header: Mapping[str, Any]) -> dict[str, di
     stored = json.loads(lines[0]).get("header")
   except (ValueError, AttributeError, RecursionError):  # not JSON, not UTF-8, not an object
     stored = None
+  if stored is not None and stored != header and not raw[len(lines[0]) + 1:].strip():
+    # An eval of other settings that stopped before its first result: nothing of it is lost by starting anew.
+    logging.info("%s: holds no result of the run it was started for (other settings); starting this one", path)
+    path.write_text(header_line, encoding="utf-8")
+    return {}
   identity.check_same(stored, header, path, RESTART)
   done, good_bytes = {}, len(lines[0]) + 1
   for i, line in enumerate(lines[1:], 2):
@@ -432,7 +453,7 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
     UnsafeOutputError: output_dir is not maxscore's, or an output would overwrite an input.
     ScoreInputError: a query cannot be scored (named, with the flags that cut it).
   """
-  cfg.validate()
+  cfg = resolve_listwise(cfg.validate(), scorer)
   wall_start = time.perf_counter()
   out = pathlib.Path(output_dir)
   results_path = out / RESULTS_FILE

@@ -105,7 +105,7 @@ class WindowPrompts:
 
   def __init__(self, tokenizer: Tokenizer, template: ListwiseTemplate, identifiers: str | Sequence[str] = "letters",
                max_passage_tokens: int = 128, max_window_tokens: int = 4096, max_query_tokens: int = 128,
-               chat: bool = True):
+               chat: Optional[bool] = None):
     if tokenizer is None:
       raise ScoreInputError("listwise prompts need a tokenizer; the checkpoint has none and tokenizer_path is unset")
     names = IDENTIFIER_SETS.get(identifiers) if isinstance(identifiers, str) else tuple(identifiers)
@@ -119,13 +119,14 @@ class WindowPrompts:
     self.max_window_tokens = max_window_tokens
     self.max_query_tokens = max_query_tokens
     self._chat = ("", "")
-    if chat:
+    self.chat = resolve_chat(tokenizer, chat)
+    if self.chat:
       mark = "\x00TURN\x00"
       try:
         text = prompts.render_user_turn(tokenizer, mark, template.system)
       except ScoreInputError as e:
-        raise ScoreInputError(f"the listwise prompt is a chat turn (listwise_chat), but: {e}; a plain-text prompt "
-                              "needs listwise_chat=false") from None
+        raise ScoreInputError(f"the listwise prompt is a chat turn (listwise_chat=true), but: {e}; "
+                              "listwise_chat=false (or unset) gives a plain-text prompt") from None
       if text.count(mark) != 1:
         raise ScoreInputError("the tokenizer's chat template does not render the user message once")
       self._chat = tuple(text.split(mark))
@@ -352,12 +353,23 @@ class ListwiseConfig:
   identifiers: str = "letters"       # letters (A..Z) or numbers (1..100); each must be one token
   max_passage_tokens: int = 128      # each passage is cut to this many tokens (and less if the window needs)
   max_window_tokens: int = 4096      # a window's prompt holds at most this many tokens (0 = no limit)
-  chat: bool = True                  # the prompt is a user turn of the tokenizer's chat template
+  chat: Optional[bool] = None        # the prompt is a user turn of the tokenizer's chat template; None: when it has one
   max_query_tokens: int = 128        # the query is cut to this many tokens (0 = no limit)
 
 
+def resolve_chat(tokenizer: Tokenizer, chat: Optional[bool]) -> bool:
+  """Whether window prompts are a chat user turn: `chat` when set; unset, when the tokenizer has a chat template
+  (a base model's tokenizer has none, and its prompts are plain text)."""
+  return prompts.has_chat_template(tokenizer) if chat is None else chat
+
+
+def prompt_form(chat: bool) -> str:
+  """How the log names the form of the window prompts."""
+  return "a user turn of the tokenizer's chat template" if chat else "plain text"
+
+
 @functools.lru_cache(maxsize=8)
-def _window_prompts(tokenizer: Tokenizer, config: "ListwiseConfig") -> WindowPrompts:
+def window_prompts(tokenizer: Tokenizer, config: "ListwiseConfig") -> WindowPrompts:
   """One WindowPrompts per tokenizer and settings (the eval reranks a query at a time)."""
   return WindowPrompts(tokenizer, LISTWISE_TEMPLATES[config.reranker], config.identifiers, config.max_passage_tokens,
                        config.max_window_tokens, config.max_query_tokens, config.chat)
@@ -368,7 +380,7 @@ def listwise_rerank(scorer, queries: Sequence[str], candidates: Sequence[Sequenc
   """Each query's candidate texts reranked (as indices into its list, best first) by `config.reranker`."""
   if config.reranker not in LISTWISE_TEMPLATES:
     raise ScoreInputError(f"reranker={config.reranker!r} is not one of {sorted(LISTWISE_TEMPLATES)}")
-  builder = _window_prompts(scorer.tokenizer, config)
+  builder = window_prompts(scorer.tokenizer, config)
   if config.window > builder.max_window:
     raise ScoreInputError(f"listwise window={config.window} exceeds the {builder.max_window} identifiers of "
                           f"identifiers={config.identifiers!r}")

@@ -115,6 +115,15 @@ def _chat_template_source(tokenizer: Tokenizer) -> str:
   return source
 
 
+def has_chat_template(tokenizer: Tokenizer) -> bool:
+  """Whether the tokenizer ships a chat template (chat_template.jinja, or chat_template in tokenizer_config.json)."""
+  try:
+    _chat_template_source(tokenizer)
+  except ScoreInputError:
+    return False
+  return True
+
+
 def render_user_turn(tokenizer: Tokenizer, content: str, system: str = "") -> str:
   """The tokenizer's chat template rendered for one user turn holding `content` (after a system turn when
   `system` is given), with the generation prompt (as transformers' apply_chat_template(...,

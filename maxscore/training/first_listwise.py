@@ -48,7 +48,7 @@ def weighted_ranknet(logits_BxK, targets_BxK, mask_BxK):
 
 
 def window_prompts(tokenizer, window: int, identifiers: str = "letters", max_passage_tokens: int = 128,
-                   max_window_tokens: int = 4096, chat: bool = True) -> listwise.WindowPrompts:
+                   max_window_tokens: int = 4096, chat: Optional[bool] = None) -> listwise.WindowPrompts:
   """The eval's FIRST window prompts (listwise.FIRST), checked to hold `window` identifiers."""
   builder = listwise.WindowPrompts(tokenizer, listwise.FIRST, identifiers, max_passage_tokens, max_window_tokens,
                                    chat=chat)

@@ -333,6 +333,7 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   mesh_lib.sync("train: workdir ready")
 
   prep = prepare(cfg, prompt, checkpoint_dir, train_set, dev_set, overrides, feature_cache, progress)
+  cfg = dataclasses.replace(cfg, listwise_chat=prep.listwise_chat)  # as decided for the tokenizer: in the identity
   steps_per_epoch = math.ceil(prep.num_train / cfg.batch_size)
   total_steps = cfg.num_steps or cfg.num_epochs * steps_per_epoch
   params = init_params(cfg, prep)

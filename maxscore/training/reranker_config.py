@@ -31,7 +31,7 @@ class TrainConfig:
   listwise_identifiers: str = "letters"  # loss=first_listwise: letters (A..Z) or numbers (1..100), each one token
   listwise_passage_tokens: int = 128  # loss=first_listwise: each passage in a window cut to this many tokens
   listwise_window_tokens: int = 4096  # loss=first_listwise: a window prompt's token budget; 0 = no limit
-  listwise_chat: bool = True       # loss=first_listwise: the window prompt is a chat user turn (false: plain text)
+  listwise_chat: Optional[bool] = None  # loss=first_listwise: the window prompt is a chat user turn; None: when the tokenizer has a template
   distill_temperature: float = 1.0  # loss=distill: both score lists are divided by it before the softmax
   select_metric: Optional[str] = None  # keep and export the params of the best dev eval on this metric; None = last
   patience: int = 0                # with select_metric: stop after this many dev evals without a gain; 0 = never

@@ -7,13 +7,14 @@ import os
 from typing import Optional, Sequence
 
 import numpy as np
+from absl import logging
 
 from layers import quantization as quant
 from maxscore.datasets import data
 from maxscore.datasets.data import RerankSet
 from maxscore.errors import TrainError
 from maxscore.heads import head
-from maxscore.rerank import prompts
+from maxscore.rerank import listwise, prompts
 from maxscore.rerank.prompts import PromptConfig
 from maxscore.scoring.layout import bucket
 from maxscore.scoring.loading import build_scorer
@@ -40,6 +41,7 @@ class Prepared:
   teacher: Optional[np.ndarray] = None  # the train split's teacher scores [Q, N] (loss=distill)
   window_grades: Optional[dict] = None  # loss=first_listwise: per split (grades [Q, K], mask [Q, K]) per identifier
   group_rows: bool = False           # train_backbone with group_size: a train row packs only the group drawn
+  listwise_chat: bool = True         # loss=first_listwise: the window prompts are a chat user turn
 
   @property
   def num_train(self) -> int:
@@ -59,10 +61,14 @@ def prepare(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str
   if lora_settings(cfg) is not None:  # QLoRA: the int8 base stays frozen, the float adapters train
     quant.refuse_qlora(quantization, TrainError)
   window_grades = None
+  listwise_chat = True if cfg.listwise_chat is None else cfg.listwise_chat  # no window prompts: it has no effect
   if cfg.loss == "first_listwise":  # one FIRST window per query; its identifiers are the labels
     builder = first_listwise.window_prompts(scorer.tokenizer, cfg.listwise_window, cfg.listwise_identifiers,
                                             cfg.listwise_passage_tokens, cfg.listwise_window_tokens, cfg.listwise_chat)
     label_ids = builder.label_ids[:cfg.listwise_window]
+    listwise_chat = builder.chat
+    logging.info("train: the window prompts are %s%s", listwise.prompt_form(builder.chat),
+                 " (listwise_chat unset)" if cfg.listwise_chat is None else "")
     built = {s: first_listwise.window_examples(scorer, ds, builder, cfg.listwise_window)
              for s, ds in (("train", train_set), ("dev", dev_set)) if ds is not None}
     examples = {s: b[0] for s, b in built.items()}
@@ -81,7 +87,7 @@ def prepare(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str
   prep = Prepared(scorer, tuple(label_ids), cfg.head_config(label_ids, scorer.config.model.hidden_size), examples,
                   {s: ex.grid() for s, ex in examples.items()},
                   teacher=examples["train"].teacher_grid() if cfg.loss == "distill" else None,
-                  window_grades=window_grades)
+                  window_grades=window_grades, listwise_chat=listwise_chat)
   if cfg.train_backbone:
     prep.geometry = {s: packed_geometry(scorer, ex) for s, ex in examples.items()}
     prep.match_targets = cfg.match_loss_weight > 0
