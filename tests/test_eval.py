@@ -16,7 +16,7 @@ from maxscore import interrupt
 from maxscore.datasets import data
 from maxscore.errors import ResumeError
 from maxscore.lm.tokenizer_training import sample_texts
-from maxscore.rerank import eval as eval_lib, fusion, metrics, prompts
+from maxscore.rerank import eval as eval_lib, eval_outputs, fusion, metrics, prompts
 from maxscore.scoring import loading
 from maxscore.testing import scripts
 
@@ -247,6 +247,21 @@ def test_ctrl_c_stops_after_the_query_in_flight_with_one_line_and_resumes(scorer
   assert _outputs(out) == _outputs(tmp_path / "ref")
 
 
+def test_the_console_and_the_summary_name_quantization_and_adapters(small, tmp_path):
+  """An eval of int8 weights, or of a base with adapters merged, is not the base model's: its first console line
+  and summary.json say so."""
+  scorer = loading.build_scorer(None, ["quantization=int8"])
+  report = eval_lib.run_eval(scorer, data.load_jsonl(small, "all"), dataclasses.replace(CFG, max_queries=1),
+                             tmp_path / "o", progress=False)
+  assert report.summary["quantization"] == "int8" and report.summary["adapters"] is None
+  head = "lm_labels"  # the embedded default's trained score head
+  assert eval_lib.format_report(report).splitlines()[0].startswith(
+      f"model {scorer.model_name} + trained {head} score head, int8 quantized on ")
+  adapters = {"dir": "out/lora/adapters", "rank": 8, "alpha": 16.0, "targets": ["q"], "base_quantization": "none"}
+  line = eval_outputs.model_line({**report.summary, "adapters": adapters, "quantization": "none"})
+  assert line == f"{scorer.model_name} + LoRA adapters out/lora/adapters (rank 8) + trained {head} score head"
+
+
 def test_main_skip_bad_counts_and_flags(small, tmp_path, capsys):
   bad = tmp_path / "bad.jsonl"
   good = small.read_text().splitlines()
@@ -256,6 +271,7 @@ def test_main_skip_bad_counts_and_flags(small, tmp_path, capsys):
   summary = json.loads((tmp_path / "o" / "summary.json").read_text())
   assert summary["skipped"] == {"bad_json_lines": 1, "bad_records": 1}
   assert summary["queries"] == 6 and summary["truncation"]["queries_truncated"] == 6
+  assert summary["quantization"] == "none" and summary["adapters"] is None
   assert list(summary["metrics"]) == ["ndcg_cut_5", "map"]
   _check_outputs(tmp_path / "o", data.load_jsonl(small, "all"), ["ndcg@5", "map"])
 

@@ -283,3 +283,29 @@ def test_eval_script_setwise_and_a_bad_listwise_flag(tmp_path, capsys, load_scri
                      "--listwise_stride=30"])
   assert e.value.code == 2 and "listwise_stride=30 must be in [1, listwise_window]" in capsys.readouterr().err
   assert not (tmp_path / "o2").exists()
+
+
+def test_a_refused_listwise_eval_writes_nothing_and_a_stale_header_does_not_block_a_rerun(tmp_path, capsys,
+                                                                                          load_script):
+  """Chat prompts asked for on a tokenizer without a chat template: refused before anything is written. A
+  results.jsonl that holds only the header of an eval with other settings (stopped before its first result)
+  does not refuse the next run; one that holds results of other settings still does."""
+  _rerank_set(tmp_path / "set.jsonl", num_queries=1, num_cands=5)
+  eval_rerank = load_script("eval_rerank")
+  out = tmp_path / "o"
+  flags = [f"--jsonl={tmp_path / 'set.jsonl'}", "--split=all", "--max_query_tokens=8", "--max_item_tokens=24",
+           "--noprogress", "--noplot", "--fusion=none", f"--output_dir={out}", "--listwise_window=3",
+           "--listwise_top_k=4", "--listwise_passage_tokens=12"]
+  with pytest.raises(SystemExit) as e:
+    eval_rerank.run(["eval_rerank.py", *flags, "--reranker=setwise", "--listwise_chat"])
+  assert e.value.code == 2 and "listwise_chat=true" in capsys.readouterr().err
+  assert not out.exists()
+  eval_rerank.run(["eval_rerank.py", *flags, "--reranker=first", "--listwise_stride=2"])
+  with pytest.raises(SystemExit) as e:  # results of other settings: refused, as before
+    eval_rerank.run(["eval_rerank.py", *flags, "--reranker=setwise"])
+  assert e.value.code == 2 and "different run" in capsys.readouterr().err
+  header = (out / "results.jsonl").read_text().splitlines()[0]
+  (out / "results.jsonl").write_text(header + "\n")  # as if that eval had stopped before its first result
+  eval_rerank.run(["eval_rerank.py", *flags, "--reranker=setwise"])
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["listwise"]["reranker"] == "setwise" and summary["queries_scored"] == 1

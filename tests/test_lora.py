@@ -303,10 +303,13 @@ def test_merged_and_adapter_exports_score_equally(trained, tmp_path):
   from maxscore.scoring.loading import build_scorer  # what eval_rerank.py --adapters_dir builds
   eval_scorer = build_scorer(str(base_dir), ["attention=shared_prefix"], adapters_dir=str(tmp_path / "adapters"))
   np.testing.assert_allclose(score(eval_scorer, "packed"), score(merged, "packed"), rtol=0, atol=1e-5)
+  assert eval_scorer.adapters == {"dir": str(tmp_path / "adapters"), "rank": lora.rank, "alpha": lora.alpha,
+                                  "targets": list(lora.targets), "base_quantization": "none"}
   # Training moved the scores, so the comparisons above see the adapters.
   plain = Scorer.from_checkpoint(base_dir, **kw)
   assert np.abs(score(plain, "packed") - oracle).max() > 1e-4
   assert with_adapters.params_digest not in (plain.params_digest, "")
+  assert plain.adapters is None and merged.adapters is None  # a merged export is a checkpoint of its own
 
 
 def test_adapters_refuse_another_base(trained, tmp_path):

@@ -82,6 +82,8 @@ def summary(scorer: Scorer, dataset: RerankSet, queries, done, cfg: Any, label_i
       "model": scorer.model_name,
       "checkpoint_dir": scorer.config.runtime.checkpoint_dir,
       "head": scorer.head_fingerprint,
+      "adapters": scorer.adapters,
+      "quantization": _quantization(scorer),
       "backend": jax.default_backend(),
       "devices": [str(d) for d in jax.devices()],
       "data": dataset.source,
@@ -114,6 +116,29 @@ def summary(scorer: Scorer, dataset: RerankSet, queries, done, cfg: Any, label_i
   }
 
 
+def _quantization(scorer: Scorer) -> str:
+  """The weights' quantization as scored: "none", or the mode with its group size when grouped."""
+  rt = scorer.config.runtime
+  group = rt.quantization_group_size
+  return rt.quantization if rt.quantization == "none" or not group else f"{rt.quantization} (groups of {group})"
+
+
+def model_line(summary: Mapping[str, Any]) -> str:
+  """The model as scored, for the console: the checkpoint's name, the adapters merged into it, a trained score
+  head and the weights' quantization (an eval with any of them is not the base model's)."""
+  line = summary["model"]
+  adapters = summary.get("adapters")
+  if adapters:
+    line += f" + LoRA adapters {adapters['dir']} (rank {adapters['rank']})"
+  head = summary.get("head")
+  if head:
+    line += f" + trained {head['config']['kind']} score head"
+  quantization = summary.get("quantization", "none")
+  if quantization != "none":
+    line += f", {quantization} quantized"
+  return line
+
+
 def _listwise_summary(cfg: Any, recs: Sequence[Mapping[str, Any]]) -> Optional[dict[str, Any]]:
   """The listwise stage's settings and cost: forward sequences (one per window or set) and their tokens, in all
   and per query scored; None for reranker=pointwise."""
@@ -138,9 +163,7 @@ def format_report(report: EvalReport) -> str:
   """A few lines for the terminal: metrics, throughput, algorithms."""
   s = report.summary
   resumed = f" ({s['queries_resumed']} resumed from results.jsonl)" if s["queries_resumed"] else ""
-  head = s.get("head")
-  with_head = f" + trained {head['config']['kind']} score head" if head else ""
-  lines = [f"model {s['model']}{with_head} on {s['backend']}: {s['queries_evaluated']} queries evaluated{resumed}, "
+  lines = [f"model {model_line(s)} on {s['backend']}: {s['queries_evaluated']} queries evaluated{resumed}, "
            f"{s['items']} candidates, outputs in {report.output_dir}"]
   lines += stages.table(report.comparison, _first_stage_name(s["data"]))
   rate = lambda x: "n/a" if x is None else f"{x:,.0f}"

@@ -60,4 +60,7 @@ def load_adapted(checkpoint_dir: os.PathLike, adapters_dir: os.PathLike, mesh: A
   merged = adapters_lib.merge(adapters_lib.add_adapters(base.runner.params, adapters), lora)
   config = base.config.replace(quantization=overrides.get("quantization", "none"),
                                quantization_group_size=overrides.get("quantization_group_size", 0))
-  return Scorer(config, merged, base.tokenizer, model_name=base.model_name, mesh=base.mesh)
+  scorer = Scorer(config, merged, base.tokenizer, model_name=base.model_name, mesh=base.mesh)
+  scorer.adapters = {"dir": str(adapters_dir), "rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.targets),
+                     "base_quantization": meta["base_quantization"]}
+  return scorer
