@@ -82,6 +82,9 @@ def test_window_examples_read_the_identifiers_at_the_answer_position():
     assert list(g[m]) == [ds.qrels[q.qid].get(d, 0) for d in docids]
   with pytest.raises(TrainError, match="listwise_window=30"):
     first_listwise.window_prompts(scorer.tokenizer, 30, chat=False)
+  # listwise_chat unset: the default's tokenizer has no chat template, so the windows are the plain-text ones.
+  unset = first_listwise.window_prompts(scorer.tokenizer, 4, max_passage_tokens=12)
+  assert unset.chat is False and unset.window("q", ["a b", "c"]) == builder.window("q", ["a b", "c"])
 
 
 def test_first_listwise_settings_are_checked():
