@@ -315,17 +315,15 @@ HELP_FLAGS = ("--help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")
 
 
 def run_script(main: Callable[[Sequence[str]], Any], define_flags: Optional[Callable[[flags.FlagValues], None]] = None,
-               log_dir_flag: Optional[str] = None, ctrl_c: bool = True) -> None:
+               log_dir_flag: Optional[str] = None) -> None:
   """`app.run(main)` with quiet consoles: library INFO lines go to `<flag log_dir_flag>/<script>.log` (written
   only once the run has claimed that directory) and reach stderr only with --verbosity (or -v); warnings,
   errors, progress lines and the script's prints always show. --help exits 0. An int `main` returns is the
   exit status; anything else it returns (a report, for tests calling it directly) exits 0.
 
-  Ctrl-C (maxscore/interrupt.py; `ctrl_c=False` leaves SIGINT to the script, as the server's drain does): a
-  loop with safe points stops at the next one, anything else at once; either way one line on stderr, the log's
-  held lines kept when its directory is maxscore's, and exit status 130."""
-  if ctrl_c:
-    interrupt.install()
+  Ctrl-C (maxscore/interrupt.py): a loop with safe points stops at the next one, anything else at once; either
+  way one line on stderr, the log's held lines kept when its directory is maxscore's, and exit status 130."""
+  interrupt.install()
   if define_flags is not None:
     define_flags(flags.FLAGS)
   script = pathlib.Path(sys.argv[0]).stem

@@ -40,6 +40,7 @@ _on_stop: list[Callable[[], None]] = []  # run before a stop at once, innermost 
 _installed = [False]
 _SCRIPTS_DIR = pathlib.Path(__file__).resolve().parent.parent / "scripts"
 _exiting = threading.Lock()  # one exit writes its line; a second Ctrl-C meanwhile waits for it
+_elsewhere = [0]  # how many `handled_elsewhere` blocks are open
 
 
 def install() -> bool:
@@ -58,10 +59,12 @@ def install() -> bool:
   read_fd, write_fd = os.pipe()
   os.set_blocking(write_fd, False)
   try:
-    if signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False) != -1:  # someone else's (an event loop): theirs
-      signal.set_wakeup_fd(-1)
-      raise ValueError("a wakeup fd is set")
+    previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
   except ValueError:
+    previous = None
+  if previous != -1:  # not the main thread's to set, or someone else's (an event loop's): left as it was
+    if previous is not None:
+      signal.set_wakeup_fd(previous)
     os.close(read_fd)
     os.close(write_fd)
     return False
@@ -115,6 +118,16 @@ def stop_points() -> Iterator[None]:
     yield
   finally:
     _points[0] -= 1
+
+
+@contextlib.contextmanager
+def handled_elsewhere() -> Iterator[None]:
+  """A block whose Ctrl-C is someone else's to handle (the HTTP server's drain): the watcher ignores it."""
+  _elsewhere[0] += 1
+  try:
+    yield
+  finally:
+    _elsewhere[0] -= 1
 
 
 @contextlib.contextmanager
@@ -195,6 +208,8 @@ def planted(point: str) -> None:
 
 
 def _on_sigint() -> None:
+  if _elsewhere[0]:
+    return
   if _requested.is_set() or not _points[0]:
     exit_now(_stop_line())
   _requested.set()

@@ -37,4 +37,4 @@ def run(argv):
 
 
 if __name__ == "__main__":
-  cli.run_script(main, define_flags, ctrl_c=False)  # uvicorn's own SIGINT handling drains the server
+  cli.run_script(main, define_flags)

@@ -2,6 +2,7 @@
 bad settings print one line and exit 2 before anything is loaded."""
 
 import asyncio
+import os
 import pathlib
 import re
 import signal
@@ -26,7 +27,9 @@ def test_bad_setting_is_one_line_and_exit_2(tmp_path):
 
 
 def _start(args) -> tuple[subprocess.Popen, str]:
-  proc = subprocess.Popen(SERVE + args, stderr=subprocess.PIPE, text=True)
+  # SIGINT's default action in the child (a background job would inherit it ignored): Ctrl-C is tested too.
+  proc = subprocess.Popen(SERVE + args, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
   deadline = time.monotonic() + 600
   for line in proc.stderr:  # "serving 'name' on http://127.0.0.1:PORT (...)"
     m = re.search(r"serving .* on (http://\S+)", line)
@@ -37,7 +40,9 @@ def _start(args) -> tuple[subprocess.Popen, str]:
 
 
 @pytest.mark.slow
-def test_sigterm_during_load_answers_what_is_in_flight_and_exits_0():
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl_c"])
+def test_sigterm_during_load_answers_what_is_in_flight_and_exits_0(sig):
+  """SIGTERM, or Ctrl-C (which every other script takes as a stop at once): the server drains."""
   proc, url = _start(["--port=0", "--warmup_items=0", "--max_batch_wait_ms=3000", "--max_batch_requests=16"])
   try:
     body = {"query": [11, 12, 13], "items": [[14, 15], [16]], "label_token_ids": [4, 5], "apply_softmax": True}
@@ -51,7 +56,7 @@ def test_sigterm_during_load_answers_what_is_in_flight_and_exits_0():
         while (await client.get("/health")).json()["queue_depth"] < len(tasks):  # all 12 in flight
           assert time.monotonic() < deadline, "the requests did not reach the queue"
           await asyncio.sleep(0.02)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         return await asyncio.gather(*tasks, return_exceptions=True)
     answers = asyncio.run(load())
     assert proc.wait(timeout=300) == 0

@@ -21,6 +21,7 @@ import uvicorn
 from absl import logging
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from maxscore import interrupt
 from maxscore.serving import batching, schemas
 from maxscore.serving.metrics import CONTENT_TYPE
 from maxscore.serving.service import ScoringService
@@ -131,7 +132,8 @@ def serve(service: ScoringService, on_ready: Optional[Callable[[str], None]] = N
   try:
     if on_ready is not None:
       _watch_started(server, lambda: on_ready(f"http://{service.cfg.host}:{_bound_port(server)}"))
-    server.run()
+    with interrupt.handled_elsewhere():  # Ctrl-C drains the server, rather than stopping the process at once
+      server.run()
   finally:
     signal.signal(signal.SIGTERM, previous)
 
