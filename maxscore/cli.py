@@ -333,8 +333,18 @@ def run_script(main: Callable[[Sequence[str]], Any], define_flags: Optional[Call
     verbose = bool(flags.FLAGS["verbosity"].present) and flags.FLAGS.verbosity >= 0
     process = getattr(flags.FLAGS, "process_id", None) if "process_id" in flags.FLAGS else None
     name = f"{script}.process{process}.log" if process else f"{script}.log"  # one file per process
-from maxscore import console, errors, interrupt
-from maxscore.distributed import peers
+    log = console_logging(pathlib.Path(log_dir) / name if log_dir else None, verbose, after_claim=True)
+    if isinstance(log, _LogAfterClaim):
+      interrupt.at_stop(log.keep_if_owned)
+    try:
+      status = main(argv)
+    except errors.Interrupted as e:  # stopped at a safe point: the work in flight is finished
+      interrupt.exit_now(e.message())
+    except KeyboardInterrupt:  # Ctrl-C with the handler not installed (a test's direct call)
+      interrupt.exit_now("stopped (Ctrl-C)")
+    except Exception:  # a collective that failed because a peer process died: named in one line, exit 75
+      peers.stop_if_peer_lost()
+      raise
     return status if isinstance(status, int) else None
 
   argv = _expand_bare_v(sys.argv)
