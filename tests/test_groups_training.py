@@ -43,6 +43,42 @@ def test_distill_kl_equals_a_by_hand_computation():
   np.testing.assert_allclose(float(batch), float(per_query[:2].mean()), rtol=1e-6)
 
 
+def test_the_lce_distill_mix_equals_a_by_hand_computation():
+  """(1 - w) * LCE on the grades + w * T^2 KL to the teacher, each averaged over its own queries: query 2 has no
+  positive (no LCE term), query 3 one item (no KL term); w = 0 and 1 are the two losses alone."""
+  rng = np.random.default_rng(1)
+  logits, teacher = rng.normal(size=(3, 5)), rng.normal(size=(3, 5)) * 3
+  grades = np.array([[2, 0, 1, 0, 0], [0, 0, 0, 0, 0], [1, 0, 0, 0, 0]], np.float32)
+  mask = np.array([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]], bool)
+  t = 0.5
+  lce, kl = [], []
+  for b in range(3):
+    keep = mask[b]
+    gains = grades[b, keep]
+    if gains.sum() > 0:
+      lce.append(-np.sum(gains / gains.sum() * _log_softmax(logits[b, keep])))
+    if keep.sum() > 1:
+      p_log, q_log = _log_softmax(teacher[b, keep] / t), _log_softmax(logits[b, keep] / t)
+      kl.append(t * t * np.sum(np.exp(p_log) * (p_log - q_log)))
+  assert len(lce) == 2 and len(kl) == 2
+  args = [jnp.asarray(x) for x in (logits, grades, teacher, mask)]
+  for w in (0.0, 0.3, 1.0):
+    got = float(losses.lce_distill_mix(*args, distill_weight=w, temperature=t))
+    np.testing.assert_allclose(got, (1 - w) * np.mean(lce) + w * np.mean(kl), rtol=1e-5)
+  lg, gr, te, ma = args
+  assert float(losses.lce_distill_mix(*args, distill_weight=0.0, temperature=t)) == float(
+      losses.batch_loss("listwise", lg, gr, ma))
+  assert float(losses.lce_distill_mix(*args, distill_weight=1.0, temperature=t)) == float(
+      losses.batch_loss("distill", lg, te, ma, temperature=t))
+
+
+def test_distill_weight_is_checked():
+  for bad in (dict(distill_weight=-0.1), dict(distill_weight=1.5), dict(distill_weight=0.5, loss="pairwise")):
+    with pytest.raises(TrainError, match="distill_weight"):
+      TrainConfig(**bad).validate()
+  TrainConfig(distill_weight=0.5).validate()
+
+
 def test_a_group_is_one_positive_and_negatives_drawn_per_step():
   grades = np.array([[1, 1, 0, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0, 0, 0]], np.float32)
   mask = np.ones_like(grades, bool)

@@ -61,6 +61,17 @@ def batch_loss(name: str, logits_BxN, targets_BxN, mask_BxN, **kw) -> jax.Array:
   return jnp.sum(loss * weight) / jnp.maximum(weight.sum(), 1.0)
 
 
+def lce_distill_mix(logits_BxN, grades_BxN, teacher_BxN, mask_BxN, distill_weight: float,
+                    temperature: float = 1.0) -> jax.Array:
+  """(1 - w) * the batch's listwise softmax CE on the grades (LCE over a group) + w * its distillation KL toward
+  the teacher's scores, each the mean over its own weighted queries: w = 0 is `listwise` alone, w = 1 `distill`
+  alone. Labels say which item is relevant; the teacher also orders the negatives."""
+  w = jnp.asarray(distill_weight, jnp.float32)
+  lce = batch_loss("listwise", logits_BxN, grades_BxN, mask_BxN)
+  kl = batch_loss("distill", logits_BxN, teacher_BxN, mask_BxN, temperature=temperature)
+  return (1.0 - w) * lce + w * kl
+
+
 def probe_logits(probe, hidden_XxD) -> jax.Array:
   """A linear probe (`w` [D], `b` []) on hidden states [..., D]: one float32 logit per position."""
   return hidden_XxD.astype(jnp.float32) @ probe["w"] + probe["b"]

@@ -76,7 +76,7 @@ from maxscore.training import checkpoint, first_listwise, groups, partition, tra
 from maxscore.training import head_features as features
 from maxscore.training import reranker_outputs as outputs
 from maxscore.training.head_features import Examples, packed_features, plan_packed
-from maxscore.training.losses import MASK_LOGIT, batch_loss, probe_bce, probe_logits
+from maxscore.training.losses import MASK_LOGIT, batch_loss, lce_distill_mix, probe_bce, probe_logits
 from maxscore.training.optimizer import make_optimizer
 from maxscore.training.reranker_config import LORA_TARGETS, TrainConfig, lora_settings
 from maxscore.training.reranker_data import Prepared, prepare
@@ -104,7 +104,7 @@ def evaluate_split(cfg_head: head.HeadConfig, params, hidden, logprobs, examples
 # stands for that setting at its value here (the TrainConfig default).
 _IDENTITY_DEFAULTS = {"coverage_on": "probe", "lora_rank": 0, "lora_alpha": 16.0, "lora_targets": LORA_TARGETS,
                       "grad_accum_steps": 1, "compute_dtype": None, "param_dtype": None, "remat": "per_layer",
-                      "group_size": 0, "distill_temperature": 1.0, "select_metric": None, "patience": 0,
+                      "group_size": 0, "distill_temperature": 1.0, "distill_weight": 0.0, "select_metric": None, "patience": 0,
                       "listwise_window": 20, "listwise_identifiers": "letters", "listwise_passage_tokens": 128,
                       "listwise_window_tokens": 4096, "listwise_chat": True}
 
@@ -208,6 +208,9 @@ def make_loss_fn(cfg: TrainConfig, head_cfg: head.HeadConfig, decoder: Optional[
       parts["coverage_loss"] = batch_loss("pairwise", coverage, batch["coverage"], batch["mask"])
     if cfg.loss == "distill":
       loss = batch_loss("distill", logits, batch["teacher"], batch["mask"], temperature=cfg.distill_temperature)
+    elif cfg.distill_weight:
+      loss = lce_distill_mix(logits, batch["grades"], batch["teacher"], batch["mask"], cfg.distill_weight,
+                             cfg.distill_temperature)
     else:
       loss = batch_loss(cfg.loss, logits, batch["grades"], batch["mask"])
     if parts:

@@ -33,6 +33,8 @@ class TrainConfig:
   listwise_window_tokens: int = 4096  # loss=first_listwise: a window prompt's token budget; 0 = no limit
   listwise_chat: Optional[bool] = None  # loss=first_listwise: the window prompt is a chat user turn; None: when the tokenizer has a template
   distill_temperature: float = 1.0  # loss=distill: both score lists are divided by it before the softmax
+  distill_weight: float = 0.0      # loss=listwise: (1 - w) * LCE on the grades + w * distillation toward the
+                                   # groups' teacher scores (at distill_temperature); 0 = LCE, 1 = distill alone
   select_metric: Optional[str] = None  # keep and export the params of the best dev eval on this metric; None = last
   patience: int = 0                # with select_metric: stop after this many dev evals without a gain; 0 = never
   group_size: int = 0              # items per query per step: one positive and group_size - 1 negatives drawn
@@ -75,6 +77,9 @@ class TrainConfig:
         raise TrainError(f"{name}={getattr(self, name)} must be >= 1")
     if not self.distill_temperature > 0:
       raise TrainError(f"distill_temperature={self.distill_temperature} must be > 0")
+    if not 0.0 <= self.distill_weight <= 1.0 or (self.distill_weight and self.loss != "listwise"):
+      raise TrainError(f"distill_weight={self.distill_weight} must be in [0, 1], and 0 unless loss=listwise (it "
+                       f"mixes LCE on the grades with distillation; loss={self.loss!r})")
     if self.patience < 0 or (self.patience and not self.select_metric):
       raise TrainError(f"patience={self.patience} must be >= 0, and 0 without select_metric (it counts dev evals "
                        f"without a gain on that metric)")

@@ -38,7 +38,7 @@ class Prepared:
   feature_seconds: float = 0.0
   cached: bool = False
   match_targets: bool = False        # batches carry the token-match targets (match_loss_weight > 0)
-  teacher: Optional[np.ndarray] = None  # the train split's teacher scores [Q, N] (loss=distill)
+  teacher: Optional[np.ndarray] = None  # the train split's teacher scores [Q, N] (loss=distill, distill_weight)
   window_grades: Optional[dict] = None  # loss=first_listwise: per split (grades [Q, K], mask [Q, K]) per identifier
   group_rows: bool = False           # train_backbone with group_size: a train row packs only the group drawn
   listwise_chat: bool = True         # loss=first_listwise: the window prompts are a chat user turn
@@ -46,6 +46,11 @@ class Prepared:
   @property
   def num_train(self) -> int:
     return len(self.examples["train"].requests)
+
+
+def uses_teacher(cfg: TrainConfig) -> bool:
+  """Whether the loss reads the groups' teacher scores (distillation alone or mixed with LCE)."""
+  return cfg.loss == "distill" or cfg.distill_weight > 0
 
 
 def prepare(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str], train_set: RerankSet,
@@ -81,12 +86,12 @@ def prepare(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str
       examples["dev"] = make_examples(scorer, dev_set, prompt, label_ids)
   if not examples["train"].requests:
     raise data.DataError("the train split has no queries with candidates")
-  if cfg.loss == "distill" and examples["train"].teacher is None:
-    raise TrainError("loss=distill trains toward a teacher's scores: give --groups_file with pos_scores and "
-                     "neg_scores in every group (scripts/score_teacher.py writes them)")
+  if uses_teacher(cfg) and examples["train"].teacher is None:
+    raise TrainError(f"loss=distill (or distill_weight={cfg.distill_weight}) trains toward a teacher's scores: give "
+                     "--groups_file with pos_scores and neg_scores in every group (scripts/score_teacher.py writes them)")
   prep = Prepared(scorer, tuple(label_ids), cfg.head_config(label_ids, scorer.config.model.hidden_size), examples,
                   {s: ex.grid() for s, ex in examples.items()},
-                  teacher=examples["train"].teacher_grid() if cfg.loss == "distill" else None,
+                  teacher=examples["train"].teacher_grid() if uses_teacher(cfg) else None,
                   window_grades=window_grades, listwise_chat=listwise_chat)
   if cfg.train_backbone:
     prep.geometry = {s: packed_geometry(scorer, ex) for s, ex in examples.items()}
