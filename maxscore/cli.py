@@ -49,6 +49,7 @@ def expected_errors() -> tuple[type[BaseException], ...]:
   from maxscore.bench.chips import TopologyError
   from maxscore.checkpoints.hf_config import ConversionError
   from maxscore.checkpoints.export import ExportError
+  from maxscore.checkpoints.packaged import PackagedError
   from maxscore.checkpoints.storage import CheckpointError
   from maxscore.checkpoints.tokenizer import TokenizerError
   from maxscore.config import ConfigError
@@ -60,7 +61,7 @@ def expected_errors() -> tuple[type[BaseException], ...]:
   from maxscore.checkpoints.adapters import LoraError
   return (ScoreInputError, UnsafeOutputError, ResumeError, ConfigError, CheckpointError, ConversionError, ExportError,
           MeshError, ShardingError, TrainError, TokenizerError, CompareError, PlotError, TopologyError, ServeError,
-          LoraError, OSError)
+          LoraError, PackagedError, OSError)
 
 
 @contextlib.contextmanager

@@ -40,10 +40,10 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     dataset, dev = eval_lib.load_data(run, cfg.validate())
     safety.check_output_dir(run.output_dir, "eval",
                             [*data.input_paths(dataset), *(data.input_paths(dev) if dev else []), run.checkpoint_dir,
-                             run.score_cache], "--output_dir")  # before loading a model
+                             run.packaged_reranker, run.score_cache], "--output_dir")  # before loading a model
     with interrupt.note(lambda: eval_lib.stop_note(run.output_dir)):  # Ctrl-C: one line (cli.run_script)
-      scorer = loading.build_scorer(run.checkpoint_dir, argv[1:], use_head=run.use_head,
-                                    adapters_dir=run.adapters_dir)
+      checkpoint_dir, adapters_dir = eval_lib.model_dirs(run, cfg)
+      scorer = loading.build_scorer(checkpoint_dir, argv[1:], use_head=run.use_head, adapters_dir=adapters_dir)
       report = eval_lib.run_eval(scorer, dataset, cfg, run.output_dir, overwrite=run.overwrite,
                                  progress=run.progress, fsync=run.fsync, gather_every=run.gather_every, dev=dev,
                                  score_cache=run.score_cache)

@@ -12,7 +12,7 @@ from maxscore import Scorer
 from maxscore.checkpoints import convert, gguf_reader, hf_config
 from maxscore.checkpoints.convert import convert_gguf_checkpoint, convert_hf_checkpoint
 from maxscore.checkpoints.hf_config import ConversionError
-from maxscore.testing.gguf_files import sentencepiece_metadata, write_gguf
+from maxscore.testing.gguf_files import bpe_tokenizer_metadata, sentencepiece_metadata, write_gguf
 from maxscore.testing.hf_models import hf_logits, make_hf_model, save_hf_model
 
 # name -> (family, overrides, 2-D tensor type). The overrides keep to what both a GGUF file and transformers' GGUF
@@ -118,22 +118,6 @@ def test_llama_q_and_k_rows_are_unpermuted(gguf_variants):
 
 
 # --- the tokenizer ---------------------------------------------------------------------------------
-def _tokenizer_metadata(tokenizer_json, chat_template):
-  """tokenizer.* keys for a byte-level BPE tokenizer.json, as llama.cpp writes them."""
-  import tokenizers
-  tok = tokenizers.Tokenizer.from_file(str(tokenizer_json))
-  spec = json.loads(tokenizer_json.read_text())
-  vocab = tok.get_vocab(with_added_tokens=True)
-  tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
-  added = {a["content"]: a for a in spec["added_tokens"]}
-  types = [3 if t in added and added[t]["special"] else 4 if t in added else 1 for t in tokens]
-  merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
-  return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default", "tokenizer.ggml.tokens": tokens,
-          "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges,
-          "tokenizer.ggml.bos_token_id": vocab["<s>"], "tokenizer.ggml.eos_token_id": vocab["</s>"],
-          "tokenizer.chat_template": chat_template}
-
-
 CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>\n{% endfor %}"
         "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
@@ -143,7 +127,7 @@ def test_tokenizer_and_chat_template_come_from_the_gguf_metadata(tmp_path, hf_to
   from maxscore.lm.tokenizer_training import sample_texts
   from maxscore.rerank import prompts
   model = make_hf_model("qwen2", vocab_size=520)
-  path = write_gguf(model, tmp_path / "m.gguf", tokenizer=_tokenizer_metadata(hf_tokenizer_path, CHAT))
+  path = write_gguf(model, tmp_path / "m.gguf", tokenizer=bpe_tokenizer_metadata(hf_tokenizer_path, CHAT))
   scorer = Scorer.from_checkpoint(convert_gguf_checkpoint(path, tmp_path / "ckpt"))
   original = transformers.PreTrainedTokenizerFast(tokenizer_file=str(hf_tokenizer_path))
   from_gguf = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="m.gguf")

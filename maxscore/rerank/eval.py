@@ -32,6 +32,7 @@ import numpy as np
 from absl import logging
 from tqdm import tqdm
 
+from maxscore.checkpoints import packaged
 from maxscore.datasets import data
 from maxscore.rerank import eval_outputs, first_stage, fusion, listwise, pipeline, prompts, stages
 from maxscore.rerank.eval_outputs import EvalReport, format_report  # noqa: F401  (this module's public face)
@@ -131,6 +132,8 @@ class EvalRun:
   """What scripts/eval_rerank.py reads and writes (configs/eval.yml documents each key)."""
   checkpoint_dir: Optional[str] = None     # None = the embedded default model; "none" = random init
   adapters_dir: Optional[str] = None       # LoRA adapters saved beside checkpoint_dir, merged into it on load
+  packaged_reranker: Optional[str] = None  # a packaged reranker (maxscore/checkpoints/packaged.py): its adapters and
+                                           # head on a base converted from a registry package's GGUF, cached per user
   jsonl: Optional[str] = None
   data_dir: Optional[str] = None
   run_file: Optional[str] = None
@@ -151,7 +154,21 @@ class EvalRun:
       raise data.DataError(f"rerank_top_k={self.rerank_top_k} must be >= 0")
     if self.gather_every < 1:
       raise data.DataError(f"gather_every={self.gather_every} must be >= 1")
+    if self.packaged_reranker and (self.checkpoint_dir or self.adapters_dir):
+      raise data.DataError(f"packaged_reranker={self.packaged_reranker} names its own base and adapters: give it "
+                           "without checkpoint_dir and adapters_dir")
     return self
+
+
+def model_dirs(run: EvalRun, cfg: EvalConfig) -> tuple[Optional[str], Optional[str]]:
+  """(checkpoint_dir, adapters_dir) to score with: as given, or a packaged reranker's cached base and its
+  adapters, every shipped file and the prompt settings checked against its manifest."""
+  if not run.packaged_reranker:
+    return run.checkpoint_dir, run.adapters_dir
+  _, meta = packaged.read_manifest(run.packaged_reranker)
+  packaged.check_prompt(run.packaged_reranker, meta, dataclasses.asdict(cfg))
+  base, adapters = packaged.resolve(run.packaged_reranker)
+  return str(base), str(adapters)
 
 
 def load_data(run: EvalRun, cfg: EvalConfig) -> tuple[RerankSet, Optional[RerankSet]]:

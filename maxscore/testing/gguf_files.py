@@ -6,6 +6,7 @@ writes the config as `{arch}.*` metadata keys. This does the same with gguf's GG
 can be checked against the HF model it came from and against transformers loading the same file.
 """
 
+import json
 import pathlib
 from typing import Any, Callable, Optional
 
@@ -117,6 +118,22 @@ def write_gguf(model, path: pathlib.Path, tensor_type: str = "F32", metadata: Op
   writer.write_tensors_to_file()
   writer.close()
   return pathlib.Path(path)
+
+
+def bpe_tokenizer_metadata(tokenizer_json: pathlib.Path, chat_template: Optional[str] = None) -> dict[str, Any]:
+  """tokenizer.* keys for a byte-level BPE tokenizer.json, as llama.cpp writes them."""
+  import tokenizers  # pylint: disable=import-outside-toplevel
+  tok = tokenizers.Tokenizer.from_file(str(tokenizer_json))
+  spec = json.loads(tokenizer_json.read_text())
+  vocab = tok.get_vocab(with_added_tokens=True)
+  tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+  added = {a["content"]: a for a in spec["added_tokens"]}
+  types = [3 if t in added and added[t]["special"] else 4 if t in added else 1 for t in tokens]
+  merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
+  return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default", "tokenizer.ggml.tokens": tokens,
+          "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges,
+          "tokenizer.ggml.bos_token_id": vocab["<s>"], "tokenizer.ggml.eos_token_id": vocab["</s>"],
+          **({"tokenizer.chat_template": chat_template} if chat_template else {})}
 
 
 def sentencepiece_metadata(model_file: pathlib.Path) -> dict[str, Any]:

@@ -86,8 +86,9 @@ FORMAT_VERSION = 1
 
 
 def evaluate_split(cfg_head: head.HeadConfig, params, hidden, logprobs, examples: Examples,
-                   prompt: PromptConfig) -> dict[str, float]:
-  """Metrics of the ranking eval would compute from the head's scores (score_mode of `prompt`)."""
+                   prompt: PromptConfig, runs: Optional[list] = None) -> dict[str, float]:
+  """Metrics of the ranking eval would compute from the head's scores (score_mode of `prompt`); `runs`, when
+  given, gets the scores themselves appended ({qid: {docid: score}})."""
   apply_softmax, rank_fn = SCORE_MODES[prompt.score_mode]
   if apply_softmax is None:
     raise ValueError("score_mode=raw_logit needs raw lm_head logits; a score head gives log-probs (use p_first)")
@@ -96,6 +97,8 @@ def evaluate_split(cfg_head: head.HeadConfig, params, hidden, logprobs, examples
   for i, (qid, docids) in enumerate(zip(examples.qids, examples.docids)):
     scores = np.asarray(rank_fn(finalize_scores(new_lp[i, :len(docids)], apply_softmax)), np.float32)
     run[qid] = {d: float(s) for d, s in zip(docids, scores)}
+  if runs is not None:
+    runs.append(run)
   per_query = metrics.evaluate(examples.qrels, run, prompt.metrics)
   return metrics.aggregate(per_query) if per_query else {}
 
@@ -253,8 +256,9 @@ def make_batch(prep: Prepared, idx: np.ndarray, step: int = 0, cfg: Optional[Tra
 
 
 def dev_metrics(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, decoder: Optional[Decoder],
-                labels_K: jax.Array, params) -> Optional[dict[str, float]]:
-  """Dev metrics of the current params (None without a dev split); every process computes them."""
+                labels_K: jax.Array, params, runs: Optional[list] = None) -> Optional[dict[str, float]]:
+  """Dev metrics of the current params (None without a dev split); every process computes them. `runs`, when
+  given, gets the dev scores appended (pointwise losses only)."""
   if "dev" not in prep.examples:
     return None
   params = partition.host_copy(params)
@@ -266,7 +270,7 @@ def dev_metrics(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, decoder:
   if cfg.loss == "first_listwise":  # each dev window ordered by its identifiers' scores
     label_lp = np.asarray(head.jit_apply(prep.head_cfg)(params["head"], h, lp))[:, 0, :]
     return {"split": "dev", **first_listwise.evaluate_windows(label_lp, prep.examples["dev"], prompt.metrics)}
-  return {"split": "dev", **evaluate_split(prep.head_cfg, params["head"], h, lp, prep.examples["dev"], prompt)}
+  return {"split": "dev", **evaluate_split(prep.head_cfg, params["head"], h, lp, prep.examples["dev"], prompt, runs)}
 
 
 def _mesh_config(overrides: Sequence[str]) -> MeshConfig:
@@ -366,7 +370,10 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
                else None)
 
   def evaluate(params, step):
-    values = dev_metrics(cfg, prompt, prep, decoder, labels_K, params)
+    runs = []
+    values = dev_metrics(cfg, prompt, prep, decoder, labels_K, params, runs)
+    if runs and jax.process_index() == 0:  # each evaluation's dev scores, for the export of the step kept
+      outputs.write_dev_run(workdir, step, runs[0])
     if selection is not None:
       selection.observe(step, values, params)
     return values
@@ -398,6 +405,6 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
                                            lora_settings(cfg))
   if adapters_dir:
     summary["adapters_dir"] = outputs.export_adapters(prep, summary, final, adapters_dir, workdir, overwrite,
-                                                      lora_settings(cfg))
+                                                      lora_settings(cfg), selection.best_step if selection else step)
   safety.atomic_write_text(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
   return summary

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import shutil
 from typing import Any, Optional
 
 import jax
@@ -108,10 +109,25 @@ def export(cfg: TrainConfig, prep: Prepared, summary: dict[str, Any], final, exp
                                             overwrite=overwrite or ours, workdir=str(workdir)))
 
 
+DEV_RUNS = "dev_runs"  # <workdir>/dev_runs/step_<n>.trec: each dev evaluation's scores
+DEV_RUN = "dev_run.trec"  # beside exported adapters: the dev scores of the step exported
+
+
+def write_dev_run(workdir: pathlib.Path, step: int, run: dict[str, dict[str, float]]) -> None:
+  """One dev evaluation's scores as a TREC run (float32 written exactly)."""
+  lines = [line for qid, docs in run.items() for line in data.trec_lines(qid, list(docs), list(docs.values()),
+                                                                          "dev")]
+  (workdir / DEV_RUNS).mkdir(exist_ok=True)
+  safety.atomic_write_text(workdir / DEV_RUNS / f"step_{step}.trec", "\n".join(lines) + "\n")
+
+
 def export_adapters(prep: Prepared, summary: dict[str, Any], final, adapters_dir: os.PathLike,
-                    workdir: pathlib.Path, overwrite: bool, lora: lora_lib.LoraConfig) -> str:
+                    workdir: pathlib.Path, overwrite: bool, lora: lora_lib.LoraConfig,
+                    step: Optional[int] = None) -> str:
   """The LoRA adapters (lora.json + adapters/, with the base's digest) and the trained head (head/) in
-  `adapters_dir`: eval_rerank.py --checkpoint_dir=<base> --adapters_dir=<it> scores as the merged export."""
+  `adapters_dir`: eval_rerank.py --checkpoint_dir=<base> --adapters_dir=<it> scores as the merged export. With
+  the dev scores of the exported `step` (dev_run.trec) when that evaluation wrote them: a copy of the adapters
+  on the same base reproduces them."""
   base = prep.scorer.config.runtime.checkpoint_dir
   ours = safety.exported_by(adapters_dir, workdir)
   out = lora_lib.save_adapters(adapters_dir, jax.device_get(final["backbone"]), lora, base,
@@ -120,6 +136,9 @@ def export_adapters(prep: Prepared, summary: dict[str, Any], final, adapters_dir
                                base_quantization_group=prep.scorer.runner.quantization_group)
   info = {k: summary[k] for k in ("train_config", "prompt", "label_ids", "train_queries", "steps")}
   head_storage.save_head(out, prep.head_cfg, jax.device_get(final["head"]), {**info, "base_checkpoint": base})
+  dev_run = workdir / DEV_RUNS / f"step_{step}.trec"
+  if step is not None and dev_run.is_file():
+    shutil.copyfile(dev_run, pathlib.Path(out) / DEV_RUN)
   return str(out)
 
 

