@@ -102,7 +102,7 @@ def test_no_arguments_runs_the_embedded_default(scorer, tmp_path, monkeypatch, c
   eval_rerank.run(["eval_rerank.py"])
   printed = capsys.readouterr().out
   out = tmp_path / "out" / "eval"
-  dataset = data.load_beir(data.DEFAULT_BEIR_DIR, data.DEFAULT_RUN, "test")  # BM25's top k over the whole corpus
+  dataset = data.load_beir(data.DEFAULT_DOCS_DIR, data.DEFAULT_DOCS_RUN, "test")  # the held-out set, as make eval
   means = _check_outputs(out, dataset)
   summary = json.loads((out / "summary.json").read_text())
   assert summary["model"] == data.DEFAULT_CHECKPOINT.name and summary["queries_evaluated"] == len(dataset.queries)
@@ -133,10 +133,38 @@ def test_no_arguments_runs_the_embedded_default(scorer, tmp_path, monkeypatch, c
   assert reranked[4] == f"[{t['ci_low']:+.3f},{t['ci_high']:+.3f}]" and t["ci_low"] <= t["delta"] <= t["ci_high"]
   assert fused[5].rstrip("†") == f"p={tests['fused', 'ndcg_cut_10']['p_randomization_holm']:.3f}"
   # fusion.trec is RRF of run.trec and BM25's run at the same depth.
-  bm25_run = {q: v for q, v in data.read_trec_run(data.DEFAULT_RUN).items() if q in saved_qids(out)}
+  bm25_run = {q: v for q, v in data.read_trec_run(data.DEFAULT_DOCS_RUN).items() if q in saved_qids(out)}
   expected = fusion.fuse(data.read_trec_run(out / "run.trec"), bm25_run, "rrf", rrf_k=60)
   on_disk = data.read_trec_run(out / "fusion.trec")
   assert on_disk.keys() == expected.keys() and all(on_disk[q] == pytest.approx(expected[q], rel=1e-6) for q in expected)
+
+
+def _make_eval_data_flags() -> list[str]:
+  """The data flags of the eval_rerank.py command `make eval` runs (its dry run, `make -n`)."""
+  import shlex
+  printed = subprocess.run(["make", "-n", "-C", str(REPO), "eval"], capture_output=True, text=True, check=True).stdout
+  line = next(l for l in printed.replace("\\\n", " ").splitlines() if "scripts/eval_rerank.py" in l)
+  keys = ("--data_dir=", "--run_file=", "--jsonl=", "--split=")
+  return [a for a in shlex.split(line) if a.startswith(keys)]
+
+
+@pytest.mark.slow
+def test_no_arguments_evaluate_the_data_make_eval_evaluates(tmp_path, monkeypatch):
+  """eval_rerank.py without arguments and `make eval` read the same dataset, first stage and split: their
+  summary.json name the same data and their runs hold the same queries and candidates."""
+  flags = _make_eval_data_flags()
+  assert any(f.startswith("--data_dir=") for f in flags), flags
+  monkeypatch.chdir(REPO)  # make's paths are relative to the repository
+  common = ["--max_queries=3", "--fusion=none", "--plot=false", "--noprogress"]
+  eval_rerank.run(["eval_rerank.py", *flags, *common, f"--output_dir={tmp_path / 'make'}"])
+  eval_rerank.run(["eval_rerank.py", *common, f"--output_dir={tmp_path / 'bare'}"])
+  summaries = [json.loads((tmp_path / d / "summary.json").read_text()) for d in ("make", "bare")]
+  norm = lambda source: {k: str(pathlib.Path(v).resolve()) if k in ("data_dir", "run_file", "path") else v
+                         for k, v in source.items()}
+  assert norm(summaries[0]["data"]) == norm(summaries[1]["data"])
+  assert summaries[0]["data"]["data_dir"].rstrip("/").endswith("python_docs_beir")
+  runs = [data.read_trec_run(tmp_path / d / "run.trec") for d in ("make", "bare")]
+  assert {q: set(v) for q, v in runs[0].items()} == {q: set(v) for q, v in runs[1].items()} and len(runs[0]) == 3
 
 
 def test_eval_scores_are_one_score_call_per_query(scorer, small, tmp_path):

@@ -405,12 +405,13 @@ def load_rerank_set(jsonl: Optional[os.PathLike] = None, data_dir: Optional[os.P
 
 def sources_or_default(jsonl: Optional[str], data_dir: Optional[str], run_file: Optional[str],
                        use: Literal["eval", "train"]) -> tuple[Optional[str], Optional[str], Optional[str]]:
-  """(jsonl, data_dir, run_file) as given, or the embedded default set's when none is given: the eval reranks
-  its BEIR layout with the BM25 run (a real first stage), training reads its JSONL form (whose `split`
-  fields hold train and dev)."""
+  """(jsonl, data_dir, run_file) as given, or the embedded default sets' when none is given: the eval reranks
+  the held-out python-docs set with its BM25 run (what `make eval` evaluates), training reads the first set's
+  JSONL form (whose `split` fields hold train and dev)."""
   if jsonl or data_dir or run_file:
     return jsonl, data_dir, run_file
-  return (None, str(DEFAULT_BEIR_DIR), str(DEFAULT_RUN)) if use == "eval" else (str(DEFAULT_JSONL), None, None)
+  return ((None, str(DEFAULT_DOCS_DIR), str(DEFAULT_DOCS_RUN)) if use == "eval"
+          else (str(DEFAULT_JSONL), None, None))
 
 
 def input_paths(rset: RerankSet) -> list[str]:
