@@ -34,7 +34,7 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compiling only: a TP
 from absl import flags  # pylint: disable=g-import-not-at-top
 
 from maxscore import cli
-from maxscore.bench import compile_report, train_compile
+from maxscore.bench import compile_report, compile_summary, train_compile
 from maxscore.files import safety
 
 ENTRY = "compile"
@@ -58,9 +58,9 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS) -> dict:
   with cli.one_line_errors():
     options, train = options_from_flags(fv, argv[1:])  # every flag checked before minutes of compiling
     safety.check_output_file(fv.output_json, [], "--output_json")
-    lib = train_compile if train.train else compile_report
+    summary = train_compile.summary if train.train else compile_summary.summary
     report = train_compile.run(options, train) if train.train else compile_report.run(options)
-  print(lib.summary(report), end="")
+  print(summary(report), end="")
   cli.write_report(fv, report)
   return report
 

@@ -16,7 +16,7 @@ import pytest
 
 from layers import sharding
 from layers.config import ModelConfig
-from maxscore.bench import chips, compile_report
+from maxscore.bench import chips, compile_report, compile_summary
 from maxscore.config import load_config
 from maxscore.distributed import processes
 from maxscore.scoring import cost_model
@@ -267,5 +267,5 @@ def test_int8_fit_report_holds_int8_weights_and_runs_its_dense_flops_at_the_int8
     scorer = abstract_scorer("v5e:1x1", model="tiny-qwen3", quantization=q, **WIDE)
     w = compile_report.compile_workload(scorer, (64, 16, 8), squeezed, "packed")
     assert w["fits"] is fits and w["error"] is None
-    verdict = compile_report.summary(dict(reports[q], chip=dataclasses.asdict(squeezed), workloads=[w], searches=[]))
+    verdict = compile_summary.summary(dict(reports[q], chip=dataclasses.asdict(squeezed), workloads=[w], searches=[]))
     assert ("=> FITS" if fits else "=> DOES NOT FIT") in verdict

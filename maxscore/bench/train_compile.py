@@ -39,7 +39,7 @@ from layers import sharding
 from layers.config import ModelConfig
 from layers.kernels import get_kernel
 from layers.kernels.base import resolve_auto, training_kernel
-from maxscore.bench import chips, compile_report
+from maxscore.bench import chips, compile_report, compile_summary
 from maxscore.bench import train_program as tp
 from maxscore.config import Config
 from maxscore.errors import TrainError
@@ -354,7 +354,7 @@ def _step_lines(s: dict[str, Any]) -> list[str]:
   head = f"step: batch_size {s['batch_size']} at {g} (query_len x items x item_len; packed P x L x N {pad})"
   if s["error"]:
     return [head, f"  compile error: {s['error']}", "  => DOES NOT FIT / DID NOT COMPILE"]
-  mem, f, c, gb = s["memory"], s["flops"], s["compile"], compile_report.gb
+  mem, f, c, gb = s["memory"], s["flops"], s["compile"], compile_summary.gb
   return [head,
           f"  HBM per chip: params {gb(mem['params'])} + optimizer state {gb(mem['optimizer'])} + batch "
           f"{gb(mem['batch'])} + activations/temporaries {gb(mem['temporaries'])} (code {gb(mem['code'])}) = "
@@ -376,12 +376,12 @@ def summary(report: dict[str, Any]) -> str:
                              if lora else "")
   frozen = report["frozen_dtype"] + (" (int8 projections + float32 scales)" if report["quantization"] != "none"
                                      else "")
-  lines = compile_report.header_lines(
+  lines = compile_summary.header_lines(
       report, "training mesh", f"; train={mode}, remat={report['remat']}, compute {report['dtype']}, float32 master "
       f"weights and Adam state, frozen weights {frozen}, attention={report['attention']}")
   for s in report["steps"]:
     lines += _step_lines(s) + [""]
   if report["search"]:
-    lines.append(compile_report.search_line("batch_size that fits (first geometry)", report["search"]))
+    lines.append(compile_summary.search_line("batch_size that fits (first geometry)", report["search"]))
   lines.append("FITS" if report["fits"] else "DOES NOT FIT")
   return "\n".join(lines) + "\n"
