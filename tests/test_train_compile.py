@@ -14,6 +14,7 @@ import pytest
 
 from layers.config import ModelConfig
 from layers.kernels import get_kernel
+from layers.lora import LoraConfig
 from maxscore.bench import compile_report, train_compile
 from maxscore.bench import train_program as tp
 from maxscore.config import load_config
@@ -39,7 +40,7 @@ def test_step_flops_multipliers():
   assert full["total"] == 4 * fwd - full["lm_head"] / 3
   assert train_compile.step_flops(cfg, b, p, l, n, "full", remat=False)["total"] == 3 * fwd
   assert train_compile.step_flops(cfg, b, p, l, n, "head")["total"] == fwd
-  lora = train_compile.step_flops(cfg, b, p, l, n, "lora", lora=tp.LoraConfig(rank=2, alpha=4.0))
+  lora = train_compile.step_flops(cfg, b, p, l, n, "lora", lora=LoraConfig(rank=2, alpha=4.0))
   assert fwd < lora["total"] - lora["adapters"] < full["total"] and lora["adapters"] > 0
   assert lora["dense"] == 3 * full["dense"] / 4  # no weight gradients for the frozen base
 
@@ -76,7 +77,7 @@ def _steps(cfg, batch, mode, lora=None, n=2, accum=1):
 @pytest.mark.slow
 def test_lora_and_head_steps_train_only_their_params(tiny):
   cfg, batch = tiny
-  lora = tp.LoraConfig(rank=4, alpha=8.0)
+  lora = LoraConfig(rank=4, alpha=8.0)
   _, _, full_losses = _steps(cfg, batch, "full", n=1)
   for mode in ("lora", "qlora", "head"):
     before, state, losses = _steps(cfg, batch, mode, lora if mode in tp.ADAPTED else None, n=3)

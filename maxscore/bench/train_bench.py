@@ -33,6 +33,7 @@ from layers import quantization as quant
 from layers import sharding
 from layers.kernels import get_kernel
 from layers.kernels.base import training_kernel
+from layers.lora import LoraConfig
 from maxscore.bench import measure, train_compile
 from maxscore.bench import train_program as tp
 from maxscore.config import CODE_ONLY, ConfigError, load_config, parse_override
@@ -97,7 +98,7 @@ def time_mode(options: TrainBenchOptions, mode: str, num_devices: int) -> dict[s
   model, remat = config.model, options.remat == "per_layer"
   mesh = None if num_devices == 1 else Mesh(np.array(jax.devices()[:num_devices]).reshape(-1, 1, 1),
                                             sharding.MESH_AXES)
-  lora = tp.LoraConfig(options.lora_rank, options.lora_alpha) if mode in tp.ADAPTED else None
+  lora = LoraConfig(options.lora_rank, options.lora_alpha) if mode in tp.ADAPTED else None
   kernel, _ = training_kernel(config.kernel.attention)
   attend = sharding.shard_kernel(get_kernel(kernel, config.kernel.options()), mesh)
   decoder = tp.make_decoder(model, attend, mode, DTYPES[config.runtime.dtype], remat, config.runtime.matmul_precision)

@@ -39,11 +39,12 @@ from layers import sharding
 from layers.config import ModelConfig
 from layers.kernels import get_kernel
 from layers.kernels.base import resolve_auto, training_kernel
+from layers.lora import LoraConfig
 from maxscore.bench import chips, compile_report, compile_summary
 from maxscore.bench import train_program as tp
 from maxscore.config import Config
-from maxscore.errors import TrainError
 from maxscore.distributed import mesh as mesh_lib
+from maxscore.errors import TrainError
 from maxscore.scoring import cost_model
 from maxscore.scoring.layout import bucket
 from maxscore.scoring.runner import DTYPES
@@ -78,15 +79,15 @@ class TrainCompileOptions:
       self.lora()
     return self
 
-  def lora(self) -> Optional[tp.LoraConfig]:
+  def lora(self) -> Optional[LoraConfig]:
     if self.train not in tp.ADAPTED:
       return None
-    return tp.LoraConfig(self.lora_rank, self.lora_alpha, tuple(self.lora_targets)).validate()
+    return LoraConfig(self.lora_rank, self.lora_alpha, tuple(self.lora_targets)).validate()
 
 
 # --- the cost model ---------------------------------------------------------------------------------
 def step_flops(model: ModelConfig, batch: int, prefix_len: int, slot_len: int, num_slots: int, mode: str,
-               remat: bool = True, lora: Optional[tp.LoraConfig] = None) -> dict[str, Any]:
+               remat: bool = True, lora: Optional[LoraConfig] = None) -> dict[str, Any]:
   """Model FLOPs of one training step at its padded shape, by part, with the training multipliers.
 
   Forward = 1. Backward: dense layers and the lm_head 2 (input and weight gradients) when their weights
@@ -278,12 +279,12 @@ def hlo_op_counts(lowered: Any, compiled: Any) -> dict[str, int]:
 
 def local_step_op_counts(model: ModelConfig, mode: str = "full", batch_size: int = 2,
                          geometry: tuple[int, int, int] = (16, 8, 4), remat: bool = True,
-                         lora: Optional[tp.LoraConfig] = None) -> dict[str, int]:
+                         lora: Optional[LoraConfig] = None) -> dict[str, int]:
   """hlo_op_counts of the `mode` training step compiled for this process's first device (the kernel the
   trainer picks here), at `batch_size` packed rows of (P, L, N) `geometry`."""
   kernel, _ = training_kernel("auto")
   decoder = tp.make_decoder(model, get_kernel(kernel), mode, jnp.float32, remat)
-  lora = lora or (tp.LoraConfig(4, 8.0) if mode in tp.ADAPTED else None)
+  lora = lora or (LoraConfig(4, 8.0) if mode in tp.ADAPTED else None)
   params = tp.init_params(model, mode, jax.random.PRNGKey(0), lora)
   optimizer = tp.make_train_optimizer(params, mode)
   p, l, n = geometry

@@ -17,12 +17,12 @@ row's items). Modes:
 - `head`: the frozen backbone's forward (no backward through it) feeds the head, which alone trains.
 
 Frozen leaves get no optimizer state (optax.multi_transform with set_to_zero, driven by a boolean
-"trainable" pytree). The state and the step are the trainer's (maxscore/training). The adapters are
+"trainable" pytree). The LoRA settings (layers/lora.py's LoraConfig), the state and the step are the trainer's
+(maxscore/training). The adapters are
 kept apart from the backbone in the params ({"backbone", "lora", "head"}) and placed beside their kernels
 for each forward (`with_adapters`).
 """
 
-import dataclasses
 import functools
 from typing import Any, Callable, Optional
 
@@ -31,14 +31,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from layers import quantization as quant
 from layers.config import ModelConfig
 from layers.decoder import Decoder
-from layers.lora import LoraConfig as LayersLoraConfig
+from layers.lora import TARGETS, LoraConfig
+from maxscore.checkpoints import adapters
 from maxscore.checkpoints import storage
 from maxscore.heads import head
 from maxscore.scoring.requests import make_request
 from maxscore.scoring.runner import label_logprobs
+from maxscore.training import state as state_lib
 from maxscore.training.head_features import plan_packed
 from maxscore.training.losses import MASK_LOGIT, batch_loss
 from maxscore.training.optimizer import make_optimizer
@@ -48,24 +49,8 @@ from maxscore.training.trainer import train_step
 
 MODES = ("full", "lora", "qlora", "head")
 ADAPTED = ("lora", "qlora")  # the modes that train adapters on a frozen base
-LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+LORA_TARGETS = TARGETS  # every projection the trainer's adapters can target (layers/lora.py)
 LABELS = (1, 2)  # label token ids of the synthetic workload
-
-
-@dataclasses.dataclass(frozen=True)
-class LoraConfig:
-  """Adapters of rank `rank` on the `targets` kernels of every layer, scaled by alpha / rank."""
-  rank: int = 16
-  alpha: float = 32.0
-  targets: tuple[str, ...] = LORA_TARGETS
-
-  def validate(self) -> "LoraConfig":
-    unknown = [t for t in self.targets if t not in LORA_TARGETS]
-    if unknown or not self.targets:
-      raise ValueError(f"lora_targets={list(self.targets)}: each must be one of {list(LORA_TARGETS)} (at least one)")
-    if self.rank < 1:
-      raise ValueError(f"lora_rank={self.rank} must be >= 1 for train=lora")
-    return self
 
 
 # --- params -------------------------------------------------------------------------------------
@@ -167,7 +152,7 @@ def features(decoder: Decoder, params: dict, batch: dict, mode: str, lora: Optio
   """h [B, N, D] (float32) at the score rows and the label log-probs [B, N, K] of one packed forward."""
   backbone = params["backbone"]
   if mode in ADAPTED:
-    decoder = decoder.clone(lora=LayersLoraConfig(lora.rank, lora.alpha, tuple(lora.targets)))
+    decoder = adapters.adapt(decoder, lora)
     hidden_BxTxD, _ = decoder.apply({"params": with_adapters(backbone, params["lora"])}, batch["tokens"],
                                     batch["positions"], batch["layout"])
   else:
@@ -199,8 +184,8 @@ def make_decoder(model: ModelConfig, attend: Callable, mode: str, dtype: Any, re
 
 # --- the step ---------------------------------------------------------------------------------------
 def make_state(params: Any, optimizer: optax.GradientTransformation, seed: int = 0) -> TrainState:
-  return TrainState(params, optimizer.init(params), jnp.int32(0), jnp.int32(0), jnp.int32(0),
-                    jax.random.PRNGKey(seed))
+  """The trainer's fresh state of `params` (step 0, the optimizer's initial state)."""
+  return state_lib.fresh(params, optimizer.init(params), jax.random.PRNGKey(seed))
 
 
 # --- batches ------------------------------------------------------------------------------------------
