@@ -29,9 +29,9 @@ from maxscore import cli
 from maxscore.datasets import data
 from maxscore.rerank.prompts import PromptConfig
 from maxscore.training import groups
-from maxscore.training import reranker as train_lib
 from maxscore.training import trainer
-from maxscore.training.reranker_config import TrainConfig, TrainRun
+from maxscore.training.reranker import train as train_lib
+from maxscore.training.reranker.config import TrainConfig, TrainRun
 
 ENTRY = "train"
 SECTIONS = {"run": TrainRun, "train": TrainConfig, "prompt": PromptConfig}

@@ -25,8 +25,8 @@ from maxscore.rerank import eval as eval_lib
 from maxscore.scoring import jsonl as score_file
 from maxscore.scoring import loading
 from maxscore.testing.disk import foreign_dir, tiny_set, tree
-from maxscore.training import reranker as train_lib
-from maxscore.training.reranker_config import TrainConfig
+from maxscore.training.reranker import train as train_lib
+from maxscore.training.reranker.config import TrainConfig
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CFG = eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=8)

@@ -17,10 +17,11 @@ from maxscore.distributed.processes import subprocess_env
 from maxscore.errors import TrainError
 from maxscore.scoring import loading
 from maxscore.training import first_listwise
-from maxscore.training import reranker as train_lib
-from maxscore.training import reranker_data
 from maxscore.training.losses import batch_loss
-from maxscore.training.reranker_config import TrainConfig
+from maxscore.training.reranker import model as reranker_model
+from maxscore.training.reranker import prepare as reranker_prepare
+from maxscore.training.reranker import train as train_lib
+from maxscore.training.reranker.config import TrainConfig
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # 4 train queries in one batch (every step sees the same windows), windows of 4 short passages, plain prompts
@@ -156,11 +157,11 @@ def test_gradients_reach_the_backbone_only_when_it_trains():
                 batch_size=2, use_bias=False)
   for kw in (dict(train_backbone=True, lora_rank=2), dict(train_backbone=True), {}):
     cfg = TrainConfig(**common, **kw).validate()
-    prep = reranker_data.prepare(cfg, PromptConfig(), None, ds, None, progress=False)
-    params = train_lib.init_params(cfg, prep)
-    loss_fn = train_lib.make_loss_fn(cfg, prep.head_cfg, train_lib.backbone_decoder(cfg, prep.scorer),
+    prep = reranker_prepare.prepare(cfg, PromptConfig(), None, ds, None, progress=False)
+    params = reranker_model.init_params(cfg, prep)
+    loss_fn = reranker_model.make_loss_fn(cfg, prep.head_cfg, reranker_model.backbone_decoder(cfg, prep.scorer),
                                      jnp.asarray(prep.label_ids, jnp.int32))
-    batch, _ = train_lib.make_batch(prep, np.arange(2), 0, cfg)
+    batch, _ = reranker_model.make_batch(prep, np.arange(2), 0, cfg)
     grads = jax.grad(lambda p: loss_fn(p, batch, None)[0])(params)
     assert max(np.abs(np.asarray(g)).max() for g in jax.tree_util.tree_leaves(grads["head"])) > 0
     if not kw:
@@ -170,7 +171,7 @@ def test_gradients_reach_the_backbone_only_when_it_trains():
     b_grads = [v for p, v in jax.tree_util.tree_leaves_with_path(adapters) if str(p[-1].key).endswith("_lora_b")]
     if "lora_rank" in kw:
       assert b_grads and all(np.abs(g).max() > 0 for g in b_grads)
-      assert train_lib._trainable(cfg, params) is not None  # pylint: disable=protected-access
+      assert reranker_model.trainable_params(cfg, params) is not None  # pylint: disable=protected-access
     else:
       assert not b_grads and np.abs(np.asarray(grads["backbone"]["embed"]["embedding"])).max() > 0
 

@@ -15,8 +15,9 @@ from maxscore.rerank import eval as eval_lib, prompts
 from maxscore.scoring import loading
 from maxscore.training import groups as groups_lib
 from maxscore.training import losses
-from maxscore.training import reranker as train_lib
-from maxscore.training.reranker_config import TrainConfig
+from maxscore.training.reranker import evaluation as reranker_evaluation
+from maxscore.training.reranker import train as train_lib
+from maxscore.training.reranker.config import TrainConfig
 
 
 def _log_softmax(x):
@@ -218,7 +219,7 @@ def test_selection_exports_the_best_dev_step_and_patience_stops(tmp_path, monkey
     step = len(seen_params) * 2
     seen_params[step] = jax_tree_copy(params["head"])
     return {"split": "dev", "ndcg_cut_10": planted[step], "map": 0.0}
-  monkeypatch.setattr(train_lib, "dev_metrics", fake_dev_metrics)
+  monkeypatch.setattr(reranker_evaluation, "dev_metrics", fake_dev_metrics)
   train = data.load_jsonl(data.DEFAULT_JSONL, split="train")
   train.queries = train.queries[:4]
   prompt = eval_lib.EvalConfig(max_query_tokens=8, max_item_tokens=16)

@@ -122,7 +122,7 @@ def trained():
 
 def test_unknown_target_is_a_one_line_error_naming_the_valid_ones():
   from maxscore.errors import TrainError
-  from maxscore.training.reranker_config import TrainConfig
+  from maxscore.training.reranker.config import TrainConfig
   from maxscore.checkpoints import adapters as lora_lib
   with pytest.raises(lora_lib.LoraError) as e:
     lora_lib.lora_config(4, 8.0, ("q", "qkv"))
@@ -136,7 +136,7 @@ def test_unknown_target_is_a_one_line_error_naming_the_valid_ones():
 def test_lora_rank_needs_train_backbone_and_sane_values():
   from maxscore.config import ConfigError, load_entry
   from maxscore.errors import TrainError
-  from maxscore.training.reranker_config import TrainConfig, TrainRun
+  from maxscore.training.reranker.config import TrainConfig, TrainRun
   from maxscore.rerank.prompts import PromptConfig
   with pytest.raises(TrainError, match=r"lora_rank=8 .*train_backbone=true"):
     TrainConfig(lora_rank=8).validate()

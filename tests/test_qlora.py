@@ -163,8 +163,8 @@ def test_dequantize_params_inverts_quantize_params_up_to_half_a_step():
 
 
 def test_full_fine_tuning_of_a_quantized_base_is_still_one_clear_error():
-  from maxscore.training import reranker_data
-  from maxscore.training.reranker_config import TrainConfig
+  from maxscore.training.reranker import prepare as reranker_prepare
+  from maxscore.training.reranker.config import TrainConfig
   from maxscore.datasets import data
   from maxscore.rerank import eval as eval_lib
   train = data.load_jsonl(data.DEFAULT_JSONL, split="train")
@@ -172,10 +172,10 @@ def test_full_fine_tuning_of_a_quantized_base_is_still_one_clear_error():
   prompt = eval_lib.EvalConfig(max_query_tokens=8, max_item_tokens=16)
   with pytest.raises(TrainError, match=r"quantization='int8_weights' is for scoring only, and train_backbone trains "
                                        r"the whole backbone; use quantization=none, or train LoRA adapters") as e:
-    reranker_data.prepare(TrainConfig(train_backbone=True), prompt, None, train, None, ["quantization=int8_weights"])
+    reranker_prepare.prepare(TrainConfig(train_backbone=True), prompt, None, train, None, ["quantization=int8_weights"])
   assert "\n" not in str(e.value)
   with pytest.raises(TrainError, match=r"quantization='int8' \(w8a8\) rounds the activations"):
-    reranker_data.prepare(TrainConfig(train_backbone=True, lora_rank=4), prompt, None, train, None,
+    reranker_prepare.prepare(TrainConfig(train_backbone=True, lora_rank=4), prompt, None, train, None,
                           ["quantization=int8"])
   # The layers refuse alike: w8a8 under adapters, and a rematerialized (training) decoder without them.
   with pytest.raises(ValueError, match=r"quantization='int8' \(w8a8\)"):
@@ -192,8 +192,8 @@ def test_qlora_through_the_trainer_exports_a_float_model(tmp_path, group):
   group of 32); the checkpointed int8 base is the scorer's, the export is float and the adapters directory names
   its int8_weights base and group size, so base + adapters load as the export scores."""
   from maxscore.checkpoints import storage
-  from maxscore.training import reranker as train_lib
-  from maxscore.training.reranker_config import TrainConfig
+  from maxscore.training.reranker import train as train_lib
+  from maxscore.training.reranker.config import TrainConfig
   from maxscore.datasets import data
   from maxscore.rerank import eval as eval_lib
   train = data.load_jsonl(data.DEFAULT_JSONL, split="train")

@@ -31,10 +31,11 @@ from maxscore.studies import head_study
 from maxscore.testing.tensorboard_events import tensorboard_scalars
 from maxscore.training import head_features as features
 from maxscore.training import losses
-from maxscore.training import reranker as train_lib
-from maxscore.training import reranker_data
 from maxscore.training.optimizer import make_optimizer
-from maxscore.training.reranker_config import TrainConfig
+from maxscore.training.reranker import model as reranker_model
+from maxscore.training.reranker import prepare as reranker_prepare
+from maxscore.training.reranker import train as train_lib
+from maxscore.training.reranker.config import TrainConfig
 from maxscore.training.trainer import TEST_STEP_DELAY_ENV
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -345,10 +346,10 @@ def test_train_backbone_with_groups_packs_the_drawn_group():
   """With group_size, a train_backbone step's rows have room for the group alone, and the gather finds each
   drawn item (the mask's) in them."""
   cfg = TrainConfig(train_backbone=True, group_size=3, batch_size=2)
-  prep = reranker_data.prepare(cfg, PROMPT, None, _split("train", 2), None, progress=False)
+  prep = reranker_prepare.prepare(cfg, PROMPT, None, _split("train", 2), None, progress=False)
   whole = features.packed_geometry(prep.scorer, prep.examples["train"])
   assert prep.geometry["train"][:2] == whole[:2] and 3 <= prep.geometry["train"][2] < whole[2]  # 24 candidates
-  batch, items = train_lib.make_batch(prep, np.array([0, 1]), step=0, cfg=cfg)
+  batch, items = reranker_model.make_batch(prep, np.array([0, 1]), step=0, cfg=cfg)
   assert items == 6 and batch["gather"].shape == batch["mask"].shape
   n = prep.geometry["train"][2]
   assert batch["packed"]["tokens"].shape[0] == 2

@@ -23,9 +23,9 @@ from maxscore.distributed.processes import subprocess_env as _env
 from maxscore.errors import TrainError
 from maxscore.scoring import loading
 from maxscore.training import partition, trainer
-from maxscore.training import reranker as train_lib
 from maxscore.training.optimizer import make_optimizer
-from maxscore.training.reranker_config import TrainConfig
+from maxscore.training.reranker import train as train_lib
+from maxscore.training.reranker.config import TrainConfig
 from maxscore.training.state import TrainState, fresh
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

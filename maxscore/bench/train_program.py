@@ -4,7 +4,7 @@
     step = make_step(model, attend, "full", optimizer, dtype=jnp.bfloat16)
     state, metrics = step(make_state(params, optimizer), synthetic_batch(4, 100, 10, 20))
 
-One query per packed row (docs/ARCHITECTURE.md section 2), as backbone fine-tuning in maxscore/training/reranker.py
+One query per packed row (docs/ARCHITECTURE.md section 2), as backbone fine-tuning in maxscore/training/reranker/model.py
 builds it; the loss is that trainer's (the score head on the label log-probs, listwise over the
 row's items). Modes:
 
@@ -43,7 +43,7 @@ from maxscore.training import state as state_lib
 from maxscore.training.head_features import plan_packed
 from maxscore.training.losses import MASK_LOGIT, batch_loss
 from maxscore.training.optimizer import make_optimizer
-from maxscore.training.reranker_config import TrainConfig
+from maxscore.training.reranker.config import TrainConfig
 from maxscore.training.state import TrainState
 from maxscore.training.trainer import train_step
 

@@ -17,7 +17,7 @@ Steps (everything from the running Python's own files; deterministic in the seed
      without the sections of the dev and test queries -> <workdir>/pretrained.
   3. Fine-tuning pairs (maxscore/lm/pairs.py): section titles and docstring summaries against their
      paragraphs, hard negatives from BM25, none from a dev/test section -> <workdir>/finetune_pairs.jsonl.
-  4. Fine-tuning the whole model with an lm_labels score head (maxscore/training/reranker.py, train_backbone,
+  4. Fine-tuning the whole model with an lm_labels score head (maxscore/training/reranker/, train_backbone,
      listwise loss plus the match losses; dev = the rerank set's dev split) on candidates cut short
      -> <workdir>/finetuned.
   5. The same again from <workdir>/finetuned on whole candidates (finetune_full_steps > 0)
@@ -58,8 +58,8 @@ from maxscore.lm import pretrain as pretrain_lib
 from maxscore.lm import recipe as recipe_lib
 from maxscore.lm import tokenizer_training
 from maxscore.rerank.prompts import PromptConfig
-from maxscore.training import reranker as train_lib
-from maxscore.training import reranker_config as train_config
+from maxscore.training.reranker import config as train_config
+from maxscore.training.reranker import train as train_lib
 
 OUTPUT_KIND = "default_assets"  # the marker of an output directory this build wrote
 PAIRS_FILE = "finetune_pairs.jsonl"

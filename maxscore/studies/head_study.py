@@ -27,8 +27,8 @@ from maxscore.errors import TrainError
 from maxscore.files import safety
 from maxscore.rerank import compare, eval as eval_lib, metrics
 from maxscore.scoring import loading
-from maxscore.training import reranker as train_lib
-from maxscore.training.reranker_config import TrainConfig
+from maxscore.training.reranker import train as train_lib
+from maxscore.training.reranker.config import TrainConfig
 
 # Named head settings (TrainConfig fields); the rest are TrainConfig's defaults.
 SPECS: dict[str, dict[str, Any]] = {

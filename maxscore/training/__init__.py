@@ -3,9 +3,10 @@
 `trainer` holds the top-level `init`, `train_step`, `restore` and `loop` (and `start`, which resumes or
 starts a run in a workdir); `state` the TrainState; `optimizer` the clip + AdamW schedule; `partition`
 where state and batches live on the mesh; `checkpoint` the per-process Orbax checkpoints; `metrics_log`
-metrics.jsonl and TensorBoard; `lora` the LoRA adapters (configs, trainable mask, exports). Each task brings
-only its loss, data, eval and export: `reranker` (score heads and rerankers, with `reranker_config`, `losses`,
-`groups`, `mining`, `teacher`, `first_listwise` and `selection`) and maxscore.lm.pretrain.
+metrics.jsonl and TensorBoard (the LoRA adapters they train are maxscore/checkpoints/adapters.py's). Each task
+brings only its loss, data, eval and export: the `reranker` recipe (a sub-package: score heads and rerankers,
+with `head_features`, `losses`, `groups`, `mining`, `teacher`, `first_listwise` and `selection` beside it) and
+maxscore.lm.pretrain.
 The trainer's errors, TrainError and ResumeError, are maxscore/errors.py's.
 """
 

@@ -83,7 +83,7 @@ def probe_bce(probe, hidden_XxD, target_X, mask_X) -> jax.Array:
 
   Whole-model fine-tuning's token-match loss: a small backbone does not learn from a ranking loss
   alone to find the query's tokens in a candidate, so a probe asks it per candidate token whether the
-  token occurs in the query (maxscore/training/reranker.py; its coverage probe uses the pairwise loss)."""
+  token occurs in the query (maxscore/training/reranker/model.py; its coverage probe uses the pairwise loss)."""
   logits = probe_logits(probe, hidden_XxD)
   per_position = jax.nn.softplus(logits) - target_X * logits
   weight = mask_X.astype(jnp.float32)

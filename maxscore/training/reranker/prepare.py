@@ -21,7 +21,7 @@ from maxscore.scoring.loading import build_scorer
 from maxscore.scoring.scorer import Scorer
 from maxscore.training import first_listwise
 from maxscore.training.head_features import Examples, load_or_extract, make_examples, packed_geometry
-from maxscore.training.reranker_config import TrainConfig, lora_settings
+from maxscore.training.reranker.config import TrainConfig, lora_settings
 
 
 @dataclasses.dataclass

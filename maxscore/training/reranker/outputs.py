@@ -19,8 +19,8 @@ from maxscore.files import identity, safety
 from maxscore.rerank.prompts import PromptConfig
 from maxscore.training import trainer
 from maxscore.training.metrics_log import MetricsLog
-from maxscore.training.reranker_config import TrainConfig
-from maxscore.training.reranker_data import Prepared
+from maxscore.training.reranker.config import TrainConfig
+from maxscore.training.reranker.prepare import Prepared
 
 def prepare_outputs(workdir: pathlib.Path, export_dir: Optional[os.PathLike], overwrite: bool,
                      checkpoint_dir: Optional[str], feature_cache: Optional[os.PathLike], data_paths,
