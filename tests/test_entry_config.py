@@ -1,6 +1,6 @@
 """Entry-point settings: every configs/<entry>.yml documents its sections' keys with the dataclass
 defaults, flags come from the YAML, bad values are one-line ConfigErrors, and every example command
-in README.md's code blocks parses against its script's flags and the config."""
+in the README's and the guides' (docs/*.md) code blocks parses against its script's flags and the config."""
 
 import pathlib
 import re
@@ -116,15 +116,23 @@ def test_unknown_entry_key_names_the_nearest(load_script):
     config_lib.load_entry(script.ENTRY, script.SECTIONS, {"num_itmes": 3})
 
 
+# The pages whose code shows commands: the README and the task guides (not the design notes or the generated
+# configuration reference).
+DOC_PAGES = [REPO / "README.md"] + sorted(p for p in (REPO / "docs").glob("*.md")
+                                          if p.name not in ("ARCHITECTURE.md", "configuration.md"))
+
+
 def _readme_commands():
-  """(script name, argv) of every `scripts/<name>.py ...` command in README.md's code (fenced or
+  """(script name, argv) of every `scripts/<name>.py ...` command in the DOC_PAGES' code (fenced or
   indented blocks), shell syntax around it removed ($VAR -> 0, `&`, `;`, quotes, comments)."""
-  lines, fenced = [], False
-  for line in (REPO / "README.md").read_text().splitlines():
-    if line.startswith("```"):
-      fenced = not fenced
-    elif fenced or line.startswith("    "):
-      lines.append(line)
+  lines = []
+  for page in DOC_PAGES:
+    fenced = False
+    for line in page.read_text().splitlines():
+      if line.startswith("```"):
+        fenced = not fenced
+      elif fenced or line.startswith("    "):
+        lines.append(line)
   out = []
   for cmd in "\n".join(lines).replace("\\\n", " ").splitlines():
     m = re.search(r"scripts/(\w+)\.py(.*)", cmd)
