@@ -18,6 +18,10 @@ class ResumeError(ValueError):
   what changed."""
 
 
+class DataError(ScoreInputError):
+  """A dataset file is malformed; the message starts with `file:line` where there is one."""
+
+
 class TrainError(ValueError):
   """A training setting is invalid, or a run cannot start with it (the batch, the mesh, stored shapes)."""
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from maxscore.checkpoints import storage
 from maxscore.datasets import data
+from maxscore.errors import DataError
 from maxscore.scoring import loading
 from maxscore.testing import hf_models, scripts
 
@@ -140,7 +141,7 @@ def test_data_loaders_on_random_bytes_and_truncated_files_raise_only_data_errors
                lambda: data.load_jsonl(d / "random.jsonl", "all", skip_bad=True)):
     try:
       load()
-    except data.DataError:
+    except DataError:
       pass
 
 

@@ -9,7 +9,7 @@ import pytest
 from maxscore.checkpoints import storage as checkpointing
 from maxscore.checkpoints.tokenizer import load_tokenizer
 from maxscore.datasets import data
-from maxscore.datasets.data import DataError
+from maxscore.errors import DataError
 from maxscore.rerank import prompts
 
 

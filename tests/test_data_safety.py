@@ -11,7 +11,7 @@ import pytest
 from hypothesis import strategies as st
 
 from maxscore import cli
-from maxscore.rerank import eval as eval_lib
+from maxscore.rerank import results_file
 from maxscore.testing import scripts
 from maxscore.testing.disk import foreign_dir, tiny_set
 
@@ -205,7 +205,7 @@ def test_a_log_file_that_cannot_be_written_is_one_line_naming_it(capfd, tmp_path
     def write(self, text):
       raise OSError(28, "No space left on device")
   with pytest.raises(OSError) as e:
-    eval_lib._append(FullDisk(), {"qid": "q"}, False, tmp_path / "results.jsonl")
+    results_file.append_record(FullDisk(), {"qid": "q"}, False, tmp_path / "results.jsonl")
   assert e.value.filename == str(tmp_path / "results.jsonl")
 
 

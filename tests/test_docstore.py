@@ -11,6 +11,7 @@ import pytest
 
 from maxscore.datasets import data, docstore
 from maxscore.distributed.processes import REPO, subprocess_env
+from maxscore.errors import DataError
 
 
 def _corpus(path, n=300):
@@ -54,13 +55,13 @@ def test_problems_are_reported_as_the_whole_file_reports_them(tmp_path):
   lines = ['{"_id": "d1", "text": "one"}', '{"_id": "d2", "text": "two"', '{"_id": "d3", "text": "a"}',
            '{"_id": "d3", "text": "b"}', '{"_id": "d2", "text": "two"}']
   (d / "corpus.jsonl").write_text("\n".join(lines) + "\n")
-  with pytest.raises(data.DataError, match=r"corpus.jsonl:2: invalid JSON"):  # a truncated line: the first problem
+  with pytest.raises(DataError, match=r"corpus.jsonl:2: invalid JSON"):  # a truncated line: the first problem
     data.load_beir(d, d / "run.trec")
   ds = data.load_beir(d, d / "run.trec", skip_bad=True)
   # d3's repeat with other text is not counted: the run does not need d3 (as before the store)
   assert ds.skipped == {"bad_json_lines": 1} and [c[0] for c in ds.queries[0].candidates] == ["d1", "d2"]
   (d / "corpus.jsonl").write_bytes(b'{"_id": "d1", "text": "one"}\n\xff\xfe\n')
-  with pytest.raises(data.DataError, match=r"corpus.jsonl:2: not UTF-8 text"):
+  with pytest.raises(DataError, match=r"corpus.jsonl:2: not UTF-8 text"):
     data.load_beir(d, d / "run.trec", skip_bad=True)
 
 

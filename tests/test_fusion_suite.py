@@ -16,6 +16,7 @@ import pytest
 from maxscore import config as config_lib
 from maxscore.datasets import data
 from maxscore.distributed import processes
+from maxscore.errors import DataError
 from maxscore.lm import assets
 from maxscore.lm.tokenizer_training import sample_texts
 from maxscore.rerank import eval as eval_lib, fusion, metrics, stages
@@ -236,9 +237,9 @@ def test_a_saved_learned_fusion_loads_as_it_was_and_bad_files_are_clear_errors(t
     path.write_text(text)
     with pytest.raises(fusion.FusionError, match=message):
       fusion.load_learned(path)
-  with pytest.raises(data.DataError, match="is read by fusion=learned only"):
+  with pytest.raises(DataError, match="is read by fusion=learned only"):
     eval_lib.EvalConfig(fusion="rrf", fusion_learned=str(path)).validate()
-  with pytest.raises(data.DataError, match="cannot read a learned fusion"):
+  with pytest.raises(DataError, match="cannot read a learned fusion"):
     eval_lib.EvalConfig(fusion="learned", fusion_learned=str(tmp_path / "none.json")).validate()
   assert not fusion.needs_dev("learned", "dev", str(path)) and fusion.needs_dev("learned", "dev")
 
@@ -292,7 +293,7 @@ def test_learned_fusion_never_reads_test(scorer, tmp_path):
   assert json.dumps(second.comparison.fusion, sort_keys=True) == json.dumps(learned, sort_keys=True)
   assert second.metrics != first.metrics
   assert {t["run"] for t in first.comparison.tests} == {"reranked", "fused", "fused, no reranker"}
-  with pytest.raises(data.DataError, match="fusion=learned needs a dev split"):
+  with pytest.raises(DataError, match="fusion=learned needs a dev split"):
     eval_lib.load_data(eval_lib.EvalRun(data_dir=str(_beir(tmp_path / "t", seed=1, splits=("test",))),
                                         run_file=str(tmp_path / "t" / "bm25.trec")), cfg)
   # The saved fusion, read back: the same fused run without scoring dev, and no warning for the same scorer.
@@ -315,7 +316,7 @@ def test_learned_fusion_never_reads_test(scorer, tmp_path):
 def test_alpha_dev_without_a_dev_split_is_a_clear_error(tmp_path):
   d = _beir(tmp_path / "d", seed=1, splits=("test",))
   run = eval_lib.EvalRun(data_dir=str(d), run_file=str(d / "bm25.trec"), output_dir=str(tmp_path / "o"))
-  with pytest.raises(data.DataError, match="fusion_alpha=dev needs a dev split: .*dev.tsv"):
+  with pytest.raises(DataError, match="fusion_alpha=dev needs a dev split: .*dev.tsv"):
     eval_lib.load_data(run, eval_lib.EvalConfig(fusion="interpolate"))
   assert not (tmp_path / "o").exists()
 

@@ -10,8 +10,9 @@ import pytest
 import scipy.stats
 
 from maxscore.datasets import data
-from maxscore.errors import TrainError
+from maxscore.errors import DataError, TrainError
 from maxscore.rerank import eval as eval_lib, prompts
+from maxscore.rerank import query_scoring
 from maxscore.scoring import loading
 from maxscore.training import groups as groups_lib
 from maxscore.training import losses
@@ -120,7 +121,7 @@ def test_groups_load_as_a_training_set_with_teacher_scores(tmp_path):
                        {"query": "b", "pos": ["p"], "neg": ["n"]}])
   assert groups_lib.load_groups(path).teacher_scores is None  # not every group has them
   _write_groups(path, [{"query": "a", "pos": ["p"], "neg": ["n"], "pos_ids": ["x"], "neg_ids": ["x"]}])
-  with pytest.raises(data.DataError, match="names a document twice"):
+  with pytest.raises(DataError, match="names a document twice"):
     groups_lib.load_groups(path)
 
 
@@ -194,7 +195,7 @@ def test_teacher_scores_are_the_eval_ranking_scores_of_each_group(tmp_path, load
   for rec, got in zip(records, scored):
     assert {k: got[k] for k in rec} == rec
     q = data.RerankQuery("q", rec["query"], tuple((f"d{i}", t) for i, t in enumerate(rec["pos"] + rec["neg"])))
-    want = eval_lib.score_query(scorer, builder, q, labels, prompt)["scores"]
+    want = query_scoring.score_query(scorer, builder, q, labels, prompt)["scores"]
     assert got["pos_scores"] + got["neg_scores"] == want
   assert groups_lib.load_groups(out).teacher_scores is not None
   with pytest.raises(SystemExit) as e:  # not replaced without --overwrite

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from maxscore.datasets import data
+from maxscore.datasets import corpus
 from maxscore.datasets.bm25 import BM25Index
+from maxscore.errors import DataError
 from maxscore.training import groups as groups_lib
 from maxscore.training import mining
 
@@ -122,11 +123,11 @@ def test_the_output_is_the_group_jsonl_that_trainers_read(beir, tmp_path, load_s
 
 def test_the_run_file_path_reads_only_the_documents_it_writes(beir):
   root, _, docs = beir
-  assert data.read_corpus(root / "corpus.jsonl", {"d2", "d_other", "missing"}) == {
+  assert corpus.read_corpus(root / "corpus.jsonl", {"d2", "d_other", "missing"}) == {
       "d2": docs["d2"], "d_other": docs["d_other"]}
   (root / "corpus.jsonl").write_text('{"_id": "d1", "text": "a"}\n{"_id": "d1", "text": "b"}\n')
-  with pytest.raises(data.DataError, match="appeared before with other text"):
-    data.read_corpus(root / "corpus.jsonl")
+  with pytest.raises(DataError, match="appeared before with other text"):
+    corpus.read_corpus(root / "corpus.jsonl")
 
 
 @pytest.mark.parametrize("line, message", [
@@ -139,7 +140,7 @@ def test_the_run_file_path_reads_only_the_documents_it_writes(beir):
 def test_a_bad_group_line_is_one_error_naming_it(tmp_path, line, message):
   path = tmp_path / "g.jsonl"
   path.write_text('{"query": "q", "pos": ["p"], "neg": ["n"]}\n' + line + "\n")
-  with pytest.raises(data.DataError, match=message) as e:
+  with pytest.raises(DataError, match=message) as e:
     groups_lib.read_groups(path)
   assert f"{path}:2" in str(e.value)
 

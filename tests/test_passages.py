@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from maxscore.datasets import data
+from maxscore.errors import DataError
 from maxscore.rerank import eval as eval_lib, prompts
+from maxscore.rerank import query_scoring
 from maxscore.scoring import loading
 
 CFG = eval_lib.EvalConfig(max_query_tokens=8, max_item_tokens=64, fusion="none")
@@ -42,7 +44,7 @@ def test_passages_cut_the_document_in_token_space(builder):
 
 
 def _record(scorer, builder, labels, q, cfg):
-  return eval_lib.score_query(scorer, builder, q, labels, cfg)
+  return query_scoring.score_query(scorer, builder, q, labels, cfg)
 
 
 @pytest.mark.parametrize("aggregate", ["maxp", "firstp", "sump"])
@@ -85,5 +87,5 @@ def test_documents_shorter_than_a_passage_score_as_today(scorer, builder, labels
                                          (dict(passage_tokens=4, passage_stride=8), "skip text"),
                                          (dict(aggregate="avgp"), "aggregate")])
 def test_bad_passage_settings_are_refused(kw, message):
-  with pytest.raises(data.DataError, match=message):
+  with pytest.raises(DataError, match=message):
     dataclasses.replace(CFG, **kw).validate()

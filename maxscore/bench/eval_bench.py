@@ -23,6 +23,8 @@ import numpy as np
 
 from maxscore.rerank import eval as eval_lib
 from maxscore.rerank import prompts
+from maxscore.rerank import query_scoring
+from maxscore.rerank import results_file
 from maxscore.scoring import loading
 
 MODES = {"pipelined": "eval, pipelined", "in_turn": "eval, host and model in turn",
@@ -66,7 +68,7 @@ def run(opts: EvalBenchOptions, overrides=()) -> dict[str, Any]:
                                   cfg.max_item_tokens)
   queries = [q for q in (dataset.queries[:cfg.max_queries] if cfg.max_queries else dataset.queries) if q.candidates]
   items = sum(len(q.candidates) for q in queries)
-  prepared = [eval_lib.prepare_query(builder, q, cfg) for q in queries]
+  prepared = [query_scoring.prepare_query(builder, q, cfg) for q in queries]
   host_s = sum(p.seconds for p in prepared)
 
   def eval_mode(pipelined: bool) -> dict[str, float]:
@@ -80,7 +82,7 @@ def run(opts: EvalBenchOptions, overrides=()) -> dict[str, Any]:
   def direct() -> dict[str, float]:
     t0 = time.perf_counter()
     for p in prepared:
-      eval_lib.score_prepared(scorer, p, label_ids, cfg)
+      query_scoring.score_prepared(scorer, p, label_ids, cfg)
     return dict(loop_s=time.perf_counter() - t0)
 
   every = {"pipelined": lambda: eval_mode(True), "in_turn": lambda: eval_mode(False), "direct": direct}
@@ -156,7 +158,7 @@ def _hf_mode(model, prepared, label_ids, batch_size: int, separator) -> dict[str
 
 
 def _records(report) -> list[dict]:
-  path = report.output_dir / eval_lib.RESULTS_FILE
+  path = report.output_dir / results_file.RESULTS_FILE
   return [json.loads(line) for line in path.read_text().splitlines()[1:]]
 
 

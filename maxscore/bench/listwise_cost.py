@@ -13,6 +13,7 @@ import numpy as np
 
 from maxscore.datasets import data
 from maxscore.rerank import eval as eval_lib, listwise, prompts
+from maxscore.rerank import query_scoring
 from maxscore.scoring import loading
 
 
@@ -55,10 +56,10 @@ def _pass(scorer, queries, cfg, opts, label_ids, builder, counts) -> dict:
   first = listwise.ListwiseConfig("first", opts.window, opts.stride, 0, chat=opts.chat)
   setwise = listwise.ListwiseConfig("setwise", opts.set_size, top_k=opts.setwise_top_k, chat=opts.chat)
   for q in queries:
-    prep = eval_lib.prepare_query(builder, q, cfg)
+    prep = query_scoring.prepare_query(builder, q, cfg)
     counts["processed"], hits = 0, scorer.prefix_cache.stats.hits
     t = time.perf_counter()
-    rec = eval_lib.score_prepared(scorer, prep, label_ids, cfg)  # clears the prefix cache first, as eval does
+    rec = query_scoring.score_prepared(scorer, prep, label_ids, cfg)  # clears the prefix cache first, as eval does
     s = sums["pointwise"]
     s["cache_hits"] += scorer.prefix_cache.stats.hits - hits
     s["seconds"] += time.perf_counter() - t

@@ -1,7 +1,8 @@
-"""Rerank data sets: BEIR directories with a first-stage run, or one JSONL record per query (`data`), the corpus
-document store that reads a large corpus by offset (`docstore`), BM25 over a corpus (`bm25`), and the record
-helpers both readers share (`records`)."""
+"""Rerank data sets: BEIR directories with a first-stage run, or one JSONL record per query (`data`), a BEIR
+directory's files one at a time (`corpus`), the corpus document store that reads a large corpus by offset
+(`docstore`), BM25 over a corpus (`bm25`), and the reading helpers they share (`records`). A malformed file is
+maxscore.errors.DataError."""
 
-from maxscore.datasets.data import DataError, RerankSet, load_rerank_set
+from maxscore.datasets.data import RerankSet, load_rerank_set
 
-__all__ = ["DataError", "RerankSet", "load_rerank_set"]
+__all__ = ["RerankSet", "load_rerank_set"]

@@ -20,14 +20,14 @@ import hashlib
 import json
 import os
 import pathlib
-from typing import Any, Iterator, Literal, Optional, Sequence
+from typing import Any, Literal, Optional, Sequence
 
 import numpy as np
 from absl import logging
 
-from maxscore.datasets import docstore
-from maxscore.datasets.records import doc_text, not_utf8_message, parse_json_record, record_id
-from maxscore.errors import ScoreInputError
+from maxscore.datasets import corpus
+from maxscore.datasets.records import Problems, json_records, parse_grade, record_id, text_lines
+from maxscore.errors import DataError
 
 DEFAULT_DIR = pathlib.Path(__file__).resolve().parent.parent / "assets" / "default"
 DEFAULT_CHECKPOINT = DEFAULT_DIR / "pydoc-tiny-qwen3"
@@ -38,10 +38,6 @@ DEFAULT_DOCS_DIR = DEFAULT_DIR / "python_docs_beir"   # the held-out set: the Py
 DEFAULT_DOCS_RUN = DEFAULT_DOCS_DIR / "bm25.trec"
 
 Qrels = dict[str, dict[str, int]]
-
-
-class DataError(ScoreInputError):
-  """A dataset file is malformed; the message starts with `file:line` where there is one."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,70 +70,6 @@ class RerankSet:
     return sum(len(q.candidates) for q in self.queries)
 
 
-SKIP_HINT = " (pass --skip_bad to skip and count such input)"
-
-
-class _Problems:
-  """Raises DataError for a bad input, or counts it under `reason` when skipping is on."""
-
-  def __init__(self, skip_bad: bool):
-    self.skip_bad = skip_bad
-    self.counts: dict[str, int] = {}
-
-  def __call__(self, reason: str, where: str, message: str) -> None:
-    if not self.skip_bad:
-      raise DataError(f"{where}: {message}{SKIP_HINT}")
-    if self.counts.get(reason, 0) < 3:
-      logging.warning("skipping %s: %s", where, message)
-    self.counts[reason] = self.counts.get(reason, 0) + 1
-
-
-def _lines(path: pathlib.Path) -> Iterator[tuple[int, str]]:
-  """(1-based line number, line without newline) of the non-blank lines of a UTF-8 text file."""
-  if not path.exists():
-    raise DataError(f"{path}: file does not exist")
-  if not path.is_file():
-    raise DataError(f"{path}: is a directory, not a file")
-  with open(path, "rb") as f:
-    for number, raw in enumerate(f, 1):
-      try:
-        line = raw.decode("utf-8").rstrip("\r\n")
-      except UnicodeDecodeError as e:
-        raise DataError(f"{path}:{number}: {not_utf8_message(raw, e)}") from None
-      if line.strip():
-        yield number, line
-
-
-
-
-def _json_records(path: pathlib.Path, problems: _Problems) -> Iterator[tuple[str, dict]]:
-  """("file:line", object) for each line that parses as a JSON object of valid Unicode text."""
-  for number, line in _lines(path):
-    where = f"{path}:{number}"
-    record, problem = parse_json_record(line)
-    if problem is not None:
-      problems("bad_json_lines", where, problem)
-      continue
-    yield where, record
-
-
-
-
-def _grade(value: Any) -> Optional[int]:
-  if isinstance(value, bool):
-    return None
-  if isinstance(value, int):
-    return value
-  if isinstance(value, str):
-    try:
-      return int(value)
-    except ValueError:
-      return None
-  if isinstance(value, float) and value.is_integer():
-    return int(value)
-  return None
-
-
 # --- JSONL form ----------------------------------------------------------------------------
 def load_jsonl(path: os.PathLike, split: Optional[str] = "test", top_k: int = 0,
                skip_bad: bool = False) -> RerankSet:
@@ -145,10 +77,10 @@ def load_jsonl(path: os.PathLike, split: Optional[str] = "test", top_k: int = 0,
   (`split=None` or "all" keeps every record); records without one belong to every split.
   `top_k > 0` keeps the first top_k candidates of each query."""
   path = pathlib.Path(path)
-  problems = _Problems(skip_bad)
+  problems = Problems(skip_bad)
   queries, qrels, seen = [], {}, {}  # seen: qid -> "file:line"
   kept_split = not split or split == "all"
-  for where, rec in _json_records(path, problems):
+  for where, rec in json_records(path, problems):
     missing = [k for k in ("qid", "query", "candidates", "qrels") if k not in rec]
     if missing:
       problems("bad_records", where, f"missing field(s) {missing}; a record is "
@@ -172,10 +104,10 @@ def load_jsonl(path: os.PathLike, split: Optional[str] = "test", top_k: int = 0,
       continue
     grades = {}
     for docid, g in judged.items():
-      if _grade(g) is None:
+      if parse_grade(g) is None:
         problems("bad_qrels", where, f"qrels[{docid!r}]={g!r} of qid {qid!r} must be an integer grade")
         continue
-      grades[str(docid)] = _grade(g)
+      grades[str(docid)] = parse_grade(g)
     cands = rec["candidates"]
     if not isinstance(cands, list):
       problems("bad_records", where, f"candidates of qid {qid!r} must be a list of {{docid, text}}")
@@ -205,35 +137,19 @@ def load_jsonl(path: os.PathLike, split: Optional[str] = "test", top_k: int = 0,
 
 
 # --- BEIR layout + TREC run ------------------------------------------------------------------
-def _read_queries(path: pathlib.Path, problems: _Problems) -> dict[str, str]:
-  """{qid: text}; an empty file is a DataError saying so (rather than, later, a qrels line's unknown qid)."""
-  out, lines = {}, {}
-  for where, rec in _json_records(path, problems):
-    qid, text = record_id(rec.get("_id")), rec.get("text")
-    if qid is None:
-      problems("bad_records", where, f"_id={rec.get('_id')!r} must be a non-empty string without whitespace")
-    elif not isinstance(text, str) or not text.strip():
-      problems("empty_queries", where, f"query {qid!r} has empty text")
-    elif qid in out:
-      problems("duplicate_qids", where, f"query {qid!r} already appeared at line {lines[qid]}")
-    else:
-      out[qid], lines[qid] = text, where
-  if not out and next(iter(_lines(path)), None) is None:
-    raise DataError(f'{path} is empty: it must hold the queries, one JSON record per line ({{"_id": ..., "text": ...}})')
-  return out
 
 
-def read_qrels(path: pathlib.Path, problems: Optional[_Problems] = None, known_qids=None) -> Qrels:
+def read_qrels(path: pathlib.Path, problems: Optional[Problems] = None, known_qids=None) -> Qrels:
   """BEIR qrels TSV (`query-id corpus-id score`, an optional header line); or TREC `qid 0 docid grade`.
   Without `problems`, a malformed line raises DataError."""
-  problems = problems or _Problems(skip_bad=False)
+  problems = problems or Problems(skip_bad=False)
   qrels: Qrels = {}
-  for number, line in _lines(path):
+  for number, line in text_lines(path):
     where = f"{path}:{number}"
     cols = line.split("\t") if "\t" in line else line.split()
     if len(cols) == 4:  # TREC qrels: qid iteration docid grade
       cols = [cols[0], cols[2], cols[3]]
-    if number == 1 and len(cols) == 3 and _grade(cols[2].strip()) is None:
+    if number == 1 and len(cols) == 3 and parse_grade(cols[2].strip()) is None:
       continue  # header
     if len(cols) != 3:
       problems("bad_qrels", where, f"expected 3 tab-separated columns query-id, corpus-id, score; got {len(cols)}")
@@ -245,13 +161,13 @@ def read_qrels(path: pathlib.Path, problems: Optional[_Problems] = None, known_q
     if not docid:
       problems("bad_qrels", where, f"missing corpus-id for query {qid!r}")
       continue
-    if _grade(grade) is None:
+    if parse_grade(grade) is None:
       problems("bad_qrels", where, f"score {grade!r} must be an integer grade")
       continue
     if known_qids is not None and qid not in known_qids:
       problems("bad_qrels", where, f"query-id {qid!r} is not in queries.jsonl")
       continue
-    qrels.setdefault(qid, {})[docid] = _grade(grade)
+    qrels.setdefault(qid, {})[docid] = parse_grade(grade)
   return qrels
 
 
@@ -259,7 +175,7 @@ def read_trec_run(path: os.PathLike) -> dict[str, dict[str, float]]:
   """A TREC run file as {qid: {docid: score}} (for checks and re-evaluation)."""
   path = pathlib.Path(path)
   run: dict[str, dict[str, float]] = {}
-  for number, line in _lines(path):
+  for number, line in text_lines(path):
     cols = line.split()
     if len(cols) != 6:
       raise DataError(f"{path}:{number}: expected 6 columns 'qid Q0 docid rank score tag', got {len(cols)}")
@@ -271,14 +187,14 @@ def read_trec_run(path: os.PathLike) -> dict[str, dict[str, float]]:
 
 
 def _read_run(path: pathlib.Path, qrels: Qrels, queries: dict[str, str], top_k: int,
-              problems: _Problems, other_splits: frozenset = frozenset()
+              problems: Problems, other_splits: frozenset = frozenset()
               ) -> tuple[dict[str, list[tuple[str, str, float]]], int]:
   """({qid: [(docid, 'file:line', score)]} in rank order, top_k per query, for queries of the split; the
   number of lines passed over because their query is judged only in another split, `other_splits`)."""
   ranked: dict[str, list[tuple[int, float, str, str]]] = {}
   passed_over = 0
   seen: dict[tuple[str, str], str] = {}
-  for number, line in _lines(path):
+  for number, line in text_lines(path):
     where = f"{path}:{number}"
     cols = line.split()
     if len(cols) != 6:
@@ -311,7 +227,6 @@ def _read_run(path: pathlib.Path, qrels: Qrels, queries: dict[str, str], top_k: 
   return out, passed_over
 
 
-
 def load_beir(data_dir: os.PathLike, run_file: os.PathLike, split: str = "test", top_k: int = 100,
               skip_bad: bool = False) -> RerankSet:
   """Loads a BEIR directory and the run to rerank; queries keep the run file's order.
@@ -322,14 +237,14 @@ def load_beir(data_dir: os.PathLike, run_file: os.PathLike, split: str = "test",
   query absent from queries.jsonl, or a run docid absent from the corpus is an error (or skipped
   and counted with skip_bad)."""
   data_dir, run_file = pathlib.Path(data_dir), pathlib.Path(run_file)
-  problems = _Problems(skip_bad)
-  queries = _read_queries(data_dir / "queries.jsonl", problems)
+  problems = Problems(skip_bad)
+  queries = corpus.read_query_texts(data_dir / "queries.jsonl", problems)
   qrels_path = data_dir / "qrels" / f"{split}.tsv"
   qrels = read_qrels(qrels_path, problems, known_qids=queries)
   run, other_lines = _read_run(run_file, qrels, queries, top_k, problems, _judged_elsewhere(qrels_path))
   needed = {docid for rows in run.values() for docid, _, _ in rows}
   corpus_path = data_dir / "corpus.jsonl"
-  texts, empty = _read_needed(corpus_path, needed, problems)
+  texts, empty = corpus.read_needed(corpus_path, needed, problems)
   out = []
   for qid, rows in run.items():
     cands, scores = [], []
@@ -351,38 +266,11 @@ def load_beir(data_dir: os.PathLike, run_file: os.PathLike, split: str = "test",
   return RerankSet(out, {q: qrels[q] for q in run}, source, problems.counts)
 
 
-def _read_needed(corpus_path: pathlib.Path, needed: set, problems: _Problems) -> tuple[dict[str, str], set]:
-  """({docid: text}, docids with empty text) of the needed documents, read through the corpus's document store
-  (maxscore/datasets/docstore.py: an offset index built once); the corpus's problems are reported in file order,
-  as reading the whole file reports them."""
-  try:
-    store = docstore.DocStore.open(corpus_path)
-  except docstore.StoreError as e:
-    raise DataError(str(e)) from None
-  found = store.get(needed)
-  texts, empty, found_problems = {}, set(), []
-  for docid, (line, rec) in found.items():
-    text = doc_text(rec)
-    if text.strip():
-      texts[docid] = text
-    else:
-      empty.add(docid)
-      found_problems.append(("empty_texts", f"{corpus_path}:{line}", f"document {docid!r} has empty title and text"))
-  line_of = lambda p: int(p[1].rsplit(":", 1)[1])  # noqa: E731
-  # A repeated docid matters only when the run needs it (as reading the whole file kept only needed texts).
-  reported = [p[:3] for p in store.problems if p[0] != "duplicate_docids" or p[3] in needed]
-  for reason, where, message in sorted(reported + found_problems, key=line_of):
-    if reason == "fatal":
-      raise DataError(f"{where}: {message}")
-    problems(reason, where, message)
-  return texts, empty
-
-
 def _judged_elsewhere(qrels_path: pathlib.Path) -> frozenset:
   """Query ids judged in the other qrels files beside `qrels_path` (read leniently: their bad lines
   are that split's problem, skipped here)."""
   return frozenset(qid for other in sorted(qrels_path.parent.glob("*.tsv")) if other.name != qrels_path.name
-                   for qid in read_qrels(other, _Problems(skip_bad=True)))
+                   for qid in read_qrels(other, Problems(skip_bad=True)))
 
 
 def _check_nonempty(queries: Sequence[RerankQuery], what: str) -> None:
@@ -430,58 +318,3 @@ def trec_lines(qid: str, docids: Sequence[str], scores: Sequence[float], tag: st
   return [f"{qid} Q0 {d} {rank} {format_score(s)} {tag}" for rank, (s, d) in enumerate(order, 1)]
 
 
-# --- BEIR files one at a time (mining, teachers) --------------------------------------------
-text_lines = _lines  # (line number, line) of a UTF-8 file's non-blank lines; DataError when it is not one
-def read_queries(path: os.PathLike) -> dict[str, str]:
-  """queries.jsonl as {qid: text}; a malformed line is a DataError."""
-  return _read_queries(pathlib.Path(path), _Problems(skip_bad=False))
-
-
-def document_reader(path: os.PathLike):
-  """get(docids) -> {docid: "title text"} of a corpus.jsonl, each call reading only those documents through the
-  corpus's document store (an offset index built once), so memory follows the documents asked for. A corpus line
-  that is not a record is a DataError at once; an asked-for docid repeated with other text, at the call. A
-  document with empty text is left out."""
-  path = pathlib.Path(path)
-  try:
-    store = docstore.DocStore.open(path)
-  except docstore.StoreError as e:
-    raise DataError(str(e)) from None
-  repeated = {}
-  for p in store.problems:
-    if p[0] == "duplicate_docids":
-      repeated.setdefault(p[3], p)
-    else:
-      raise DataError(f"{p[1]}: {p[2]}")
-
-  def get(docids) -> dict[str, str]:
-    docids = set(docids)
-    bad = sorted(d for d in docids if d in repeated)
-    if bad:
-      raise DataError(f"{repeated[bad[0]][1]}: {repeated[bad[0]][2]}")
-    texts = {d: doc_text(rec) for d, (_, rec) in store.get(docids).items()}
-    return {d: t for d, t in texts.items() if t.strip()}
-  return get
-
-
-def read_corpus(path: os.PathLike, needed: Optional[set] = None) -> dict[str, str]:
-  """corpus.jsonl as {docid: "title text"}, streamed: with `needed`, only those documents are kept, so memory
-  grows with them, not with the corpus. A malformed line, an empty document or a docid repeated with other
-  text is a DataError."""
-  path, problems = pathlib.Path(path), _Problems(skip_bad=False)
-  texts: dict[str, str] = {}
-  seen: set = set()
-  for where, rec in _json_records(path, problems):
-    docid = record_id(rec.get("_id"))
-    if docid is None:
-      problems("bad_records", where, f"_id={rec.get('_id')!r} must be a non-empty string without whitespace")
-    if needed is not None and docid not in needed:
-      continue
-    text = doc_text(rec)
-    if not text.strip():
-      problems("empty_texts", where, f"document {docid!r} has empty title and text")
-    if docid in seen and texts[docid] != text:
-      problems("duplicate_docids", where, f"_id {docid!r} appeared before with other text")
-    texts[docid] = text
-    seen.add(docid)
-  return texts

@@ -1,9 +1,15 @@
-"""What the dataset readers share about one JSONL record: its parse, its ids, a document's text, and the
-message for a line that is not UTF-8. data.py (the loaders) and docstore.py (the corpus index) both read
-corpus lines through these, so a record means the same to both."""
+"""What the dataset readers share: a text file's lines, one JSONL record (its parse, its ids, a document's text,
+the message for a line that is not UTF-8), a qrels grade, and `Problems`, which raises or counts (--skip_bad)
+each bad input. data.py (the loaders), corpus.py (corpus and queries files) and docstore.py (the corpus index)
+all read through these, so a record means the same to each."""
 
 import json
-from typing import Any, Optional
+import pathlib
+from typing import Any, Iterator, Optional
+
+from absl import logging
+
+from maxscore.errors import DataError
 
 
 def not_utf8_message(raw: bytes, error: UnicodeDecodeError) -> str:
@@ -48,3 +54,63 @@ def doc_text(rec: dict) -> str:
   if not isinstance(title, str) or not isinstance(text, str):
     return ""
   return f"{title} {text}".strip() if title.strip() else text
+
+
+SKIP_HINT = " (pass --skip_bad to skip and count such input)"
+
+
+class Problems:
+  """Raises DataError for a bad input, or counts it under `reason` when skipping is on."""
+
+  def __init__(self, skip_bad: bool):
+    self.skip_bad = skip_bad
+    self.counts: dict[str, int] = {}
+
+  def __call__(self, reason: str, where: str, message: str) -> None:
+    if not self.skip_bad:
+      raise DataError(f"{where}: {message}{SKIP_HINT}")
+    if self.counts.get(reason, 0) < 3:
+      logging.warning("skipping %s: %s", where, message)
+    self.counts[reason] = self.counts.get(reason, 0) + 1
+
+
+def text_lines(path: pathlib.Path) -> Iterator[tuple[int, str]]:
+  """(1-based line number, line without newline) of the non-blank lines of a UTF-8 text file."""
+  if not path.exists():
+    raise DataError(f"{path}: file does not exist")
+  if not path.is_file():
+    raise DataError(f"{path}: is a directory, not a file")
+  with open(path, "rb") as f:
+    for number, raw in enumerate(f, 1):
+      try:
+        line = raw.decode("utf-8").rstrip("\r\n")
+      except UnicodeDecodeError as e:
+        raise DataError(f"{path}:{number}: {not_utf8_message(raw, e)}") from None
+      if line.strip():
+        yield number, line
+
+
+def json_records(path: pathlib.Path, problems: Problems) -> Iterator[tuple[str, dict]]:
+  """("file:line", object) for each line that parses as a JSON object of valid Unicode text."""
+  for number, line in text_lines(path):
+    where = f"{path}:{number}"
+    record, problem = parse_json_record(line)
+    if problem is not None:
+      problems("bad_json_lines", where, problem)
+      continue
+    yield where, record
+
+
+def parse_grade(value: Any) -> Optional[int]:
+  if isinstance(value, bool):
+    return None
+  if isinstance(value, int):
+    return value
+  if isinstance(value, str):
+    try:
+      return int(value)
+    except ValueError:
+      return None
+  if isinstance(value, float) and value.is_integer():
+    return int(value)
+  return None

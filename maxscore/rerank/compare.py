@@ -16,7 +16,8 @@ import json
 import pathlib
 from typing import Any, Literal, Mapping, Optional, Sequence
 
-from maxscore.datasets import data
+from maxscore.datasets import data, records
+from maxscore.errors import DataError
 from maxscore.rerank import first_stage, metrics, significance
 
 DEFAULT_METRICS = ("ndcg@10", "mrr@10", "map")
@@ -106,8 +107,8 @@ def load_qrels(path: Optional[pathlib.Path], run_paths: Sequence[pathlib.Path] =
     if path.suffix == ".jsonl":
       return data.load_jsonl(path, split="all").qrels, str(path)
     return data.read_qrels(path), str(path)
-  except data.DataError as e:  # compare_runs has no --skip_bad: its hint does not apply here
-    raise CompareError(str(e).replace(data.SKIP_HINT, "")) from None
+  except DataError as e:  # compare_runs has no --skip_bad: its hint does not apply here
+    raise CompareError(str(e).replace(records.SKIP_HINT, "")) from None
 
 
 def first_stage_path(eval_dir: pathlib.Path) -> pathlib.Path:

@@ -21,35 +21,31 @@ summary.json (written by maxscore/rerank/eval_outputs.py, which also formats the
 
 import contextlib
 import dataclasses
-import json
 import os
 import pathlib
 import time
-from typing import Any, Literal, Mapping, Optional, Sequence
+from typing import Any, Literal, Optional, Sequence
 
 import jax
-import numpy as np
 from absl import logging
 from tqdm import tqdm
 
 from maxscore.checkpoints import packaged
 from maxscore.datasets import data
-from maxscore.rerank import eval_outputs, first_stage, fusion, listwise, pipeline, prompts, stages
+from maxscore.rerank import (eval_outputs, first_stage, fusion, listwise, pipeline, prompts, query_scoring,
+                             results_file, stages)
 from maxscore.rerank.eval_outputs import EvalReport, format_report  # noqa: F401  (this module's public face)
 from maxscore import errors, interrupt
 from maxscore.datasets.data import RerankSet
 from maxscore.distributed import mesh as mesh_lib
+from maxscore.errors import DataError
 from maxscore.files import identity, safety
 from maxscore.rerank.score_cache import ScoreCache, scorer_key
 from maxscore.scoring.scorer import Scorer
 
-RESULTS_FILE = "results.jsonl"
-OUTPUT_FILES = (RESULTS_FILE, "run.trec", "metrics_per_query.jsonl", "metrics.json", "summary.json",
+OUTPUT_FILES = (results_file.RESULTS_FILE, "run.trec", "metrics_per_query.jsonl", "metrics.json", "summary.json",
                 first_stage.RUN_FILE, stages.RUN_FILE)
 FORMAT_VERSION = 1
-
-
-RESTART = "pass --overwrite to start over, or use a new --output_dir"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,28 +81,28 @@ class EvalConfig(prompts.PromptConfig):
   def validate(self) -> "EvalConfig":
     super().validate()
     if self.reranker not in ("pointwise", *listwise.LISTWISE_TEMPLATES):
-      raise data.DataError(f"reranker={self.reranker!r} is not one of ['pointwise', "
+      raise DataError(f"reranker={self.reranker!r} is not one of ['pointwise', "
                            f"{', '.join(repr(k) for k in listwise.LISTWISE_TEMPLATES)}]")
     smallest = 2 if self.reranker == "setwise" else 1
     if not smallest <= self.listwise_window <= len(listwise.LETTERS):
-      raise data.DataError(f"listwise_window={self.listwise_window} must be in [{smallest}, {len(listwise.LETTERS)}] "
+      raise DataError(f"listwise_window={self.listwise_window} must be in [{smallest}, {len(listwise.LETTERS)}] "
                            "(one identifier A..Z per passage)")
     if self.listwise_stride < 1 or (self.reranker == "first" and self.listwise_stride > self.listwise_window):
-      raise data.DataError(f"listwise_stride={self.listwise_stride} must be in [1, listwise_window] (reranker=first "
+      raise DataError(f"listwise_stride={self.listwise_stride} must be in [1, listwise_window] (reranker=first "
                            "moves windows that overlap or touch)")
     for name in ("listwise_top_k", "listwise_passage_tokens", "listwise_window_tokens"):
       if getattr(self, name) < 0:
-        raise data.DataError(f"{name}={getattr(self, name)} must be >= 0")
+        raise DataError(f"{name}={getattr(self, name)} must be >= 0")
     if self.passage_tokens < 0 or self.passage_stride < 0:
-      raise data.DataError(f"passage_tokens={self.passage_tokens} and passage_stride={self.passage_stride} must be "
+      raise DataError(f"passage_tokens={self.passage_tokens} and passage_stride={self.passage_stride} must be "
                            ">= 0")
     if self.passage_stride and not self.passage_tokens:
-      raise data.DataError(f"passage_stride={self.passage_stride} needs passage_tokens > 0")
+      raise DataError(f"passage_stride={self.passage_stride} needs passage_tokens > 0")
     if self.passage_stride > self.passage_tokens:
-      raise data.DataError(f"passage_stride={self.passage_stride} above passage_tokens={self.passage_tokens} would "
+      raise DataError(f"passage_stride={self.passage_stride} above passage_tokens={self.passage_tokens} would "
                            "skip text between passages")
-    if self.aggregate not in AGGREGATES:
-      raise data.DataError(f"aggregate={self.aggregate!r} is not one of {sorted(AGGREGATES)}")
+    if self.aggregate not in query_scoring.AGGREGATES:
+      raise DataError(f"aggregate={self.aggregate!r} is not one of {sorted(query_scoring.AGGREGATES)}")
     try:
       fusion.check(self.fusion, self.fusion_alpha, self.rrf_k)
       if self.fusion_learned:
@@ -115,16 +111,15 @@ class EvalConfig(prompts.PromptConfig):
                                    f"(fusion={self.fusion!r})")
         fusion.load_learned(self.fusion_learned)
     except fusion.FusionError as e:
-      raise data.DataError(str(e)) from None
+      raise DataError(str(e)) from None
     if self.max_queries < 0:
-      raise data.DataError(f"max_queries={self.max_queries} must be >= 0")
+      raise DataError(f"max_queries={self.max_queries} must be >= 0")
     if not self.run_tag or any(c.isspace() for c in self.run_tag):
-      raise data.DataError(f"run_tag={self.run_tag!r} must be one word")
+      raise DataError(f"run_tag={self.run_tag!r} must be one word")
     return self
 
 
 # How a document's ranking score comes from its passages' (passage_tokens > 0): BERT-MaxP / FirstP / SumP.
-AGGREGATES = {"maxp": max, "firstp": lambda scores: scores[0], "sump": sum}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,11 +146,11 @@ class EvalRun:
 
   def validate(self) -> "EvalRun":
     if self.rerank_top_k < 0:
-      raise data.DataError(f"rerank_top_k={self.rerank_top_k} must be >= 0")
+      raise DataError(f"rerank_top_k={self.rerank_top_k} must be >= 0")
     if self.gather_every < 1:
-      raise data.DataError(f"gather_every={self.gather_every} must be >= 1")
+      raise DataError(f"gather_every={self.gather_every} must be >= 1")
     if self.packaged_reranker and (self.checkpoint_dir or self.adapters_dir):
-      raise data.DataError(f"packaged_reranker={self.packaged_reranker} names its own base and adapters: give it "
+      raise DataError(f"packaged_reranker={self.packaged_reranker} names its own base and adapters: give it "
                            "without checkpoint_dir and adapters_dir")
     return self
 
@@ -180,12 +175,12 @@ def load_data(run: EvalRun, cfg: EvalConfig) -> tuple[RerankSet, Optional[Rerank
     return dataset, None
   what = "fusion=learned" if cfg.fusion == "learned" else "fusion_alpha=dev"
   if run.split in ("dev", "all"):
-    raise data.DataError(f"{what} tunes on the dev split, so --split={run.split} cannot be evaluated "
+    raise DataError(f"{what} tunes on the dev split, so --split={run.split} cannot be evaluated "
                          "with it; give a number or evaluate another split")
   try:
     return dataset, data.load_rerank_set(*sources, "dev", run.rerank_top_k, run.skip_bad)
-  except data.DataError as e:
-    raise data.DataError(f"{what} needs a dev split: {e}") from None
+  except DataError as e:
+    raise DataError(f"{what} needs a dev split: {e}") from None
 
 
 def resolve_listwise(cfg: EvalConfig, scorer: Scorer) -> EvalConfig:
@@ -235,204 +230,6 @@ def run_fingerprint(scorer: Scorer, cfg: EvalConfig, label_ids: Sequence[int]) -
   return out
 
 
-def _load_results(path: pathlib.Path, header: Mapping[str, Any]) -> dict[str, dict]:
-  """Finished queries from results.jsonl (its first line is the header); a torn last line
-  (the previous run was killed while writing it) is cut off."""
-  header_line = json.dumps({"header": header}, sort_keys=True) + "\n"
-  raw = path.read_bytes() if path.exists() else b""
-  if b"\n" not in raw:  # new, or killed before the header was complete
-    path.write_text(header_line, encoding="utf-8")
-    return {}
-  lines = raw.split(b"\n")
-  try:
-    stored = json.loads(lines[0]).get("header")
-  except (ValueError, AttributeError, RecursionError):  # not JSON, not UTF-8, not an object
-    stored = None
-  if stored is not None and stored != header and not raw[len(lines[0]) + 1:].strip():
-    # An eval of other settings that stopped before its first result: nothing of it is lost by starting anew.
-    logging.info("%s: holds no result of the run it was started for (other settings); starting this one", path)
-    path.write_text(header_line, encoding="utf-8")
-    return {}
-  identity.check_same(stored, header, path, RESTART)
-  done, good_bytes = {}, len(lines[0]) + 1
-  for i, line in enumerate(lines[1:], 2):
-    last = i == len(lines)  # the text after the final newline: empty unless a write was cut short
-    if not last and not line.strip():
-      good_bytes += len(line) + 1
-      continue
-    try:
-      rec = None if last else json.loads(line)
-      if rec is not None and not (isinstance(rec, dict) and {"qid", "digest", "docids", "scores"} <= set(rec)):
-        raise ValueError("not a result record")
-    except (ValueError, RecursionError):
-      raise errors.ResumeError(f"{path}:{i}: corrupt line in the middle of the results; {RESTART}") from None
-    if rec is not None:
-      done[rec["qid"]] = rec
-      good_bytes += len(line) + 1
-  if good_bytes < len(raw):
-    logging.warning("%s: dropping a torn last line (the previous run was killed while writing it)", path)
-    with open(path, "r+b") as f:
-      f.truncate(good_bytes)
-  return done
-
-
-# --- the eval loop -------------------------------------------------------------------------------
-def _model_scores(scorer: Scorer, query_ids, item_ids, label_ids, cfg: prompts.PromptConfig, qid: str):
-  """(ranking scores float32 [N], ScoreResult) of one score call over the items."""
-  apply_softmax, rank_fn = prompts.SCORE_MODES[cfg.score_mode]
-  scorer.prefix_cache.clear()
-  try:
-    if apply_softmax is None:
-      result = scorer.label_logits(query_ids, item_ids, label_token_ids=label_ids)
-    else:
-      result = scorer.score(query_ids, item_ids, label_token_ids=label_ids, apply_softmax=apply_softmax)
-  except errors.ScoreInputError as e:  # the eval's own prompt: name the query, and the flags that cut it
-    raise errors.ScoreInputError(f"query {qid!r}: {e} (the eval cuts queries to --max_query_tokens="
-                                 f"{cfg.max_query_tokens} and items to --max_item_tokens={cfg.max_item_tokens} "
-                                 f"tokens; lower those, or raise the buckets)") from None
-  if not np.isfinite(np.asarray(result.scores)).all():
-    raise errors.ScoreInputError(f"query {qid!r}: the model produced non-finite scores (NaN or Inf); "
-                                 f"check the checkpoint {scorer.config.runtime.checkpoint_dir} for non-finite weights")
-  ranking = np.asarray(rank_fn(result.scores), np.float32)
-  if np.isnan(ranking).any():
-    raise errors.ScoreInputError(f"query {qid!r}: the ranking scores of score_mode={cfg.score_mode} are NaN")
-  return ranking, result
-
-
-@dataclasses.dataclass
-class PreparedQuery:
-  """A query's host work, done before its model work: token ids of the query and of every candidate's
-  items (its passages, or itself), ready for one score call."""
-  query: data.RerankQuery
-  query_ids: list
-  query_truncated: bool
-  texts: list
-  items: list       # per candidate: [(item token ids, truncated), ...]
-  seconds: float    # the host work's own time
-
-
-def prepare_query(builder: prompts.PromptBuilder, q: data.RerankQuery, cfg: prompts.PromptConfig) -> PreparedQuery:
-  """Tokenizes the query and its candidates (the host half of score_query; safe in a worker thread)."""
-  start = time.perf_counter()
-  query_ids, query_truncated = builder.query(q.query)
-  texts = [text for _, text in q.candidates]
-  passage_tokens, aggregate = getattr(cfg, "passage_tokens", 0), getattr(cfg, "aggregate", "maxp")
-  if passage_tokens:  # each document as its passages, scored as items of the query
-    units = [builder.passages(text, passage_tokens, cfg.passage_stride, first_only=aggregate == "firstp")
-             for text in texts]
-  else:
-    units = [[text] for text in texts]
-  items = [[builder.item(u) for u in doc] for doc in units]
-  return PreparedQuery(q, query_ids, query_truncated, texts, items, time.perf_counter() - start)
-
-
-def score_prepared(scorer: Scorer, prep: PreparedQuery, label_ids, cfg: prompts.PromptConfig,
-                   cache: Optional[ScoreCache] = None, write_cache: bool = True) -> dict[str, Any]:
-  """One query's record for results.jsonl from its prepared ids: ranking scores of all its candidates from one
-  score call (of the candidates `cache` does not hold; those it holds are its scores, and the new ones are
-  added to it when `write_cache`). `seconds` is the host work plus this call."""
-  start = time.perf_counter()
-  q, items, texts = prep.query, prep.items, prep.texts
-  aggregate = getattr(cfg, "aggregate", "maxp")
-  compiled_before = len(scorer.runner.compiled_shapes)
-  scores = cache.get(q.query, texts) if cache is not None else [None] * len(items)
-  missing = [i for i, s in enumerate(scores) if s is None]
-  algorithm, prompt_tokens, processed_tokens = "cache", 0, 0
-  if missing:
-    item_ids = [ids for i in missing for ids, _ in items[i]]
-    ranking, result = _model_scores(scorer, prep.query_ids, item_ids, label_ids, cfg, q.qid)
-    at = 0
-    for i in missing:
-      n = len(items[i])
-      part = [float(s) for s in ranking[at:at + n]]
-      scores[i] = part[0] if n == 1 else float(np.float32(AGGREGATES[aggregate](part)))
-      at += n
-    algorithm, prompt_tokens = result.algorithm, result.usage["prompt_tokens"]
-    processed_tokens = result.usage["processed_tokens"]
-    if cache is not None and write_cache:
-      cache.put(q.query, [texts[i] for i in missing], [scores[i] for i in missing])
-  usage = listwise.Usage()
-  lw = cfg.listwise() if hasattr(cfg, "listwise") else None
-  if lw is not None:
-    scores = listwise_stage(scorer, q, scores, lw, cfg.listwise_top_k, usage)
-  return {
-      "qid": q.qid,
-      "digest": q.digest(),
-      "docids": [d for d, _ in q.candidates],
-      "scores": scores,
-      "algorithm": algorithm,
-      "prompt_tokens": prompt_tokens,
-      "processed_tokens": processed_tokens,
-      "query_truncated": prep.query_truncated,
-      "items_truncated": sum(t for doc in items for _, t in doc),
-      "passages": sum(len(doc) for doc in items),
-      "seconds": prep.seconds + time.perf_counter() - start,
-      "compiled": len(scorer.runner.compiled_shapes) > compiled_before,
-      "cached": len(items) - len(missing),
-      "listwise_forwards": usage.forwards,
-      "listwise_tokens": usage.tokens,
-  }
-
-
-def score_query(scorer: Scorer, builder: prompts.PromptBuilder, q: data.RerankQuery, label_ids,
-                cfg: prompts.PromptConfig, cache: Optional[ScoreCache] = None,
-                write_cache: bool = True) -> dict[str, Any]:
-  """prepare_query then score_prepared: one query's record for results.jsonl, host and model work in turn."""
-  return score_prepared(scorer, prepare_query(builder, q, cfg), label_ids, cfg, cache, write_cache)
-
-
-def listwise_stage(scorer: Scorer, q: data.RerankQuery, scores: Sequence[float], cfg: listwise.ListwiseConfig,
-                   top_k: int, usage: listwise.Usage) -> list[float]:
-  """The query's candidates with the pointwise top `top_k` (0 = all) reordered by the listwise stage.
-
-  A listwise stage gives an order, not scores: every candidate's score becomes n - rank (n candidates; the best
-  n, the last 1), the listwise order over the head and the pointwise order below it (equal pointwise scores
-  in first-stage order), so run.trec, the metrics and the fusion read it as any reranked run. The stage reads
-  the model's label log-probs, never a trained score head's."""
-  n = len(scores)
-  pointwise = sorted(range(n), key=lambda i: (-scores[i], i))
-  head = pointwise[:top_k] if top_k > 0 else pointwise
-  backbone = getattr(scorer, "scorer", scorer)  # HeadScorer: its backbone
-  backbone.prefix_cache.clear()
-  (order,) = listwise.listwise_rerank(backbone, [q.query], [[q.candidates[i][1] for i in head]], cfg, usage)
-  final = [head[i] for i in order] + pointwise[len(head):]
-  out = [0.0] * n
-  for rank, i in enumerate(final):
-    out[i] = float(n - rank)
-  return out
-
-
-def _resume_state(scorer, cfg, label_ids, queries, out: pathlib.Path, overwrite: bool,
-                  inputs: Sequence[Any]) -> dict[str, dict]:
-  """Process 0's finished records from results.jsonl (after --overwrite and the digest check)."""
-  safety.refuse_overlap([out / name for name in OUTPUT_FILES], inputs, "an output file in --output_dir")
-  safety.prepare_output_dir(out, "eval", inputs, "--output_dir")
-  results_path = out / RESULTS_FILE
-  if overwrite and results_path.exists():
-    results_path.unlink()
-  done = _load_results(results_path, run_fingerprint(scorer, cfg, label_ids))
-  for q in queries:
-    if q.qid in done and done[q.qid]["digest"] != q.digest():
-      raise errors.ResumeError(f"{results_path} has query {q.qid!r} scored on other text or candidates "
-                               f"(changed: data); {RESTART}")
-  return done
-
-
-def _agreed_resume_state(scorer, cfg, label_ids, queries, out: pathlib.Path, overwrite: bool,
-                         inputs: Sequence[Any]) -> dict[str, dict]:
-  """`_resume_state` on process 0 ({} on the others); an error there is raised in every process."""
-  done, error = {}, None
-  if jax.process_index() == 0:
-    try:
-      done = _resume_state(scorer, cfg, label_ids, queries, out, overwrite, inputs)
-    except (errors.ResumeError, errors.UnsafeOutputError, OSError) as e:
-      error = e
-  message = mesh_lib.broadcast_from_process0(None if error is None else str(error))
-  if error is not None:
-    raise error
-  if message is not None:  # the other processes stop with process 0's error
-    raise errors.ResumeError(message)
-  return done
 
 
 def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os.PathLike, *,
@@ -473,7 +270,6 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
   cfg = resolve_listwise(cfg.validate(), scorer)
   wall_start = time.perf_counter()
   out = pathlib.Path(output_dir)
-  results_path = out / RESULTS_FILE
   lead = jax.process_index() == 0
   group = mesh_lib.my_group(scorer.config.mesh)
   template = prompts.get_template(cfg.template)
@@ -481,15 +277,14 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
   builder = prompts.PromptBuilder(scorer.tokenizer, template, cfg.instruction, cfg.max_query_tokens,
                                   cfg.max_item_tokens)
   key = scorer_key(score_fingerprint(scorer, cfg, label_ids))
-  if cfg.fusion_learned and lead and fusion.learned_scorer_key(cfg.fusion_learned) not in ("", key):
-    logging.warning("fusion_learned=%s was tuned on the scores of another scorer (model, tokenizer, head, dtypes, "
-                    "scoring or kernel settings differ from this run's): its weights fit that scorer's scores",
-                    cfg.fusion_learned)
+  if cfg.fusion_learned and lead:
+    _check_fusion_scorer(cfg.fusion_learned, key)
   queries = dataset.queries[:cfg.max_queries] if cfg.max_queries else dataset.queries
   dev_queries = stages.dev_queries(queries, dev, cfg.fusion, cfg.fusion_alpha, cfg.max_queries,
                                    cfg.fusion_learned)
   inputs = [*data.input_paths(dataset), scorer.config.runtime.checkpoint_dir, getattr(scorer.tokenizer, "path", None)]
-  done = _agreed_resume_state(scorer, cfg, label_ids, queries + dev_queries, out, overwrite, inputs)
+  done = results_file.agreed_resume_state(run_fingerprint(scorer, cfg, label_ids), queries + dev_queries, out,
+                                          overwrite, inputs, OUTPUT_FILES)
   safety.claim(out)  # every check passed: the run's log may now be written there
   done_ids = set(mesh_lib.broadcast_from_process0(sorted(done) if lead else None))
   todo = [q for q in queries + dev_queries if q.qid not in done_ids and q.candidates]
@@ -497,39 +292,11 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
   if lead:
     logging.info("eval: %d queries (%d candidates), %d already in %s, %d to score over %d data group(s); "
                  "labels %s, template %s", len(queries), sum(len(q.candidates) for q in queries), resumed,
-                 results_path, len(todo), group.count, list(label_ids), cfg.template)
-  mine = [todo[i] for i in mesh_lib.query_slice(len(todo), group.index, group.count)]
+                 out / results_file.RESULTS_FILE, len(todo), group.count, list(label_ids), cfg.template)
   cache = ScoreCache.open(score_cache, score_fingerprint(scorer, cfg, label_ids)) if score_cache else None
   mesh_lib.sync("eval: score cache loaded")  # every process loads it before any writes: all decide alike
-  items_done, seconds = 0, 0.0
-  # Pipelined (maxscore/rerank/pipeline.py): one thread tokenizes the next queries, another appends finished
-  # records in order, while this one runs the model.
-  prepare = lambda q: prepare_query(builder, q, cfg)
-  prepared = pipeline.prefetched(prepare, mine, depth=2) if pipelined else map(prepare, mine)
-  with interrupt.stop_points(), open(results_path, "a", encoding="utf-8") if lead else contextlib.nullcontext() as f, \
-      tqdm(total=len(todo) + resumed, initial=resumed, unit="query", disable=not (progress and lead),
-           dynamic_ncols=True, desc="eval") as bar, pipeline.OrderedWriter(
-          lambda rec: _append(f, rec, fsync, results_path), threaded=pipelined) as writer, \
-          contextlib.closing(prepared) if pipelined else contextlib.nullcontext():
-    for r0 in range(0, mesh_lib.num_rounds(len(todo), group.count), gather_every):
-      if interrupt.requested():  # a safe point: the records before are written (the writer finishes them)
-        raise errors.Interrupted(f"stopped (Ctrl-C) after {len(done)} of {len(todo) + resumed} queries; "
-                                 f"{stop_note(out)}")
-      recs = []
-      for _ in mine[r0:r0 + gather_every]:
-        t0 = time.perf_counter()
-        prep = next(prepared)
-        rec = score_prepared(scorer, prep, label_ids, cfg, cache, write_cache=group.is_leader)
-        # the loop's time for this query: waiting for its prepared ids (0 when they came ahead) plus the call
-        rec["seconds"] = time.perf_counter() - t0
-        recs.append(rec)
-      for rec in mesh_lib.gather_to_process0(recs, contribute=group.is_leader) or []:
-        writer.submit(rec)
-        done[rec["qid"]] = rec
-        items_done, seconds = items_done + len(rec["docids"]), seconds + rec["seconds"]
-        bar.set_postfix_str(f"{items_done / max(seconds, 1e-9):.0f} items/s, {rec['algorithm']}", refresh=False)
-        bar.update(1)
-        interrupt.planted(f"eval:{len(done)}")  # a test's Ctrl-C once this many queries are done
+  loop = _Loop(scorer, builder, label_ids, cfg, cache, group, out, fsync, gather_every, pipelined, progress and lead)
+  _score_all(loop, todo, resumed, done)
   if cache is not None:
     cache.close()
   if interrupt.requested():  # during the last query: every record is written, the outputs are left to a rerun
@@ -540,34 +307,98 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
   report = eval_outputs.finalize(dataset, queries, done, cfg, out, stages.dev_split(dev, dev_queries, done), key)
   summary = eval_outputs.summary(scorer, dataset, queries, done, cfg, label_ids, resumed, report.metrics,
                                 len(report.per_query), time.perf_counter() - wall_start)
-  summary["first_stage_metrics"] = report.first_stage
-  summary["delta"] = {n: v - report.first_stage[n] for n, v in report.metrics.items() if n in report.first_stage}
-  summary |= report.comparison.to_json()
-  summary["dev_queries_scored"] = len(dev_queries)
-  if cache is not None:  # this process's counts (process 0's data group)
-    summary["score_cache"] = cache.report()
-  summary["data_groups"] = group.count
-  summary["processes"] = jax.process_count()
+  _complete_summary(summary, report, len(dev_queries), cache, group.count)
   eval_outputs.write_json(out / "summary.json", summary)
   logging.info("eval: wrote %s", ", ".join(str(out / n) for n in
                                           ("run.trec", "metrics.json", "metrics_per_query.jsonl", "summary.json")))
   return dataclasses.replace(report, summary=summary)
 
 
+def _check_fusion_scorer(fusion_learned: str, key: str) -> None:
+  """Warns when a learned fusion's weights were tuned on another scorer's scores (they fit that scorer's)."""
+  if fusion.learned_scorer_key(fusion_learned) not in ("", key):
+    logging.warning("fusion_learned=%s was tuned on the scores of another scorer (model, tokenizer, head, dtypes, "
+                    "scoring or kernel settings differ from this run's): its weights fit that scorer's scores",
+                    fusion_learned)
+
+
+@dataclasses.dataclass
+class _Loop:
+  """What scoring the remaining queries needs: the scorer and its prompts, this process's data group, and where
+  and how finished records go (process 0 appends them to results.jsonl in `out`)."""
+  scorer: Scorer
+  builder: prompts.PromptBuilder
+  label_ids: Sequence[int]
+  cfg: EvalConfig
+  cache: Optional[ScoreCache]
+  group: Any
+  out: pathlib.Path
+  fsync: bool
+  gather_every: int
+  pipelined: bool
+  progress: bool
+
+
+def _score_all(loop: _Loop, todo: Sequence[data.RerankQuery], resumed: int, done: dict[str, dict]) -> None:
+  """Scores this data group's strided slice of `todo`; every `gather_every` queries the records reach process 0,
+  which appends them in order to results.jsonl and adds them to `done`. Ctrl-C stops at the next gather, the
+  records before it written (maxscore/interrupt.py).
+
+  Pipelined (maxscore/rerank/pipeline.py): one thread tokenizes the next queries, another appends finished
+  records in order, while this one runs the model."""
+  lead, group, cfg = jax.process_index() == 0, loop.group, loop.cfg
+  results_path = loop.out / results_file.RESULTS_FILE
+  mine = [todo[i] for i in mesh_lib.query_slice(len(todo), group.index, group.count)]
+  items_done, seconds = 0, 0.0
+  prepare = lambda q: query_scoring.prepare_query(loop.builder, q, cfg)
+  prepared = pipeline.prefetched(prepare, mine, depth=2) if loop.pipelined else map(prepare, mine)
+  with interrupt.stop_points(), open(results_path, "a", encoding="utf-8") if lead else contextlib.nullcontext() as f, \
+      tqdm(total=len(todo) + resumed, initial=resumed, unit="query", disable=not loop.progress,
+           dynamic_ncols=True, desc="eval") as bar, pipeline.OrderedWriter(
+          lambda rec: results_file.append_record(f, rec, loop.fsync, results_path),
+          threaded=loop.pipelined) as writer, \
+          contextlib.closing(prepared) if loop.pipelined else contextlib.nullcontext():
+    for r0 in range(0, mesh_lib.num_rounds(len(todo), group.count), loop.gather_every):
+      if interrupt.requested():  # a safe point: the records before are written (the writer finishes them)
+        raise errors.Interrupted(f"stopped (Ctrl-C) after {len(done)} of {len(todo) + resumed} queries; "
+                                 f"{stop_note(loop.out)}")
+      recs = []
+      for _ in mine[r0:r0 + loop.gather_every]:
+        t0 = time.perf_counter()
+        prep = next(prepared)
+        rec = query_scoring.score_prepared(loop.scorer, prep, loop.label_ids, cfg, loop.cache,
+                                           write_cache=group.is_leader)
+        # the loop's time for this query: waiting for its prepared ids (0 when they came ahead) plus the call
+        rec["seconds"] = time.perf_counter() - t0
+        recs.append(rec)
+      for rec in mesh_lib.gather_to_process0(recs, contribute=group.is_leader) or []:
+        writer.submit(rec)
+        done[rec["qid"]] = rec
+        items_done, seconds = items_done + len(rec["docids"]), seconds + rec["seconds"]
+        bar.set_postfix_str(f"{items_done / max(seconds, 1e-9):.0f} items/s, {rec['algorithm']}", refresh=False)
+        bar.update(1)
+        interrupt.planted(f"eval:{len(done)}")  # a test's Ctrl-C once this many queries are done
+
+
+def _complete_summary(summary: dict[str, Any], report: EvalReport, dev_queries: int, cache: Optional[ScoreCache],
+                      data_groups: int) -> None:
+  """Adds to summary.json's contents the first-stage comparison, the dev queries scored, the score cache's counts
+  (this process's: process 0's data group) and the run's processes."""
+  summary["first_stage_metrics"] = report.first_stage
+  summary["delta"] = {n: v - report.first_stage[n] for n, v in report.metrics.items() if n in report.first_stage}
+  summary |= report.comparison.to_json()
+  summary["dev_queries_scored"] = dev_queries
+  if cache is not None:
+    summary["score_cache"] = cache.report()
+  summary["data_groups"] = data_groups
+  summary["processes"] = jax.process_count()
+
+
 def stop_note(output_dir: os.PathLike) -> str:
   """Where an eval stopped by Ctrl-C stands (maxscore/interrupt.py): what its results.jsonl keeps."""
-  path = pathlib.Path(output_dir) / RESULTS_FILE
+  path = pathlib.Path(output_dir) / results_file.RESULTS_FILE
   if not path.is_file():
     return f"nothing was written to {output_dir}"
   return f"{path} keeps every query scored: run the same command to resume"
 
 
-def _append(f, rec: dict, fsync: bool, path: pathlib.Path) -> None:
-  """One finished query's record, flushed (a full disk is an error naming the file)."""
-  try:
-    f.write(json.dumps(rec, allow_nan=False) + "\n")
-    f.flush()
-    if fsync:
-      os.fsync(f.fileno())
-  except OSError as e:
-    raise safety.with_path(e, path) from None

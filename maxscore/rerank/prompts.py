@@ -31,8 +31,7 @@ import numpy as np
 
 from maxscore import config as config_lib
 from maxscore.checkpoints.tokenizer import Tokenizer
-from maxscore.datasets import data
-from maxscore.errors import ScoreInputError
+from maxscore.errors import DataError, ScoreInputError
 from maxscore.rerank import metrics
 
 DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
@@ -273,16 +272,16 @@ class PromptConfig:
   def validate(self):
     get_template(self.template)
     if self.score_mode not in SCORE_MODES:
-      raise data.DataError(f"score_mode={self.score_mode!r} is not one of {sorted(SCORE_MODES)}")
+      raise DataError(f"score_mode={self.score_mode!r} is not one of {sorted(SCORE_MODES)}")
     labels = self.labels or TEMPLATES[self.template].default_labels
     if len(labels) < 2:
-      raise data.DataError(f"score_mode={self.score_mode} needs 2 labels (positive first), got {list(labels)}")
+      raise DataError(f"score_mode={self.score_mode} needs 2 labels (positive first), got {list(labels)}")
     for name in ("max_query_tokens", "max_item_tokens"):
       if getattr(self, name) < 0:
-        raise data.DataError(f"{name}={getattr(self, name)} must be >= 0")
+        raise DataError(f"{name}={getattr(self, name)} must be >= 0")
     for m in self.metrics:
       try:
         metrics.canonical_name(m)
       except ValueError as e:
-        raise data.DataError(str(e)) from None
+        raise DataError(str(e)) from None
     return self

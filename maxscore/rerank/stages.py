@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any, Optional, Sequence
 
 from maxscore.datasets import data
+from maxscore.errors import DataError
 from maxscore.rerank import compare, first_stage, fusion, metrics
 
 FIRST, RERANKED, FUSED = "first stage", "reranked", "fused"
@@ -53,7 +54,7 @@ def dev_queries(queries: Sequence[data.RerankQuery], dev: Optional[data.RerankSe
   chosen = dev.queries[:max_queries] if max_queries else dev.queries
   both = sorted({q.qid for q in queries} & {q.qid for q in chosen})
   if both:
-    raise data.DataError(f"fusion tuned on dev: queries {both[:3]} are in both the evaluated split and dev; "
+    raise DataError(f"fusion tuned on dev: queries {both[:3]} are in both the evaluated split and dev; "
                          "tuning needs a dev split of other queries")
   return list(chosen)
 

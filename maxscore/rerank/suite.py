@@ -21,7 +21,7 @@ from typing import Any, Literal, Optional
 
 from absl import logging
 
-from maxscore.datasets import data
+from maxscore.errors import DataError
 from maxscore.rerank import compare, eval as eval_lib, metrics, significance, stages
 
 RUNS = (stages.FIRST, stages.RERANKED, stages.FUSED)
@@ -51,9 +51,9 @@ class SuiteRun:
     if self.datasets:  # none is an error only when the suite runs (the YAML's default is [])
       parse_datasets(self.datasets)
     if not 0 < self.alpha < 1:
-      raise data.DataError(f"alpha={self.alpha} must be in (0, 1)")
+      raise DataError(f"alpha={self.alpha} must be in (0, 1)")
     if self.rerank_top_k < 0:
-      raise data.DataError(f"rerank_top_k={self.rerank_top_k} must be >= 0")
+      raise DataError(f"rerank_top_k={self.rerank_top_k} must be >= 0")
     return self
 
 
@@ -63,14 +63,14 @@ def parse_datasets(entries) -> dict[str, pathlib.Path]:
   for e in entries:
     name, sep, path = str(e).partition("=")
     if not sep or not name or not path:
-      raise data.DataError(f"datasets entry {e!r} must be name=path (a BEIR directory or a JSONL rerank set)")
+      raise DataError(f"datasets entry {e!r} must be name=path (a BEIR directory or a JSONL rerank set)")
     if not all(c.isalnum() or c in "-_." for c in name) or name in (".", ".."):
-      raise data.DataError(f"datasets entry {e!r}: the name may hold only letters, digits, '-', '_', '.'")
+      raise DataError(f"datasets entry {e!r}: the name may hold only letters, digits, '-', '_', '.'")
     if name in out:
-      raise data.DataError(f"datasets: the name {name!r} appears twice")
+      raise DataError(f"datasets: the name {name!r} appears twice")
     out[name] = pathlib.Path(path)
   if not out:
-    raise data.DataError("datasets is empty: give name=path entries (--datasets=a=dir1,b=dir2)")
+    raise DataError("datasets is empty: give name=path entries (--datasets=a=dir1,b=dir2)")
   return out
 
 

@@ -16,7 +16,8 @@ import pathlib
 import numpy as np
 from absl import logging
 
-from maxscore.datasets import data
+from maxscore.datasets import data, records
+from maxscore.errors import DataError
 
 
 def read_groups(path: os.PathLike) -> list[dict]:
@@ -25,27 +26,27 @@ def read_groups(path: os.PathLike) -> list[dict]:
   as long as their lists. A bad line is a DataError naming it."""
   path = pathlib.Path(path)
   out = []
-  for number, line in data.text_lines(path):
+  for number, line in records.text_lines(path):
     where = f"{path}:{number}"
     try:
       rec = json.loads(line)
     except json.JSONDecodeError as e:
-      raise data.DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+      raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
     if not isinstance(rec, dict) or not isinstance(rec.get("query"), str) or not rec["query"].strip():
-      raise data.DataError(f"{where}: expected an object with a non-empty 'query' string")
+      raise DataError(f"{where}: expected an object with a non-empty 'query' string")
     for key in ("pos", "neg"):
       value = rec.get(key)
       if not isinstance(value, list) or not all(isinstance(t, str) and t.strip() for t in value):
-        raise data.DataError(f"{where}: '{key}' must be a list of non-empty strings")
+        raise DataError(f"{where}: '{key}' must be a list of non-empty strings")
     if not rec["pos"]:
-      raise data.DataError(f"{where}: 'pos' is empty: a group needs a positive")
+      raise DataError(f"{where}: 'pos' is empty: a group needs a positive")
     for key, texts in (("pos_scores", "pos"), ("neg_scores", "neg")):
       if key in rec and (not isinstance(rec[key], list) or len(rec[key]) != len(rec[texts])
                          or not all(isinstance(s, (int, float)) and not isinstance(s, bool) for s in rec[key])):
-        raise data.DataError(f"{where}: '{key}' must be a list of {len(rec[texts])} numbers, one per '{texts}' entry")
+        raise DataError(f"{where}: '{key}' must be a list of {len(rec[texts])} numbers, one per '{texts}' entry")
     out.append(rec)
   if not out:
-    raise data.DataError(f"{path}: no groups")
+    raise DataError(f"{path}: no groups")
   logging.info("read %d groups from %s", len(out), path)
   return out
 
@@ -76,7 +77,7 @@ def load_groups(path: os.PathLike) -> data.RerankSet:
     neg_ids = _ids(rec, "neg_ids", "n", len(rec["neg"]))
     docids = pos_ids + neg_ids
     if len(set(docids)) != len(docids):
-      raise data.DataError(f"{path}: group {qid!r} names a document twice among its positives and negatives")
+      raise DataError(f"{path}: group {qid!r} names a document twice among its positives and negatives")
     queries.append(data.RerankQuery(qid, rec["query"], tuple(zip(docids, rec["pos"] + rec["neg"]))))
     qrels[qid] = {**{d: 1 for d in pos_ids}, **{d: 0 for d in neg_ids}}
     if with_scores:

@@ -27,7 +27,8 @@ import numpy as np
 import tqdm
 
 from maxscore.datasets import data
-from maxscore.rerank import eval as eval_lib, metrics, prompts
+from maxscore.rerank import metrics, prompts
+from maxscore.rerank import query_scoring
 from maxscore.scoring import loading
 from maxscore.training import bi_encoder, groups as groups_lib
 from maxscore.training.mining import MiningError
@@ -101,7 +102,7 @@ def _maxscore_teacher(cfg: TeacherConfig, overrides: Sequence[str]) -> Teacher:
   label_ids = prompts.resolve_labels(scorer.tokenizer, prompt.labels or template.default_labels)
   builder = prompts.PromptBuilder(scorer.tokenizer, template, prompt.instruction, prompt.max_query_tokens,
                                   prompt.max_item_tokens)
-  return lambda query: eval_lib.score_query(scorer, builder, query, label_ids, prompt)["scores"]
+  return lambda query: query_scoring.score_query(scorer, builder, query, label_ids, prompt)["scores"]
 
 
 def _sentence_transformer_teacher(cfg: TeacherConfig, overrides: Sequence[str]) -> Teacher:

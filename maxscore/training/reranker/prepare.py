@@ -10,9 +10,8 @@ import numpy as np
 from absl import logging
 
 from layers import quantization as quant
-from maxscore.datasets import data
 from maxscore.datasets.data import RerankSet
-from maxscore.errors import TrainError
+from maxscore.errors import DataError, TrainError
 from maxscore.heads import head
 from maxscore.rerank import listwise, prompts
 from maxscore.rerank.prompts import PromptConfig
@@ -85,7 +84,7 @@ def prepare(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str
     if dev_set is not None:
       examples["dev"] = make_examples(scorer, dev_set, prompt, label_ids)
   if not examples["train"].requests:
-    raise data.DataError("the train split has no queries with candidates")
+    raise DataError("the train split has no queries with candidates")
   if uses_teacher(cfg) and examples["train"].teacher is None:
     raise TrainError(f"loss=distill (or distill_weight={cfg.distill_weight}) trains toward a teacher's scores: give "
                      "--groups_file with pos_scores and neg_scores in every group (scripts/score_teacher.py writes them)")
