@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from maxscore.datasets import corpus
+from maxscore.datasets import beir_files
 from maxscore.datasets.bm25 import BM25Index
 from maxscore.errors import DataError
 from maxscore.training import groups as groups_lib
@@ -123,11 +123,11 @@ def test_the_output_is_the_group_jsonl_that_trainers_read(beir, tmp_path, load_s
 
 def test_the_run_file_path_reads_only_the_documents_it_writes(beir):
   root, _, docs = beir
-  assert corpus.read_corpus(root / "corpus.jsonl", {"d2", "d_other", "missing"}) == {
+  assert beir_files.read_corpus(root / "corpus.jsonl", {"d2", "d_other", "missing"}) == {
       "d2": docs["d2"], "d_other": docs["d_other"]}
   (root / "corpus.jsonl").write_text('{"_id": "d1", "text": "a"}\n{"_id": "d1", "text": "b"}\n')
   with pytest.raises(DataError, match="appeared before with other text"):
-    corpus.read_corpus(root / "corpus.jsonl")
+    beir_files.read_corpus(root / "corpus.jsonl")
 
 
 @pytest.mark.parametrize("line, message", [

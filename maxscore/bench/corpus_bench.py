@@ -1,6 +1,6 @@
 """Reading a BEIR corpus at scale: a generated corpus, its document-store index (maxscore/datasets/docstore.py),
 and the loader's cost for a many-query run, against parsing the whole corpus.jsonl as the loader did before
-(corpus.read_corpus: every line parsed and checked, the needed documents kept). An index already in the workdir is
+(beir_files.read_corpus: every line parsed and checked, the needed documents kept). An index already in the workdir is
 reused, so a second run times a fresh process reading through an existing index.
 
     report = run(CorpusBenchOptions(num_docs=2_000_000, num_queries=1000))
@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from maxscore.datasets import corpus, docstore
+from maxscore.datasets import beir_files, docstore
 
 _WORDS = ("index", "query", "vector", "token", "model", "score", "passage", "corpus", "search", "rank", "python",
           "module", "object", "return", "value", "string", "number", "function", "class", "error")
@@ -78,7 +78,7 @@ def run(opts: CorpusBenchOptions) -> dict[str, Any]:
   report["rss_mb_after_lookup"] = _rss_mb()
   if opts.full_parse:
     t = time.perf_counter()
-    corpus.read_corpus(corpus, set(wanted))  # the loader before the store: every line parsed, the needed kept
+    beir_files.read_corpus(corpus, set(wanted))  # the loader before the store: every line parsed, the needed kept
     report["full_parse_s"] = time.perf_counter() - t
     report["rss_mb_after_full_parse"] = _rss_mb()
   if not opts.workdir:

@@ -22,7 +22,7 @@ from typing import Mapping, Sequence
 import bm25s
 import numpy as np
 
-from maxscore.datasets import corpus, docstore
+from maxscore.datasets import beir_files, docstore
 from maxscore.files import cache
 
 _INDEX_VERSION = 1  # of the saved index (BM25Index.for_corpus)
@@ -88,7 +88,7 @@ class BM25Index:
         return cls((), k1, b, _loaded=(loaded, len(docids))), docids
     except (OSError, ValueError):
       pass
-    texts = corpus.read_corpus(corpus)
+    texts = beir_files.read_corpus(corpus)
     docids = list(texts)
     index = cls([texts[d] for d in docids], k1, b)
     shutil.rmtree(where, ignore_errors=True)

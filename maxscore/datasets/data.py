@@ -25,7 +25,7 @@ from typing import Any, Literal, Optional, Sequence
 import numpy as np
 from absl import logging
 
-from maxscore.datasets import corpus
+from maxscore.datasets import beir_files
 from maxscore.datasets.records import Problems, json_records, parse_grade, record_id, text_lines
 from maxscore.errors import DataError
 
@@ -238,13 +238,13 @@ def load_beir(data_dir: os.PathLike, run_file: os.PathLike, split: str = "test",
   and counted with skip_bad)."""
   data_dir, run_file = pathlib.Path(data_dir), pathlib.Path(run_file)
   problems = Problems(skip_bad)
-  queries = corpus.read_query_texts(data_dir / "queries.jsonl", problems)
+  queries = beir_files.read_query_texts(data_dir / "queries.jsonl", problems)
   qrels_path = data_dir / "qrels" / f"{split}.tsv"
   qrels = read_qrels(qrels_path, problems, known_qids=queries)
   run, other_lines = _read_run(run_file, qrels, queries, top_k, problems, _judged_elsewhere(qrels_path))
   needed = {docid for rows in run.values() for docid, _, _ in rows}
   corpus_path = data_dir / "corpus.jsonl"
-  texts, empty = corpus.read_needed(corpus_path, needed, problems)
+  texts, empty = beir_files.read_needed(corpus_path, needed, problems)
   out = []
   for qid, rows in run.items():
     cands, scores = [], []

@@ -1,6 +1,6 @@
 """What the dataset readers share: a text file's lines, one JSONL record (its parse, its ids, a document's text,
 the message for a line that is not UTF-8), a qrels grade, and `Problems`, which raises or counts (--skip_bad)
-each bad input. data.py (the loaders), corpus.py (corpus and queries files) and docstore.py (the corpus index)
+each bad input. data.py (the loaders), beir_files.py (corpus and queries files) and docstore.py (the corpus index)
 all read through these, so a record means the same to each."""
 
 import json

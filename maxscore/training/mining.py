@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Iterator, Literal, Optional
 
 import numpy as np
 
-from maxscore.datasets import corpus, data
+from maxscore.datasets import beir_files, data
 from maxscore.datasets.bm25 import BM25Index
 from maxscore.errors import ScoreInputError
 
@@ -118,14 +118,14 @@ def mine(cfg: MiningConfig, on_query: Callable[[], None] = lambda: None) -> tupl
   if not cfg.data_dir:
     raise MiningError("data_dir is required: a BEIR directory (corpus.jsonl, queries.jsonl, qrels/<split>.tsv)")
   root = pathlib.Path(cfg.data_dir)
-  queries = corpus.read_queries(root / "queries.jsonl")
+  queries = beir_files.read_queries(root / "queries.jsonl")
   qrels = data.read_qrels(root / "qrels" / f"{cfg.split}.tsv", known_qids=queries)
   qids = [q for q in queries if q in qrels]
   if not qids:
     raise MiningError(f"{root}/qrels/{cfg.split}.tsv judges none of the queries in {root}/queries.jsonl")
   relevant = {q: {d for d, g in qrels[q].items() if g >= cfg.min_relevance} for q in qids}
   counts = MiningCounts(queries=len(qids))
-  read = corpus.document_reader(root / "corpus.jsonl")  # per query: only the documents its record names
+  read = beir_files.document_reader(root / "corpus.jsonl")  # per query: only the documents its record names
   if cfg.run_file:
     rankings = _run_rankings(pathlib.Path(cfg.run_file), set(qids), cfg.range_max)
     ranking_of = lambda q: rankings.get(q, [])  # noqa: E731
