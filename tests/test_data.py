@@ -8,7 +8,7 @@ import pytest
 
 from maxscore.checkpoints import storage as checkpointing
 from maxscore.checkpoints.tokenizer import load_tokenizer
-from maxscore.datasets import data
+from maxscore.datasets import beir_files, data
 from maxscore.errors import DataError
 from maxscore.rerank import prompts
 
@@ -85,7 +85,7 @@ def test_beir_malformed_inputs_name_file_and_line(beir, case, fragment):
   elif case == "empty_queries_file":  # not "query-id 'q1' is not in queries.jsonl" from the qrels
     (d / "queries.jsonl").write_text("\n")
     with pytest.raises(DataError, match=re.escape(fragment)):
-      data.read_queries(d / "queries.jsonl")
+      beir_files.read_queries(d / "queries.jsonl")
   with pytest.raises(DataError, match=re.escape(fragment)) as e:
     data.load_beir(d, run, "test")
   assert "\n" not in str(e.value)
