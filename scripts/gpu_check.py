@@ -15,7 +15,7 @@ import os
 from absl import flags
 
 from maxscore import cli
-from maxscore.bench import gpu_check
+from maxscore.bench import gpu_check, gpu_check_report
 from maxscore.bench.report import to_json
 from maxscore.files import safety
 
@@ -43,7 +43,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
 
   hlo_dir = os.path.join(os.path.dirname(os.path.abspath(fv.output_json)), "gpu_check_hlo") if fv.output_json else None
   report = gpu_check.run_gpu_check(opts, on_part=save, hlo_dir=hlo_dir)
-  print("\n".join(gpu_check.summary_lines(report)))
+  print("\n".join(gpu_check_report.summary_lines(report)))
   cli.write_report(fv, to_json(report))
   return 0 if gpu_check.all_ok(report) else 1
 
