@@ -10,6 +10,7 @@ Every flag is a key of configs/bench.yml; trailing `key=value` arguments overrid
 what each figure means (model FLOPs follow docs/ARCHITECTURE.md section 3).
 """
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 import dataclasses
 
 from absl import flags

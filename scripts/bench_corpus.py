@@ -7,6 +7,7 @@ Phases are timed apart (generation, index build, open + lookups, whole-corpus pa
 after each; see maxscore/bench/corpus_bench.py. Every flag is a key of configs/bench_corpus.yml.
 """
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 from absl import flags
 
 from maxscore import cli

@@ -7,6 +7,7 @@ turn, and the model alone on ids tokenized beforehand (maxscore/bench/eval_bench
 Every flag is a key of configs/bench_eval.yml; trailing key=value arguments override configs/base.yml keys.
 """
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 from absl import flags
 
 from maxscore import cli

@@ -7,6 +7,7 @@ the prefix cache on and off (maxscore/bench/listwise_cost.py): forwards, tokens,
 Every flag is a key of configs/bench_listwise.yml; trailing key=value arguments override configs/base.yml keys.
 """
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 from absl import flags
 
 from maxscore import cli

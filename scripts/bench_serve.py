@@ -9,6 +9,7 @@ and the load average before and after. Every flag is a key of configs/bench_serv
 `key=value` arguments override configs/base.yml keys (the scorer).
 """
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 from absl import flags
 
 from maxscore import cli

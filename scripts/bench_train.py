@@ -8,6 +8,7 @@ keys. FLOPs per step: the cost model times the training multipliers (forward + b
 maxscore/bench/train_bench.py.
 """
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 import dataclasses
 
 from absl import flags

@@ -9,6 +9,7 @@ The steps (rerank set, pretraining, fine-tuning pairs, two fine-tuning stages, m
 maxscore/lm/assets.py's; every flag is a key of configs/assets.yml. Prints the manifest JSON.
 """
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 import json
 
 from absl import flags

@@ -13,6 +13,7 @@ gets each run's sorted per-query differences to the baseline as a PNG; it is a d
 may be an input, nor another output.
 """
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 import json
 import pathlib
 

@@ -26,6 +26,7 @@ scorer (int8 weights and float32 scales in HBM; int8's dense FLOPs at the chip's
 The figures are compile-time bounds, not measurements.
 """
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 import dataclasses
 import os
 

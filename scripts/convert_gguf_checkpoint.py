@@ -12,6 +12,7 @@ with quantization=int8_weights). --overwrite replaces
 only a directory that maxscore wrote (it carries a .maxscore-owned marker).
 """
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 import dataclasses
 from typing import Literal, Optional
 

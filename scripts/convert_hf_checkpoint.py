@@ -8,6 +8,7 @@ Every flag is a key of configs/convert.yml. --output_dir may not be the Hugging 
 .maxscore-owned marker); anything else is refused.
 """
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 import dataclasses
 from typing import Literal, Optional
 

@@ -14,6 +14,7 @@ go to <output_dir>/eval_rerank.log (and the console with -v).
 """
 
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 from absl import flags
 
 from maxscore import cli, interrupt

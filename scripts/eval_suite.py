@@ -9,6 +9,7 @@ in the table and the others go on; the exit code is then 1. Every flag is a key 
 trailing key=value arguments override configs/base.yml keys (the scorer).
 """
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 import pathlib
 
 from absl import flags

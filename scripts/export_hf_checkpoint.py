@@ -8,6 +8,7 @@ score head (head/) is no part of a causal LM: a checkpoint holding one is refuse
 directory loads with transformers.AutoModelForCausalLM.from_pretrained and serves with vLLM, TEI or sglang.
 """
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 import dataclasses
 from typing import Literal, Optional
 

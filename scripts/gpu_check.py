@@ -10,6 +10,7 @@ Each part's result is written to --output_json as soon as it ends, so a run cut 
 Exit status 1 when a kernel case or a parity check is off (maxscore/bench/gpu_check.py says what each is).
 """
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 import os
 
 from absl import flags

@@ -11,6 +11,7 @@ Every flag is a key of configs/study.yml; trailing `key=value` arguments overrid
 keys. Input errors exit 2.
 """
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 import json
 import pathlib
 

@@ -13,6 +13,7 @@ query's lowest-scored positive. Prints a JSON summary (queries written and skipp
 output is written whole or not at all. Every flag is a key of configs/mine.yml. Input errors exit 2.
 """
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 import dataclasses
 import json
 import pathlib

@@ -8,6 +8,7 @@ that base once, caches it per user and checks every file.
 Every flag is a key of configs/package.yml. Input errors exit 2.
 """
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 from absl import flags
 
 from maxscore import cli

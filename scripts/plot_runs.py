@@ -12,6 +12,7 @@ and a --metric the run never logged, are refused in one line; --output's suffix 
 --plot_dir. Every flag is a key of configs/plot.yml.
 """
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 import pathlib
 
 from absl import flags

@@ -12,6 +12,7 @@ ends bit for bit where an uninterrupted one would. Prints the summary JSON (also
 Every flag is a key of configs/pretrain.yml.
 """
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 import json
 
 from absl import flags

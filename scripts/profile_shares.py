@@ -10,6 +10,7 @@ What each part is: maxscore/bench/profile.py. Every flag is a key of configs/pro
 average is printed before and after the timed runs.
 """
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 import os
 
 from absl import flags

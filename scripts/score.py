@@ -14,6 +14,7 @@ rerankers rank by) instead of probabilities. Every flag is a key of configs/scor
 arguments override configs/base.yml keys (the scorer).
 """
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 import dataclasses
 import sys
 from typing import Literal, Optional

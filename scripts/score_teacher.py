@@ -16,6 +16,7 @@ maxscore/training/bi_encoder.py). Every flag is a key of configs/teacher.yml. Th
 at all. Input errors exit 2.
 """
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 from absl import flags
 
 from maxscore import cli

@@ -8,6 +8,7 @@ Every flag is a key of configs/serve.yml; trailing `key=value` arguments overrid
 flight and exits 0. One process: started under jax.distributed with several processes it refuses.
 """
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 import sys
 
 from absl import flags

@@ -21,6 +21,7 @@ its own checkpoint shards. Input errors exit 2. Ctrl-C prints one line (the step
 a rerun resumes from) and exits 130.
 """
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 import json
 
 from absl import flags

@@ -1,5 +1,6 @@
 """The former name of scripts/train_reranker.py (same flags, same configs/train.yml): kept as an alias."""
 
+import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)
 import importlib.util
 import pathlib
 

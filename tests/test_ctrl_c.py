@@ -174,3 +174,16 @@ def test_the_first_ctrl_c_is_taken_while_the_main_thread_waits(tmp_path):
       time.sleep(30)
       """, tmp_path, preexec_fn=_sigint_default)
   assert done.returncode == 130 and time.monotonic() - t0 < 20
+
+
+def test_every_entry_script_imports_maxscore_first():
+  """The package's import installs the handler, so each script imports it before anything slower (absl's flags
+  alone take a quarter of a second on a busy machine): a Ctrl-C from then on is one line, not a traceback."""
+  import ast
+  import pathlib
+  scripts = sorted((pathlib.Path(__file__).resolve().parent.parent / "scripts").glob("*.py"))
+  assert scripts
+  for path in scripts:
+    imports = [node for node in ast.parse(path.read_text()).body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    first = imports[0]
+    assert isinstance(first, ast.Import) and [a.name for a in first.names] == ["maxscore"], path.name
