@@ -194,12 +194,10 @@ def test_training_killed_in_four_processes_is_named_and_resumes_in_two_and_one(t
 
 # --- the docs ---------------------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_readme_names_flags_and_environment_variables_that_exist():
-  """Every --flag and environment variable the README's multi-host section names is one a process reads: a flag
-  of the distributed start-up or of the scripts, or a variable JAX or maxscore reads."""
-  readme = (REPO / "README.md").read_text()
-  section = readme[readme.index("## Sharded meshes and several hosts"):]
-  section = section[:section.index("\n## ", 1)]
+def test_the_multi_host_guide_names_flags_and_environment_variables_that_exist():
+  """Every --flag and environment variable the multi-host guide (docs/pods-and-gpus.md) names is one a process
+  reads: a flag of the distributed start-up or of the scripts, or a variable JAX or maxscore reads."""
+  section = (REPO / "docs" / "pods-and-gpus.md").read_text()
   ours = [l for l in section.splitlines() if "gcloud" not in l and not l.strip().startswith("#SBATCH")]
   flags = {f for f in re.findall(r"--([a-z_]+)\b(?!-)", "\n".join(ours)) if not f.startswith("xla_")}
   from absl import flags as absl_flags  # pylint: disable=import-outside-toplevel

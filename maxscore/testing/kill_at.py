@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 
-from maxscore.rerank import eval as eval_lib
+from maxscore.rerank import query_scoring
 from maxscore.training import trainer
 
 KILLED_AT = "kill_at: SIGKILL at"  # then the time.time() of the kill, on stderr
@@ -36,7 +36,7 @@ def _kill_on_call(module, name: str, n: int) -> None:
 
 # point -> (module, function): eval_query is a query's scoring in the eval loop; train_step is the start of a
 # step in the trainer's loop (its batch indices are drawn first).
-POINTS = {"eval_query": (eval_lib, "score_prepared"), "train_step": (trainer, "batch_indices")}
+POINTS = {"eval_query": (query_scoring, "score_prepared"), "train_step": (trainer, "batch_indices")}
 
 
 def main(argv: list[str]) -> None:
