@@ -61,11 +61,9 @@ class BaseSource:
 
 
 def sha256_file(path: os.PathLike) -> str:
-  h = hashlib.sha256()
+  """The file's SHA-256 in hex (as packages publish it)."""
   with open(path, "rb") as f:
-    for chunk in iter(lambda: f.read(1 << 20), b""):
-      h.update(chunk)
-  return h.hexdigest()
+    return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _shipped_files(directory: pathlib.Path) -> dict[str, str]:
