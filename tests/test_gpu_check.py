@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from maxscore.bench import gpu_check
+from maxscore.bench import gpu_check, gpu_check_report
 from maxscore.config import ConfigError
 
 
@@ -110,7 +110,7 @@ def test_the_seed_and_int8_parts_run_at_tiny_shapes_on_cpu(load_script, tmp_path
   rows = {r["name"]: r for r in int8["model"]["rows"]}
   assert set(rows) == {"auto[pallas_gpu]", "auto[pallas_gpu][int8_weights]", "auto[pallas_gpu][int8]"}
   assert all(r["x_float"] > 0 for n, r in rows.items() if n != "auto[pallas_gpu]")
-  assert any(line.startswith("program packed_logprobs int8") for line in gpu_check.int8_lines(int8))
+  assert any(line.startswith("program packed_logprobs int8") for line in gpu_check_report.int8_lines(int8))
 
 
 def test_transformers_batches_are_those_whose_prefix_kv_fits():
