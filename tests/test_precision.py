@@ -24,14 +24,15 @@ def test_kendall_tau_by_hand():
 
 
 @pytest.mark.slow
-def test_bf16_on_the_embedded_eval_stays_within_measured_bounds():
-  """Measured on the pretrained + fine-tuned default (no head): max |d log-prob| 0.0507, max |d score| 0.0099,
-  tau min 0.964, d nDCG@10 -0.0019 (20 queries)."""
-  ref = loading.build_scorer(None, [], use_head=False)
+def test_bf16_on_the_embedded_eval_stays_within_measured_bounds(default_float_scorer):
+  """The pretrained + fine-tuned default (no head), its first 10 queries x 24 candidates. Measured: max |d
+  log-prob| 0.0362, max |d score| 0.0064, tau mean / min 0.991 / 0.978, d nDCG@10 -0.0021 (on all 20 queries:
+  the same maxima, tau min 0.964, d nDCG@10 -0.0011)."""
   bf16 = loading.build_scorer(None, BF16, use_head=False)
   assert {x.dtype for x in jax.tree_util.tree_leaves(bf16.runner.params)} == {jnp.dtype(jnp.bfloat16)}
-  r = precision.compare_on_rerank_set(ref, bf16, data.load_jsonl(data.DEFAULT_JSONL), rerank_eval.EvalConfig())
-  assert r["queries"] == 20 and r["items"] == 480
+  r = precision.compare_on_rerank_set(default_float_scorer, bf16, data.load_jsonl(data.DEFAULT_JSONL),
+                                      rerank_eval.EvalConfig(max_queries=10))
+  assert r["queries"] == 10 and r["items"] == 240
   assert 0 < r["max_abs_logprob"] < 0.08, r
   assert r["max_abs_score"] < 0.02, r
   assert r["kendall_tau_min"] > 0.93 and r["kendall_tau_mean"] > 0.97, r
