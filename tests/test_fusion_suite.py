@@ -362,15 +362,15 @@ def test_a_dataset_with_a_broken_corpus_line_is_one_warning_line_not_a_traceback
   assert "DataError" in records[0].getMessage() and "corpus.jsonl" in records[0].getMessage()
 
 
-def _ranx_fuse(reranked, first, method, alpha, rrf_k):
-  """The oracle: ranx.fuse as the fusion called it before it did ranx's arithmetic itself (rrf on trec_eval's
-  ranks), its numba warning filtered."""
-  import warnings
-
-  import ranx
-  trec_ranks = lambda run: {q: {d: float(len(docs) - i) for i, d in enumerate(sorted(docs, key=lambda d: (docs[d], d),
-                                                                                       reverse=True))}
-                            for q, docs in run.items()}
+_RANX_ORACLE = """
+import json, sys, warnings
+import ranx
+cases, reranked, first = json.load(sys.stdin)
+trec_ranks = lambda run: {q: {d: float(len(docs) - i) for i, d in enumerate(sorted(docs, key=lambda d: (docs[d], d),
+                                                                                     reverse=True))}
+                          for q, docs in run.items()}
+out = []
+for method, alpha, rrf_k in cases:
   runs = (reranked, first) if method == "interpolate" else (trec_ranks(reranked), trec_ranks(first))
   runs = [ranx.Run({q: {d: float(s) for d, s in docs.items()} for q, docs in r.items()}, name=n)
           for r, n in zip(runs, ("reranked", "first"))]
@@ -380,7 +380,21 @@ def _ranx_fuse(reranked, first, method, alpha, rrf_k):
       fused = ranx.fuse(runs, norm="min-max", method="wsum", params={"weights": [alpha, 1.0 - alpha]})
     else:
       fused = ranx.fuse(runs, method="rrf", params={"k": rrf_k})
-  return fused.to_dict()
+  out.append(fused.to_dict())
+json.dump(out, sys.stdout)
+"""
+
+
+def _ranx_fuse(reranked, first, cases):
+  """The oracle: ranx.fuse as the fusion called it before it did ranx's arithmetic itself (rrf on trec_eval's
+  ranks), one fused run per (method, alpha, rrf_k) case. It runs in a child with numba's JIT off (ranx's numba
+  code compiles for over a minute per process; interpreted, its float64 arithmetic is the same IEEE operations),
+  and JSON carries every float64 exactly."""
+  done = subprocess.run([sys.executable, "-c", _RANX_ORACLE], input=json.dumps([cases, reranked, first]),
+                        capture_output=True, text=True, timeout=300,
+                        env=dict(processes.subprocess_env(1), NUMBA_DISABLE_JIT="1"))
+  assert done.returncode == 0, done.stderr[-3000:]
+  return json.loads(done.stdout)
 
 
 def test_fusion_equals_ranx_bit_for_bit():
@@ -394,10 +408,10 @@ def test_fusion_equals_ranx_bit_for_bit():
     reranked[f"q{i}"] = {d: float(np.float32(rng.normal())) for d in docs}
     first[f"q{i}"] = {d: float(rng.integers(0, 6)) for d in docs}  # many ties
   reranked["q0"] = dict.fromkeys(reranked["q0"], 0.25)
-  for method, alpha, k in [("interpolate", 0.3, 60), ("interpolate", 0.0, 60), ("interpolate", 1.0, 60),
-                           ("interpolate", 0.55, 60), ("rrf", 0.5, 60), ("rrf", 0.5, 1.5)]:
+  cases = [("interpolate", 0.3, 60), ("interpolate", 0.0, 60), ("interpolate", 1.0, 60), ("interpolate", 0.55, 60),
+           ("rrf", 0.5, 60), ("rrf", 0.5, 1.5)]
+  for (method, alpha, k), want in zip(cases, _ranx_fuse(reranked, first, cases), strict=True):
     got = fusion.fuse(reranked, first, method, alpha=alpha, rrf_k=k)
-    want = _ranx_fuse(reranked, first, method, alpha, k)
     assert got.keys() == want.keys()
     for q in got:
       assert got[q] == want[q], (method, alpha, k, q)  # every score equal, not within a tolerance
