@@ -4,7 +4,9 @@ Tests marked `tpu_aot` compile the training step with libtpu for described TPU t
 runs on a TPU.
 """
 
+import copy
 import dataclasses
+import functools
 import re
 
 import jax
@@ -126,6 +128,13 @@ def test_hlo_op_counts_count_instructions():
 
 # --- real TPU compiles ------------------------------------------------------------------------------
 def _report(topology, mode, *overrides, batch_size=4):
+  """The train-compile report of one configuration; each is compiled once per worker (several tests read the
+  v6e:1x1 LoRA step) and handed out as a copy."""
+  return copy.deepcopy(_compiled_report(topology, mode, overrides, batch_size))
+
+
+@functools.cache
+def _compiled_report(topology, mode, overrides, batch_size):
   opts = compile_report.CompileOptions(topology=topology, model="tiny-qwen3", geometries=(GEOMETRY,),
                                        overrides=WIDE + overrides)
   train = train_compile.TrainCompileOptions(train=mode, batch_size=batch_size, lora_rank=8, max_batch_size=0)
