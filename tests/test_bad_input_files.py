@@ -262,19 +262,43 @@ def test_compare_runs_qrels_error_offers_no_flag_it_lacks(load_script, tmp_path,
 
 
 # --- every script's --help, and a clean console without a TPU -----------------------------------------------
+# Runs each script as __main__ with --help in one interpreter (one import of jax and the rest, instead of one per
+# script); the flags a script defined are dropped before the next defines its own.
+_HELP_ALL = """
+import contextlib, io, json, runpy, sys
+from absl import flags
+results = {}
+for path in sys.argv[1:]:
+  out, code = io.StringIO(), "returned without exiting"
+  sys.argv = [path, "--help"]
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+    try:
+      runpy.run_path(path, run_name="__main__")
+    except SystemExit as e:
+      code = e.code
+  for name in list(flags.FLAGS):
+    if not (flags.FLAGS.find_module_defining_flag(name) or "").startswith("absl"):
+      delattr(flags.FLAGS, name)
+  results[path] = [code, out.getvalue()]
+print(json.dumps(results))
+"""
+
+
 @pytest.mark.slow
 def test_every_script_help_exits_0():
-  import os
   import subprocess
   import sys
-  env = dict(os.environ, PYTHONPATH=str(REPO))
-  scripts = sorted(p for p in (REPO / "scripts").glob("*.py"))
-  procs = {p.name: subprocess.Popen([sys.executable, str(p), "--help"], env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE) for p in scripts}
-  for name, proc in procs.items():
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, (name, err.decode()[-500:])
-    assert b"--" in out + err, name
+  from maxscore.distributed import processes
+  scripts = sorted(str(p) for p in (REPO / "scripts").glob("*.py"))
+  done = subprocess.run([sys.executable, "-c", _HELP_ALL, *scripts], capture_output=True, text=True, timeout=600,
+                        env=processes.subprocess_env(1))
+  assert done.returncode == 0, done.stderr[-3000:]
+  results = json.loads(done.stdout)
+  assert sorted(results) == scripts
+  for path, (code, printed) in results.items():
+    name = pathlib.Path(path).name
+    assert code == 0, (name, code, printed[-500:])
+    assert f"{name}:" in printed and "\n  --" in printed, (name, printed[-500:])  # its own flags' section
 
 
 def test_jax_platform_default_only_where_libtpu_has_no_tpu():
