@@ -8,7 +8,6 @@ process to one, so the multi-device checks run this file as a script in subproce
 
 import argparse
 import json
-import os
 import pathlib
 import signal
 import subprocess
@@ -156,7 +155,6 @@ from maxscore.distributed import mesh as mesh_lib  # noqa: E402
 from maxscore.distributed.peers import LOST_PEER_EXIT_CODE  # noqa: E402
 from maxscore.config import MeshConfig  # noqa: E402
 from maxscore.distributed.processes import free_port as _free_port  # noqa: E402
-from maxscore.distributed import processes  # noqa: E402
 from maxscore.distributed.processes import subprocess_env as _env  # noqa: E402
 
 
@@ -330,33 +328,3 @@ def test_killed_peer_stops_the_other_process_and_restart_resumes(tmp_path, check
   print(f"survivor exited with {code} {elapsed:.1f}s after the kill; "
         f"{done_before} queries kept, the rest resumed")
 
-
-@pytest.mark.slow
-def test_eval_rerank_two_processes_equals_single_process(tmp_path):
-  """scripts/eval_rerank.py end to end on 2 processes x 2 CPU devices: identical run file and metrics."""
-  root = pathlib.Path(__file__).resolve().parent.parent
-  base = [sys.executable, str(root / "scripts" / "eval_rerank.py"), "--max_queries=8", "--noprogress"]
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(root))
-  start = time.perf_counter()
-  single = subprocess.run(base + [f"--output_dir={tmp_path / 'single'}"], capture_output=True, text=True,
-                          env=dict(env, XLA_FLAGS=processes.xla_flags(1)), timeout=600)
-  single_s = time.perf_counter() - start
-  assert single.returncode == 0, single.stderr[-2000:]
-  port = _free_port()
-  env2 = dict(env, XLA_FLAGS=processes.xla_flags(2))
-  start = time.perf_counter()
-  procs = [subprocess.Popen(base + [f"--output_dir={tmp_path / 'multi'}", f"--coordinator_address=127.0.0.1:{port}",
-                                    "--num_processes=2", f"--process_id={i}", "--heartbeat_timeout_s=20"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env2) for i in range(2)]
-  outs = [p.communicate(timeout=600) for p in procs]
-  multi_s = time.perf_counter() - start
-  assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
-  print(f"eval_rerank wall time: single process {single_s:.1f}s, two processes {multi_s:.1f}s")
-  for name in ("run.trec", "metrics.json", "metrics_per_query.jsonl"):
-    assert (tmp_path / "multi" / name).read_bytes() == (tmp_path / "single" / name).read_bytes(), name
-  summary = json.loads((tmp_path / "multi" / "summary.json").read_text())
-  assert summary["processes"] == 2 and summary["data_groups"] == 2
-  # Every candidate of the 8 queries reranked: as many lines as the first stage (BM25's top 30, or fewer
-  # where BM25 matched fewer paragraphs).
-  lines = (tmp_path / "multi" / "run.trec").read_text().count("\n")
-  assert lines == (tmp_path / "single" / "first_stage.trec").read_text().count("\n") and 8 * 20 < lines <= 8 * 30

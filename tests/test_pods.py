@@ -118,6 +118,10 @@ def test_eval_in_four_processes_equals_one_process_and_a_killed_process_is_named
   assert summary["queries_resumed"] == len(records) and summary["processes"] == 2
   for name in ("run.trec", "metrics.json", "metrics_per_query.jsonl"):
     assert (out / name).read_bytes() == (eval_single / name).read_bytes(), name
+  # Every candidate of the 8 queries reranked: as many lines as the first stage (BM25's top 30, or fewer where
+  # BM25 matched fewer paragraphs).
+  lines = (out / "run.trec").read_text().count("\n")
+  assert lines == (eval_single / "first_stage.trec").read_text().count("\n") and 8 * 20 < lines <= 8 * 30
 
 
 # --- training --------------------------------------------------------------------------------------------------

@@ -188,17 +188,6 @@ def test_two_host_devices_equal_one_device(one_device, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_processes_equal_one_process_and_their_checkpoint_resumes_in_one(one_device, tmp_path):
-  _train(tmp_path, processes=2)
-  _assert_same_run(one_device, tmp_path)
-  # The 2-process run, interrupted after its step-2 checkpoint, resumed by one process.
-  work = _interrupt_after_step_2(tmp_path / "work")
-  _train(tmp_path)
-  assert json.loads((work / "summary.json").read_text())["resumed_from_step"] == 2
-  _assert_same_run(one_device, tmp_path)
-
-
-@pytest.mark.slow
 def test_one_process_checkpoint_resumes_in_two_processes(one_device, tmp_path):
   shutil.copytree(one_device / "work", tmp_path / "work")
   work = _interrupt_after_step_2(tmp_path / "work")
