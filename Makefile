@@ -75,8 +75,9 @@ learned-fusion: $(BASE_STAMP)
 PYTEST_WORKERS ?= auto
 PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist worksteal
 
+# The 40 slowest setups, calls and teardowns are printed at the end (where the suite's time goes, in CI's log too).
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_PARALLEL) tests
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) --durations=40 tests
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not slow" tests
