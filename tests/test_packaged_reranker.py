@@ -8,6 +8,7 @@ import json
 import pathlib
 import shutil
 
+import jax
 import numpy as np
 import pytest
 
@@ -96,17 +97,31 @@ def test_the_recipe_end_to_end_beats_its_step_0_and_the_package_reproduces_its_d
                                     f"--groups_file={tmp_path / 'groups.jsonl'}",
                                     f"--output={tmp_path / 'groups_teacher.jsonl'}"])
   prompt = ["--template=plain", "--max_item_tokens=24", "--max_query_tokens=8"]
-  load_script("train_reranker").run([
+  train_args = [
       "x", f"--checkpoint_dir={base}", f"--groups_file={tmp_path / 'groups_teacher.jsonl'}", *common, *prompt,
       "--train_backbone", "--lora_rank=4", "--lora_alpha=8", "--group_size=4", "--distill_weight=0.2",
       "--learning_rate=0.02", "--warmup_steps=2", "--batch_size=8", "--num_steps=36", "--eval_every=12",
-      "--select_metric=ndcg@10", f"--workdir={tmp_path / 'work'}", f"--adapters_dir={tmp_path / 'adapters'}",
-      "--progress=false"])
+      "--select_metric=ndcg@10", f"--workdir={tmp_path / 'work'}", "--progress=false"]
+  capsys.readouterr()
+  with pytest.raises(SystemExit):  # nothing to export yet
+    load_script("train_reranker").run([*train_args, f"--adapters_dir={tmp_path / 'adapters'}", "--export_only"])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "--export_only" in err[0] and "no checkpoint" in err[0], err
+  load_script("train_reranker").run([*train_args, f"--adapters_dir={tmp_path / 'adapters'}"])
   summary = json.loads((tmp_path / "work" / "summary.json").read_text())
   evals = {e["step"]: e["ndcg_cut_10"] for e in summary["selection"]["evaluations"]}
   best = summary["selection"]["best_step"]
   assert best > 0 and evals[best] > evals[0] + 0.2, evals  # the planted word learned: dev beats step 0
   assert (tmp_path / "adapters" / "dev_run.trec").is_file()
+  # The same command with --export_only trains nothing and exports the same best evaluation again.
+  load_script("train_reranker").run([*train_args, f"--adapters_dir={tmp_path / 'again'}", "--export_only"])
+  from maxscore.checkpoints import adapters, head_storage  # pylint: disable=import-outside-toplevel
+  (a1, lora1, _), (a2, lora2, _) = (adapters.load_adapters(tmp_path / d) for d in ("adapters", "again"))
+  (h1_cfg, h1, _), (h2_cfg, h2, _) = (head_storage.load_head(tmp_path / d) for d in ("adapters", "again"))
+  assert lora1 == lora2 and h1_cfg == h2_cfg
+  jax.tree_util.tree_map(np.testing.assert_array_equal, (a1, h1), (a2, h2))
+  assert (tmp_path / "again" / "dev_run.trec").read_bytes() == (tmp_path / "adapters" / "dev_run.trec").read_bytes()
+  assert json.loads((tmp_path / "work" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 36
 
   load_script("package_reranker").run([
       "x", f"--adapters_dir={tmp_path / 'adapters'}", f"--base_dir={base}", f"--package={PACKAGE}",

@@ -157,6 +157,7 @@ class TrainRun:
   workdir: str = "out/train_head"
   export_dir: Optional[str] = None
   adapters_dir: Optional[str] = None       # LoRA: adapters + trained head, for eval_rerank.py --adapters_dir
+  export_only: bool = False                # export the stopped run in workdir instead of training on
   feature_cache: Optional[str] = None
   overwrite: bool = False
   progress: bool = True

@@ -70,6 +70,7 @@ from maxscore.training.optimizer import make_optimizer
 from maxscore.training.reranker import evaluation, model, outputs
 from maxscore.training.reranker.config import LORA_TARGETS, TrainConfig, lora_settings
 from maxscore.training.reranker.prepare import Prepared, prepare
+from maxscore.training import selection as selection_lib
 from maxscore.training.selection import Selection
 
 FORMAT_VERSION = 1
@@ -108,7 +109,7 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
           dev_set: Optional[RerankSet], workdir: os.PathLike, *, overrides: Sequence[str] = (),
           feature_cache: Optional[os.PathLike] = None, export_dir: Optional[os.PathLike] = None,
           overwrite: bool = False, progress: bool = True,
-          adapters_dir: Optional[os.PathLike] = None) -> dict[str, Any]:
+          adapters_dir: Optional[os.PathLike] = None, export_only: bool = False) -> dict[str, Any]:
   """Trains (or resumes) a score head (and the backbone with train_backbone) on the config mesh.
 
   Writes checkpoints, metrics.jsonl and summary.json in `workdir` and, on process 0, the exported checkpoint
@@ -127,6 +128,9 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
       With LoRA the backbone there is merged (W + alpha / rank * A @ B).
     adapters_dir: with LoRA, where the adapters and the trained head are written (maxscore/checkpoints/adapters.py's
       layout, which eval_rerank.py --checkpoint_dir=<base> --adapters_dir reads); None = not written.
+    export_only: no training: the exports of the run the workdir holds (stopped early, by Ctrl-C or a kill),
+      as its end would have written them at its last checkpoint: the best dev evaluation up to that step when
+      selecting (select_metric), else that checkpoint's params.
     overwrite: remove the workdir (and replace export_dir) when maxscore wrote it, instead of resuming.
     progress: log progress lines.
 
@@ -155,7 +159,10 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   prep = prepare(cfg, prompt, checkpoint_dir, train_set, dev_set, overrides, feature_cache, progress)
   cfg = dataclasses.replace(cfg, listwise_chat=prep.listwise_chat)  # as decided for the tokenizer: in the identity
   run = _start(cfg, prompt, prep, workdir, mesh)
-  state, timing, selection = _loop(cfg, prompt, prep, run, mesh, workdir, progress)
+  if export_only:
+    state, timing, selection = _stopped(cfg, run, workdir)
+  else:
+    state, timing, selection = _loop(cfg, prompt, prep, run, mesh, workdir, progress)
   final = partition.host_copy(state.params)
   if jax.process_index() != 0:
     return {}
@@ -255,6 +262,25 @@ def _loop(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, run: _Run, mes
   trainer.finish(manager, state, save, run.total_steps)
   run.started.log.close()
   return state, timing, selection
+
+
+def _stopped(cfg: TrainConfig, run: _Run, workdir: pathlib.Path):
+  """export_only: (the state, an empty timing, the checkpoint selection or None) of the run the workdir holds, as
+  its loop would have left them at its last checkpoint."""
+  step = run.started.resume_step
+  if step is None:
+    raise TrainError(f"--export_only: {workdir} holds no checkpoint of a run with these flags and data to export "
+                     f"(a run's exports come from rerunning its own command with --export_only)")
+  selection = None
+  if cfg.select_metric:
+    selection = Selection.start(cfg.select_metric, cfg.patience, workdir, step)
+    kept = safety.owner(workdir / selection_lib.BEST_DIR) or {}
+    if selection.best_step is None or kept.get("step") != selection.best_step:
+      raise TrainError(f"--export_only: {workdir} keeps no params of its best dev evaluation up to step {step} "
+                       f"(best: step {selection.best_step}; kept: step {kept.get('step')}); rerun without "
+                       f"--export_only to go on training")
+  logging.info("train: exporting the stopped run at step %d", step)
+  return run.started.state, trainer.Timing(steps_done=step), selection
 
 
 def _select(summary: dict[str, Any], selection: Selection, log) -> Any:
