@@ -339,6 +339,7 @@ def run_script(main: Callable[[Sequence[str]], Any], define_flags: Optional[Call
       interrupt.at_stop(log.keep_if_owned)
     try:
       status = main(argv)
+      interrupt.ignore_from_now()  # finished: a Ctrl-C while the interpreter winds down changes nothing
     except errors.Interrupted as e:  # stopped at a safe point: the work in flight is finished
       interrupt.exit_now(e.message())
     except KeyboardInterrupt:  # Ctrl-C with the handler not installed (a test's direct call)

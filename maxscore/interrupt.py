@@ -96,6 +96,15 @@ def _watch(read_fd: int) -> None:
       _on_sigint()
 
 
+def ignore_from_now() -> None:
+  """The run's work is done: SIGINT is ignored while the process exits. The interpreter's teardown (XLA's and
+  Orbax's threads) can take seconds, and Python puts a Python-level handler back to the default during it, so a
+  Ctrl-C then would go unseen or kill the finished process by the signal; ignored, the process exits with the
+  run's own status."""
+  if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def installed() -> bool:
   return _installed[0]
 
