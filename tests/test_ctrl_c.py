@@ -187,3 +187,27 @@ def test_every_entry_script_imports_maxscore_first():
     imports = [node for node in ast.parse(path.read_text()).body if isinstance(node, (ast.Import, ast.ImportFrom))]
     first = imports[0]
     assert isinstance(first, ast.Import) and [a.name for a in first.names] == ["maxscore"], path.name
+
+
+def test_a_finished_run_ignores_ctrl_c_while_the_process_exits(tmp_path):
+  """After main returns, cli.run_script ignores SIGINT: a Ctrl-C during the interpreter's teardown (XLA's threads
+  take seconds) neither kills the finished process by the signal nor goes half-handled. The child sends itself
+  SIGINT after its work and still exits with the run's own status (without the change: 130, "stopped")."""
+  script = tmp_path / "finished.py"
+  script.write_text(textwrap.dedent("""
+      import maxscore
+      import os, signal, time
+      from maxscore import cli
+
+      def main(argv):
+        print("work done", flush=True)
+        return 0
+
+      try:
+        cli.run_script(main)
+      finally:  # as if Ctrl-C came while the interpreter winds down
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)
+      """))
+  done = _run([sys.executable, str(script)])
+  assert (done.returncode, done.stdout, done.stderr) == (0, "work done\n", ""), done.stderr[-2000:]
