@@ -105,7 +105,12 @@ class Selection:
     return self.stopped_at is not None
 
   def best_params(self):
-    """The kept params (numpy), as the evaluation of best_step saw them."""
+    """The kept params (numpy), as the evaluation of best_step saw them; a workdir that keeps another step's
+    (an evaluation after its last checkpoint, before it stopped) is a TrainError."""
+    kept = (safety.owner(self.workdir / BEST_DIR) or {}).get("step")
+    if self.best_step is None or kept != self.best_step:
+      raise TrainError(f"{self.workdir} keeps no params of its best dev evaluation (best: step {self.best_step}; "
+                       f"kept: step {kept}); rerun without --export_only to go on training")
     return storage.local_checkpointer().restore((self.workdir / BEST_DIR / "params").resolve())
 
   def report(self) -> dict[str, Any]:

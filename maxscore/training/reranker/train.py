@@ -70,7 +70,6 @@ from maxscore.training.optimizer import make_optimizer
 from maxscore.training.reranker import evaluation, model, outputs
 from maxscore.training.reranker.config import LORA_TARGETS, TrainConfig, lora_settings
 from maxscore.training.reranker.prepare import Prepared, prepare
-from maxscore.training import selection as selection_lib
 from maxscore.training.selection import Selection
 
 FORMAT_VERSION = 1
@@ -271,14 +270,7 @@ def _stopped(cfg: TrainConfig, run: _Run, workdir: pathlib.Path):
   if step is None:
     raise TrainError(f"--export_only: {workdir} holds no checkpoint of a run with these flags and data to export "
                      f"(a run's exports come from rerunning its own command with --export_only)")
-  selection = None
-  if cfg.select_metric:
-    selection = Selection.start(cfg.select_metric, cfg.patience, workdir, step)
-    kept = safety.owner(workdir / selection_lib.BEST_DIR) or {}
-    if selection.best_step is None or kept.get("step") != selection.best_step:
-      raise TrainError(f"--export_only: {workdir} keeps no params of its best dev evaluation up to step {step} "
-                       f"(best: step {selection.best_step}; kept: step {kept.get('step')}); rerun without "
-                       f"--export_only to go on training")
+  selection = Selection.start(cfg.select_metric, cfg.patience, workdir, step) if cfg.select_metric else None
   logging.info("train: exporting the stopped run at step %d", step)
   return run.started.state, trainer.Timing(steps_done=step), selection
 
