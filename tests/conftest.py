@@ -187,14 +187,6 @@ def two_checkpoints(tmp_path_factory):
   return out
 
 
-@pytest.fixture(scope="session")
-def default_float_scorer():
-  """The embedded default model in float32 without its head: the reference the bfloat16 and int8 bounds on the
-  embedded eval compare against, built (and its programs compiled) once per worker."""
-  from maxscore.scoring import loading  # pylint: disable=import-outside-toplevel
-  return loading.build_scorer(None, [], use_head=False)
-
-
 @pytest.fixture
 def script_log():
   """install(path) sets up a script's log as cli.run_script does (held until the run claims its directory, unless

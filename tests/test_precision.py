@@ -1,5 +1,6 @@
-"""bfloat16 against float32 on CPU: the deltas measured on the embedded eval and a random Qwen3-shaped model,
-held with margin so a bf16 regression fails CI (measured figures: BENCHMARKS.md, "bf16 against float32")."""
+"""bfloat16 (and, on the embedded eval, int8) against float32 on CPU: the deltas measured on the embedded eval
+and a random Qwen3-shaped model, held with margin so a regression fails CI (measured figures: BENCHMARKS.md,
+"bf16 against float32")."""
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +24,13 @@ def test_kendall_tau_by_hand():
   assert precision.kendall_tau([5.0], [1.0]) == 1.0
 
 
+@pytest.fixture(scope="module")
+def default_float_scorer():
+  """The embedded default model in float32 without its head: the reference of the bfloat16 and int8 bounds on
+  the embedded eval, built (and its programs compiled) once."""
+  return loading.build_scorer(None, [], use_head=False)
+
+
 @pytest.mark.slow
 def test_bf16_on_the_embedded_eval_stays_within_measured_bounds(default_float_scorer):
   """The pretrained + fine-tuned default (no head), its first 10 queries x 24 candidates. Measured: max |d
@@ -37,6 +45,24 @@ def test_bf16_on_the_embedded_eval_stays_within_measured_bounds(default_float_sc
   assert r["max_abs_score"] < 0.02, r
   assert r["kendall_tau_min"] > 0.93 and r["kendall_tau_mean"] > 0.97, r
   assert abs(r["metric_deltas"]["ndcg_cut_10"]) < 0.03, r
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,logprob,score,tau_min", [("int8_weights", 0.04, 0.01, 0.95),
+                                                       ("int8", 0.07, 0.015, 0.93)])
+def test_int8_on_the_embedded_eval_stays_within_measured_bounds(default_float_scorer, mode, logprob, score, tau_min):
+  """The pretrained + fine-tuned default, no head, its first 10 queries x 24 candidates. Measured: int8_weights
+  max |d log-prob| 0.0177, max |d score| 0.0039, tau mean / min 0.996 / 0.986, d nDCG@10 -0.0007; int8 0.0352,
+  0.0071, 0.988 / 0.978, -0.0018 (on all 20 queries the same maxima and minima). Held with about 2x margin, as
+  the bf16 figures are."""
+  quantized = loading.build_scorer(None, [f"quantization={mode}"], use_head=False)
+  r = precision.compare_on_rerank_set(default_float_scorer, quantized, data.load_jsonl(data.DEFAULT_JSONL),
+                                      rerank_eval.EvalConfig(max_queries=10))
+  assert r["queries"] == 10 and r["items"] == 240
+  assert 0 < r["max_abs_logprob"] < logprob, r
+  assert r["max_abs_score"] < score, r
+  assert r["kendall_tau_min"] > tau_min and r["kendall_tau_mean"] > 0.97, r
+  assert abs(r["metric_deltas"]["ndcg_cut_10"]) < 0.01, r
 
 
 @pytest.mark.slow
