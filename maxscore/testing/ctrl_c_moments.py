@@ -76,7 +76,7 @@ def measure(moments: int, root: pathlib.Path) -> dict:
     print(json.dumps(row), flush=True)
   stopped = [r for r in rows if r["exit"] != 0]
   return {"uninterrupted_wall_s": round(wall, 1), "moments": moments, "rows": rows,
-          "ended_before_the_signal": sum(r["exit"] == 0 for r in rows),
+          "exited_0": sum(r["exit"] == 0 for r in rows),
           "ended_after_the_signal": sum(r["exit"] == 0 and not r["finished_before_the_signal"] for r in rows),
           "stopped_one_line_130": sum(r["exit"] == 130 and r["stderr_lines"] == 1 and not r["traceback"]
                                       for r in stopped),
