@@ -343,10 +343,11 @@ def initialize_distributed(coordinator_address: Optional[str] = None, num_proces
                      f"within {initialization_timeout_s}s; a peer process is missing or cannot reach the coordinator. "
                      + advice)
   try:
-    jax.distributed.initialize(coordinator_address, num_processes, process_id,
-                               initialization_timeout=int(initialization_timeout_s) + _JAX_TIMEOUT_MARGIN_S,
-                               heartbeat_timeout_seconds=int(heartbeat_timeout_s),
-                               shutdown_timeout_seconds=int(shutdown_timeout_s))
+    with peers.coordinator_hook(jax_distributed._jax):  # pylint: disable=protected-access  (see peers.py)
+      jax.distributed.initialize(coordinator_address, num_processes, process_id,
+                                 initialization_timeout=int(initialization_timeout_s) + _JAX_TIMEOUT_MARGIN_S,
+                                 heartbeat_timeout_seconds=int(heartbeat_timeout_s),
+                                 shutdown_timeout_seconds=int(shutdown_timeout_s))
   except Exception as e:  # jax raises RuntimeError, ValueError or XlaRuntimeError here
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise DistributedError(f"jax.distributed.initialize failed for {where}: {first}. {advice}") from e
@@ -356,6 +357,8 @@ def initialize_distributed(coordinator_address: Optional[str] = None, num_proces
               source, jax.local_device_count(), jax.device_count())
   if jax.process_count() > 1:
     peers.watch(jax_distributed.global_state.client, jax.process_index(), jax.process_count(), heartbeat_timeout_s)
+    peers.name_lost_coordinator(jax_distributed.global_state.coordinator_address, jax.process_index(),
+                                jax.process_count())
   return Processes(jax.process_index(), jax.process_count(), source)
 
 

@@ -8,21 +8,28 @@ command resumes, flushes the consoles and log files, and ends this process with 
 Why not JAX's own detection: its coordination service declares a silent process dead after the whole
 heartbeat timeout and then aborts every other process from C++ (SIGABRT, a fatal-error dump, no name), and
 jaxlib's hook for that (`missed_heartbeat_callback`) cannot be used from Python: it fails converting the status
-it passes. Deciding at a third of the timeout lets the watchdog speak first, with time to spare on a loaded host. The service lives in process 0, so when process 0
-itself is lost JAX stops the others at once, before any Python runs; they still exit non-zero, and the same
-command resumes.
+it passes. Deciding at a third of the timeout lets the watchdog speak first, with time to spare on a loaded host.
+
+The service lives in process 0, so when process 0 itself is lost the others' runtime learns it at once, from C++
+(the service's socket closes), before the watchdog could: by default it aborts them with a fatal-error dump. So
+the others' clients get a `missed_heartbeat_callback` (`coordinator_hook`); calling it fails inside jaxlib with a
+C++ std::bad_cast, which ends in std::terminate, and the terminate handler installed by `name_lost_coordinator`
+checks that the coordinator no longer answers and then says the same one line, naming process 0.
 
 A process that ends normally marks its counter done (atexit), so the others never take an early finisher for
 a lost one. Process 0, which holds the service, stops last: the others' runtime would abort them without it.
 """
 
 import atexit
+import contextlib
+import ctypes
 import logging
 import os
+import socket
 import sys
 import threading
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 # EX_TEMPFAIL: the job failed for a reason outside itself; running the same command again is the remedy.
 LOST_PEER_EXIT_CODE = 75
@@ -31,10 +38,11 @@ _DONE = "done"
 _STOPPING = "stopping"
 
 
-def lost_message(lost: Sequence[int], count: int, stale_s: float) -> str:
-  """The one line a surviving process prints."""
+def lost_message(lost: Sequence[int], count: int, stale_s: Optional[float]) -> str:
+  """The one line a surviving process prints; `stale_s` None: the coordinator's service stopped answering."""
   who = ", ".join(str(p) for p in lost)
-  return (f"error: process {who} of {count} stopped (no heartbeat for {stale_s:g} s): the job cannot go on "
+  why = "its coordination service closed" if stale_s is None else f"no heartbeat for {stale_s:g} s"
+  return (f"error: process {who} of {count} stopped ({why}): the job cannot go on "
           f"without it, so this process stops too. Run the same command on every host to resume; finished work "
           f"is kept")
 
@@ -152,6 +160,79 @@ def exit_now(code: int) -> None:
 
 
 _WATCHDOG: Optional[Watchdog] = None
+_ON_TERMINATE: list[Any] = []  # the installed handler: ctypes must keep it alive as long as the process
+
+
+@contextlib.contextmanager
+def coordinator_hook(jax_lib: Any) -> Iterator[None]:
+  """While active, each distributed-runtime client `jax_lib` (jaxlib's `_jax` module, as jax.distributed
+  calls it) creates for a process other than 0 gets a `missed_heartbeat_callback`: where there is one, an
+  error polled from the coordination service ends in std::terminate (see the module doc) instead of the
+  runtime's fatal-error abort, and `name_lost_coordinator` can speak."""
+  make = jax_lib.get_distributed_runtime_client
+
+  def with_callback(address, node_id, *args, **kwargs):
+    if node_id != 0:
+      kwargs.setdefault("missed_heartbeat_callback", lambda *unused: None)
+    return make(address, node_id, *args, **kwargs)
+  jax_lib.get_distributed_runtime_client = with_callback
+  try:
+    yield
+  finally:
+    jax_lib.get_distributed_runtime_client = make
+
+
+def _answers(address: str, timeout_s: float = 1.0) -> bool:
+  """Whether a TCP connection to host:port opens."""
+  host, _, port = address.rpartition(":")
+  try:
+    socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    return True
+  except (OSError, ValueError):
+    return False
+
+
+def _terminating_type(libstdcxx: Any) -> str:
+  """The mangled name of the C++ exception being handled ('' if none): the Itanium ABI's type_info holds a
+  vtable pointer, then the name."""
+  try:
+    get = libstdcxx.__cxa_current_exception_type
+    get.restype = ctypes.c_void_p
+    info = get()
+    return ctypes.cast(info + ctypes.sizeof(ctypes.c_void_p), ctypes.POINTER(ctypes.c_char_p))[0].decode() if info else ""
+  except Exception:  # pylint: disable=broad-except  (not the Itanium ABI: an unknown cause)
+    return ""
+
+
+def name_lost_coordinator(address: str, index: int, count: int,
+                          answers: Callable[[str], bool] = _answers) -> bool:
+  """In process `index` (not 0) of `count`, whose client came from `coordinator_hook`: a std::terminate raised
+  by that callback while the coordinator at `address` no longer answers prints the lost line naming process 0
+  and ends the process with LOST_PEER_EXIT_CODE. Any other terminate goes to the handler there was before.
+  Returns whether the handler was installed (libstdc++ found)."""
+  if index == 0 or count < 2 or _ON_TERMINATE:
+    return bool(_ON_TERMINATE)
+  try:
+    libstdcxx = ctypes.CDLL("libstdc++.so.6")
+    set_terminate = libstdcxx._ZSt13set_terminatePFvvE  # std::set_terminate(void (*)())
+  except (OSError, AttributeError):
+    return False
+  set_terminate.restype = ctypes.c_void_p
+  set_terminate.argtypes = [ctypes.c_void_p]
+  handler_type = ctypes.CFUNCTYPE(None)
+  before: list[Any] = []
+
+  def on_terminate():
+    if _terminating_type(libstdcxx) == "St8bad_cast" and not answers(address):
+      _say(lost_message([0], count, None))
+      exit_now(LOST_PEER_EXIT_CODE)
+    if before and before[0]:
+      handler_type(before[0])()  # the default: prints the exception and aborts
+    os.abort()
+  handler = handler_type(on_terminate)
+  before.append(set_terminate(ctypes.cast(handler, ctypes.c_void_p)))
+  _ON_TERMINATE.append(handler)
+  return True
 
 
 def watch(client: Any, index: int, count: int, heartbeat_timeout_s: float) -> Watchdog:
