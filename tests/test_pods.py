@@ -294,3 +294,23 @@ def test_process_zero_speaks_last(monkeypatch):
   assert code == LOST_PEER_EXIT_CODE and line.startswith("error: process 2 of 3 ")
   w = peers.Watchdog(None, 0, 3, 1.5)
   assert waited > w.stale_s + 3 * w.interval_s  # process 1 beats on and never says it is stopping
+
+
+def test_coordinator_hook_gives_every_client_but_process_zeros_an_error_callback_and_then_steps_aside():
+  """Process 0's client keeps the runtime's own handling (it holds the service); the others' get the callback
+  that routes a lost coordinator to peers.name_lost_coordinator. The hook is gone once initialization is done."""
+  made = []
+
+  class FakeJaxLib:
+    @staticmethod
+    def get_distributed_runtime_client(address, node_id, **kwargs):
+      made.append((address, node_id, sorted(kwargs)))
+  original = FakeJaxLib.get_distributed_runtime_client
+  lib = FakeJaxLib()
+  with peers.coordinator_hook(lib):
+    lib.get_distributed_runtime_client("h:1", 0, init_timeout=5)
+    lib.get_distributed_runtime_client("h:1", 3, init_timeout=5)
+  assert made == [("h:1", 0, ["init_timeout"]), ("h:1", 3, ["init_timeout", "missed_heartbeat_callback"])]
+  assert lib.get_distributed_runtime_client is original
+  assert "its coordination service closed" in peers.lost_message([0], 4, None)
+  assert not peers.name_lost_coordinator("h:1", 0, 4)  # process 0 installs nothing
