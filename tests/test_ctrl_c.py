@@ -17,6 +17,7 @@ import time
 import pytest
 
 from maxscore import interrupt
+from maxscore.distributed import processes
 from maxscore.testing.gguf_files import write_gguf
 from maxscore.testing.hf_models import make_hf_model
 
@@ -28,13 +29,9 @@ STOP_LINE = (r"stopped at step (\d+) \(Ctrl-C\); (the last checkpoint is step (\
              r"in .*: (run the same command to resume from it|a rerun starts over)")
 
 
-def _sigint_default():
-  signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _run(cmd, env_extra=None, timeout=300, **kw):
   env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", **(env_extra or {})}
-  return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=_sigint_default,
+  return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=processes.sigint_default,
                         **kw)
 
 
@@ -65,7 +62,7 @@ def test_inside_stop_points_the_first_ctrl_c_is_a_flag_and_the_second_stops_at_o
           os.kill(os.getpid(), signal.SIGINT)
           time.sleep(30)
       print("not reached", flush=True)
-      """, tmp_path, preexec_fn=_sigint_default)
+      """, tmp_path, preexec_fn=processes.sigint_default)
   assert done.returncode == 130
   assert done.stdout.split() == ["True", "still", "running"]
   assert done.stderr == "stopped (Ctrl-C); the last checkpoint is step 4\n"
@@ -80,7 +77,7 @@ def test_outside_stop_points_ctrl_c_stops_at_once_and_removes_the_output_being_w
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(30)  # a wait in C: the handler of Python would not run before it ends
       print("not reached", flush=True)
-      """, tmp_path, preexec_fn=_sigint_default)
+      """, tmp_path, preexec_fn=processes.sigint_default)
   assert (done.returncode, done.stderr) == (130, "stopped (Ctrl-C)\n")
   assert not (tmp_path / "out.tmp").exists()
 
@@ -172,7 +169,7 @@ def test_the_first_ctrl_c_is_taken_while_the_main_thread_waits(tmp_path):
   done = _child("""
       os.kill(os.getpid(), signal.SIGINT)
       time.sleep(30)
-      """, tmp_path, preexec_fn=_sigint_default)
+      """, tmp_path, preexec_fn=processes.sigint_default)
   assert done.returncode == 130 and time.monotonic() - t0 < 20
 
 

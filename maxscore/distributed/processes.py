@@ -5,6 +5,7 @@ benchmark start their children with these."""
 import dataclasses
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import threading
@@ -32,6 +33,12 @@ def subprocess_env(devices: int) -> dict:
   for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
     env.pop(k, None)
   return env
+
+
+def sigint_default() -> None:
+  """A child's preexec_fn: SIGINT's default action in the child before it starts (a shell's background job
+  inherits SIGINT ignored, and a script keeps an ignored SIGINT ignored), so a test's Ctrl-C reaches it."""
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def free_port() -> int:

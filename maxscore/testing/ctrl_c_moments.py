@@ -28,12 +28,6 @@ TRAIN_FLAGS = ["--train_backbone", "--lora_rank=4", "--lora_alpha=8", "--max_tra
                "--save_every=2", "--keep_checkpoints=2", "--warmup_steps=2", "--learning_rate=1e-3", "--noprogress"]
 
 
-def _sigint_default() -> None:
-  """In the child before it starts: SIGINT's default action (a shell's background job inherits it ignored, and
-  a script keeps an ignored SIGINT ignored)."""
-  signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _command(workdir: pathlib.Path) -> list[str]:
   return [sys.executable, str(REPO / "scripts" / "train_reranker.py"), f"--workdir={workdir}", *TRAIN_FLAGS]
 
@@ -58,7 +52,7 @@ def measure(moments: int, root: pathlib.Path) -> dict:
     at = wall * (i + 0.5) / moments
     workdir = root / f"moment_{i:02d}"
     proc = subprocess.Popen(_command(workdir), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_sigint_default)
+                            preexec_fn=processes.sigint_default)
     time.sleep(at)
     proc.send_signal(signal.SIGINT)
     signalled = time.time()
