@@ -305,12 +305,15 @@ def test_coordinator_hook_gives_every_client_but_process_zeros_an_error_callback
     @staticmethod
     def get_distributed_runtime_client(address, node_id, **kwargs):
       made.append((address, node_id, sorted(kwargs)))
+      return len(made)
   original = FakeJaxLib.get_distributed_runtime_client
   lib = FakeJaxLib()
   with peers.coordinator_hook(lib):
     lib.get_distributed_runtime_client("h:1", 0, init_timeout=5)
-    lib.get_distributed_runtime_client("h:1", 3, init_timeout=5)
-  assert made == [("h:1", 0, ["init_timeout"]), ("h:1", 3, ["init_timeout", "missed_heartbeat_callback"])]
+    assert lib.get_distributed_runtime_client("h:1", 3, init_timeout=5) == 2
+    lib.get_distributed_runtime_client(address="h:1", node_id=2)
+  assert made == [("h:1", 0, ["init_timeout"]), ("h:1", 3, ["init_timeout", "missed_heartbeat_callback"]),
+                  ("h:1", 2, ["missed_heartbeat_callback"])]
   assert lib.get_distributed_runtime_client is original
   assert "its coordination service closed" in peers.lost_message([0], 4, None)
   assert not peers.name_lost_coordinator("h:1", 0, 4)  # process 0 installs nothing

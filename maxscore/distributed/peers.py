@@ -171,10 +171,11 @@ def coordinator_hook(jax_lib: Any) -> Iterator[None]:
   runtime's fatal-error abort, and `name_lost_coordinator` can speak."""
   make = jax_lib.get_distributed_runtime_client
 
-  def with_callback(address, node_id, *args, **kwargs):
+  def with_callback(*args, **kwargs):
+    node_id = kwargs.get("node_id", args[1] if len(args) > 1 else 0)
     if node_id != 0:
       kwargs.setdefault("missed_heartbeat_callback", lambda *unused: None)
-    return make(address, node_id, *args, **kwargs)
+    return make(*args, **kwargs)
   jax_lib.get_distributed_runtime_client = with_callback
   try:
     yield
