@@ -31,8 +31,8 @@ STOP_LINE = (r"stopped at step (\d+) \(Ctrl-C\); (the last checkpoint is step (\
 
 def _run(cmd, env_extra=None, timeout=300, **kw):
   env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", **(env_extra or {})}
-  return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=processes.sigint_default,
-                        **kw)
+  return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
+                        preexec_fn=processes.sigint_default, **kw)
 
 
 # --- the handler alone (the module loaded by path: no JAX in these children) ---------------------------------

@@ -163,8 +163,9 @@ def test_lora_training_in_four_processes_equals_one_process(tmp_path):
 @pytest.mark.slow
 def test_training_in_four_processes_equals_one_process_and_a_killed_process_is_named_and_resumed_in_two_and_one(
     tmp_path, one_process_full):
-  """Process 0, the coordinator, dies as step 4 begins; the others name it. The steps the four processes took have the one-process
-  run's losses; the last checkpoint resumes in 2 processes and in one, and the steps after it have them too."""
+  """Process 0, the coordinator, dies as step 4 begins; the others name it. The steps the four processes took
+  have the one-process run's losses; the last checkpoint resumes in 2 processes and in one, and the steps after
+  it have them too."""
   root = tmp_path / "killed"
   results, wall = _train(root, [], 4, 2, killed=0, kill_at=("train_step", 4))
   print(f"training, 4 processes, process 0 killed: {wall:.1f}s wall")

@@ -18,6 +18,7 @@ import pytest
 from layers.kernels.base import training_kernel
 from maxscore.checkpoints import head_storage
 from maxscore.checkpoints import storage
+from maxscore.distributed.processes import free_port as _free_port
 from maxscore.distributed.processes import subprocess_env as _env
 from maxscore.errors import TrainError
 from maxscore.scoring import loading
@@ -125,14 +126,24 @@ def test_train_state_checkpoint_form_is_the_plain_dict():
 # --- runs ----------------------------------------------------------------------------------------------------
 
 
-def _train(root, *extra, devices: int = 1, expect: int = 0) -> list[str]:
-  """scripts/train_reranker.py (workdir <root>/work, export <root>/export) in one process of `devices` CPU
-  devices; its stderr, in a list. Runs in several processes are tests/test_pods.py's."""
+
+
+def _train(root, *extra, processes: int = 1, devices: int = 1, expect: int = 0) -> list[str]:
+  """scripts/train_reranker.py (workdir <root>/work, export <root>/export) in `processes` processes of
+  `devices` CPU devices each; their stderr."""
   cmd = [sys.executable, str(REPO / "scripts" / "train_reranker.py"), f"--workdir={root / 'work'}",
          f"--export_dir={root / 'export'}", *FLAGS, *extra]
-  done = subprocess.run(cmd, env=_env(devices), capture_output=True, text=True, timeout=600)
-  assert done.returncode == expect, done.stderr[-3000:]
-  return [done.stderr]
+  if processes > 1:
+    port = _free_port()
+    cmds = [cmd + [f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={processes}", f"--process_id={i}",
+                   "--heartbeat_timeout_s=30"] for i in range(processes)]
+  else:
+    cmds = [cmd]
+  procs = [subprocess.Popen(c, env=_env(devices), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for c in cmds]
+  outs = [p.communicate(timeout=600) for p in procs]
+  assert [p.returncode for p in procs] == [expect] * len(procs), [o[1][-3000:] for o in outs]
+  return [o[1] for o in outs]
 
 
 def _losses(root, key: str = "loss") -> list[float]:
@@ -153,6 +164,15 @@ def _assert_same_run(a, b, tol=1e-5):
     np.testing.assert_allclose(y, x, rtol=tol, atol=tol)
 
 
+def _interrupt_after_step_2(work: pathlib.Path) -> pathlib.Path:
+  """A finished 4-step workdir as a run killed after its step-2 checkpoint leaves it."""
+  shutil.rmtree(work / "checkpoints" / "4")
+  lines = (work / "metrics.jsonl").read_text().splitlines()
+  (work / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")
+  (work / "summary.json").unlink()
+  return work
+
+
 @pytest.fixture(scope="module")
 def one_device(tmp_path_factory):
   root = tmp_path_factory.mktemp("one_device")
@@ -164,6 +184,15 @@ def one_device(tmp_path_factory):
 @pytest.mark.slow
 def test_two_host_devices_equal_one_device(one_device, tmp_path):
   _train(tmp_path, devices=2)
+  _assert_same_run(one_device, tmp_path)
+
+
+@pytest.mark.slow
+def test_one_process_checkpoint_resumes_in_two_processes(one_device, tmp_path):
+  shutil.copytree(one_device / "work", tmp_path / "work")
+  work = _interrupt_after_step_2(tmp_path / "work")
+  _train(tmp_path, processes=2)
+  assert json.loads((work / "summary.json").read_text())["resumed_from_step"] == 2
   _assert_same_run(one_device, tmp_path)
 
 
@@ -282,6 +311,12 @@ def test_lora_adapters_exported_by_the_script_score_as_the_merged_export(lora_on
   score = lambda s: s.score(query, items).scores
   np.testing.assert_allclose(score(with_adapters), score(merged), rtol=0, atol=1e-5)
   assert np.abs(score(base) - score(merged)).max() > 1e-5  # the comparison sees the training
+
+
+@pytest.mark.slow
+def test_lora_two_processes_equal_one_process(lora_one_process, tmp_path):
+  _train(tmp_path, *LORA, processes=2)
+  _assert_same_run(lora_one_process, tmp_path)
 
 
 def test_training_kernel_is_the_platforms_kernel_with_its_backward():

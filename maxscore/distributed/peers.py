@@ -200,7 +200,9 @@ def _terminating_type(libstdcxx: Any) -> str:
     get = libstdcxx.__cxa_current_exception_type
     get.restype = ctypes.c_void_p
     info = get()
-    return ctypes.cast(info + ctypes.sizeof(ctypes.c_void_p), ctypes.POINTER(ctypes.c_char_p))[0].decode() if info else ""
+    if not info:
+      return ""
+    return ctypes.cast(info + ctypes.sizeof(ctypes.c_void_p), ctypes.POINTER(ctypes.c_char_p))[0].decode()
   except Exception:  # pylint: disable=broad-except  (not the Itanium ABI: an unknown cause)
     return ""
 
