@@ -181,8 +181,11 @@ def write_report(fv: flags.FlagValues, report: Any) -> None:
 
 
 def _from_flag(tp: Any, value: Any) -> Any:
-  """A flag's value in the form the config loader takes (list items parsed as YAML scalars)."""
+  """A flag's value in the form the config loader takes (list items parsed as YAML scalars; `null` for a key that
+  may be None is None, as in the YAML files and the flags' help)."""
   base = _unwrap_optional(tp)
+  if value == "null" and base is not tp:
+    return None
   if value is not None and typing.get_origin(base) is tuple:
     item = typing.get_args(base)[0]
     return [yaml.safe_load(x) if item in (int, float) else x for x in value]

@@ -50,6 +50,20 @@ def test_flags_are_the_yaml_keys(load_script, name):
   assert loaded == config_lib.load_entry(script.ENTRY, script.SECTIONS)
 
 
+def test_null_on_the_command_line_is_none_for_a_key_that_may_be_none(load_script):
+  """`--select_metric=null` means what `select_metric: null` means in configs/train.yml (the last step)."""
+  script = load_script("train_reranker")
+  fv = flags.FlagValues()
+  script.define_flags(fv)
+  fv(["prog", "--select_metric=null", "--patience=0"])
+  loaded = cli.entry_from_flags(fv, script.ENTRY, script.SECTIONS)
+  assert loaded["train"].select_metric is None
+  fv = flags.FlagValues()
+  script.define_flags(fv)
+  fv(["prog", "--select_metric=ndcg@10"])
+  assert cli.entry_from_flags(fv, script.ENTRY, script.SECTIONS)["train"].select_metric == "ndcg@10"
+
+
 @pytest.mark.parametrize("name", ["train_reranker", "eval_rerank", "eval_suite", "serve", "score_teacher"])
 def test_template_help_lists_every_template_of_the_registry(load_script, name):
   """--help lists the templates from maxscore/rerank/prompts.py TEMPLATES (bge_gemma trains too), not a
