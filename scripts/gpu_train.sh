@@ -8,7 +8,8 @@
 #   sh scripts/gpu_train.sh GGUF GROUPS OUT [train_reranker flags...]
 #
 # Environment: PYTHON (default python3), WORK (default /tmp/maxscore_gpu_train), KEEP_LAYERS (16),
-# DATA (the embedded python-docs set), ITEM_TOKENS (40), QUERY_TOKENS (24), EVAL_FLAGS (added to both evals),
+# DATA (the embedded python-docs set), ITEM_TOKENS (40), QUERY_TOKENS (24), FUSIONS (the test evals' fusions:
+# "rrf learned"), EVAL_FLAGS (added to each eval),
 # TRAIN_TIMEOUT (seconds; then the run stops at its next step as on Ctrl-C and its best dev step is exported).
 set -eu
 GGUF=$1; GROUPS=$2; OUT=$3; shift 3
@@ -19,6 +20,7 @@ DATA=${DATA:-maxscore/assets/default/python_docs_beir}
 ITEM_TOKENS=${ITEM_TOKENS:-40}
 QUERY_TOKENS=${QUERY_TOKENS:-24}
 EVAL_FLAGS=${EVAL_FLAGS:-}
+FUSIONS=${FUSIONS:-rrf learned}
 TRAIN_TIMEOUT=${TRAIN_TIMEOUT:-0}
 mkdir -p "$OUT" "$WORK"
 stamp() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/gpu_train.log"; }
@@ -47,7 +49,7 @@ cp "$WORK/run/metrics.jsonl" "$WORK/run/selection.json" "$OUT/" 2>/dev/null || t
 # One shape for every query (prefix, slots and rows padded to one bucket each), so one compile: with the default
 # buckets (17 shapes over the test split) the eval on an H200 took 32-52 s a query over its first 4, which points to
 # a compile per shape (not profiled); the trainer's dev evals, one shape, took 3.6 s per 100 queries there.
-for fusion in rrf learned; do
+for fusion in $FUSIONS; do
   stamp "test eval, fusion=$fusion"
   "$PYTHON" scripts/eval_rerank.py --checkpoint_dir="$WORK/export" --data_dir="$DATA" --run_file="$DATA/bm25.trec" \
     --split=test --template=plain --max_item_tokens="$ITEM_TOKENS" --max_query_tokens="$QUERY_TOKENS" \

@@ -228,7 +228,7 @@ def test_a_corrupt_or_missing_manifest_is_one_error(tmp_path):
 @pytest.mark.slow
 def test_the_gpu_recipe_script_runs_end_to_end_and_keeps_only_small_files(tiny_gguf, tmp_path, load_script):
   """scripts/gpu_train.sh (`make gpu-train`) on CPU at a tiny size: convert -> train every weight -> select on dev
-  -> both test evals; OUT holds the dev curve and the reports, nothing large (the base and the checkpoints stay
+  -> the test eval (learned fusion, which also prints the reranked run); OUT holds the dev curve and the reports, nothing large (the base and the checkpoints stay
   in WORK)."""
   import os  # pylint: disable=import-outside-toplevel
   import subprocess  # pylint: disable=import-outside-toplevel
@@ -243,7 +243,7 @@ def test_the_gpu_recipe_script_runs_end_to_end_and_keeps_only_small_files(tiny_g
                                     f"--output={tmp_path / 'groups_teacher.jsonl'}"])
   repo = pathlib.Path(__file__).resolve().parent.parent
   env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(repo), JAX_PLATFORMS="cpu", WORK=str(tmp_path / "work"),
-             KEEP_LAYERS="2", DATA=str(beir), ITEM_TOKENS="24", QUERY_TOKENS="8")
+             KEEP_LAYERS="2", DATA=str(beir), ITEM_TOKENS="24", QUERY_TOKENS="8", FUSIONS="learned")
   out = tmp_path / "out"
   done = subprocess.run(["sh", "scripts/gpu_train.sh", str(tiny_gguf), str(tmp_path / "groups_teacher.jsonl"),
                          str(out), "--group_size=4", "--num_steps=12", "--eval_every=6", "--save_every=6",
@@ -252,11 +252,10 @@ def test_the_gpu_recipe_script_runs_end_to_end_and_keeps_only_small_files(tiny_g
   assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
   assert "failed" not in (out / "gpu_train.log").read_text(), (out / "gpu_train.log").read_text()
   assert sorted(p.name for p in out.iterdir()) == sorted([
-      "gpu_train.log", "train.log", "metrics.jsonl", "selection.json", "eval_rrf.log", "eval_rrf_summary.json",
-      "eval_learned.log", "eval_learned_summary.json"])
+      "gpu_train.log", "train.log", "metrics.jsonl", "selection.json", "eval_learned.log",
+      "eval_learned_summary.json"])
   assert all(p.stat().st_size < 2 ** 20 for p in out.iterdir())
   selection = json.loads((out / "selection.json").read_text())
   assert [e["step"] for e in selection["evaluations"]] == [0, 6, 12]
-  for fusion in ("rrf", "learned"):
-    summary = json.loads((out / f"eval_{fusion}_summary.json").read_text())
-    assert summary["queries"] == 6, summary
+  summary = json.loads((out / "eval_learned_summary.json").read_text())
+  assert summary["queries"] == 6, summary
