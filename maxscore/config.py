@@ -120,7 +120,7 @@ _SECTION_CLASSES = dict(_RUNTIME_SECTIONS, model=ModelConfig)
 _BUCKET_KEYS = ("prefix_buckets", "item_buckets", "item_count_buckets", "batch_buckets")
 _POSITIVE_KEYS = ("extend_batch_size", "extend_max_tokens", "serial_batch_size", "max_request_tokens", "max_tokens_per_forward",
                   "max_reference_len",
-                  "splash_block_q", "splash_block_kv", "gpu_block_q", "gpu_block_kv")
+                  "splash_block_q", "splash_block_kv", "gpu_block_q", "gpu_block_kv", "gpu_num_stages")
 
 
 def _unknown_key(key: str, valid: Sequence[str], where: str) -> ConfigError:

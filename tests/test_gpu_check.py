@@ -113,6 +113,32 @@ def test_the_seed_and_int8_parts_run_at_tiny_shapes_on_cpu(load_script, tmp_path
   assert any(line.startswith("program packed_logprobs int8") for line in gpu_check_report.int8_lines(int8))
 
 
+def test_the_attention_sweep_runs_at_tiny_shapes_on_cpu_and_scores_with_the_fastest_agreeing_setting(
+    load_script, tmp_path):
+  """`--parts=attention` at toy sizes (interpret mode): every setting timed on the seed workload's packed row and
+  compared with the first (the default); the scorer then runs with the default and the fastest that agrees."""
+  out = tmp_path / "gpu_check.json"
+  status = load_script("gpu_check").run([
+      "gpu_check.py", "--quick", "--parts=attention", "--seed_workloads=tiny-qwen3:1:reference=20x6x4",
+      "--attention_settings=16x16x0x2,32x16x4x2,8x8x8x3,12x8x4x2", "--dtype=float32", f"--output_json={out}"])
+  report = json.loads(out.read_text())
+  assert status == 0 and gpu_check.all_ok(report), report
+  att = report["attention"]
+  rows = {r["setting"]: r for r in att["rows"]}
+  assert "power of two" in rows["12x8x4x2"]["error"], "a setting Triton cannot take is recorded, not fatal"
+  for name in ("16x16x0x2", "32x16x4x2", "8x8x8x3"):
+    assert rows[name]["finite"] and rows[name]["max_abs_diff_vs_first"] <= 2e-5 and rows[name]["ms"] > 0
+  assert att["best"] in ("16x16x0x2", "32x16x4x2", "8x8x8x3")
+  assert set(att["scored"]) == {"16x16x0x2", att["best"]}
+  for scored in att["scored"].values():
+    (w,) = [scored] if "rows" in scored else scored["workloads"]
+    assert {"serial[pallas_gpu]", "packed[pallas_gpu]", "auto[pallas_gpu]"} <= {r["name"] for r in w["rows"]}
+  assert any("scorer with 16x16x0x2" in line for line in gpu_check_report.attention_lines(att))
+  # The sweep's FLOPs are the visible pairs: prefix 21 causally, each of 6 items sees it and itself causally.
+  from maxscore.bench import attention_sweep  # pylint: disable=import-outside-toplevel
+  assert attention_sweep.visible_pairs(gpu_check._workload("m:1:r=20x6x4")[2]) == 21 * 22 // 2 + 6 * (4 * 21 + 10)
+
+
 def test_transformers_batches_are_those_whose_prefix_kv_fits():
   reference = gpu_check._workload("m:28:r=2000x500x20")[2]
   # Qwen3-0.6B, 28 layers: 2 (K, V) x 28 x 8 heads x 128 x 2,021 tokens x 2 bytes = 0.23 GB per item.

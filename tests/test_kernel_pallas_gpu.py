@@ -204,3 +204,19 @@ def test_backward_lowers_to_triton(dtype, window, softcap, group):
   per_kv_head = f"tensor<2x96x2x64x{'bf16' if dtype == jnp.bfloat16 else 'f32'}>"
   assert dkv_call.split("->")[-1].strip() == f"({per_kv_head}, {per_kv_head})", dkv_call  # no per-q-head f32 copy
   assert calls(lowered(attend)) == (1, ["packed_flash_forward"])
+
+
+@pytest.mark.parametrize("warps,stages,want", [(0, 2, (4, 2)), (8, 3, (8, 3)), (3, 2, None), (4, 0, None)])
+def test_warps_and_stages_reach_the_triton_call_or_are_refused(warps, stages, want):
+  """gpu_num_warps (0: 4 at head_dim 64) and gpu_num_stages are the Triton call's settings; others are refused."""
+  layout = SegmentLayout(jnp.array([20, 13], jnp.int32), jnp.array([[9, 16, 3], [16, 0, 7]], jnp.int32), 32, 16, 3)
+  options = KernelOptions(gpu_block_q=32, gpu_block_kv=32, gpu_num_warps=warps, gpu_num_stages=stages)
+  attend = functools.partial(pallas_gpu.attend, layout=layout, options=options)
+  q, kv = jax.ShapeDtypeStruct((2, 80, 4, 64), jnp.float32), jax.ShapeDtypeStruct((2, 80, 2, 64), jnp.float32)
+  lower = lambda: jax.jit(attend).trace(q, kv, kv).lower(lowering_platforms=("cuda",)).as_text()
+  if want is None:
+    with pytest.raises(ValueError, match="gpu_num_warps"):
+      lower()
+    return
+  line = next(l for l in lower().splitlines() if "custom_call" in l and "packed_flash_forward" in l)
+  assert (int(re.search(r"num_warps = (\d+)", line)[1]), int(re.search(r"num_stages = (\d+)", line)[1])) == want

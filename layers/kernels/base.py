@@ -107,6 +107,8 @@ class KernelOptions:
   splash_block_kv: int = 512
   gpu_block_q: int = 64
   gpu_block_kv: int = 64
+  gpu_num_warps: int = 0  # Triton warps per pallas_gpu program; 0 = 4 for head_dim <= 64, else 8
+  gpu_num_stages: int = 2  # Triton software-pipelining stages of pallas_gpu's kv loop
   kernel_interpret: bool = False  # run the Pallas kernels in interpret mode (CPU)
 
 

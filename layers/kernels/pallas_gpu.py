@@ -232,8 +232,13 @@ def attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout: SegmentLayout, prefix_kv: Op
   qbounds = _q_block_bounds(jnp, p, layout.slot_len, k_first_K[None], jnp.minimum(k_first_K + bk, s)[None] - 1,
                             layout.prefix_valid_B[:, None], offset, s, bq, nq)
   qbounds_BxKx2 = jnp.stack(jnp.broadcast_arrays(*qbounds), -1).astype(jnp.int32)
+  if options.gpu_num_warps < 0 or options.gpu_num_warps & (options.gpu_num_warps - 1) or options.gpu_num_stages < 1:
+    raise ValueError(f"gpu_num_warps={options.gpu_num_warps} must be 0 (auto) or a power of two, and "
+                     f"gpu_num_stages={options.gpu_num_stages} >= 1")
+  warps = options.gpu_num_warps or (4 if hp <= 64 else 8)
   geo = _Geometry(group=nh // kh, block_q=bq, block_kv=bk, offset=offset, scale=h ** -0.5, window=window,
-                  softcap=softcap, interpret=options.kernel_interpret)
+                  softcap=softcap, interpret=options.kernel_interpret, num_warps=warps,
+                  num_stages=options.gpu_num_stages)
   ints = (bounds_BxQx4, qbounds_BxKx2, seg_q_BxT, seg_k_BxS, spos_q_BxT, spos_k_BxS)
   return _flash(geo, ints, q, k, v)[:, :t, :, :h]
 
@@ -249,6 +254,8 @@ class _Geometry:
   window: Optional[int]
   softcap: Optional[float]
   interpret: bool
+  num_warps: int
+  num_stages: int
 
 
 def _specs(geo: _Geometry, tp: int, sp: int, hp: int, grid_over_kv: bool):
@@ -270,12 +277,12 @@ def _specs(geo: _Geometry, tp: int, sp: int, hp: int, grid_over_kv: bool):
   return [seg_q, seg_k, seg_q, seg_k, q, kv, kv, q, per_query, per_query]
 
 
-def _call(kernel, geo: _Geometry, grid, in_specs, out_specs, out_shape, head_dim: int, name: str):
+def _call(kernel, geo: _Geometry, grid, in_specs, out_specs, out_shape, name: str):
   # jit around the pallas_call: a bare pallas_call is never dead code (its DCE rule keeps every input), and
   # flax's nn.scan (0.12.9 on) proves a scanned layer's broadcast outputs loop-invariant by dead-code elimination.
   return jax.jit(pl.pallas_call(
       kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-      compiler_params=plgpu.CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=2),
+      compiler_params=plgpu.CompilerParams(num_warps=geo.num_warps, num_stages=geo.num_stages),
       interpret=geo.interpret, name=name))
 
 
@@ -289,7 +296,7 @@ def _forward(geo: _Geometry, ints, q, k, v, with_lse: bool):
   out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)] + (
       [jax.ShapeDtypeStruct((b, nh, tp), jnp.float32)] if with_lse else [])
   bounds_spec = pl.BlockSpec((None, None, 4), lambda i, n, j: (i, j, 0))
-  return _call(kernel, geo, (b, nh, tp // geo.block_q), [bounds_spec] + specs[:7], out_specs, out_shape, hp,
+  return _call(kernel, geo, (b, nh, tp // geo.block_q), [bounds_spec] + specs[:7], out_specs, out_shape,
                "packed_flash_forward")(bounds_BxQx4, seg_q_BxT, seg_k_BxS, spos_q_BxT, spos_k_BxS, q, k, v)
 
 
@@ -318,14 +325,14 @@ def _flash_bwd(geo: _Geometry, residuals, do):
   q_specs = _specs(geo, tp, k.shape[1], hp, grid_over_kv=False)
   dq = _call(functools.partial(_dq_kernel, block_kv=geo.block_kv, **statics), geo, (b, nh, tp // geo.block_q),
              [pl.BlockSpec((None, None, 4), lambda i, n, j: (i, j, 0))] + q_specs, q_specs[4],
-             jax.ShapeDtypeStruct(q.shape, q.dtype), hp, "packed_flash_dq")(bounds_BxQx4, *args)
+             jax.ShapeDtypeStruct(q.shape, q.dtype), "packed_flash_dq")(bounds_BxQx4, *args)
 
   kv_specs = _specs(geo, tp, sp, hp, grid_over_kv=True)
   kv_block = kv_specs[5]  # k's spec, (row, kv head, kv block): dk and dv are written in the same blocks
   dk, dv = _call(
       functools.partial(_dkv_kernel, block_q=geo.block_q, **statics), geo, (b, kh, sp // geo.block_kv),
       [pl.BlockSpec((None, None, 2), lambda i, n, j: (i, j, 0))] + kv_specs, [kv_block, kv_block],
-      [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)], hp,
+      [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
       "packed_flash_dkv")(qbounds_BxKx2, *args)
   return None, dq, dk, dv
 

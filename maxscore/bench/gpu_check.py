@@ -9,11 +9,14 @@
    with shared_prefix: step times and losses on the same weights and batches;
 4. the real-depth workloads (SmolLM2-135M's and Qwen3-0.6B's dimensions at full depth) against
    transformers on the same GPU, in bfloat16, against the bf16 matmul peak measured in the run;
-5. on request (`parts=int8`), what quantization=int8 (w8a8) runs: each projection's quantize, int8 dot and
+5. on request (`parts=attention`), pallas_gpu's block sizes, warps and stages swept on the first seed
+   workload's packed row (maxscore/bench/attention_sweep.py), and the fastest that agrees with the default
+   run through the scorer there beside the default;
+6. on request (`parts=int8`), what quantization=int8 (w8a8) runs: each projection's quantize, int8 dot and
    dequantize timed against bf16, the optimized HLO read for int8 x int8 -> int32 dots and for where the
    activation quantization is fused (maxscore/bench/int8_profile.py), and the model at full depth in bf16,
    int8_weights and int8;
-6. on request (`parts=seed`), the reference workload of the field's multi-item scoring (a 2,000-token query,
+7. on request (`parts=seed`), the reference workload of the field's multi-item scoring (a 2,000-token query,
    500 items of 20 tokens, Qwen3-0.6B's dimensions at 28 layers), and the same at 8,000 query tokens: auto,
    packed and prefill_extend against serial and transformers with prefix reuse, in the same process. It runs
    last, one workload at a time, so a call cut short keeps the int8 part and the 2,000-token workload.
@@ -37,7 +40,7 @@ import numpy as np
 
 from layers.kernels import pallas_gpu, reference
 from layers.kernels.base import KernelOptions, PrefixKV, SegmentLayout
-from maxscore.bench import int8_profile, kernel_grads, measure, train_bench
+from maxscore.bench import attention_sweep, int8_profile, kernel_grads, measure, train_bench
 from maxscore.bench.harness import BenchOptions, run_benchmark
 from maxscore.bench.suite import Workload, parse_workloads
 from maxscore.bench.train_bench import TrainBenchOptions
@@ -58,8 +61,8 @@ _TOLERANCE = {"float32": 2e-5, "bfloat16": 3e-2}
 _SEED_BAND = 0.1
 _TRITON_TARGET = "__gpu$xla.gpu.triton"  # Pallas' Triton custom call (jax/_src/pallas/triton)
 _TRITON_KERNELS = ("packed_flash_forward", "packed_flash_dq", "packed_flash_dkv")
-_PARTS = ("kernels", "kernel_grads", "scorer_parity", "train", "speed", "int8", "seed")
-_DEFAULT_PARTS = _PARTS[:5]  # seed and int8 run when named (their own prepared call: BENCHMARKS.md)
+_PARTS = ("kernels", "kernel_grads", "scorer_parity", "train", "speed", "attention", "int8", "seed")
+_DEFAULT_PARTS = _PARTS[:5]  # attention, int8 and seed run when named (their own prepared call: BENCHMARKS.md)
 _HF_BATCH_SIZES = (16, 64, 256)  # transformers' batch sizes tried, those whose prefix K/V fits hf_kv_gib
 
 
@@ -87,6 +90,11 @@ class GpuCheckOptions:
   int8_inner: int = 20
   # Compile-time XLA options each w8a8 projection is also timed under ("flag=value+flag=value" per variant).
   int8_xla_variants: tuple[str, ...] = ("xla_gpu_enable_triton_gemm=false", "xla_gpu_triton_gemm_any=true")
+  # attention part: pallas_gpu settings "BLOCK_QxBLOCK_KVxWARPSxSTAGES" timed on the first seed workload's packed
+  # row (the first is the default, which the others are compared with); the fastest that agrees is then run
+  # through the scorer at that workload (packed and auto).
+  attention_settings: tuple[str, ...] = ("64x64x0x2", "64x64x4x2", "64x64x8x3", "128x64x8x2", "128x64x4x2",
+                                         "128x64x8x3", "128x128x8x2", "128x32x8x2", "64x128x8x2", "32x64x4x2")
 
   def validate(self) -> "GpuCheckOptions":
     if self.dtype not in ("float32", "bfloat16"):
@@ -95,6 +103,8 @@ class GpuCheckOptions:
     for w in self.seed_workloads + (self.int8_workload,):
       _workload(w)
     int8_profile.check_variants(self.int8_xla_variants)
+    for setting in self.attention_settings:
+      attention_sweep.parse_setting(setting)
     if self.hf_kv_gib <= 0 or self.int8_repeats < 1 or self.int8_inner < 1:
       raise ValueError(f"hf_kv_gib={self.hf_kv_gib}, int8_repeats={self.int8_repeats} and int8_inner="
                        f"{self.int8_inner} must be > 0")
@@ -289,6 +299,30 @@ def int8_check(opts: GpuCheckOptions, interpret: bool, hlo_dir: Optional[str]) -
   return out
 
 
+def attention_check(opts: GpuCheckOptions, interpret: bool) -> dict[str, Any]:
+  """pallas_gpu's settings swept on the first seed workload's packed row (maxscore/bench/attention_sweep.py),
+  then the fastest setting that agrees with the default run through the scorer there: packed and auto in the
+  compute dtype, against serial, with the default setting in the same call."""
+  model, layers, w = _workload(opts.seed_workloads[0])
+  cfg = load_config([f"model_name={model}"]).model
+  heads = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+  rows = attention_sweep.sweep(opts.attention_settings, w, *heads, dtype=opts.dtype, interpret=interpret,
+                               repeats=1 if opts.quick else 5, inner=1 if opts.quick else 10)
+  best = attention_sweep.best_setting(rows, _TOLERANCE[opts.dtype])
+  out: dict[str, Any] = dict(workload=opts.seed_workloads[0], heads=heads, rows=rows, best=best["setting"])
+  over = [f"dtype={opts.dtype}", f"weight_dtype={opts.dtype}", f"kernel_interpret={str(interpret).lower()}"]
+  scored = {}
+  for setting in dict.fromkeys((opts.attention_settings[0], best["setting"])):
+    knobs = tuple(f"{k}={v}" for k, v in attention_sweep.parse_setting(setting).items())
+    scored[setting] = _guarded(lambda knobs=knobs: _bench(
+        model=model, num_layers=layers, query_len=w.query_len, num_items=w.num_items,
+        item_len=w.item_len, labels=_labels(cfg.vocab_size), algorithms=("serial", "packed", "auto"),
+        kernels=("pallas_gpu",), serial_items=2, hf_baseline=False, repeats=1 if opts.quick else 3,
+        peak_sizes=(256,) if opts.quick else (2048, 4096), overrides=tuple(over) + knobs))
+  out["scored"] = scored
+  return out
+
+
 def _guarded(part: Callable[[], Any]) -> Any:
   try:
     return part()
@@ -347,6 +381,7 @@ def run_gpu_check(opts: GpuCheckOptions, on_part: Optional[Callable[[str, Any], 
     part(f"speed_{model}_{layers}", functools.partial(_bench, **kw), key="speed")
     runs.append(f"speed_{model}_{layers}")
   report["speed_parts"] = runs if "speed" in opts.parts else []
+  part("attention", lambda: attention_check(opts, interpret))
   part("int8", lambda: int8_check(opts, interpret, hlo_dir))
   seeds = []
   for spec in opts.seed_workloads:
@@ -365,10 +400,12 @@ def all_ok(report: dict[str, Any]) -> bool:
   1e-4 of the scorer; in the seed part every row ran and every algorithm within _SEED_BAND of serial (bf16);
   the int8 part's three pieces ran."""
   ran = [name for name in ("kernels", "kernel_grads", "scorer_parity", "train", *report.get("speed_parts", []),
-                            *report.get("seed_parts", []), "int8") if name in report]
+                            *report.get("seed_parts", []), "int8", "attention") if name in report]
   if not ran or any(isinstance(report[name], dict) and "error" in report[name] for name in ran):
     return False
   if "int8" in report and any("error" in report["int8"][k] for k in ("projections", "program", "model")):
+    return False
+  if "attention" in report and any("error" in v for v in report["attention"]["scored"].values()):
     return False
   for name in report.get("seed_parts", []):
     (w,) = report[name]["workloads"]

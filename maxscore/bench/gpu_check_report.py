@@ -1,5 +1,6 @@
 """The digest `make gpu-check` prints of its report (maxscore/bench/gpu_check.py): device, each kernel case,
-the parity checks, the training step, each speed and seed workload's best rows, and the int8 part."""
+the parity checks, the training step, each speed and seed workload's best rows, the attention sweep and the int8
+part."""
 
 from typing import Any
 
@@ -46,8 +47,30 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
       continue
     lines.append(f"== {name}")
     lines.append(f"ERROR {r['error']}\n{r.get('traceback', '')}" if "error" in r else summary(r))
+  if "attention" in report:
+    lines += ["== attention"] + attention_lines(report["attention"])
   if "int8" in report:
     lines += ["== int8"] + int8_lines(report["int8"])
+  return lines
+
+
+def attention_lines(r: dict[str, Any]) -> list[str]:
+  """The attention part's digest: each pallas_gpu setting's time on the packed row, then the scorer's items/s
+  with the default and the fastest agreeing setting."""
+  if "error" in r:
+    return [f"ERROR {r['error']}\n{r.get('traceback', '')}"]
+  lines = [f"{r['workload']}: pallas_gpu settings BLOCK_QxBLOCK_KVxWARPSxSTAGES on one packed row, heads {r['heads']}"]
+  for row in r["rows"]:
+    lines.append(f"  {row['setting']:<12} " + (f"ERROR {row['error']}" if "error" in row else
+                 f"{row['ms']:.3f} ms, {row['tflop_s']:.1f} TFLOP/s, max abs diff vs the first "
+                 f"{row['max_abs_diff_vs_first']:.2e}, compile {row['compile_s']:.1f} s"))
+  for setting, scored in r["scored"].items():
+    if "error" in scored:
+      lines.append(f"scorer with {setting}: ERROR {scored['error']}")
+      continue
+    rows = scored["workloads"][0]["rows"] if "workloads" in scored else scored["rows"]
+    lines.append(f"scorer with {setting}: " + ", ".join(
+        f"{x['name']} {x['items_per_s']:.1f} items/s" for x in rows if "items_per_s" in x))
   return lines
 
 
