@@ -398,7 +398,7 @@ def all_ok(report: dict[str, Any]) -> bool:
   """Of the parts that ran (at least one): none failed; every kernel case, forward and backward, within
   tolerance; in the parity part every algorithm and kernel within 1e-4 of serial, and transformers within
   1e-4 of the scorer; in the seed part every row ran and every algorithm within _SEED_BAND of serial (bf16);
-  the int8 part's three pieces ran."""
+  the int8 part's three pieces ran; the attention part's scorer runs ran."""
   ran = [name for name in ("kernels", "kernel_grads", "scorer_parity", "train", *report.get("speed_parts", []),
                             *report.get("seed_parts", []), "int8", "attention") if name in report]
   if not ran or any(isinstance(report[name], dict) and "error" in report[name] for name in ran):
