@@ -391,6 +391,17 @@ def test_quantization_is_part_of_the_scorer_identity():
   assert identity.scorer_identity(grouped) == dict(ids["int8_weights"], quantization_group_size=16)
 
 
+def test_pallas_gpu_warps_and_stages_are_not_part_of_the_scorer_identity():
+  """They launch the same tiles in the same order: a run, cache or workdir made before they were keys resumes."""
+  cfg = load_config(dict(num_layers=1))
+  ref = Scorer.from_config(cfg, mesh=None)
+  ident = lambda **kw: identity.scorer_identity(Scorer(cfg.replace(**kw), ref.runner.params, mesh=None,
+                                                       params_digest="same"))
+  assert "gpu_num_warps" not in ident()["kernel"] and "gpu_num_stages" not in ident()["kernel"]
+  assert ident(gpu_num_warps=4, gpu_num_stages=3) == ident()
+  assert ident(gpu_block_q=32) != ident(), "block sizes change the summation order: they stay"
+
+
 def test_bench_times_quantized_rows_beside_the_float_ones():
   from maxscore import bench as benchmark
   opts = benchmark.BenchOptions(model="tiny-qwen3", num_layers=1, labels=(3,), query_len=20, num_items=4, item_len=5,

@@ -72,8 +72,11 @@ def tokenizer_digest(tokenizer: Any) -> Optional[str]:
 
 
 # Config fields that cannot change a score: request defaults a run passes explicitly, cache and
-# request-size limits, and where compilations are cached.
-_NOT_SCORES = frozenset({"label_token_ids", "apply_softmax", "prefix_cache_bytes", "max_request_tokens"})
+# request-size limits, where compilations are cached, and how many warps and pipelining stages run pallas_gpu's
+# tiles (the same tiles, summed in the same order). Leaving them out also keeps the identities of runs made before
+# they were keys.
+_NOT_SCORES = frozenset({"label_token_ids", "apply_softmax", "prefix_cache_bytes", "max_request_tokens",
+                         "gpu_num_warps", "gpu_num_stages"})
 
 
 def _section(section: Any) -> dict[str, Any]:
