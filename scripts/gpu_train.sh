@@ -37,8 +37,11 @@ set -- --checkpoint_dir="$WORK/base" --groups_file="$GROUPS" --data_dir="$DATA" 
   --eval_every=64 --save_every=128 --select_metric=ndcg@10 --patience=0 --workdir="$WORK/run" \
   --export_dir="$WORK/export" "$@"
 rc=0
-timeout -s INT "$TRAIN_TIMEOUT" "$PYTHON" scripts/train_reranker.py "$@" --overwrite >"$OUT/train.log" 2>&1 || rc=$?
-if [ "$rc" = 130 ] || [ "$rc" = 124 ]; then  # stopped by TRAIN_TIMEOUT: export the best dev step so far
+# SIGINT stops the run at its next step; a process started with SIGINT ignored (a background job of a script)
+# cannot take it, so a kill follows 120 s later and the last complete checkpoint is what remains.
+timeout -k 120 -s INT "$TRAIN_TIMEOUT" "$PYTHON" scripts/train_reranker.py "$@" --overwrite >"$OUT/train.log" 2>&1 \
+  || rc=$?
+if [ "$rc" = 130 ] || [ "$rc" = 124 ] || [ "$rc" = 137 ]; then  # stopped by TRAIN_TIMEOUT: export its best step
   stamp "train stopped at TRAIN_TIMEOUT=$TRAIN_TIMEOUT s; exporting its best step"
   "$PYTHON" scripts/train_reranker.py "$@" --export_only >>"$OUT/train.log" 2>&1 || stamp "export failed"
 elif [ "$rc" != 0 ]; then
