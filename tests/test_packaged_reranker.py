@@ -5,8 +5,11 @@ planted; the packaged copy on the cached base reproduces the training run's own 
 the shipped files or the base can differ is one error line naming the package and version."""
 
 import json
+import os
 import pathlib
 import shutil
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -82,12 +85,9 @@ def _read_run(path):
   return {(q, d): s for q, docs in data.read_trec_run(path).items() for d, s in docs.items()}
 
 
-def test_the_recipe_end_to_end_beats_its_step_0_and_the_package_reproduces_its_dev_scores(
-    tiny_gguf, tmp_path, monkeypatch, load_script, capsys):
-  site = tmp_path / "site"
-  _install_fake_package(site, tiny_gguf)
-  _on_path(monkeypatch, site)
-  monkeypatch.setenv("MAXSCORE_CACHE_DIR", str(tmp_path / "cache"))
+def _planted_groups(tiny_gguf, tmp_path, load_script):
+  """The recipe's first steps on the planted set: the GGUF's first 2 layers converted, train groups mined and
+  scored by that model as the teacher (tmp_path/groups_teacher.jsonl). Returns (beir dir, base, data flags)."""
   beir, run_file = _planted_beir(tmp_path / "beir")
   base = convert_gguf_checkpoint(tiny_gguf, tmp_path / "base", keep_layers=2)
   common = [f"--data_dir={beir}", f"--run_file={run_file}"]
@@ -96,6 +96,16 @@ def test_the_recipe_end_to_end_beats_its_step_0_and_the_package_reproduces_its_d
   load_script("score_teacher").run(["x", "--teacher=maxscore", f"--checkpoint_dir={base}",
                                     f"--groups_file={tmp_path / 'groups.jsonl'}",
                                     f"--output={tmp_path / 'groups_teacher.jsonl'}"])
+  return beir, base, common
+
+
+def test_the_recipe_end_to_end_beats_its_step_0_and_the_package_reproduces_its_dev_scores(
+    tiny_gguf, tmp_path, monkeypatch, load_script, capsys):
+  site = tmp_path / "site"
+  _install_fake_package(site, tiny_gguf)
+  _on_path(monkeypatch, site)
+  monkeypatch.setenv("MAXSCORE_CACHE_DIR", str(tmp_path / "cache"))
+  _, base, common = _planted_groups(tiny_gguf, tmp_path, load_script)
   prompt = ["--template=plain", "--max_item_tokens=24", "--max_query_tokens=8"]
   train_args = [
       "x", f"--checkpoint_dir={base}", f"--groups_file={tmp_path / 'groups_teacher.jsonl'}", *common, *prompt,
@@ -228,19 +238,9 @@ def test_a_corrupt_or_missing_manifest_is_one_error(tmp_path):
 @pytest.mark.slow
 def test_the_gpu_recipe_script_runs_end_to_end_and_keeps_only_small_files(tiny_gguf, tmp_path, load_script):
   """scripts/gpu_train.sh (`make gpu-train`) on CPU at a tiny size: convert -> train every weight -> select on dev
-  -> the test eval (learned fusion, which also prints the reranked run); OUT holds the dev curve and the reports, nothing large (the base and the checkpoints stay
-  in WORK)."""
-  import os  # pylint: disable=import-outside-toplevel
-  import subprocess  # pylint: disable=import-outside-toplevel
-  import sys  # pylint: disable=import-outside-toplevel
-  beir, run_file = _planted_beir(tmp_path / "beir")
-  base = convert_gguf_checkpoint(tiny_gguf, tmp_path / "base", keep_layers=2)
-  common = [f"--data_dir={beir}", f"--run_file={run_file}"]
-  load_script("mine_negatives").run(["x", *common, "--split=train", "--num_negatives=5",
-                                     f"--output={tmp_path / 'groups.jsonl'}"])
-  load_script("score_teacher").run(["x", "--teacher=maxscore", f"--checkpoint_dir={base}",
-                                    f"--groups_file={tmp_path / 'groups.jsonl'}",
-                                    f"--output={tmp_path / 'groups_teacher.jsonl'}"])
+  -> the test eval (learned fusion, which also prints the reranked run); OUT holds the dev curve and the reports,
+  nothing large (the base and the checkpoints stay in WORK)."""
+  beir, base, common = _planted_groups(tiny_gguf, tmp_path, load_script)
   repo = pathlib.Path(__file__).resolve().parent.parent
   env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(repo), JAX_PLATFORMS="cpu", WORK=str(tmp_path / "work"),
              KEEP_LAYERS="2", DATA=str(beir), ITEM_TOKENS="24", QUERY_TOKENS="8", FUSIONS="learned")
