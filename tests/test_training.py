@@ -6,7 +6,6 @@ import json
 import pathlib
 import re
 import shutil
-import subprocess
 import sys
 
 import jax
@@ -18,8 +17,7 @@ import pytest
 from layers.kernels.base import training_kernel
 from maxscore.checkpoints import head_storage
 from maxscore.checkpoints import storage
-from maxscore.distributed.processes import free_port as _free_port
-from maxscore.distributed.processes import subprocess_env as _env
+from maxscore.distributed.processes import coordinator_flags, free_port, run_processes
 from maxscore.errors import TrainError
 from maxscore.scoring import loading
 from maxscore.training import partition, trainer
@@ -126,24 +124,16 @@ def test_train_state_checkpoint_form_is_the_plain_dict():
 # --- runs ----------------------------------------------------------------------------------------------------
 
 
-
-
-def _train(root, *extra, processes: int = 1, devices: int = 1, expect: int = 0) -> list[str]:
-  """scripts/train_reranker.py (workdir <root>/work, export <root>/export) in `processes` processes of
-  `devices` CPU devices each; their stderr."""
+def _train(root, *extra, count: int = 1, devices: int = 1, expect: int = 0) -> list[str]:
+  """scripts/train_reranker.py (workdir <root>/work, export <root>/export) in `count` processes of `devices` CPU
+  devices each; their stderr."""
   cmd = [sys.executable, str(REPO / "scripts" / "train_reranker.py"), f"--workdir={root / 'work'}",
          f"--export_dir={root / 'export'}", *FLAGS, *extra]
-  if processes > 1:
-    port = _free_port()
-    cmds = [cmd + [f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={processes}", f"--process_id={i}",
-                   "--heartbeat_timeout_s=30"] for i in range(processes)]
-  else:
-    cmds = [cmd]
-  procs = [subprocess.Popen(c, env=_env(devices), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-           for c in cmds]
-  outs = [p.communicate(timeout=600) for p in procs]
-  assert [p.returncode for p in procs] == [expect] * len(procs), [o[1][-3000:] for o in outs]
-  return [o[1] for o in outs]
+  port = free_port()
+  results = run_processes(lambda i: cmd + (coordinator_flags(port, count, i, 30) if count > 1 else []), count,
+                          devices)
+  assert [r.code for r in results] == [expect] * count, [r.stderr[-3000:] for r in results]
+  return [r.stderr for r in results]
 
 
 def _losses(root, key: str = "loss") -> list[float]:
@@ -191,7 +181,7 @@ def test_two_host_devices_equal_one_device(one_device, tmp_path):
 def test_one_process_checkpoint_resumes_in_two_processes(one_device, tmp_path):
   shutil.copytree(one_device / "work", tmp_path / "work")
   work = _interrupt_after_step_2(tmp_path / "work")
-  _train(tmp_path, processes=2)
+  _train(tmp_path, count=2)
   assert json.loads((work / "summary.json").read_text())["resumed_from_step"] == 2
   _assert_same_run(one_device, tmp_path)
 
@@ -315,7 +305,7 @@ def test_lora_adapters_exported_by_the_script_score_as_the_merged_export(lora_on
 
 @pytest.mark.slow
 def test_lora_two_processes_equal_one_process(lora_one_process, tmp_path):
-  _train(tmp_path, *LORA, processes=2)
+  _train(tmp_path, *LORA, count=2)
   _assert_same_run(lora_one_process, tmp_path)
 
 
