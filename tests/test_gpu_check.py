@@ -131,8 +131,7 @@ def test_the_attention_sweep_runs_at_tiny_shapes_on_cpu_and_scores_with_the_fast
   assert att["best"] in ("16x16x0x2", "32x16x4x2", "8x8x8x3")
   assert set(att["scored"]) == {"16x16x0x2", att["best"]}
   for scored in att["scored"].values():
-    (w,) = [scored] if "rows" in scored else scored["workloads"]
-    assert {"serial[pallas_gpu]", "packed[pallas_gpu]", "auto[pallas_gpu]"} <= {r["name"] for r in w["rows"]}
+    assert {"serial[pallas_gpu]", "packed[pallas_gpu]", "auto[pallas_gpu]"} <= {r["name"] for r in scored["rows"]}
   assert any("scorer with 16x16x0x2" in line for line in gpu_check_report.attention_lines(att))
   # The sweep's FLOPs are the visible pairs: prefix 21 causally, each of 6 items sees it and itself causally.
   from maxscore.bench import attention_sweep  # pylint: disable=import-outside-toplevel

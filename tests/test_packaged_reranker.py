@@ -5,7 +5,6 @@ planted; the packaged copy on the cached base reproduces the training run's own 
 the shipped files or the base can differ is one error line naming the package and version."""
 
 import json
-import os
 import pathlib
 import shutil
 import subprocess
@@ -18,6 +17,7 @@ import pytest
 from maxscore.checkpoints import packaged
 from maxscore.checkpoints.convert import convert_gguf_checkpoint
 from maxscore.datasets import data
+from maxscore.distributed import processes
 
 PACKAGE, MODULE, VERSION, GGUF = "fakebase-gguf", "fakebase_gguf", "0.1.0", "tiny.gguf"
 TOPICS = ["apple", "river", "copper", "violin", "garden", "rocket", "marble", "pepper", "falcon", "lantern",
@@ -241,14 +241,13 @@ def test_the_gpu_recipe_script_runs_end_to_end_and_keeps_only_small_files(tiny_g
   -> the test eval (learned fusion, which also prints the reranked run); OUT holds the dev curve and the reports,
   nothing large (the base and the checkpoints stay in WORK)."""
   beir, base, common = _planted_groups(tiny_gguf, tmp_path, load_script)
-  repo = pathlib.Path(__file__).resolve().parent.parent
-  env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(repo), JAX_PLATFORMS="cpu", WORK=str(tmp_path / "work"),
-             KEEP_LAYERS="2", DATA=str(beir), ITEM_TOKENS="24", QUERY_TOKENS="8", FUSIONS="learned")
+  env = dict(processes.subprocess_env(1), PYTHON=sys.executable, WORK=str(tmp_path / "work"), KEEP_LAYERS="2",
+             DATA=str(beir), ITEM_TOKENS="24", QUERY_TOKENS="8", FUSIONS="learned")
   out = tmp_path / "out"
   done = subprocess.run(["sh", "scripts/gpu_train.sh", str(tiny_gguf), str(tmp_path / "groups_teacher.jsonl"),
                          str(out), "--group_size=4", "--num_steps=12", "--eval_every=6", "--save_every=6",
                          "--learning_rate=0.02", "--progress=false"],
-                        cwd=repo, env=env, capture_output=True, text=True, timeout=600, check=False)
+                        cwd=processes.REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
   assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
   assert "failed" not in (out / "gpu_train.log").read_text(), (out / "gpu_train.log").read_text()
   assert sorted(p.name for p in out.iterdir()) == sorted([

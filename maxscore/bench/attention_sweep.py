@@ -3,7 +3,7 @@
 
 The row is the scorer's own packed layout for a workload "QxNxL" (the prefix and the item count padded to
 their buckets, every item its full length), at a model's head counts and head_dim, in the compute dtype. Each
-setting is timed alone (the best of `repeats` rounds of `inner` back-to-back calls) and its output compared
+setting is timed alone (measure.time_call: the best of `repeats` rounds of `inner` back-to-back calls) and its output compared
 with the first setting's, the kernel's default; the useful FLOPs are those of the visible (query, key) pairs.
 
     rows = sweep(("64x64x8x2", "128x64x8x2"), workload, heads=16, kv_heads=8, head_dim=128, dtype="bfloat16")
@@ -18,6 +18,7 @@ import numpy as np
 
 from layers.kernels import pallas_gpu
 from layers.kernels.base import KernelOptions, SegmentLayout
+from maxscore.bench.measure import time_call
 from maxscore.bench.suite import Workload
 from maxscore.config import BucketConfig
 from maxscore.scoring.layout import bucket
@@ -67,13 +68,7 @@ def sweep(settings: Sequence[str], w: Workload, heads: int, kv_heads: int, head_
       t0 = time.perf_counter()
       out = jax.block_until_ready(fn(q, k, v))
       row["compile_s"] = time.perf_counter() - t0
-      best = float("inf")
-      for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-          result = fn(q, k, v)
-        jax.block_until_ready(result)
-        best = min(best, (time.perf_counter() - t0) / inner)
+      best = time_call(fn, (q, k, v), repeats, inner)
       out = np.asarray(out.astype(jnp.float32))
       first = out if first is None else first
       row.update(ms=best * 1e3, tflop_s=flops / best / 1e12,

@@ -68,9 +68,8 @@ def attention_lines(r: dict[str, Any]) -> list[str]:
     if "error" in scored:
       lines.append(f"scorer with {setting}: ERROR {scored['error']}")
       continue
-    rows = scored["workloads"][0]["rows"] if "workloads" in scored else scored["rows"]
     lines.append(f"scorer with {setting}: " + ", ".join(
-        f"{x['name']} {x['items_per_s']:.1f} items/s" for x in rows if "items_per_s" in x))
+        f"{x['name']} {x['items_per_s']:.1f} items/s" for x in scored["rows"] if "items_per_s" in x))
   return lines
 
 

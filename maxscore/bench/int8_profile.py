@@ -24,7 +24,6 @@ import dataclasses
 import functools
 import os
 import re
-import time
 from typing import Any, Callable, Optional, Sequence
 
 import jax
@@ -34,6 +33,7 @@ import numpy as np
 from layers import quantization as quant
 from layers.config import ModelConfig
 from maxscore.bench import compile_report, hlo_text
+from maxscore.bench.measure import time_call
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,21 +59,6 @@ def projections(model: ModelConfig, tokens: int) -> list[Projection]:
           Projection("o", "BTNH,NHD->BTD", (1, tokens, n, h), (n, h, d), 2),
           Projection("gate/up", "BTD,DF->BTF", (1, tokens, d), (d, f), 1),
           Projection("down", "BTF,FD->BTD", (1, tokens, f), (f, d), 1)]
-
-
-def time_call(fn: Callable, args: Sequence[Any], repeats: int, inner: int) -> float:
-  """Seconds per call of the jitted `fn(*args)`: the best of `repeats` rounds of `inner` calls, dispatched
-  back to back and waited for once (so per-call dispatch overlaps the device's work, as in a model)."""
-  jax.block_until_ready(fn(*args))
-  best = float("inf")
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    out = None
-    for _ in range(inner):
-      out = fn(*args)
-    jax.block_until_ready(out)
-    best = min(best, (time.perf_counter() - t0) / inner)
-  return best
 
 
 def _transposed_equation(p: Projection) -> Optional[str]:

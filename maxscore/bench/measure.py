@@ -61,6 +61,21 @@ def timed(fn: Callable[[], Any]) -> float:
   return time.perf_counter() - t0
 
 
+def time_call(fn: Callable, args: Sequence[Any], repeats: int, inner: int) -> float:
+  """Seconds per call of the jitted `fn(*args)`: the best of `repeats` rounds of `inner` calls, dispatched
+  back to back and waited for once (so per-call dispatch overlaps the device's work, as in a model)."""
+  jax.block_until_ready(fn(*args))
+  best = float("inf")
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    out = None
+    for _ in range(inner):
+      out = fn(*args)
+    jax.block_until_ready(out)
+    best = min(best, (time.perf_counter() - t0) / inner)
+  return best
+
+
 
 
 class CompileCounter:
