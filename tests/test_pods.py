@@ -7,6 +7,7 @@ import json
 import pathlib
 import re
 import shutil
+import socket
 import sys
 import threading
 import time
@@ -318,3 +319,16 @@ def test_coordinator_hook_gives_every_client_but_process_zeros_an_error_callback
   assert lib.get_distributed_runtime_client is original
   assert "its coordination service closed" in peers.lost_message([0], 4, None)
   assert not peers.name_lost_coordinator("h:1", 0, 4)  # process 0 installs nothing
+
+
+def test_a_coordinator_whose_port_closes_a_moment_after_its_error_is_gone_and_one_that_stays_is_not():
+  """The lost coordinator's error can reach a survivor while the dying process's listening socket still takes
+  connections: the check waits for the port to close instead of taking the coordinator for alive."""
+  listener = socket.create_server(("127.0.0.1", 0))
+  address = f"127.0.0.1:{listener.getsockname()[1]}"
+  threading.Timer(0.5, listener.close).start()
+  start = time.monotonic()
+  assert peers.coordinator_gone(address, within_s=5.0)
+  assert 0.4 < time.monotonic() - start < 4.0
+  with socket.create_server(("127.0.0.1", 0)) as alive:
+    assert not peers.coordinator_gone(f"127.0.0.1:{alive.getsockname()[1]}", within_s=0.5)

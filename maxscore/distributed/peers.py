@@ -14,7 +14,9 @@ The service lives in process 0, so when process 0 itself is lost the others' run
 (the service's socket closes), before the watchdog could: by default it aborts them with a fatal-error dump. So
 the others' clients get a `missed_heartbeat_callback` (`coordinator_hook`); calling it fails inside jaxlib with a
 C++ std::bad_cast, which ends in std::terminate, and the terminate handler installed by `name_lost_coordinator`
-checks that the coordinator no longer answers and then says the same one line, naming process 0.
+checks that the coordinator no longer answers and then says the same one line, naming process 0. The error can
+arrive while the dying process's listening socket still takes connections (the kernel closes its sockets one
+after another), so that check waits a few seconds for the port to close before it calls the cause something else.
 
 A process that ends normally marks its counter done (atexit), so the others never take an early finisher for
 a lost one. Process 0, which holds the service, stops last: the others' runtime would abort them without it.
@@ -193,6 +195,17 @@ def _answers(address: str, timeout_s: float = 1.0) -> bool:
     return False
 
 
+def coordinator_gone(address: str, answers: Callable[[str], bool] = _answers, within_s: float = 5.0,
+                     every_s: float = 0.1) -> bool:
+  """Whether the coordinator at `address` stops answering within `within_s` (checked every `every_s`)."""
+  deadline = time.monotonic() + within_s
+  while answers(address):
+    if time.monotonic() >= deadline:
+      return False
+    time.sleep(every_s)
+  return True
+
+
 def _terminating_type(libstdcxx: Any) -> str:
   """The mangled name of the C++ exception being handled ('' if none): the Itanium ABI's type_info holds a
   vtable pointer, then the name."""
@@ -226,7 +239,7 @@ def name_lost_coordinator(address: str, index: int, count: int,
   before: list[Any] = []
 
   def on_terminate():
-    if _terminating_type(libstdcxx) == "St8bad_cast" and not answers(address):
+    if _terminating_type(libstdcxx) == "St8bad_cast" and coordinator_gone(address, answers):
       _say(lost_message([0], count, None))
       exit_now(LOST_PEER_EXIT_CODE)
     if before and before[0]:
