@@ -31,8 +31,7 @@ STOP_LINE = (r"stopped at step (\d+) \(Ctrl-C\); (the last checkpoint is step (\
 
 def _run(cmd, env_extra=None, timeout=300, **kw):
   env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", **(env_extra or {})}
-  return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
-                        preexec_fn=processes.sigint_default, **kw)
+  return subprocess.run(processes.with_sigint(cmd), env=env, capture_output=True, text=True, timeout=timeout, **kw)
 
 
 # --- the handler alone (the module loaded by path: no JAX in these children) ---------------------------------
@@ -45,10 +44,28 @@ print(interrupt.install(), flush=True)
 """
 
 
-def _child(body, tmp_path, **kw):
+def _child(body, tmp_path, sigint="SIG_DFL"):
   script = tmp_path / "child.py"
   script.write_text(_CHILD.format(path=str(REPO / "maxscore" / "interrupt.py")) + textwrap.dedent(body))
-  return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, **kw)
+  return subprocess.run(processes.with_sigint([sys.executable, str(script)], sigint), capture_output=True,
+                        text=True, timeout=60)
+
+
+def test_with_sigint_gives_the_child_the_action_asked_for_whatever_ours_and_keeps_its_process_id():
+  """processes.with_sigint: from a parent with SIGINT ignored (a shell's background job) the child gets the
+  default action, or keeps it ignored when asked; the command is exec'd, so the process id Popen reports is its."""
+  report = "import os, signal; print(os.getpid(), signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"
+  before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+  try:
+    for action, ignored in (("SIG_DFL", "False"), ("SIG_IGN", "True")):
+      proc = subprocess.Popen(processes.with_sigint([sys.executable, "-c", report], action), stdout=subprocess.PIPE,
+                              text=True)
+      out, _ = proc.communicate(timeout=60)
+      assert proc.returncode == 0 and out.split() == [str(proc.pid), ignored], (action, out)
+  finally:
+    signal.signal(signal.SIGINT, before)
+  with pytest.raises(ValueError, match="SIG_DFL or SIG_IGN"):
+    processes.with_sigint(["true"], "SIG_HOLD")
 
 
 def test_inside_stop_points_the_first_ctrl_c_is_a_flag_and_the_second_stops_at_once(tmp_path):
@@ -62,7 +79,7 @@ def test_inside_stop_points_the_first_ctrl_c_is_a_flag_and_the_second_stops_at_o
           os.kill(os.getpid(), signal.SIGINT)
           time.sleep(30)
       print("not reached", flush=True)
-      """, tmp_path, preexec_fn=processes.sigint_default)
+      """, tmp_path)
   assert done.returncode == 130
   assert done.stdout.split() == ["True", "still", "running"]
   assert done.stderr == "stopped (Ctrl-C); the last checkpoint is step 4\n"
@@ -77,7 +94,7 @@ def test_outside_stop_points_ctrl_c_stops_at_once_and_removes_the_output_being_w
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(30)  # a wait in C: the handler of Python would not run before it ends
       print("not reached", flush=True)
-      """, tmp_path, preexec_fn=processes.sigint_default)
+      """, tmp_path)
   assert (done.returncode, done.stderr) == (130, "stopped (Ctrl-C)\n")
   assert not (tmp_path / "out.tmp").exists()
 
@@ -88,7 +105,7 @@ def test_an_ignored_sigint_stays_ignored(tmp_path):
       os.kill(os.getpid(), signal.SIGINT)
       time.sleep(0.2)
       print("finished", flush=True)
-      """, tmp_path, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+      """, tmp_path, sigint="SIG_IGN")
   assert (done.returncode, done.stdout.split()) == (0, ["False", "finished"])
 
 
@@ -169,7 +186,7 @@ def test_the_first_ctrl_c_is_taken_while_the_main_thread_waits(tmp_path):
   done = _child("""
       os.kill(os.getpid(), signal.SIGINT)
       time.sleep(30)
-      """, tmp_path, preexec_fn=processes.sigint_default)
+      """, tmp_path)
   assert done.returncode == 130 and time.monotonic() - t0 < 20
 
 

@@ -14,6 +14,8 @@ import httpx
 import numpy as np
 import pytest
 
+from maxscore.distributed import processes
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SERVE = [sys.executable, str(REPO / "scripts" / "serve.py")]
 
@@ -28,8 +30,8 @@ def test_bad_setting_is_one_line_and_exit_2(tmp_path):
 
 def _start(args) -> tuple[subprocess.Popen, str]:
   # SIGINT's default action in the child (a background job would inherit it ignored): Ctrl-C is tested too.
-  proc = subprocess.Popen(SERVE + args, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
-                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+  proc = subprocess.Popen(processes.with_sigint(SERVE + args), stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
   deadline = time.monotonic() + 600
   for line in proc.stderr:  # "serving 'name' on http://127.0.0.1:PORT (...)"
     m = re.search(r"serving .* on (http://\S+)", line)

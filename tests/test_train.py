@@ -23,6 +23,7 @@ from layers.kernels import KernelOptions, get_kernel
 from maxscore.checkpoints import head_storage
 from maxscore.checkpoints import storage as checkpointing
 from maxscore.datasets import data
+from maxscore.distributed import processes
 from maxscore.errors import ResumeError, TrainError
 from maxscore.rerank import eval as eval_lib
 from maxscore.scoring import loading
@@ -226,8 +227,8 @@ def test_kill_and_resume_is_bit_exact(tmp_path, sig):
   with open(err_path, "w") as err:
     # Ctrl-C's default in the child: a shell starts background jobs with SIGINT ignored, and Python then
     # keeps it ignored (no KeyboardInterrupt), so a suite run in the background would not test Ctrl-C.
-    proc = subprocess.Popen(cmd, env={**env, TEST_STEP_DELAY_ENV: "0.5"}, stdout=subprocess.DEVNULL, stderr=err,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(processes.with_sigint(cmd), env={**env, TEST_STEP_DELAY_ENV: "0.5"},
+                            stdout=subprocess.DEVNULL, stderr=err)
   deadline = time.time() + 240
   while time.time() < deadline and proc.poll() is None and not any(s >= 4 for s in _checkpoints(tmp_path / "b")):
     time.sleep(0.05)

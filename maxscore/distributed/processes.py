@@ -5,9 +5,9 @@ benchmark start their children with these."""
 import dataclasses
 import os
 import pathlib
-import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from typing import Callable, Mapping, Optional, Sequence
@@ -35,10 +35,19 @@ def subprocess_env(devices: int) -> dict:
   return env
 
 
-def sigint_default() -> None:
-  """A child's preexec_fn: SIGINT's default action in the child before it starts (a shell's background job
-  inherits SIGINT ignored, and a script keeps an ignored SIGINT ignored), so a test's Ctrl-C reaches it."""
-  signal.signal(signal.SIGINT, signal.SIG_DFL)
+# Sets SIGINT's action, then becomes the command (exec: the same process id, nothing of this Python left).
+_SIGINT_THEN_EXEC = ("import os, signal, sys; signal.signal(signal.SIGINT, getattr(signal, sys.argv[1])); "
+                     "os.execvp(sys.argv[2], sys.argv[2:])")
+
+
+def with_sigint(command: Sequence[str], action: str = "SIG_DFL") -> list[str]:
+  """`command`, started with SIGINT's `action` (SIG_DFL or SIG_IGN) whatever this process's is: a shell's
+  background job inherits SIGINT ignored and a script keeps an ignored SIGINT ignored, so a test's Ctrl-C would
+  not reach it. A short Python sets the action in the child and execs the command; a preexec_fn would do it in
+  a fork of this multithreaded (JAX) process, running Python there before the exec."""
+  if action not in ("SIG_DFL", "SIG_IGN"):
+    raise ValueError(f"action={action!r}: SIG_DFL or SIG_IGN")
+  return [sys.executable, "-c", _SIGINT_THEN_EXEC, action, *command]
 
 
 def free_port() -> int:

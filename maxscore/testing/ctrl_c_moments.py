@@ -51,8 +51,8 @@ def measure(moments: int, root: pathlib.Path) -> dict:
   for i in range(moments):
     at = wall * (i + 0.5) / moments
     workdir = root / f"moment_{i:02d}"
-    proc = subprocess.Popen(_command(workdir), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=processes.sigint_default)
+    proc = subprocess.Popen(processes.with_sigint(_command(workdir)), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     time.sleep(at)
     proc.send_signal(signal.SIGINT)
     signalled = time.time()
