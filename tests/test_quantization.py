@@ -1,6 +1,7 @@
 """int8 quantized scoring (layers/quantization.py; its arithmetic alone: tests/test_quantization_rounding.py): the
-quantized params, the logits' error on converted Qwen3 and Llama models against a derived bound, every algorithm and kernel quantized (packed and
-prefill_extend reproduce serial as in float), and the settings that cannot use quantization refused by name."""
+quantized params, the logits' error on converted Qwen3 and Llama models against a derived bound, every algorithm
+and kernel quantized (packed and prefill_extend reproduce serial as in float), and the settings that cannot use
+quantization refused by name."""
 
 from unittest import mock
 

@@ -3,8 +3,9 @@
 
 The row is the scorer's own packed layout for a workload "QxNxL" (the prefix and the item count padded to
 their buckets, every item its full length), at a model's head counts and head_dim, in the compute dtype. Each
-setting is timed alone (measure.time_call: the best of `repeats` rounds of `inner` back-to-back calls) and its output compared
-with the first setting's, the kernel's default; the useful FLOPs are those of the visible (query, key) pairs.
+setting is timed alone (measure.time_call: the best of `repeats` rounds of `inner` back-to-back calls) and its
+output compared with the first setting's, the kernel's default; the useful FLOPs are those of the visible
+(query, key) pairs.
 
     rows = sweep(("64x64x8x2", "128x64x8x2"), workload, heads=16, kv_heads=8, head_dim=128, dtype="bfloat16")
 """

@@ -76,8 +76,6 @@ def time_call(fn: Callable, args: Sequence[Any], repeats: int, inner: int) -> fl
   return best
 
 
-
-
 class CompileCounter:
   """Counts XLA compilations and sums compile time (trace + lower + backend) while active."""
 
