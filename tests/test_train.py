@@ -1,7 +1,7 @@
 """Score-head training: losses against hand-computed values, a frozen backbone, feature cache,
-kill-and-resume bit-exactness of the script, throughput reporting, train_backbone."""
+kill-and-resume bit-exactness of the script, throughput reporting. Training the backbone too:
+tests/test_train_backbone.py."""
 
-import dataclasses
 import json
 import logging
 import math
@@ -18,8 +18,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from layers.decoder import Decoder
-from layers.kernels import KernelOptions, get_kernel
 from maxscore.checkpoints import head_storage
 from maxscore.checkpoints import storage as checkpointing
 from maxscore.datasets import data
@@ -27,14 +25,11 @@ from maxscore.distributed import processes
 from maxscore.errors import ResumeError, TrainError
 from maxscore.rerank import eval as eval_lib
 from maxscore.scoring import loading
-from maxscore.scoring.requests import TokenRequest
 from maxscore.studies import head_study
+from maxscore.testing import corpus
 from maxscore.testing.tensorboard_events import tensorboard_scalars
-from maxscore.training import head_features as features
 from maxscore.training import losses
 from maxscore.training.optimizer import make_optimizer
-from maxscore.training.reranker import model as reranker_model
-from maxscore.training.reranker import prepare as reranker_prepare
 from maxscore.training.reranker import train as train_lib
 from maxscore.training.reranker.config import TrainConfig
 from maxscore.training.trainer import TEST_STEP_DELAY_ENV
@@ -46,12 +41,6 @@ SMALL = dict(batch_size=2, num_epochs=3, eval_every=2, save_every=2, warmup_step
 SCRIPT_FLAGS = ["--max_train_queries=6", "--max_dev_queries=3", "--max_query_tokens=8", "--max_item_tokens=24",
                 "--batch_size=2", "--num_epochs=3", "--eval_every=2", "--save_every=2", "--keep_checkpoints=2",
                 "--warmup_steps=2", "--learning_rate=1e-2", "--noprogress"]
-
-
-def _split(name, n):
-  s = data.load_jsonl(data.DEFAULT_JSONL, split=name)
-  s.queries = s.queries[:n]
-  return s
 
 
 # --- losses on tiny inputs -------------------------------------------------------------------------
@@ -118,7 +107,7 @@ def test_a_warmup_longer_than_half_the_run_is_cut_to_half_so_the_run_decays(capl
 def frozen_run(tmp_path_factory):
   root = tmp_path_factory.mktemp("frozen")
   cfg = TrainConfig(**SMALL)
-  summary = train_lib.train(cfg, PROMPT, None, _split("train", 6), _split("dev", 3), root / "work",
+  summary = train_lib.train(cfg, PROMPT, None, corpus.split("train", 6), corpus.split("dev", 3), root / "work",
                             feature_cache=root / "features.npz", export_dir=root / "export", progress=False)
   return cfg, root, summary
 
@@ -158,7 +147,7 @@ def test_summary_reports_metrics_and_throughput(frozen_run):
     key = "loss" if l["kind"] == "train" else "ndcg_cut_10"
     assert tb[(f"{l['kind']}/{key}", l["step"])] == pytest.approx(l[key], rel=1e-6)
   # Exported head, used by eval: dev metrics of run_eval equal the trainer's final dev metrics.
-  report = eval_lib.run_eval(loading.build_scorer(summary["export_dir"]), _split("dev", 3), PROMPT,
+  report = eval_lib.run_eval(loading.build_scorer(summary["export_dir"]), corpus.split("dev", 3), PROMPT,
                              root / "eval", progress=False)
   for k, v in summary["dev_metrics_final"].items():
     assert report.metrics[k] == pytest.approx(v, abs=1e-6), k
@@ -167,13 +156,13 @@ def test_summary_reports_metrics_and_throughput(frozen_run):
 
 def test_feature_cache_and_determinism(frozen_run, tmp_path):
   cfg, root, summary = frozen_run
-  again = train_lib.train(cfg, PROMPT, None, _split("train", 6), _split("dev", 3), tmp_path / "work",
+  again = train_lib.train(cfg, PROMPT, None, corpus.split("train", 6), corpus.split("dev", 3), tmp_path / "work",
                           feature_cache=root / "features.npz", progress=False)
   assert again["throughput"]["features_from_cache"] and again["throughput"]["frozen_forward_seconds"] == 0
   assert again["params_sha256"] == summary["params_sha256"]
   assert again["dev_metrics_final"] == summary["dev_metrics_final"]
   # Run again over the finished run: nothing trains, and the timing of the process that did is kept.
-  rerun = train_lib.train(cfg, PROMPT, None, _split("train", 6), _split("dev", 3), tmp_path / "work",
+  rerun = train_lib.train(cfg, PROMPT, None, corpus.split("train", 6), corpus.split("dev", 3), tmp_path / "work",
                           feature_cache=root / "features.npz", progress=False)
   assert rerun["resumed_from_step"] == again["steps"] and rerun["params_sha256"] == again["params_sha256"]
   assert rerun["throughput"]["wall_seconds"] > again["throughput"]["wall_seconds"]
@@ -181,17 +170,17 @@ def test_feature_cache_and_determinism(frozen_run, tmp_path):
   # A feature cache inside the workdir (README: --workdir=out/head --feature_cache=out/head/features.npz) is the
   # run's own: written there, and kept when the run is restarted (nothing retrains), the same head.
   own = tmp_path / "own"
-  inside = train_lib.train(cfg, PROMPT, None, _split("train", 6), _split("dev", 3), own,
+  inside = train_lib.train(cfg, PROMPT, None, corpus.split("train", 6), corpus.split("dev", 3), own,
                            feature_cache=own / "features.npz", progress=False)
   assert (own / "features.npz").is_file() and inside["params_sha256"] == summary["params_sha256"]
-  resumed = train_lib.train(cfg, PROMPT, None, _split("train", 6), _split("dev", 3), own,
+  resumed = train_lib.train(cfg, PROMPT, None, corpus.split("train", 6), corpus.split("dev", 3), own,
                             feature_cache=own / "features.npz", progress=False)
   assert resumed["resumed_from_step"] == inside["steps"] and resumed["params_sha256"] == summary["params_sha256"]
   assert (own / "features.npz").is_file()
   # Another workdir config in the same workdir is refused, not mixed.
   with pytest.raises(ResumeError, match=r"changed: train.seed"):
-    train_lib.train(TrainConfig(**{**SMALL, "seed": 1}), PROMPT, None, _split("train", 6),
-                    _split("dev", 3), tmp_path / "work", feature_cache=root / "features.npz", progress=False)
+    train_lib.train(TrainConfig(**{**SMALL, "seed": 1}), PROMPT, None, corpus.split("train", 6),
+                    corpus.split("dev", 3), tmp_path / "work", feature_cache=root / "features.npz", progress=False)
 
 
 # --- kill and resume -------------------------------------------------------------------------------
@@ -286,7 +275,7 @@ def _write_beir(d, run, splits):
 def test_beir_and_jsonl_training_data_train_the_same_head(load_script, tmp_path):
   """train_score_head.py on BEIR + run equals the same queries in the JSONL form, bit for bit."""
   module = load_script("train_score_head")
-  _write_beir(tmp_path / "beir", tmp_path / "run.trec", {"train": _split("train", 6), "dev": _split("dev", 3)})
+  _write_beir(tmp_path / "beir", tmp_path / "run.trec", {"train": corpus.split("train", 6), "dev": corpus.split("dev", 3)})
   flags_ = [f for f in SCRIPT_FLAGS if not f.startswith("--max_")] + ["--max_query_tokens=8", "--max_item_tokens=24",
                                                                       "--num_epochs=1"]
   module.run(["prog", f"--workdir={tmp_path / 'b'}", f"--data_dir={tmp_path / 'beir'}",
@@ -295,176 +284,6 @@ def test_beir_and_jsonl_training_data_train_the_same_head(load_script, tmp_path)
   b, j = (json.loads((tmp_path / w / "summary.json").read_text()) for w in ("b", "j"))
   assert b["train_queries"] == j["train_queries"] == 6 and b["dev_queries"] == j["dev_queries"] == 3
   assert b["params_sha256"] == j["params_sha256"] and b["dev_metrics_final"] == j["dev_metrics_final"]
-
-
-# --- train_backbone --------------------------------------------------------------------------------
-def test_remat_decoder_matches_decoder():
-  """train_backbone's forward: same params and hidden states as the scorer's, layers rematerialized."""
-  scorer = loading.build_scorer(use_head=False)
-  ex = features.make_examples(scorer, _split("train", 1), eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=6),
-                               (4, 5))
-  ex = dataclasses.replace(ex, requests=(dataclasses.replace(ex.requests[0], items=ex.requests[0].items[:4]),))
-  plan = features.plan_packed(list(ex.requests), features.packed_geometry(scorer, ex))
-  attend = scorer.runner.decoder("shared_prefix").attend
-  labels = jnp.asarray([4, 5])
-  forward = lambda dec: jax.jit(lambda p: features.packed_features(dec, p, plan.batch, plan.gather_QxN, labels))
-  remat = Decoder(scorer.config.model, attend, remat=True)
-  h0, _ = forward(Decoder(scorer.config.model, attend))(scorer.runner.params)
-  h1, _ = forward(remat)(scorer.runner.params)
-  np.testing.assert_allclose(h0, h1, atol=1e-6, rtol=0)
-  np.testing.assert_allclose(h0[0, :4], scorer.hidden_states_requests(list(ex.requests), "packed")[0], atol=2e-5)
-  loss = lambda p: features.packed_features(remat, p, plan.batch, plan.gather_QxN, labels)[1].sum()
-  assert "remat" in str(jax.make_jaxpr(jax.grad(loss))(scorer.runner.params))
-
-
-def test_a_group_packs_only_its_drawn_items_with_the_same_features():
-  """A training group's row holds only the items drawn for the step: their hidden states and label
-  log-probs equal those of the row that packs every item (items never see each other)."""
-  scorer = loading.build_scorer(use_head=False)
-  ex = features.make_examples(scorer, _split("train", 2), eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=6),
-                               (4, 5))
-  reqs = [dataclasses.replace(r, items=r.items[:5]) for r in ex.requests]
-  p, l, _ = features.packed_geometry(scorer, ex)
-  attend = scorer.runner.decoder("shared_prefix").attend
-  labels = jnp.asarray([4, 5])
-  run = lambda plan: features.packed_features(Decoder(scorer.config.model, attend), scorer.runner.params, plan.batch,
-                                              plan.gather_QxN, labels)
-  whole = features.plan_packed(reqs, (p, l, 8))
-  columns = [[0, 2, 4], [1, 3]]
-  drawn = features.plan_packed(reqs, (p, l, 4), columns=columns, num_columns=8)
-  assert drawn.batch["tokens"].shape[1] < whole.batch["tokens"].shape[1]
-  assert drawn.gather_QxN.shape == (2, 8) and drawn.mask_QxN.sum(-1).tolist() == [3, 2]
-  (h0, lp0), (h1, lp1) = run(whole), run(drawn)
-  for q, cols in enumerate(columns):
-    assert drawn.mask_QxN[q, cols].all()
-    np.testing.assert_allclose(h1[q, cols], h0[q, cols], atol=2e-5, rtol=0)
-    np.testing.assert_allclose(lp1[q, cols], lp0[q, cols], atol=2e-5, rtol=0)
-  with pytest.raises(ValueError, match="match targets"):
-    features.plan_packed(reqs, (p, l, 4), match_targets=True, columns=columns, num_columns=8)
-
-
-def test_train_backbone_with_groups_packs_the_drawn_group():
-  """With group_size, a train_backbone step's rows have room for the group alone, and the gather finds each
-  drawn item (the mask's) in them."""
-  cfg = TrainConfig(train_backbone=True, group_size=3, batch_size=2)
-  prep = reranker_prepare.prepare(cfg, PROMPT, None, _split("train", 2), None, progress=False)
-  whole = features.packed_geometry(prep.scorer, prep.examples["train"])
-  assert prep.geometry["train"][:2] == whole[:2] and 3 <= prep.geometry["train"][2] < whole[2]  # 24 candidates
-  batch, items = reranker_model.make_batch(prep, np.array([0, 1]), step=0, cfg=cfg)
-  assert items == 6 and batch["gather"].shape == batch["mask"].shape
-  n = prep.geometry["train"][2]
-  assert batch["packed"]["tokens"].shape[0] == 2
-  for q in range(2):
-    slots = sorted(batch["gather"][q][batch["mask"][q]])
-    assert len(set(slots)) == 3 and all(q * n <= x < (q + 1) * n for x in slots)  # in the query's own row
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("kernel,options", [
-    ("splash", KernelOptions(kernel_interpret=True, splash_block_q=32, splash_block_kv=128)),
-    ("pallas_gpu", KernelOptions(kernel_interpret=True, gpu_block_q=16, gpu_block_kv=16)),
-])
-def test_backbone_gradients_through_a_pallas_kernel_equal_shared_prefix(kernel, options):
-  """The backbone's gradient through the scanned, rematerialized decoder with splash's or pallas_gpu's Pallas
-  backward (interpret mode) equals the one through shared_prefix: the kernel a TPU or GPU trains with."""
-  scorer = loading.build_scorer(use_head=False)
-  ex = features.make_examples(scorer, _split("train", 1), eval_lib.EvalConfig(max_query_tokens=4, max_item_tokens=6),
-                               (4, 5))
-  ex = dataclasses.replace(ex, requests=(dataclasses.replace(ex.requests[0], items=ex.requests[0].items[:4]),))
-  plan = features.plan_packed(list(ex.requests), features.packed_geometry(scorer, ex))
-  labels = jnp.asarray([4, 5])
-
-  def loss_and_grads(name, opts):
-    decoder = Decoder(scorer.config.model, get_kernel(name, opts), remat=True)
-    loss = lambda p: features.packed_features(decoder, p, plan.batch, plan.gather_QxN, labels)[1].sum()
-    return jax.jit(jax.value_and_grad(loss))(scorer.runner.params)
-  (got, got_g), (want, want_g) = loss_and_grads(kernel, options), loss_and_grads("shared_prefix", KernelOptions())
-  assert abs(float(got) - float(want)) < 1e-4
-  for g, w in zip(jax.tree_util.tree_leaves(got_g), jax.tree_util.tree_leaves(want_g)):
-    np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-5, rtol=0)
-
-
-@pytest.mark.slow
-def test_train_backbone_two_steps(tmp_path):
-  cfg = TrainConfig(train_backbone=True, batch_size=2, num_steps=2, eval_every=0, warmup_steps=0,
-                    learning_rate=1e-3)
-  summary = train_lib.train(cfg, PROMPT, None, _split("train", 4), _split("dev", 2), tmp_path / "work",
-                            export_dir=tmp_path / "export", progress=False)
-  assert summary["steps"] == 2 and np.isfinite(summary["final_train_loss"])
-  assert summary["attention"]["kernel"] == "shared_prefix" and "auto on cpu" in summary["attention"]["reason"]
-  base = checkpointing.restore_checkpoint(data.DEFAULT_CHECKPOINT).params
-  tuned = checkpointing.restore_checkpoint(tmp_path / "export").params
-  changed = [not np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(base), jax.tree_util.tree_leaves(tuned))]
-  assert all(changed)
-  assert summary["throughput"]["frozen_forward_seconds"] == 0
-
-
-def test_query_match_targets():
-  """Per candidate token: does its id occur in the query (separator aside); per candidate: the share of
-  the query's distinct ids it holds. Prefix, padding and padding rows stay 0."""
-  req = TokenRequest(query=(7, 8, 8, 9), items=((8, 3), (5,), (9, 7, 8)), label_ids=(4, 5), apply_softmax=False,
-                     item_first=False, separator=2)
-  assert features.plan_packed([req, None], (8, 4, 4)).match_BxT is None  # only when asked for
-  plan = features.plan_packed([req, None], (8, 4, 4), match_targets=True)
-  p, l = 8, 4
-  expect_mask = np.zeros((2, p + 4 * l), bool)
-  expect_match = np.zeros((2, p + 4 * l), np.float32)
-  for n, (item, hits) in enumerate([((8, 3), (1, 0)), ((5,), (0,)), ((9, 7, 8), (1, 1, 1))]):
-    expect_mask[0, p + n * l:p + n * l + len(item)] = True
-    expect_match[0, p + n * l:p + n * l + len(item)] = hits
-  np.testing.assert_array_equal(plan.match_mask_BxT, expect_mask)
-  np.testing.assert_array_equal(plan.match_BxT, expect_match)
-  np.testing.assert_allclose(plan.coverage_QxN, [[1 / 3, 0, 1, 0], [0, 0, 0, 0]])
-
-
-def test_probe_bce_by_hand():
-  probe = {"w": jnp.asarray([1.0, -2.0]), "b": jnp.asarray(0.5)}
-  h = jnp.asarray([[1.0, 0.0], [0.0, 1.0], [3.0, 3.0]])
-  z = np.asarray([1.5, -1.5, -2.5])
-  target, mask = np.asarray([1.0, 0.25, 0.0]), np.asarray([True, True, False])
-  by_hand = [-(t * math.log(1 / (1 + math.exp(-x))) + (1 - t) * math.log(1 - 1 / (1 + math.exp(-x))))
-             for x, t in zip(z[:2], target[:2])]
-  assert float(losses.probe_bce(probe, h, target, mask)) == pytest.approx(np.mean(by_hand), rel=1e-5)
-
-
-def test_match_loss_weight_needs_train_backbone():
-  with pytest.raises(TrainError, match="match_loss_weight"):
-    TrainConfig(match_loss_weight=1.0).validate()
-  with pytest.raises(TrainError, match="match_loss_weight"):
-    TrainConfig(train_backbone=True, match_loss_weight=-1.0).validate()
-  with pytest.raises(TrainError, match="coverage_on"):
-    TrainConfig(train_backbone=True, match_loss_weight=1.0, coverage_on="head").validate()
-
-
-def test_a_later_setting_at_its_earlier_behaviour_keeps_old_runs_resumable():
-  """coverage_on came after runs were written: at "probe" (the behaviour before it) it is left out of
-  the run's identity, so such a run resumes; "score" is recorded, so it never resumes one."""
-  assert "coverage_on" not in train_lib.train_identity(TrainConfig())
-  changed = TrainConfig(train_backbone=True, match_loss_weight=1.0, coverage_on="score")
-  assert train_lib.train_identity(changed)["coverage_on"] == "score"
-  assert train_lib.train_identity(changed).keys() - {"coverage_on"} == train_lib.train_identity(
-      TrainConfig()).keys()
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("coverage_on", ["probe", "score"])
-def test_train_backbone_match_loss(tmp_path, coverage_on):
-  """The auxiliary losses are logged beside the ranking loss, add up to the step loss, and the probes
-  stay out of the export (it restores as the base model's params, changed); the coverage ranking
-  trains a probe or the exported score."""
-  cfg = TrainConfig(train_backbone=True, batch_size=2, num_steps=2, eval_every=0, warmup_steps=0,
-                    learning_rate=1e-3, match_loss_weight=0.5, coverage_on=coverage_on)
-  train_lib.train(cfg, PROMPT, None, _split("train", 4), None, tmp_path / "work", export_dir=tmp_path / "export",
-                  progress=False)
-  lines = [json.loads(l) for l in (tmp_path / "work" / "metrics.jsonl").read_text().splitlines()]
-  for line in (l for l in lines if l["kind"] == "train"):
-    assert 0 < line["match_loss"] < 1 and 0 < line["coverage_loss"] < 1
-    assert line["loss"] == pytest.approx(line["rank_loss"] + 0.5 * (line["match_loss"] + line["coverage_loss"]),
-                                         rel=1e-5)
-  base = checkpointing.restore_checkpoint(data.DEFAULT_CHECKPOINT).params
-  tuned = checkpointing.restore_checkpoint(tmp_path / "export").params
-  assert jax.tree_util.tree_structure(base) == jax.tree_util.tree_structure(tuned)
-  assert not np.array_equal(jax.tree_util.tree_leaves(base)[0], jax.tree_util.tree_leaves(tuned)[0])
 
 
 # --- head study ------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The embedded rerank set's texts, for the real-weights tests' tokenizer and logit checks."""
+"""The embedded rerank set's texts, for the real-weights tests' tokenizer and logit checks, and its splits cut
+short for small training runs."""
 
 import json
 
@@ -7,6 +8,13 @@ from maxscore.datasets import data
 
 def records(split: str = "test") -> list[dict]:
   return [r for r in map(json.loads, data.DEFAULT_JSONL.read_text().splitlines()) if r["split"] == split]
+
+
+def split(name: str, n: int) -> data.RerankSet:
+  """The embedded rerank set's split `name`, cut to its first `n` queries (small training runs)."""
+  s = data.load_jsonl(data.DEFAULT_JSONL, split=name)
+  s.queries = s.queries[:n]
+  return s
 
 
 def paragraphs() -> list[str]:
