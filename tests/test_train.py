@@ -154,6 +154,19 @@ def test_summary_reports_metrics_and_throughput(frozen_run):
   assert report.summary["head"]["config"]["kind"] == "lm_labels"
 
 
+def test_the_metrics_log_writes_tensorboard_events_without_importing_torch(tmp_path):
+  """tensorboardX imports torch when it is installed (seconds of a training run's start-up); the log keeps it out
+  of a process that has not loaded torch, and torch still imports afterwards."""
+  code = ("import sys, pathlib; from maxscore.training.metrics_log import MetricsLog\n"
+          "log = MetricsLog(pathlib.Path(sys.argv[1]), None); log.write('train', 1, {'loss': 0.5}); log.close()\n"
+          "assert 'torch' not in sys.modules, 'torch imported'\n"
+          "import torch; print(torch.__name__)")
+  done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                        check=False)
+  assert done.returncode == 0 and done.stdout.split() == ["torch"], done.stderr[-2000:]
+  assert tensorboard_scalars(tmp_path / "tensorboard") == {("train/loss", 1): 0.5}
+
+
 def test_feature_cache_and_determinism(frozen_run, tmp_path):
   cfg, root, summary = frozen_run
   again = train_lib.train(cfg, PROMPT, None, corpus.split("train", 6), corpus.split("dev", 3), tmp_path / "work",

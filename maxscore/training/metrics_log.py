@@ -3,9 +3,25 @@
 import json
 import pathlib
 import shutil
+import sys
 from typing import Any, Optional
 
 from maxscore.files import safety
+
+
+def _tensorboardx():
+  """tensorboardX, imported without torch unless torch is loaded already: its writer imports torch when it is
+  installed (2.4 s of a training run's start-up here, 0.2 s without) only to accept torch tensors, and this log
+  writes Python numbers. Imported here, not at the top: scoring never needs it."""
+  block = "torch" not in sys.modules
+  if block:
+    sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX handles
+  try:
+    import tensorboardX  # pylint: disable=import-outside-toplevel
+  finally:
+    if block:
+      del sys.modules["torch"]
+  return tensorboardX
 
 
 class MetricsLog:
@@ -30,9 +46,7 @@ class MetricsLog:
     tb_dir = workdir / "tensorboard"
     if tb_dir.exists():
       shutil.rmtree(tb_dir)
-    # Imported here: tensorboardX imports torch when it is installed (seconds), which scoring never needs.
-    import tensorboardX  # pylint: disable=import-outside-toplevel
-    self.writer = tensorboardX.SummaryWriter(str(tb_dir))
+    self.writer = _tensorboardx().SummaryWriter(str(tb_dir))
     for rec in kept:
       self._scalars(rec["kind"], rec["step"], rec)
     self.writer.flush()
