@@ -216,10 +216,12 @@ def test_profile_shares_times_every_part_at_a_given_geometry(load_script, capsys
   assert "load average before" in printed and "load average after" in printed
 
 
+@pytest.mark.filterwarnings("error:`past_key_values` is deprecated:FutureWarning")
 def test_eval_bench_times_transformers_on_the_same_ids(load_script, capsys, tmp_path):
   """bench_eval.py --hf_baseline: the embedded default's backbone exported to transformers scores the same
   prepared ids (its label log-probs agree with maxscore's), and each row reports its ratio to transformers;
-  modes picks maxscore's rows, and bad modes are one line."""
+  modes picks maxscore's rows, and bad modes are one line. The baseline passes its K/V cache by the name the
+  installed transformers takes (no deprecation warning)."""
   script = load_script("bench_eval")
   report = script.run(["bench_eval.py", "--max_queries=2", "--repeats=1", "--modes=direct", "--hf_baseline",
                        f"--output_json={tmp_path / 'r.json'}"])

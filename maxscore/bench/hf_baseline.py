@@ -2,6 +2,7 @@
 transformers user would (prefix K/V computed once and reused for every batch of items)."""
 
 import dataclasses
+import inspect
 import os
 import pathlib
 import time
@@ -13,6 +14,12 @@ from layers.config import ModelConfig
 from maxscore.bench.measure import RssSampler
 from maxscore.config import Config, to_flat_dict
 from maxscore.scoring.scorer import Scorer
+
+
+def _cache_argument(module) -> str:
+  """The name the model's forward takes its K/V cache by: `cache` since transformers deprecated `past_key_values`
+  (a FutureWarning from 5.x), `past_key_values` before (the GPU images' releases)."""
+  return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 def hf_label_logprobs(model, request: dict, batch_size: int, separator: Optional[int]) -> np.ndarray:
@@ -28,6 +35,7 @@ def hf_label_logprobs(model, request: dict, batch_size: int, separator: Optional
   dev = model.device
   items, labels = request["items"], torch.tensor(request["label_token_ids"], device=dev)
   p = len(prefix)
+  cache_arg = _cache_argument(model.model)
   out = np.zeros((len(items), len(labels)), np.float32)
   with torch.inference_mode():  # no_grad, minus version-counter bookkeeping
     pre = model.model(input_ids=torch.tensor([prefix], device=dev), use_cache=True)
@@ -47,7 +55,7 @@ def hf_label_logprobs(model, request: dict, batch_size: int, separator: Optional
                           (torch.arange(l, device=dev)[None, :] < lens[:, None]).long()], dim=1)
         cache = DynamicCache(ddp_cache_data=[(k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)) for k, v in kv])
         h = model.model(input_ids=ids, attention_mask=mask, position_ids=(p + torch.arange(l, device=dev)).expand(b, -1),
-                        past_key_values=cache, use_cache=True).last_hidden_state
+                        use_cache=True, **{cache_arg: cache}).last_hidden_state
         has = lens > 0
         rows[has] = h[torch.arange(b, device=dev)[has], lens[has] - 1]
       lp = torch.log_softmax(model.lm_head(rows).float(), dim=-1)[:, labels]
