@@ -12,6 +12,7 @@ import pathlib
 import subprocess
 import sys
 import time
+import types
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LABELS = [10, 20, 30]
@@ -192,6 +193,15 @@ def test_query_slices_cover_every_query_once():
     assert max(map(len, slices)) == mesh_lib.num_rounds(n, groups)
   with pytest.raises(ValueError, match="group_index=2"):
     mesh_lib.query_slice(5, 2, 2)
+
+
+def test_a_groups_batch_devices_are_its_data_by_fsdp_devices():
+  """How many ways a data group's mesh splits a call's rows (an eval warns when it is more than one)."""
+  group = lambda shape: mesh_lib.DataGroup(0, 1, None if shape is None else types.SimpleNamespace(shape=shape), (0,))
+  assert group(None).batch_devices == 1
+  assert group({"data": 1, "fsdp": 1, "tensor": 2}).batch_devices == 1
+  assert group({"data": 4, "fsdp": 1, "tensor": 2}).batch_devices == 4
+  assert group({"data": 2, "fsdp": 2, "tensor": 1}).batch_devices == 4
 
 
 def test_single_process_helpers_are_local(monkeypatch):

@@ -32,6 +32,7 @@ LOST_LINE = re.compile(r"error: process (\d+) of (\d+) stopped \((?:no heartbeat
 # instead of one per (count, length) pair (22 s instead of 33 s for the one-process run).
 EVAL = [sys.executable, str(REPO / "scripts" / "eval_rerank.py"), "--max_queries=8", "--noprogress",
         "item_count_buckets=[32]", "length_group_ratio=1000"]
+REPLICATED_NOTE = "computed on each of those devices"  # eval's warning for a group whose data axis holds 2+ devices
 EVAL_MESH = {1: ["ici_data_parallelism=4", "ici_tensor_parallelism=2"],
              4: ["dcn_data_parallelism=4", "ici_data_parallelism=1", "ici_tensor_parallelism=2"],
              2: ["dcn_data_parallelism=2", "ici_data_parallelism=1", "ici_tensor_parallelism=2"]}
@@ -99,6 +100,8 @@ def eval_single(tmp_path_factory):
   results, wall = _run(EVAL + [f"--output_dir={out}"] + EVAL_MESH[1], 1, 8)
   _ok(results)
   print(f"eval, 1 process x 8 devices: {wall:.1f}s wall")
+  # One data group of data 4 x tensor 2: each query's rows are computed on all 4 data rows, and the run says so.
+  assert REPLICATED_NOTE in results[0].stderr, results[0].stderr[-2000:]
   return out
 
 
@@ -111,6 +114,7 @@ def test_eval_in_four_processes_equals_one_process_and_a_killed_process_is_named
   out = tmp_path / "out"
   results, wall = _run(EVAL + [f"--output_dir={out}"] + EVAL_MESH[4], 4, 2, killed=2, kill_at=("eval_query", 2))
   print(f"eval, 4 processes, process 2 killed: {wall:.1f}s wall")
+  assert not any(REPLICATED_NOTE in r.stderr for r in results)  # a group per process, tensor 2 within
   after = _assert_lost_named(results, 2)
   print(f"the survivors named process 2 and stopped {after:.1f}s after the kill")
   lines = (out / "results.jsonl").read_text().splitlines()

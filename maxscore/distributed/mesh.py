@@ -34,7 +34,7 @@ from jax._src import distributed as jax_distributed  # the runtime's client: JAX
 from jax.experimental import mesh_utils, multihost_utils
 from jax.sharding import Mesh
 
-from layers.sharding import MESH_AXES
+from layers.sharding import BATCH_AXES, MESH_AXES
 from maxscore.config import MeshConfig
 from maxscore.distributed import peers
 
@@ -124,6 +124,12 @@ class DataGroup:
   def is_leader(self) -> bool:
     """True on the one process per group whose results are gathered (the others hold copies)."""
     return jax.process_index() == self.leader
+
+  @property
+  def batch_devices(self) -> int:
+    """How many ways the group's batch axes (data, fsdp) split a call's rows: a call whose row count they do
+    not divide is computed whole on each of them (layers/sharding.batch_axes)."""
+    return math.prod(self.mesh.shape[a] for a in BATCH_AXES) if self.mesh is not None else 1
 
 
 def data_groups(mesh: Mesh) -> list[DataGroup]:

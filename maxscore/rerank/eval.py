@@ -289,6 +289,8 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
   done_ids = set(mesh_lib.broadcast_from_process0(sorted(done) if lead else None))
   todo = [q for q in queries + dev_queries if q.qid not in done_ids and q.candidates]
   resumed = sum(q.qid in done_ids for q in queries + dev_queries)
+  if lead and group.batch_devices > 1:
+    logging.warning(replicated_rows_note(group.batch_devices))
   if lead:
     logging.info("eval: %d queries (%d candidates), %d already in %s, %d to score over %d data group(s); "
                  "labels %s, template %s", len(queries), sum(len(q.candidates) for q in queries), resumed,
@@ -337,6 +339,14 @@ class _Loop:
   gather_every: int
   pipelined: bool
   progress: bool
+
+
+def replicated_rows_note(batch_devices: int) -> str:
+  """The warning for a data group whose batch axes span several devices: an eval call holds one query's rows."""
+  return (f"eval: each data group splits a call's rows over data x fsdp = {batch_devices} devices, and an eval call "
+          f"holds one query's few rows: rows that do not divide {batch_devices} are computed on each of those devices "
+          f"(up to {batch_devices}x the work). For throughput give each device (or tensor-parallel set) its own "
+          f"process and put the data axis across processes (docs/pods-and-gpus.md)")
 
 
 def _score_all(loop: _Loop, todo: Sequence[data.RerankQuery], resumed: int, done: dict[str, dict]) -> None:
