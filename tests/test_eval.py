@@ -394,6 +394,21 @@ def test_compilation_cache_is_per_user_by_default_and_off_with_one_key(tmp_path)
   assert compilation_cache_path("user", dict(env, MAXSCORE_CACHE_DIR="/m")) == "/m/jax"
 
 
+def test_the_opening_lines_warn_when_the_data_axis_replicates_each_query(caplog, tmp_path):
+  """A data group whose data x fsdp devices are more than one computes each query's rows on each of them: the
+  eval says so before it starts; a group of one such device does not."""
+  import logging  # pylint: disable=import-outside-toplevel
+  import types  # pylint: disable=import-outside-toplevel
+  from maxscore.distributed import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+  group = lambda shape: mesh_lib.DataGroup(0, 1, types.SimpleNamespace(shape=shape), (0,))
+  for shape, warned in (({"data": 4, "fsdp": 1, "tensor": 2}, True), ({"data": 1, "fsdp": 1, "tensor": 2}, False)):
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+      eval_lib._log_start([], 0, [], tmp_path, group(shape), [7, 9], CFG)  # pylint: disable=protected-access
+    assert ("computed on each of those devices (up to 4x the work)" in caplog.text) == warned, caplog.text
+    assert "eval: 0 queries (0 candidates)" in caplog.text
+
+
 @pytest.mark.slow
 def test_a_second_eval_reads_its_programs_from_the_user_cache(tmp_path):
   """Two evals of one query in fresh processes, with the per-user cache of the defaults: the first writes

@@ -289,12 +289,8 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
   done_ids = set(mesh_lib.broadcast_from_process0(sorted(done) if lead else None))
   todo = [q for q in queries + dev_queries if q.qid not in done_ids and q.candidates]
   resumed = sum(q.qid in done_ids for q in queries + dev_queries)
-  if lead and group.batch_devices > 1:
-    logging.warning(replicated_rows_note(group.batch_devices))
   if lead:
-    logging.info("eval: %d queries (%d candidates), %d already in %s, %d to score over %d data group(s); "
-                 "labels %s, template %s", len(queries), sum(len(q.candidates) for q in queries), resumed,
-                 out / results_file.RESULTS_FILE, len(todo), group.count, list(label_ids), cfg.template)
+    _log_start(queries, resumed, todo, out, group, label_ids, cfg)
   cache = ScoreCache.open(score_cache, score_fingerprint(scorer, cfg, label_ids)) if score_cache else None
   mesh_lib.sync("eval: score cache loaded")  # every process loads it before any writes: all decide alike
   loop = _Loop(scorer, builder, label_ids, cfg, cache, group, out, fsync, gather_every, pipelined, progress and lead)
@@ -324,6 +320,21 @@ def _check_fusion_scorer(fusion_learned: str, key: str) -> None:
                     fusion_learned)
 
 
+def _log_start(queries, resumed: int, todo, out: pathlib.Path, group: mesh_lib.DataGroup, label_ids,
+               cfg: EvalConfig) -> None:
+  """Process 0's opening lines: what there is to score, after a warning when the data group's batch axes span
+  several devices (an eval call holds one query's few rows, which those axes replicate unless they divide)."""
+  n = group.batch_devices
+  if n > 1:
+    logging.warning("eval: each data group splits a call's rows over data x fsdp = %d devices, and an eval call "
+                    "holds one query's few rows: rows that do not divide %d are computed on each of those devices "
+                    "(up to %dx the work). For throughput give each device (or tensor-parallel set) its own "
+                    "process and put the data axis across processes (docs/pods-and-gpus.md)", n, n, n)
+  logging.info("eval: %d queries (%d candidates), %d already in %s, %d to score over %d data group(s); "
+               "labels %s, template %s", len(queries), sum(len(q.candidates) for q in queries), resumed,
+               out / results_file.RESULTS_FILE, len(todo), group.count, list(label_ids), cfg.template)
+
+
 @dataclasses.dataclass
 class _Loop:
   """What scoring the remaining queries needs: the scorer and its prompts, this process's data group, and where
@@ -339,14 +350,6 @@ class _Loop:
   gather_every: int
   pipelined: bool
   progress: bool
-
-
-def replicated_rows_note(batch_devices: int) -> str:
-  """The warning for a data group whose batch axes span several devices: an eval call holds one query's rows."""
-  return (f"eval: each data group splits a call's rows over data x fsdp = {batch_devices} devices, and an eval call "
-          f"holds one query's few rows: rows that do not divide {batch_devices} are computed on each of those devices "
-          f"(up to {batch_devices}x the work). For throughput give each device (or tensor-parallel set) its own "
-          f"process and put the data axis across processes (docs/pods-and-gpus.md)")
 
 
 def _score_all(loop: _Loop, todo: Sequence[data.RerankQuery], resumed: int, done: dict[str, dict]) -> None:
