@@ -16,6 +16,7 @@ from maxscore.checkpoints import storage
 from maxscore.distributed.processes import subprocess_env
 from maxscore.errors import TrainError
 from maxscore.scoring import loading
+from maxscore.testing import corpus
 from maxscore.training import first_listwise
 from maxscore.training.losses import batch_loss
 from maxscore.training.reranker import model as reranker_model
@@ -70,10 +71,8 @@ def test_a_window_holds_the_positives_then_the_first_negatives_in_first_stage_or
 
 
 def test_window_examples_read_the_identifiers_at_the_answer_position():
-  from maxscore.datasets import data  # pylint: disable=import-outside-toplevel
   scorer = loading.build_scorer(None, [], use_head=False)
-  ds = data.load_jsonl(data.DEFAULT_JSONL, split="train")
-  ds.queries = ds.queries[:3]
+  ds = corpus.split("train", 3)
   builder = first_listwise.window_prompts(scorer.tokenizer, 4, chat=False, max_passage_tokens=12)
   examples, grades, mask = first_listwise.window_examples(scorer, ds, builder, 4)
   assert len(examples.requests) == 3 and grades.shape == mask.shape == (3, 4)
@@ -148,11 +147,9 @@ def test_lora_on_two_host_devices_equals_one_device(lora_run, tmp_path):
 def test_gradients_reach_the_backbone_only_when_it_trains():
   """The loss differentiates through the packed forward into the adapters (LoRA) or every weight (full), and
   with a frozen backbone only the head has params."""
-  from maxscore.datasets import data  # pylint: disable=import-outside-toplevel
   from maxscore.rerank.prompts import PromptConfig  # pylint: disable=import-outside-toplevel
   from maxscore.checkpoints import adapters as lora_lib  # pylint: disable=import-outside-toplevel
-  ds = data.load_jsonl(data.DEFAULT_JSONL, split="train")
-  ds.queries = ds.queries[:2]
+  ds = corpus.split("train", 2)
   common = dict(loss="first_listwise", listwise_window=4, listwise_chat=False, listwise_passage_tokens=8,
                 batch_size=2, use_bias=False)
   for kw in (dict(train_backbone=True, lora_rank=2), dict(train_backbone=True), {}):

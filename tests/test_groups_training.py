@@ -14,6 +14,7 @@ from maxscore.errors import DataError, TrainError
 from maxscore.rerank import eval as eval_lib, prompts
 from maxscore.rerank import query_scoring
 from maxscore.scoring import loading
+from maxscore.testing import corpus
 from maxscore.training import groups as groups_lib
 from maxscore.training import losses
 from maxscore.training.reranker import evaluation as reranker_evaluation
@@ -221,8 +222,7 @@ def test_selection_exports_the_best_dev_step_and_patience_stops(tmp_path, monkey
     seen_params[step] = jax_tree_copy(params["head"])
     return {"split": "dev", "ndcg_cut_10": planted[step], "map": 0.0}
   monkeypatch.setattr(reranker_evaluation, "dev_metrics", fake_dev_metrics)
-  train = data.load_jsonl(data.DEFAULT_JSONL, split="train")
-  train.queries = train.queries[:4]
+  train = corpus.split("train", 4)
   prompt = eval_lib.EvalConfig(max_query_tokens=8, max_item_tokens=16)
   cfg = TrainConfig(batch_size=2, num_steps=10, eval_every=2, save_every=2, warmup_steps=0, select_metric="ndcg@10",
                     patience=2)

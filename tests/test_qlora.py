@@ -20,6 +20,7 @@ from layers.kernels import get_kernel
 from maxscore.checkpoints import adapters as lora_lib
 from maxscore.errors import TrainError
 from maxscore.scoring import loading
+from maxscore.testing import corpus
 from maxscore.training import trainer
 from maxscore.training.optimizer import OptimizerConfig, make_optimizer
 from maxscore.training.state import fresh
@@ -165,10 +166,8 @@ def test_dequantize_params_inverts_quantize_params_up_to_half_a_step():
 def test_full_fine_tuning_of_a_quantized_base_is_still_one_clear_error():
   from maxscore.training.reranker import prepare as reranker_prepare
   from maxscore.training.reranker.config import TrainConfig
-  from maxscore.datasets import data
   from maxscore.rerank import eval as eval_lib
-  train = data.load_jsonl(data.DEFAULT_JSONL, split="train")
-  train.queries = train.queries[:2]
+  train = corpus.split("train", 2)
   prompt = eval_lib.EvalConfig(max_query_tokens=8, max_item_tokens=16)
   with pytest.raises(TrainError, match=r"quantization='int8_weights' is for scoring only, and train_backbone trains "
                                        r"the whole backbone; use quantization=none, or train LoRA adapters") as e:
