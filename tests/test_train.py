@@ -84,7 +84,15 @@ def test_pointwise_loss_by_hand():
 def test_optimizer_schedule():
   cfg = TrainConfig(learning_rate=0.1, warmup_steps=4, end_learning_rate=0.01)
   _, schedule = make_optimizer(cfg, 20)
-  np.testing.assert_allclose([schedule(0), schedule(2), schedule(4), schedule(20)], [0.0, 0.05, 0.1, 0.01], rtol=1e-5)
+  traced = []  # each program traced: one for the schedule, not one per jnp op (each a compile, or a cache read)
+  listener = lambda name, *_, **__: traced.append(name) if name == "/jax/core/compile/jaxpr_trace_duration" else None
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    lrs = [float(schedule(step)) for step in (0, 2, 4, 20)]
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  np.testing.assert_allclose(lrs, [0.0, 0.05, 0.1, 0.01], rtol=1e-5)
+  assert len(traced) == 1, traced
 
 
 def test_a_warmup_longer_than_half_the_run_is_cut_to_half_so_the_run_decays(caplog):

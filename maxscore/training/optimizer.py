@@ -40,8 +40,10 @@ def make_optimizer(settings: Any, total_steps: int,
   if warmup < cfg.warmup_steps:
     logging.warning("warmup_steps=%d is more than half of the run's %d steps: warming up for %d steps, then "
                     "decaying", cfg.warmup_steps, total_steps, warmup)
-  schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, warmup, max(total_steps, warmup + 1),
-                                                cfg.end_learning_rate)
+  # Jitted: the loop logs schedule(step) from the host, and the schedule's jnp ops run eagerly would compile a
+  # program each (8 compiles at a run's first log line, in every process) instead of one.
+  schedule = jax.jit(optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, warmup,
+                                                        max(total_steps, warmup + 1), cfg.end_learning_rate))
   opt = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), optax.adamw(schedule, weight_decay=cfg.weight_decay))
   if trainable is not None:
     labels = jax.tree_util.tree_map(lambda t: "train" if t else "frozen", trainable)
