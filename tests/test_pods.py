@@ -51,19 +51,45 @@ TRAIN_MESH = {(1, 8): ["ici_data_parallelism=2", "ici_fsdp_parallelism=4"],
               (1, 2): ["ici_data_parallelism=2"]}
 
 
-def _run(command, count: int, devices: int, *, killed: int = -1, kill_at: tuple[str, int] = ("", 0)):
-  """`command + mesh flags` as `count` processes of `devices` devices; process `killed` SIGKILLs itself at
-  `kill_at`. Returns (results, wall seconds)."""
-  port = processes.free_port()
+class _Runs:
+  """`command + mesh flags` as `count` processes of `devices` devices, started now (process `killed` SIGKILLs
+  itself at `kill_at`); `finish()` waits for them. A one-process oracle is started beside the run it checks: the
+  4-process runs leave the cores idle while their processes wait for each other and for the watchdog's verdict."""
+  started: list = []  # every run's processes, for _no_strays
 
-  def cmd(i):
-    flags = processes.coordinator_flags(port, count, i, HEARTBEAT_S) if count > 1 else []
-    if i == killed:
-      return [sys.executable, "-m", "maxscore.testing.kill_at", kill_at[0], str(kill_at[1]), *command[1:], *flags]
-    return [*command, *flags]
-  start = time.perf_counter()
-  results = processes.run_processes(cmd, count, devices, timeout_s=900)
-  return results, time.perf_counter() - start
+  def __init__(self, command, count: int, devices: int, *, killed: int = -1, kill_at: tuple[str, int] = ("", 0)):
+    port = processes.free_port()
+
+    def cmd(i):
+      flags = processes.coordinator_flags(port, count, i, HEARTBEAT_S) if count > 1 else []
+      if i == killed:
+        return [sys.executable, "-m", "maxscore.testing.kill_at", kill_at[0], str(kill_at[1]), *command[1:], *flags]
+      return [*command, *flags]
+    self.start = time.time()
+    self.procs = processes.start_processes(cmd, count, devices)
+    _Runs.started.append(self.procs)
+
+  def finish(self):
+    """(each process's Finished, wall seconds from the start to the last one's end)."""
+    results = processes.collect(self.procs, timeout_s=900)
+    return results, max(r.ended for r in results) - self.start
+
+
+@pytest.fixture(autouse=True)
+def _no_strays():
+  """A test that fails while runs it started beside another are still going kills them."""
+  yield
+  for procs in _Runs.started:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  _Runs.started.clear()
+
+
+def _run(command, count: int, devices: int, **kill):
+  """_Runs(...).finish(): (results, wall seconds)."""
+  return _Runs(command, count, devices, **kill).finish()
 
 
 def _ok(results):
@@ -94,24 +120,13 @@ def _assert_lost_named(results, killed: int):
 
 
 # --- eval ------------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def eval_single(tmp_path_factory):
-  out = tmp_path_factory.mktemp("eval_single") / "out"
-  results, wall = _run(EVAL + [f"--output_dir={out}"] + EVAL_MESH[1], 1, 8)
-  _ok(results)
-  print(f"eval, 1 process x 8 devices: {wall:.1f}s wall")
-  # One data group of data 4 x tensor 2: each query's rows are computed on all 4 data rows, and the run says so.
-  assert REPLICATED_NOTE in results[0].stderr, results[0].stderr[-2000:]
-  return out
-
-
 @pytest.mark.slow
-def test_eval_in_four_processes_equals_one_process_and_a_killed_process_is_named_and_resumed_in_two(eval_single,
-                                                                                                    tmp_path):
+def test_eval_in_four_processes_equals_one_process_and_a_killed_process_is_named_and_resumed_in_two(tmp_path):
   """Process 2 dies as it starts its second query; the others name it. Every query the four processes finished
   scored as in one process; 2 processes finish the eval, scoring only what is missing, and the outputs are the
   one-process run's."""
-  out = tmp_path / "out"
+  eval_single, out = tmp_path / "single", tmp_path / "out"
+  single = _Runs(EVAL + [f"--output_dir={eval_single}"] + EVAL_MESH[1], 1, 8)
   results, wall = _run(EVAL + [f"--output_dir={out}"] + EVAL_MESH[4], 4, 2, killed=2, kill_at=("eval_query", 2))
   print(f"eval, 4 processes, process 2 killed: {wall:.1f}s wall")
   assert not any(REPLICATED_NOTE in r.stderr for r in results)  # a group per process, tensor 2 within
@@ -120,11 +135,17 @@ def test_eval_in_four_processes_equals_one_process_and_a_killed_process_is_named
   lines = (out / "results.jsonl").read_text().splitlines()
   records = [json.loads(l) for l in lines[1:]]  # every line whole (the first is the header)
   assert 4 <= len(records) < 8 and not (out / "run.trec").exists()
-  single = {r["qid"]: r for r in map(json.loads, (eval_single / "results.jsonl").read_text().splitlines()[1:])}
+  resumed = _Runs(EVAL + [f"--output_dir={out}"] + EVAL_MESH[2], 2, 2)
+  single_results, single_wall = single.finish()
+  _ok(single_results)
+  print(f"eval, 1 process x 8 devices, beside them: {single_wall:.1f}s wall")
+  # One data group of data 4 x tensor 2: each query's rows are computed on all 4 data rows, and the run says so.
+  assert REPLICATED_NOTE in single_results[0].stderr, single_results[0].stderr[-2000:]
+  oracle = {r["qid"]: r for r in map(json.loads, (eval_single / "results.jsonl").read_text().splitlines()[1:])}
   # A record's timing, and whether its process compiled, differ between runs; its scores and the rest do not.
   same = lambda r: {k: v for k, v in r.items() if k not in ("seconds", "compiled")}
-  assert all(same(r) == same(single[r["qid"]]) for r in records)
-  results, wall = _run(EVAL + [f"--output_dir={out}"] + EVAL_MESH[2], 2, 2)
+  assert all(same(r) == same(oracle[r["qid"]]) for r in records)
+  results, wall = resumed.finish()
   _ok(results)
   print(f"eval resumed by 2 processes: {wall:.1f}s wall")
   summary = json.loads((out / "summary.json").read_text())
@@ -143,27 +164,19 @@ def _losses(workdir: pathlib.Path) -> dict[int, float]:
   return {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
 
 
-def _train(root: pathlib.Path, extra, count: int, devices: int, **kill):
-  command = TRAIN + [f"--workdir={root / 'work'}", *extra, *TRAIN_MESH[(count, devices)]]
-  return _run(command, count, devices, **kill)
-
-
-@pytest.fixture(scope="module")
-def one_process_full(tmp_path_factory):
-  root = tmp_path_factory.mktemp("train1")
-  results, wall = _train(root, NO_CHECKPOINTS, 1, 8)
-  _ok(results)
-  print(f"training (full), 1 process x 8 devices: {wall:.1f}s wall")
-  return _losses(root / "work")
+def _train(root: pathlib.Path, extra, count: int, devices: int, **kill) -> _Runs:
+  return _Runs(TRAIN + [f"--workdir={root / 'work'}", *extra, *TRAIN_MESH[(count, devices)]], count, devices, **kill)
 
 
 @pytest.mark.slow
 def test_lora_training_in_four_processes_equals_one_process(tmp_path):
+  runs = {(count, devices): _train(tmp_path / str(count), LORA + NO_CHECKPOINTS, count, devices)
+          for count, devices in ((1, 8), (4, 2))}
   losses = {}
-  for count, devices in ((1, 8), (4, 2)):
-    results, wall = _train(tmp_path / str(count), LORA + NO_CHECKPOINTS, count, devices)
+  for (count, devices), run in runs.items():
+    results, wall = run.finish()
     _ok(results)
-    print(f"training (lora), {count} process(es) x {devices} devices: {wall:.1f}s wall")
+    print(f"training (lora), {count} process(es) x {devices} devices, side by side: {wall:.1f}s wall")
     losses[count] = _losses(tmp_path / str(count) / "work")
   assert sorted(losses[1]) == sorted(losses[4]) == [1, 2, 3, 4, 5]
   np.testing.assert_allclose([losses[4][s] for s in losses[1]], list(losses[1].values()), rtol=0, atol=1e-6)
@@ -171,33 +184,40 @@ def test_lora_training_in_four_processes_equals_one_process(tmp_path):
 
 @pytest.mark.slow
 def test_training_in_four_processes_equals_one_process_and_a_killed_process_is_named_and_resumed_in_two_and_one(
-    tmp_path, one_process_full):
+    tmp_path):
   """Process 0, the coordinator, dies as step 4 begins; the others name it. The steps the four processes took
   have the one-process run's losses; the last checkpoint resumes in 2 processes and in one, and the steps after
   it have them too."""
+  one = _train(tmp_path / "one", NO_CHECKPOINTS, 1, 8)
   root = tmp_path / "killed"
-  results, wall = _train(root, [], 4, 2, killed=0, kill_at=("train_step", 4))
+  results, wall = _train(root, [], 4, 2, killed=0, kill_at=("train_step", 4)).finish()
   print(f"training, 4 processes, process 0 killed: {wall:.1f}s wall")
   after = _assert_lost_named(results, 0)
   print(f"the survivors named process 0 and stopped {after:.1f}s after the kill")
   work = root / "work"
-  four = _losses(work)
-  assert sorted(four) == [1, 2, 3], four  # step 4 began and never ended
-  np.testing.assert_allclose([four[s] for s in (1, 2, 3)], [one_process_full[s] for s in (1, 2, 3)], rtol=0,
-                             atol=1e-6)
   steps = sorted(int(p.name) for p in (work / "checkpoints").iterdir() if p.name.isdigit())
   assert steps == [2], steps  # the step-2 checkpoint, whole; nothing of a later one but Orbax's temporary names
   assert not (work / "summary.json").exists()
+  resumes = {}
   for count, devices in ((1, 2), (2, 2)):
     resumed = tmp_path / f"resumed_{count}"
     shutil.copytree(root, resumed)
-    results, wall = _train(resumed, [], count, devices)
+    resumes[count] = (resumed, _train(resumed, [], count, devices))
+  results, wall = one.finish()
+  _ok(results)
+  print(f"training (full), 1 process x 8 devices, beside them: {wall:.1f}s wall")
+  one_process = _losses(tmp_path / "one" / "work")
+  four = _losses(work)
+  assert sorted(four) == [1, 2, 3], four  # step 4 began and never ended
+  np.testing.assert_allclose([four[s] for s in (1, 2, 3)], [one_process[s] for s in (1, 2, 3)], rtol=0, atol=1e-6)
+  for count, (resumed, run) in resumes.items():
+    results, wall = run.finish()
     _ok(results)
-    print(f"training resumed by {count} process(es) x {devices} devices: {wall:.1f}s wall")
+    print(f"training resumed by {count} process(es), side by side: {wall:.1f}s wall")
     summary = json.loads((resumed / "work" / "summary.json").read_text())
     assert summary["resumed_from_step"] == 2
     losses = _losses(resumed / "work")
-    np.testing.assert_allclose([losses[s] for s in (3, 4, 5)], [one_process_full[s] for s in (3, 4, 5)],
+    np.testing.assert_allclose([losses[s] for s in (3, 4, 5)], [one_process[s] for s in (3, 4, 5)],
                                rtol=0, atol=1e-6)
 
 
