@@ -1,6 +1,7 @@
 """Nothing lost, nothing mixed (docs/ARCHITECTURE.md section 9), as the library sees it: an output never replaces
 its input or a foreign file, --overwrite removes only what maxscore wrote, an interrupted write keeps the old file,
-and a resumed eval refuses changed weights or tokenizer (the scripts' refusals: tests/test_data_safety.py)."""
+a resumed eval refuses changed weights or tokenizer, and a cache entry moves in whole, its key last (the scripts'
+refusals: tests/test_data_safety.py)."""
 
 import dataclasses
 import os
@@ -19,7 +20,7 @@ from maxscore.checkpoints import storage
 from maxscore.checkpoints.convert import convert_hf_checkpoint
 from maxscore.datasets import data
 from maxscore.errors import ResumeError, TrainError, UnsafeOutputError
-from maxscore.files import identity, safety
+from maxscore.files import cache, identity, safety
 from maxscore.heads import head
 from maxscore.rerank import eval as eval_lib
 from maxscore.scoring import jsonl as score_file
@@ -266,3 +267,31 @@ def test_resume_identity_names_what_changed():
   with pytest.raises(ResumeError, match=r"changed: a.b, c\); refusing to mix them: start over"):
     identity.check_same({"a": {"b": 1}, "c": 2}, {"a": {"b": 2}, "c": 3}, "out", "start over")
   identity.check_same({"a": (1, 2)}, {"a": [1, 2]}, "out", "-")  # JSON-equal is equal
+
+
+def test_a_cache_entry_moves_in_file_by_file_its_key_last_and_a_failed_build_moves_nothing(tmp_path, monkeypatch):
+  entry = tmp_path / "cache" / "entry"
+  entry.mkdir(parents=True)
+  (entry / "key.json").write_text("old")
+  with pytest.raises(RuntimeError):
+    with cache.building(entry, "key.json") as built:
+      (built / "key.json").write_text("new")
+      raise RuntimeError("the build failed")
+  assert (entry / "key.json").read_text() == "old" and sorted(p.name for p in entry.parent.iterdir()) == ["entry"]
+  moved = []
+  real_replace = os.replace
+  monkeypatch.setattr(os, "replace", lambda a, b: (moved.append(pathlib.Path(b).relative_to(entry)),
+                                                   real_replace(a, b)))
+  with cache.building(entry, "key.json") as built:
+    (built / "key.json").write_text("new")
+    (built / "sub").mkdir()
+    for name in ("a.npy", "sub/b.npy", "z.json"):
+      (built / name).write_text(name)
+  assert moved[-1] == pathlib.Path("key.json") and sorted(map(str, moved)) == ["a.npy", "key.json", "sub/b.npy",
+                                                                              "z.json"]
+  assert (entry / "key.json").read_text() == "new" and (entry / "sub" / "b.npy").read_text() == "sub/b.npy"
+  assert sorted(p.name for p in entry.parent.iterdir()) == ["entry"]  # the builder's directory is gone
+  with pytest.raises(FileNotFoundError, match="has no key.json"):
+    with cache.building(entry, "key.json") as built:
+      (built / "a.npy").write_text("without its key")
+  assert (entry / "a.npy").read_text() == "a.npy"

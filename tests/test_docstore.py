@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -86,3 +87,42 @@ def test_reading_a_run_from_a_larger_corpus_costs_the_run_not_the_corpus(tmp_pat
   # the process's peak includes the build; the lookups must not add the corpus to it
   assert large["rss_mb_after_lookup"] - large["rss_mb_after_build"] < 50
   assert large["rss_mb_after_build"] - small["rss_mb_after_build"] < large["corpus_mb"] / 2
+
+
+# Each child says it is ready (imports done) and waits for the go file, then opens the corpus's document store and BM25 index (both built in the
+# per-user cache on first use) and checks a lookup in each.
+_OPEN_AT_ONCE = """
+import os, pathlib, sys, time
+corpus, go = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+from maxscore.datasets import bm25, docstore
+(go.parent / f"ready.{os.getpid()}").touch()
+while not go.exists():
+  time.sleep(0.001)
+store = docstore.DocStore.open(corpus)
+assert store.get({"d7"})["d7"][1]["text"].startswith("text of document 7 "), "store"
+index, docids = bm25.BM25Index.for_corpus(corpus)
+assert docids[index.top_k("fgzz", 1)[0][0]] == "d56", "bm25"
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_processes_building_the_same_indexes_at_once_each_read_them_whole(tmp_path):
+  """The processes of a multi-process job on one host share the user cache: 8 opening a new corpus at the same
+  moment each build or read the document store and the BM25 index, and none fails or reads half a file (each
+  builder's files move in whole, the key file last; with shared temporary names, or the old index removed
+  first, some of them failed)."""
+  word = lambda i: "".join(chr(97 + int(c)) for c in str(i)) + "zz"  # d56 alone holds "fgzz"
+  path = tmp_path / "corpus.jsonl"
+  path.write_text("".join(json.dumps({"_id": f"d{i}", "text": f"text of document {i} {word(i)} " * 3}) + "\n"
+                          for i in range(20_000)))
+  env = dict(subprocess_env(1), MAXSCORE_CACHE_DIR=str(tmp_path / "cache"))
+  go = tmp_path / "go"
+  procs = [subprocess.Popen([sys.executable, "-c", _OPEN_AT_ONCE, str(path), str(go)], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(8)]
+  while len(list(tmp_path.glob("ready.*"))) < 8 and all(p.poll() is None for p in procs):
+    time.sleep(0.01)
+  go.touch()
+  outs = [p.communicate(timeout=300) for p in procs]
+  assert [o.strip().splitlines()[-1:] for o, _ in outs] == [["ok"]] * 8, [e[-1500:] for _, e in outs]
+  assert not [p.name for p in (tmp_path / "cache").rglob("*.building")]  # no builder's directory left behind

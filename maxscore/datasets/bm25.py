@@ -16,7 +16,6 @@ import math
 import os
 import pathlib
 import re
-import shutil
 from typing import Mapping, Sequence
 
 import bm25s
@@ -91,11 +90,10 @@ class BM25Index:
     texts = beir_files.read_corpus(corpus)
     docids = list(texts)
     index = cls([texts[d] for d in docids], k1, b)
-    shutil.rmtree(where, ignore_errors=True)
-    where.mkdir(parents=True, exist_ok=True)
-    index._bm25.save(str(where / "bm25s"), show_progress=False)  # pylint: disable=protected-access
-    (where / "docids.json").write_text(json.dumps(docids))
-    (where / "key.json").write_text(json.dumps(key))  # last: a half-saved index is never used
+    with cache.building(where, "key.json") as built:  # other processes may build it at once: each file moves whole
+      index._bm25.save(str(built / "bm25s"), show_progress=False)  # pylint: disable=protected-access
+      (built / "docids.json").write_text(json.dumps(docids))
+      (built / "key.json").write_text(json.dumps(key))  # moved last: a half-saved index is never used
     return index, docids
 
 

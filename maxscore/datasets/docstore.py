@@ -159,15 +159,11 @@ def build_index(corpus: pathlib.Path, where: pathlib.Path, signature: dict) -> f
   keep, repeats = _repeats(corpus, arrays)
   problems += repeats
   problems.sort(key=lambda p: int(p[1].rsplit(":", 1)[1]))
-  where.mkdir(parents=True, exist_ok=True)
-  for name, values in arrays.items():
-    tmp = where / f".{name}.tmp.npy"
-    np.save(tmp, values[keep])
-    os.replace(tmp, where / f"{name}.npy")
   meta = {"version": INDEX_VERSION, "corpus": signature, "documents": int(keep.sum()), "problems": problems}
-  tmp = where / ".meta.json.tmp"
-  tmp.write_text(json.dumps(meta) + "\n")
-  os.replace(tmp, where / "meta.json")  # last: an index without its meta is never used
+  with cache.building(where, "meta.json") as built:  # other processes may build it at once: each file moves whole
+    for name, values in arrays.items():
+      np.save(built / f"{name}.npy", values[keep])
+    (built / "meta.json").write_text(json.dumps(meta) + "\n")  # moved last: an index without its meta is never used
   seconds = time.perf_counter() - start
   logging.info("indexed %d documents of %s in %.1f s", int(keep.sum()), corpus, seconds)
   return seconds

@@ -1,9 +1,18 @@
 """Where maxscore keeps what it can rebuild (compiled programs, document indexes): MAXSCORE_CACHE_DIR when set,
-else $XDG_CACHE_HOME/maxscore, else ~/.cache/maxscore. Never inside a user's data or output directories."""
+else $XDG_CACHE_HOME/maxscore, else ~/.cache/maxscore. Never inside a user's data or output directories.
 
+Several processes on one host share it (the processes of a multi-process job, one per GPU or per CPU device
+group), and may build the same entry at once: `building` gives each a private directory to build in and then
+moves its files into the entry one by one, each in one rename, so a reader finds each file whole (one builder's or
+another's: they build the same bytes) and the entry's key file, moved last, only once every other file is in.
+"""
+
+import contextlib
 import os
 import pathlib
-from typing import Mapping
+import shutil
+import tempfile
+from typing import Iterator, Mapping
 
 
 def user_cache_dir(environ: Mapping[str, str] = os.environ) -> pathlib.Path:
@@ -11,3 +20,22 @@ def user_cache_dir(environ: Mapping[str, str] = os.environ) -> pathlib.Path:
     return pathlib.Path(environ["MAXSCORE_CACHE_DIR"])
   base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
   return pathlib.Path(base) / "maxscore"
+
+
+@contextlib.contextmanager
+def building(entry: pathlib.Path, key_file: str) -> Iterator[pathlib.Path]:
+  """A new private directory beside `entry` to write a cache entry's files into; when the block ends without
+  error, each file moves to the same place under `entry` (os.replace, over an older one), `key_file` (the file
+  readers check first) last, and the directory is removed; on an error it is removed and nothing moves."""
+  entry.parent.mkdir(parents=True, exist_ok=True)
+  built = pathlib.Path(tempfile.mkdtemp(prefix=f".{entry.name}.", suffix=".building", dir=entry.parent))
+  try:
+    yield built
+    files = sorted(p.relative_to(built) for p in built.rglob("*") if p.is_file())
+    if pathlib.Path(key_file) not in files:
+      raise FileNotFoundError(f"the cache entry built in {built} has no {key_file}")
+    for rel in sorted(files, key=lambda f: f == pathlib.Path(key_file)):
+      (entry / rel).parent.mkdir(parents=True, exist_ok=True)
+      os.replace(built / rel, entry / rel)
+  finally:
+    shutil.rmtree(built, ignore_errors=True)
