@@ -14,6 +14,8 @@ import shutil
 import tempfile
 from typing import Iterator, Mapping
 
+from maxscore import interrupt
+
 
 def user_cache_dir(environ: Mapping[str, str] = os.environ) -> pathlib.Path:
   if environ.get("MAXSCORE_CACHE_DIR"):
@@ -30,12 +32,13 @@ def building(entry: pathlib.Path, key_file: str) -> Iterator[pathlib.Path]:
   entry.parent.mkdir(parents=True, exist_ok=True)
   built = pathlib.Path(tempfile.mkdtemp(prefix=f".{entry.name}.", suffix=".building", dir=entry.parent))
   try:
-    yield built
-    files = sorted(p.relative_to(built) for p in built.rglob("*") if p.is_file())
-    if pathlib.Path(key_file) not in files:
-      raise FileNotFoundError(f"the cache entry built in {built} has no {key_file}")
-    for rel in sorted(files, key=lambda f: f == pathlib.Path(key_file)):
-      (entry / rel).parent.mkdir(parents=True, exist_ok=True)
-      os.replace(built / rel, entry / rel)
+    with interrupt.removed_on_stop(built):  # also when Ctrl-C stops the process at once
+      yield built
+      files = sorted(p.relative_to(built) for p in built.rglob("*") if p.is_file())
+      if pathlib.Path(key_file) not in files:
+        raise FileNotFoundError(f"the cache entry built in {built} has no {key_file}")
+      for rel in sorted(files, key=lambda f: f == pathlib.Path(key_file)):
+        (entry / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(built / rel, entry / rel)
   finally:
     shutil.rmtree(built, ignore_errors=True)
