@@ -89,8 +89,8 @@ def test_reading_a_run_from_a_larger_corpus_costs_the_run_not_the_corpus(tmp_pat
   assert large["rss_mb_after_build"] - small["rss_mb_after_build"] < large["corpus_mb"] / 2
 
 
-# Each child says it is ready (imports done) and waits for the go file, then opens the corpus's document store and BM25 index (both built in the
-# per-user cache on first use) and checks a lookup in each.
+# Each child says it is ready (imports done) and waits for the go file, then opens the corpus's document store
+# and BM25 index (both built in the per-user cache on first use) and checks a lookup in each.
 _OPEN_AT_ONCE = """
 import os, pathlib, sys, time
 corpus, go = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])

@@ -34,10 +34,11 @@ def building(entry: pathlib.Path, key_file: str) -> Iterator[pathlib.Path]:
   try:
     with interrupt.removed_on_stop(built):  # also when Ctrl-C stops the process at once
       yield built
-      files = sorted(p.relative_to(built) for p in built.rglob("*") if p.is_file())
-      if pathlib.Path(key_file) not in files:
+      key = pathlib.Path(key_file)
+      files = sorted((p.relative_to(built) for p in built.rglob("*") if p.is_file()), key=lambda f: (f == key, f))
+      if key not in files:
         raise FileNotFoundError(f"the cache entry built in {built} has no {key_file}")
-      for rel in sorted(files, key=lambda f: f == pathlib.Path(key_file)):
+      for rel in files:  # the key file last
         (entry / rel).parent.mkdir(parents=True, exist_ok=True)
         os.replace(built / rel, entry / rel)
   finally:
