@@ -6,13 +6,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from maxscore.datasets import data, docstore
 from maxscore.distributed.processes import REPO, subprocess_env
 from maxscore.errors import DataError
+from maxscore.testing.at_once import run_at_once
 
 
 def _corpus(path, n=300):
@@ -89,15 +89,9 @@ def test_reading_a_run_from_a_larger_corpus_costs_the_run_not_the_corpus(tmp_pat
   assert large["rss_mb_after_build"] - small["rss_mb_after_build"] < large["corpus_mb"] / 2
 
 
-# Each child says it is ready (imports done) and waits for the go file, then opens the corpus's document store
-# and BM25 index (both built in the per-user cache on first use) and checks a lookup in each.
+# Each child opens the corpus's document store and BM25 index (both built in the per-user cache on first use) and
+# checks a lookup in each, all of them at the same moment.
 _OPEN_AT_ONCE = """
-import os, pathlib, sys, time
-corpus, go = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-from maxscore.datasets import bm25, docstore
-(go.parent / f"ready.{os.getpid()}").touch()
-while not go.exists():
-  time.sleep(0.001)
 store = docstore.DocStore.open(corpus)
 assert store.get({"d7"})["d7"][1]["text"].startswith("text of document 7 "), "store"
 index, docids = bm25.BM25Index.for_corpus(corpus)
@@ -117,12 +111,8 @@ def test_processes_building_the_same_indexes_at_once_each_read_them_whole(tmp_pa
   path.write_text("".join(json.dumps({"_id": f"d{i}", "text": f"text of document {i} {word(i)} " * 3}) + "\n"
                           for i in range(20_000)))
   env = dict(subprocess_env(1), MAXSCORE_CACHE_DIR=str(tmp_path / "cache"))
-  go = tmp_path / "go"
-  procs = [subprocess.Popen([sys.executable, "-c", _OPEN_AT_ONCE, str(path), str(go)], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(8)]
-  while len(list(tmp_path.glob("ready.*"))) < 8 and all(p.poll() is None for p in procs):
-    time.sleep(0.01)
-  go.touch()
-  outs = [p.communicate(timeout=300) for p in procs]
-  assert [o.strip().splitlines()[-1:] for o, _ in outs] == [["ok"]] * 8, [e[-1500:] for _, e in outs]
+  imports = "import pathlib, sys\nfrom maxscore.datasets import bm25, docstore\n"
+  done = run_at_once(imports, "corpus = pathlib.Path(sys.argv[2])\n" + _OPEN_AT_ONCE, [path], 8, env, tmp_path)
+  assert [(code, out.strip().splitlines()[-1:]) for code, out, _ in done] == [(0, ["ok"])] * 8, \
+      [err[-1500:] for _, _, err in done]
   assert not [p.name for p in (tmp_path / "cache").rglob("*.building")]  # no builder's directory left behind

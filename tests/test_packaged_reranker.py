@@ -5,6 +5,7 @@ planted; the packaged copy on the cached base reproduces the training run's own 
 the shipped files or the base can differ is one error line naming the package and version."""
 
 import json
+import os
 import pathlib
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ from maxscore.checkpoints import packaged
 from maxscore.checkpoints.convert import convert_gguf_checkpoint
 from maxscore.datasets import data
 from maxscore.distributed import processes
+from maxscore.testing.at_once import run_at_once
 
 PACKAGE, MODULE, VERSION, GGUF = "fakebase-gguf", "fakebase_gguf", "0.1.0", "tiny.gguf"
 TOPICS = ["apple", "river", "copper", "violin", "garden", "rocket", "marble", "pepper", "falcon", "lantern",
@@ -258,3 +260,35 @@ def test_the_gpu_recipe_script_runs_end_to_end_and_keeps_only_small_files(tiny_g
   assert [e["step"] for e in selection["evaluations"]] == [0, 6, 12]
   summary = json.loads((out / "eval_learned_summary.json").read_text())
   assert summary["queries"] == 6, summary
+
+
+_BASE_AT_ONCE = """
+base = packaged.BaseSource(**json.loads(sys.argv[2]))
+out = packaged.base_checkpoint(base)
+params = storage.restore_checkpoint(out).params  # read whole while the others may still be converting
+print(json.dumps([str(out), identity.tree_digest(params)]))
+"""
+
+
+@pytest.mark.slow
+def test_processes_converting_the_same_base_at_once_each_get_it_whole(tiny_gguf, tmp_path):
+  """The processes of a multi-process job on one host share the user cache: 6 loading a packaged reranker at
+  the same moment, with no converted base there yet, each convert it or take another's, and each reads the whole
+  base with the manifest's params digest; a damaged entry in its place is converted again."""
+  site = tmp_path / "site"
+  _install_fake_package(site, tiny_gguf)
+  digest = packaged.storage.params_digest(convert_gguf_checkpoint(tiny_gguf, tmp_path / "ref", keep_layers=2))
+  base = packaged.BaseSource(PACKAGE, VERSION, MODULE, GGUF, packaged.sha256_file(tiny_gguf), 2, "float32", digest)
+  cache_dir = tmp_path / "cache"
+  env = dict(processes.subprocess_env(1), MAXSCORE_CACHE_DIR=str(cache_dir))
+  env["PYTHONPATH"] = str(site) + os.pathsep + env["PYTHONPATH"]
+  imports = "import json, sys\nfrom maxscore.checkpoints import packaged, storage\nfrom maxscore.files import identity\n"
+  for attempt, gate in enumerate([tmp_path / "gate1", tmp_path / "gate2"]):
+    gate.mkdir()
+    done = run_at_once(imports, _BASE_AT_ONCE, [json.dumps(base.__dict__)], 6, env, gate)
+    entry = str(packaged.base_cache_dir(base, env))
+    assert [(code, out.strip().splitlines()[-1:]) for code, out, _ in done] == \
+        [(0, [json.dumps([entry, digest])])] * 6, [err[-1500:] for _, _, err in done]
+    assert [p.name for p in (cache_dir / packaged.BASES_DIR).iterdir()] == [pathlib.Path(entry).name]
+    if attempt == 0:  # damaged: its params' files gone, the metadata left
+      shutil.rmtree(pathlib.Path(entry) / "params")

@@ -32,7 +32,7 @@ from typing import Any, Mapping, Optional
 
 from maxscore.checkpoints import storage
 from maxscore.checkpoints.convert import convert_gguf_checkpoint
-from maxscore.files import cache, safety
+from maxscore.files import cache
 
 MANIFEST = "reranker.json"
 FORMAT_VERSION = 1
@@ -130,21 +130,29 @@ def base_cache_dir(base: BaseSource, environ: Mapping[str, str] = os.environ) ->
   return cache.user_cache_dir(environ) / BASES_DIR / tag
 
 
+def _cached_digest(out: pathlib.Path) -> Optional[str]:
+  """The params digest of the base cached in `out`; None when there is none there or it is damaged."""
+  if not (out / storage.METADATA_FILE).is_file():
+    return None
+  try:
+    return storage.params_digest(out)
+  except storage.CheckpointError:
+    return None
+
+
 def base_checkpoint(base: BaseSource, environ: Mapping[str, str] = os.environ) -> pathlib.Path:
   """The converted base, from the cache or converted now (once) from the package's GGUF, and checked: its
-  params digest must be the one the adapters were trained on."""
+  params digest must be the one the adapters were trained on. Processes converting it at once each convert
+  into a private directory, and the first one done is the cached base (maxscore/files/cache.py's publishing)."""
   out = base_cache_dir(base, environ)
-  if (out / storage.METADATA_FILE).is_file():
-    try:
-      if storage.params_digest(out) == base.params_sha256:
-        return out
-    except storage.CheckpointError:
-      pass  # a damaged cache entry: converted again below
+  if _cached_digest(out) == base.params_sha256:
+    return out
   gguf = locate_gguf(base)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  convert_gguf_checkpoint(gguf, out, base.dtype, overwrite=safety.is_owned(out) or not out.exists(),
-                          keep_layers=base.keep_layers)
-  digest = storage.params_digest(out)
+  if out.exists():  # damaged, or other params: out of the way before a new one is published there
+    cache.set_aside(out)
+  with cache.publishing(out) as private:
+    convert_gguf_checkpoint(gguf, private, base.dtype, keep_layers=base.keep_layers)
+  digest = _cached_digest(out)
   if digest != base.params_sha256:
     raise PackagedError(f"{gguf} of {base.name}, converted with keep_layers={base.keep_layers}, gives base params "
                         f"{digest}, not the {base.params_sha256} this reranker's adapters were trained on")

@@ -5,13 +5,18 @@ Several processes on one host share it (the processes of a multi-process job, on
 group), and may build the same entry at once: `building` gives each a private directory to build in and then
 moves its files into the entry one by one, each in one rename, so a reader finds each file whole (one builder's or
 another's: they build the same bytes) and the entry's key file, moved last, only once every other file is in.
+An entry whose files differ from build to build (an Orbax checkpoint names its data files anew each time) is
+`publishing`'s instead: the first builder's whole directory becomes the entry in one rename and stays, and the
+others' are dropped, so a process reading it never has it replaced under it.
 """
 
 import contextlib
+import errno
 import os
 import pathlib
 import shutil
 import tempfile
+import uuid
 from typing import Iterator, Mapping
 
 from maxscore import interrupt
@@ -43,3 +48,33 @@ def building(entry: pathlib.Path, key_file: str) -> Iterator[pathlib.Path]:
         os.replace(built / rel, entry / rel)
   finally:
     shutil.rmtree(built, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def publishing(entry: pathlib.Path) -> Iterator[pathlib.Path]:
+  """A path (not made yet) in a new private directory beside `entry`, to build a whole cache directory at. When
+  the block ends without error it becomes `entry` in one rename, unless another process's build became `entry`
+  first: then that one stays and this one is removed. On an error nothing moves."""
+  entry.parent.mkdir(parents=True, exist_ok=True)
+  private = pathlib.Path(tempfile.mkdtemp(prefix=f".{entry.name}.", suffix=".building", dir=entry.parent))
+  try:
+    with interrupt.removed_on_stop(private):  # also when Ctrl-C stops the process at once
+      yield private / entry.name
+      try:
+        os.rename(private / entry.name, entry)
+      except OSError as e:  # another process's entry is in place (a directory with files)
+        if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+          raise
+  finally:
+    shutil.rmtree(private, ignore_errors=True)
+
+
+def set_aside(entry: pathlib.Path) -> None:
+  """Deletes a damaged cache directory after one rename takes it out of `entry`'s place, so a new one can be
+  published there; when another process has already set it aside there is nothing left to do."""
+  aside = entry.parent / f".{entry.name}.damaged-{uuid.uuid4().hex[:8]}"
+  try:
+    os.rename(entry, aside)
+  except FileNotFoundError:
+    return
+  shutil.rmtree(aside, ignore_errors=True)
