@@ -295,3 +295,21 @@ def test_a_cache_entry_moves_in_file_by_file_its_key_last_and_a_failed_build_mov
     with cache.building(entry, "key.json") as built:
       (built / "a.npy").write_text("without its key")
   assert (entry / "a.npy").read_text() == "a.npy"
+
+
+def test_a_published_cache_directory_is_the_first_build_and_a_failed_build_publishes_nothing(tmp_path):
+  entry = tmp_path / "cache" / "base"
+  with pytest.raises(RuntimeError):
+    with cache.publishing(entry) as private:
+      private.mkdir()
+      (private / "params").write_text("half")
+      raise RuntimeError("the conversion failed")
+  assert not entry.parent.exists() or list(entry.parent.iterdir()) == []
+  for build in ("first", "second"):  # the second finds the first in place: it stays, and the second is dropped
+    with cache.publishing(entry) as private:
+      private.mkdir()
+      (private / "params").write_text(build)
+  assert (entry / "params").read_text() == "first" and [p.name for p in entry.parent.iterdir()] == ["base"]
+  cache.set_aside(entry)
+  cache.set_aside(entry)  # already gone: nothing to do
+  assert list(entry.parent.iterdir()) == []
