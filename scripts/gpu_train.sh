@@ -1,6 +1,7 @@
 #!/bin/sh
 # The reranker recipe where it is fast (`make gpu-train`, on a machine with a GPU and the image's own JAX):
-# a GGUF base cut to its first layers -> train_reranker.py with every weight trained on teacher-scored groups,
+# a GGUF base cut to its first layers -> train_reranker.py with every weight trained on teacher-scored groups
+# (distillation toward the teacher alone: the best of the loss mixes measured, BENCHMARKS.md "Sixth attempt"),
 # the best step by dev -> eval_rerank.py on the held-out test split, reranked and fused (rrf and learned).
 # Everything large (the base, the optimizer's checkpoints, the export) stays in $WORK; $OUT gets only the
 # small files: the dev curve (metrics.jsonl, selection.json), the run's summary and the test evals' reports.
@@ -32,7 +33,7 @@ stamp "convert: $GGUF, first $KEEP_LAYERS layers"
 stamp "train"
 set -- --checkpoint_dir="$WORK/base" --groups_file="$GROUPS" --data_dir="$DATA" \
   --run_file="$DATA/bm25.trec" --rerank_top_k=20 --train_backbone --lora_rank=0 --remat=none --head=lm_labels \
-  --template=plain --loss=listwise --distill_weight=0.5 --group_size=8 --max_item_tokens="$ITEM_TOKENS" \
+  --template=plain --loss=listwise --distill_weight=1 --group_size=8 --max_item_tokens="$ITEM_TOKENS" \
   --max_query_tokens="$QUERY_TOKENS" --learning_rate=1e-4 --warmup_steps=10 --batch_size=4 --num_steps=768 \
   --eval_every=64 --save_every=128 --select_metric=ndcg@10 --patience=0 --workdir="$WORK/run" \
   --export_dir="$WORK/export" "$@"
