@@ -271,10 +271,11 @@ print(json.dumps([str(out), identity.tree_digest(params)]))
 
 
 @pytest.mark.slow
-def test_processes_converting_the_same_base_at_once_each_get_it_whole(tiny_gguf, tmp_path):
+def test_processes_converting_the_same_base_at_once_each_get_it_whole(tiny_gguf, tmp_path, monkeypatch):
   """The processes of a multi-process job on one host share the user cache: 6 loading a packaged reranker at
   the same moment, with no converted base there yet, each convert it or take another's, and each reads the whole
-  base with the manifest's params digest; a damaged entry in its place is converted again."""
+  base with the manifest's params digest; a damaged entry in its place is converted again, and a directory there
+  that maxscore did not write is refused and left as it was."""
   site = tmp_path / "site"
   _install_fake_package(site, tiny_gguf)
   digest = packaged.storage.params_digest(convert_gguf_checkpoint(tiny_gguf, tmp_path / "ref", keep_layers=2))
@@ -292,3 +293,9 @@ def test_processes_converting_the_same_base_at_once_each_get_it_whole(tiny_gguf,
     assert [p.name for p in (cache_dir / packaged.BASES_DIR).iterdir()] == [pathlib.Path(entry).name]
     if attempt == 0:  # damaged: its params' files gone, the metadata left
       shutil.rmtree(pathlib.Path(entry) / "params")
+  shutil.rmtree(entry)
+  pathlib.Path(entry).mkdir()  # a directory maxscore did not write: refused, and left as it was
+  _on_path(monkeypatch, site)
+  with pytest.raises(packaged.PackagedError, match=r"was not written by maxscore .* left untouched"):
+    packaged.base_checkpoint(base, env)
+  assert pathlib.Path(entry).is_dir()

@@ -32,7 +32,7 @@ from typing import Any, Mapping, Optional
 
 from maxscore.checkpoints import storage
 from maxscore.checkpoints.convert import convert_gguf_checkpoint
-from maxscore.files import cache
+from maxscore.files import cache, safety
 
 MANIFEST = "reranker.json"
 FORMAT_VERSION = 1
@@ -149,6 +149,9 @@ def base_checkpoint(base: BaseSource, environ: Mapping[str, str] = os.environ) -
     return out
   gguf = locate_gguf(base)
   if out.exists():  # damaged, or other params: out of the way before a new one is published there
+    if not safety.is_owned(out):
+      raise PackagedError(f"the cache entry {out} for {base.name}'s converted base was not written by maxscore (no "
+                          f"{safety.MARKER} marker); it is left untouched: remove it, and the base is converted again")
     cache.set_aside(out)
   with cache.publishing(out) as private:
     convert_gguf_checkpoint(gguf, private, base.dtype, keep_layers=base.keep_layers)
