@@ -30,24 +30,32 @@ def user_cache_dir(environ: Mapping[str, str] = os.environ) -> pathlib.Path:
 
 
 @contextlib.contextmanager
+def _private_dir(entry: pathlib.Path) -> Iterator[pathlib.Path]:
+  """A new directory beside `entry` that only this process writes, removed when the block ends (on an error, and
+  also when Ctrl-C stops the process at once)."""
+  entry.parent.mkdir(parents=True, exist_ok=True)
+  private = pathlib.Path(tempfile.mkdtemp(prefix=f".{entry.name}.", suffix=".building", dir=entry.parent))
+  try:
+    with interrupt.removed_on_stop(private):
+      yield private
+  finally:
+    shutil.rmtree(private, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def building(entry: pathlib.Path, key_file: str) -> Iterator[pathlib.Path]:
   """A new private directory beside `entry` to write a cache entry's files into; when the block ends without
   error, each file moves to the same place under `entry` (os.replace, over an older one), `key_file` (the file
   readers check first) last, and the directory is removed; on an error it is removed and nothing moves."""
-  entry.parent.mkdir(parents=True, exist_ok=True)
-  built = pathlib.Path(tempfile.mkdtemp(prefix=f".{entry.name}.", suffix=".building", dir=entry.parent))
-  try:
-    with interrupt.removed_on_stop(built):  # also when Ctrl-C stops the process at once
-      yield built
-      key = pathlib.Path(key_file)
-      files = sorted((p.relative_to(built) for p in built.rglob("*") if p.is_file()), key=lambda f: (f == key, f))
-      if key not in files:
-        raise FileNotFoundError(f"the cache entry built in {built} has no {key_file}")
-      for rel in files:  # the key file last
-        (entry / rel).parent.mkdir(parents=True, exist_ok=True)
-        os.replace(built / rel, entry / rel)
-  finally:
-    shutil.rmtree(built, ignore_errors=True)
+  with _private_dir(entry) as built:
+    yield built
+    key = pathlib.Path(key_file)
+    files = sorted((p.relative_to(built) for p in built.rglob("*") if p.is_file()), key=lambda f: (f == key, f))
+    if key not in files:
+      raise FileNotFoundError(f"the cache entry built in {built} has no {key_file}")
+    for rel in files:  # the key file last
+      (entry / rel).parent.mkdir(parents=True, exist_ok=True)
+      os.replace(built / rel, entry / rel)
 
 
 @contextlib.contextmanager
@@ -55,18 +63,13 @@ def publishing(entry: pathlib.Path) -> Iterator[pathlib.Path]:
   """A path (not made yet) in a new private directory beside `entry`, to build a whole cache directory at. When
   the block ends without error it becomes `entry` in one rename, unless another process's build became `entry`
   first: then that one stays and this one is removed. On an error nothing moves."""
-  entry.parent.mkdir(parents=True, exist_ok=True)
-  private = pathlib.Path(tempfile.mkdtemp(prefix=f".{entry.name}.", suffix=".building", dir=entry.parent))
-  try:
-    with interrupt.removed_on_stop(private):  # also when Ctrl-C stops the process at once
-      yield private / entry.name
-      try:
-        os.rename(private / entry.name, entry)
-      except OSError as e:  # another process's entry is in place (a directory with files)
-        if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-          raise
-  finally:
-    shutil.rmtree(private, ignore_errors=True)
+  with _private_dir(entry) as private:
+    yield private / entry.name
+    try:
+      os.rename(private / entry.name, entry)
+    except OSError as e:  # another process's entry is in place (a directory with files)
+      if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+        raise
 
 
 def set_aside(entry: pathlib.Path) -> None:
