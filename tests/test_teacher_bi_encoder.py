@@ -113,6 +113,61 @@ def test_a_split_is_written_as_the_teachers_run(tiny_bert, tmp_path, load_script
   assert f"{len(rset.queries)} queries (dev)" in printed and f"nDCG@10 {ndcg:.4f}" in printed
 
 
+def test_the_target_fused_with_the_first_stage_is_scale_times_the_teacher_plus_weight_times_bm25(
+    tiny_bert, tmp_path, load_script):
+  """--scale and --first_stage_weight: on a split, each written score is scale x cosine + weight x the run's score;
+  on groups, the same with each document's score looked up by qid and id, and a document the run does not list
+  for its query at that query's lowest listed score."""
+  d, run_file = data.DEFAULT_BEIR_DIR, data.DEFAULT_RUN
+  fused = ["--scale=20", "--first_stage_weight=0.5", f"--run_file={run_file}"]
+  load_script("score_teacher").run(["x", "--teacher=sentence_transformer", f"--model_dir={tiny_bert}", *fused,
+                                    f"--data_dir={d}", "--split=dev", "--rerank_top_k=4",
+                                    f"--output_run={tmp_path / 'run.trec'}"])
+  run = data.read_trec_run(tmp_path / "run.trec")
+  encoder = bi_encoder.BiEncoder.load(str(tiny_bert))
+  q = data.load_beir(d, run_file, split="dev", top_k=4).queries[0]
+  cos = encoder.cosine_scores(q.query, [t for _, t in q.candidates]).astype(np.float64)
+  np.testing.assert_allclose([run[q.qid][doc] for doc, _ in q.candidates], 20 * cos + 0.5 * np.array(q.scores),
+                             rtol=1e-6)
+
+  bm25 = data.read_trec_run(run_file)
+  qid = next(iter(bm25))
+  listed = list(bm25[qid])
+  corpus = {doc["_id"]: doc["text"] for doc in map(json.loads, (d / "corpus.jsonl").read_text().splitlines())}
+  unlisted = next(doc for doc in corpus if doc not in bm25[qid])
+  rec = {"query": "sort a dict", "qid": qid, "pos": [corpus[unlisted]], "pos_ids": [unlisted],
+         "neg": [corpus[listed[0]], corpus[listed[-1]]], "neg_ids": [listed[0], listed[-1]]}
+  (tmp_path / "g.jsonl").write_text(json.dumps(rec) + "\n")
+  load_script("score_teacher").run(["x", "--teacher=sentence_transformer", f"--model_dir={tiny_bert}", *fused,
+                                    f"--groups_file={tmp_path / 'g.jsonl'}", f"--output={tmp_path / 'out.jsonl'}"])
+  got = groups_lib.read_groups(tmp_path / "out.jsonl")[0]
+  cos = encoder.cosine_scores(rec["query"], rec["pos"] + rec["neg"]).astype(np.float64)
+  first = [min(bm25[qid].values()), bm25[qid][listed[0]], bm25[qid][listed[-1]]]
+  np.testing.assert_allclose(got["pos_scores"] + got["neg_scores"], 20 * cos + 0.5 * np.array(first), rtol=1e-6)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--first_stage_weight=0.5"], "needs --run_file"),
+    (["--run_file={run}"], "read for --first_stage_weight only"),
+    (["--scale=0"], "must be a finite number > 0"),
+    (["--first_stage_weight=0.5", "--run_file={run}", "--groups_file={no_ids}"], "has no qid, pos_ids and neg_ids"),
+    (["--first_stage_weight=0.5", "--run_file={run}", "--groups_file={unknown}"], "is not in the first stage's run"),
+])
+def test_a_bad_fused_target_is_one_line_and_writes_nothing(tiny_bert, tmp_path, load_script, capsys, extra, message):
+  _groups(tmp_path / "groups.jsonl")
+  (tmp_path / "no_ids.jsonl").write_text(json.dumps({"query": "q", "pos": ["p"], "neg": ["n"]}) + "\n")
+  (tmp_path / "unknown.jsonl").write_text(json.dumps({"query": "q", "qid": "no-such-query", "pos": ["p"],
+                                                      "pos_ids": ["a"], "neg": ["n"], "neg_ids": ["b"]}) + "\n")
+  paths = dict(run=data.DEFAULT_RUN, no_ids=tmp_path / "no_ids.jsonl", unknown=tmp_path / "unknown.jsonl")
+  argv = ["x", "--teacher=sentence_transformer", f"--model_dir={tiny_bert}", f"--groups_file={tmp_path / 'groups.jsonl'}",
+          f"--output={tmp_path / 'out' / 't.jsonl'}"] + [f.format(**paths) for f in extra]
+  with pytest.raises(SystemExit) as e:
+    load_script("score_teacher").run(argv)
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+  assert not (tmp_path / "out").exists()
+
+
 def _sentence_transformers_dir(model, directory, pooling=None, dense=False):
   """A copy of `model` with sentence-transformers' modules.json: Transformer -> Pooling (mean, unless `pooling`
   names other modes) -> [Dense] -> Normalize."""

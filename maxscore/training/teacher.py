@@ -11,6 +11,12 @@ It scores either every group of a group JSONL (positives and negatives), written
 first-stage candidates (the top `rerank_top_k` of `run_file`), written as a TREC run that `compare_runs.py`
 measures, so a teacher is shown to beat the student before it teaches it.
 
+The written score is `scale * teacher + first_stage_weight * first stage`. `scale` is a temperature (a bi-encoder's
+cosines lie within about 0.2 of each other over a group: x 20 is its training temperature of 0.05, and makes the
+group's softmax a real ordering). `first_stage_weight` fuses the first stage's score (`run_file`'s) into the
+target, so a student distils the teacher and BM25 together; measured on a split first, as any teacher. A group's
+document outside the run's list for its query gets that query's lowest listed score (its own is at most that).
+
     cfg = TeacherConfig(checkpoint_dir="ckpt/big-reranker", groups_file="groups.jsonl", output="teacher.jsonl")
     write = prepare(cfg)          # reads the inputs and loads the teacher
     with open(cfg.output, "w") as out:
@@ -21,7 +27,7 @@ import dataclasses
 import functools
 import json
 import pathlib
-from typing import Callable, Literal, Optional, Sequence
+from typing import Callable, Literal, Mapping, Optional, Sequence
 
 import numpy as np
 import tqdm
@@ -58,6 +64,8 @@ class TeacherConfig:
   score_mode: Literal["p_first", "log_odds", "raw_logit"] = "log_odds"
   max_query_tokens: int = 512
   max_item_tokens: int = 512
+  scale: float = 1.0                       # the teacher's scores are multiplied by this (1 / temperature)
+  first_stage_weight: float = 0.0          # plus this weight x the first stage's score (run_file); 0 = the teacher's alone
 
   def prompt(self) -> prompts.PromptConfig:
     return prompts.PromptConfig(template=self.template, instruction=self.instruction, labels=self.labels,
@@ -80,12 +88,22 @@ class TeacherConfig:
       raise MiningError(f"batch_size={self.batch_size} must be >= 1")
     if self.rerank_top_k < 0:
       raise MiningError(f"rerank_top_k={self.rerank_top_k} must be >= 0 (0 = every candidate)")
+    if not (np.isfinite(self.scale) and self.scale > 0):
+      raise MiningError(f"scale={self.scale} must be a finite number > 0 (it multiplies the teacher's scores)")
+    if not np.isfinite(self.first_stage_weight):
+      raise MiningError(f"first_stage_weight={self.first_stage_weight} must be a finite number")
+    if self.first_stage_weight and not self.run_file:
+      raise MiningError(f"first_stage_weight={self.first_stage_weight} needs --run_file: the first stage whose "
+                        "scores are added to the teacher's")
     return self
 
   def scores_split(self) -> bool:
     """True to score a split's first-stage candidates (a run), False to score groups; refuses neither or both."""
-    split_keys = [k for k in ("data_dir", "run_file", "output_run") if getattr(self, k)]
+    split_keys = [k for k in ("data_dir", "output_run") if getattr(self, k)]
     group_keys = [k for k in ("groups_file", "output") if getattr(self, k)]
+    if group_keys and self.run_file and not split_keys and not self.first_stage_weight:
+      raise MiningError(f"--run_file={self.run_file} with groups is read for --first_stage_weight only, which is 0; "
+                        "pass a weight, or drop --run_file")
     if split_keys and group_keys:
       raise MiningError(f"--{', --'.join(group_keys)} (groups) and --{', --'.join(split_keys)} (a split's "
                         "candidates) were both given: score one of the two")
@@ -124,11 +142,46 @@ def build_teacher(cfg: TeacherConfig, overrides: Sequence[str] = ()) -> Teacher:
   return TEACHERS[cfg.validate().teacher](cfg, overrides)
 
 
-def write_groups(records: Sequence[dict], teacher: Teacher, out, progress: bool = True) -> int:
-  """Writes each group to `out` (a text file) with the teacher's pos_scores and neg_scores; returns the count."""
+def fused(teacher: Teacher, scale: float = 1.0, first_stage_weight: float = 0.0) -> Teacher:
+  """`teacher`'s scores as the target: scale * score + first_stage_weight * the query's first-stage score (float64,
+  so a target file is the same whichever way it is computed)."""
+  if scale == 1.0 and not first_stage_weight:
+    return teacher
+
+  def target(query: data.RerankQuery) -> list[float]:
+    scores = scale * np.asarray(teacher(query), np.float64)
+    if first_stage_weight:
+      scores = scores + first_stage_weight * np.asarray(query.scores, np.float64)
+    return scores.tolist()
+  return target
+
+
+def group_first_stage(records: Sequence[dict], run: Mapping[str, Mapping[str, float]], run_file: str) -> list[list[float]]:
+  """Each group's first-stage scores, positives then negatives, looked up by its `qid` and `pos_ids`/`neg_ids`
+  (scripts/mine_negatives.py writes both); a document the run does not list for the query gets the query's lowest
+  listed score."""
+  out = []
+  for n, rec in enumerate(records, 1):
+    if not rec.get("qid") or "pos_ids" not in rec or "neg_ids" not in rec:
+      raise MiningError(f"group {n} has no qid, pos_ids and neg_ids, which first_stage_weight needs to find its "
+                        "first-stage scores (scripts/mine_negatives.py writes them)")
+    listed = run.get(rec["qid"])
+    if not listed:
+      raise MiningError(f"group {n}'s query {rec['qid']!r} is not in the first stage's run {run_file}")
+    floor = min(listed.values())
+    out.append([listed.get(d, floor) for d in rec["pos_ids"] + rec["neg_ids"]])
+  return out
+
+
+def write_groups(records: Sequence[dict], teacher: Teacher, out, progress: bool = True,
+                 first_stage: Optional[Sequence[Sequence[float]]] = None) -> int:
+  """Writes each group to `out` (a text file) with the teacher's pos_scores and neg_scores; returns the count.
+  `first_stage`: each group's first-stage scores (group_first_stage), given to the teacher as the query's scores."""
   for n, rec in enumerate(tqdm.tqdm(records, unit="group", desc="teacher", disable=not progress), 1):
     texts = rec["pos"] + rec["neg"]
-    scores = list(teacher(data.RerankQuery(f"g{n}", rec["query"], tuple((f"d{i}", t) for i, t in enumerate(texts)))))
+    query = data.RerankQuery(f"g{n}", rec["query"], tuple((f"d{i}", t) for i, t in enumerate(texts)),
+                             tuple(first_stage[n - 1]) if first_stage is not None else ())
+    scores = list(teacher(query))
     out.write(json.dumps({**rec, "pos_scores": scores[:len(rec["pos"])], "neg_scores": scores[len(rec["pos"]):]},
                          ensure_ascii=False) + "\n")
   return len(records)
@@ -155,12 +208,15 @@ def prepare(cfg: TeacherConfig, overrides: Sequence[str] = (), progress: bool = 
   if cfg.scores_split():
     rset = data.load_rerank_set(data_dir=cfg.data_dir, run_file=cfg.run_file, split=cfg.split,
                                 top_k=cfg.rerank_top_k)
-    return functools.partial(write_run, rset, build_teacher(cfg, overrides), tag=f"teacher_{cfg.teacher}",
-                             progress=progress)
+    target = fused(build_teacher(cfg, overrides), cfg.scale, cfg.first_stage_weight)
+    return functools.partial(write_run, rset, target, tag=f"teacher_{cfg.teacher}", progress=progress)
   if not cfg.groups_file:
     raise MiningError("groups_file is required: the group JSONL to score (scripts/mine_negatives.py writes one)")
   records = groups_lib.read_groups(cfg.groups_file)
-  return functools.partial(write_groups, records, build_teacher(cfg, overrides), progress=progress)
+  first_stage = (group_first_stage(records, data.read_trec_run(cfg.run_file), cfg.run_file)
+                 if cfg.first_stage_weight else None)
+  target = fused(build_teacher(cfg, overrides), cfg.scale, cfg.first_stage_weight)
+  return functools.partial(write_groups, records, target, progress=progress, first_stage=first_stage)
 
 
 def output_path(cfg: TeacherConfig) -> tuple[pathlib.Path, str]:
