@@ -69,7 +69,8 @@ def test_tokenizer_gives_transformers_ids_on_every_paragraph(scorer, gemma3_tran
 def plain_prompts(scorer):
   """(query ids, 20 item ids) of the first test query under the plain template after <bos> (documents cut to 32
   tokens), and the label ids."""
-  template = dataclasses.replace(prompts.TEMPLATES["plain"], bos=True)
+  template = prompts.TEMPLATES["plain_bos"]
+  assert template == dataclasses.replace(prompts.TEMPLATES["plain"], bos=True)
   builder = prompts.PromptBuilder(scorer.tokenizer, template, max_item_tokens=32)
   labels = prompts.resolve_labels(scorer.tokenizer, template.default_labels)
   record = corpus.records()[0]

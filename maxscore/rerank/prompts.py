@@ -80,6 +80,11 @@ TEMPLATES: dict[str, Template] = {
         query_segments=("Query: {query}\nDocument:",),
         item_segments=(" {doc}\nRelevant:",),
         default_labels=("Yes", "No")),
+    # The plain prompt after the tokenizer's BOS token, for base models that read text after it (Gemma).
+    "plain_bos": Template(
+        query_segments=("Query: {query}\nDocument:",),
+        item_segments=(" {doc}\nRelevant:",),
+        default_labels=("Yes", "No"), bos=True),
     # bge-reranker-v2-gemma (FlagEmbedding LLM reranker): [bos] A: query, then per passage "\n", "B: passage",
     # "\n" and the fixed prompt, each tokenized on its own; it ranks by the raw logit of "Yes".
     "bge_gemma": Template(
