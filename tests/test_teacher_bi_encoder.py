@@ -159,8 +159,9 @@ def test_a_bad_fused_target_is_one_line_and_writes_nothing(tiny_bert, tmp_path, 
   (tmp_path / "unknown.jsonl").write_text(json.dumps({"query": "q", "qid": "no-such-query", "pos": ["p"],
                                                       "pos_ids": ["a"], "neg": ["n"], "neg_ids": ["b"]}) + "\n")
   paths = dict(run=data.DEFAULT_RUN, no_ids=tmp_path / "no_ids.jsonl", unknown=tmp_path / "unknown.jsonl")
-  argv = ["x", "--teacher=sentence_transformer", f"--model_dir={tiny_bert}", f"--groups_file={tmp_path / 'groups.jsonl'}",
-          f"--output={tmp_path / 'out' / 't.jsonl'}"] + [f.format(**paths) for f in extra]
+  argv = ["x", "--teacher=sentence_transformer", f"--model_dir={tiny_bert}",
+          f"--groups_file={tmp_path / 'groups.jsonl'}", f"--output={tmp_path / 'out' / 't.jsonl'}",
+          *[f.format(**paths) for f in extra]]
   with pytest.raises(SystemExit) as e:
     load_script("score_teacher").run(argv)
   err = capsys.readouterr().err

@@ -65,7 +65,7 @@ class TeacherConfig:
   max_query_tokens: int = 512
   max_item_tokens: int = 512
   scale: float = 1.0                       # the teacher's scores are multiplied by this (1 / temperature)
-  first_stage_weight: float = 0.0          # plus this weight x the first stage's score (run_file); 0 = the teacher's alone
+  first_stage_weight: float = 0.0          # plus this weight x the first stage's score (run_file); 0 = none
 
   def prompt(self) -> prompts.PromptConfig:
     return prompts.PromptConfig(template=self.template, instruction=self.instruction, labels=self.labels,
@@ -156,7 +156,8 @@ def fused(teacher: Teacher, scale: float = 1.0, first_stage_weight: float = 0.0)
   return target
 
 
-def group_first_stage(records: Sequence[dict], run: Mapping[str, Mapping[str, float]], run_file: str) -> list[list[float]]:
+def group_first_stage(records: Sequence[dict], run: Mapping[str, Mapping[str, float]],
+                      run_file: str) -> list[list[float]]:
   """Each group's first-stage scores, positives then negatives, looked up by its `qid` and `pos_ids`/`neg_ids`
   (scripts/mine_negatives.py writes both); a document the run does not list for the query gets the query's lowest
   listed score."""
