@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from maxscore.datasets import data
+from maxscore.datasets import beir_files, data
 from maxscore.distributed import processes
 from maxscore.testing import hf_models
 from maxscore.training import bi_encoder, groups as groups_lib, teacher
@@ -133,7 +133,7 @@ def test_the_target_fused_with_the_first_stage_is_scale_times_the_teacher_plus_w
   bm25 = data.read_trec_run(run_file)
   qid = next(iter(bm25))
   listed = list(bm25[qid])
-  corpus = {doc["_id"]: doc["text"] for doc in map(json.loads, (d / "corpus.jsonl").read_text().splitlines())}
+  corpus = beir_files.read_corpus(d / "corpus.jsonl")
   unlisted = next(doc for doc in corpus if doc not in bm25[qid])
   rec = {"query": "sort a dict", "qid": qid, "pos": [corpus[unlisted]], "pos_ids": [unlisted],
          "neg": [corpus[listed[0]], corpus[listed[-1]]], "neg_ids": [listed[0], listed[-1]]}

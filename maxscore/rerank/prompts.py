@@ -69,6 +69,9 @@ CHAT_USER_MESSAGE = ('Judge whether the Document meets the requirements based on
                      'Note that the answer can only be "yes" or "no".\n<Instruct>: {instruction}\n<Query>: {query}\n'
                      '<Document>: {doc}')
 
+_PLAIN = Template(query_segments=("Query: {query}\nDocument:",), item_segments=(" {doc}\nRelevant:",),
+                  default_labels=("Yes", "No"))
+
 TEMPLATES: dict[str, Template] = {
     # Qwen3-Reranker's chat template; it reads p("yes") vs p("no") after the empty think block.
     "qwen3_reranker": Template(
@@ -76,15 +79,9 @@ TEMPLATES: dict[str, Template] = {
         item_segments=(" {doc}", _QWEN3_SUFFIX),
         default_labels=("yes", "no")),
     # A plain prompt for base models and the embedded default model.
-    "plain": Template(
-        query_segments=("Query: {query}\nDocument:",),
-        item_segments=(" {doc}\nRelevant:",),
-        default_labels=("Yes", "No")),
+    "plain": _PLAIN,
     # The plain prompt after the tokenizer's BOS token, for base models that read text after it (Gemma).
-    "plain_bos": Template(
-        query_segments=("Query: {query}\nDocument:",),
-        item_segments=(" {doc}\nRelevant:",),
-        default_labels=("Yes", "No"), bos=True),
+    "plain_bos": dataclasses.replace(_PLAIN, bos=True),
     # bge-reranker-v2-gemma (FlagEmbedding LLM reranker): [bos] A: query, then per passage "\n", "B: passage",
     # "\n" and the fixed prompt, each tokenized on its own; it ranks by the raw logit of "Yes".
     "bge_gemma": Template(
