@@ -21,7 +21,6 @@ from maxscore.training import first_listwise
 from maxscore.training.losses import batch_loss
 from maxscore.training.reranker import model as reranker_model
 from maxscore.training.reranker import prepare as reranker_prepare
-from maxscore.training.reranker import train as train_lib
 from maxscore.training.reranker.config import TrainConfig
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -152,11 +151,12 @@ def test_gradients_reach_the_backbone_only_when_it_trains():
   ds = corpus.split("train", 2)
   common = dict(loss="first_listwise", listwise_window=4, listwise_chat=False, listwise_passage_tokens=8,
                 batch_size=2, use_bias=False)
+  scorer = loading.build_scorer(use_head=False)
   for kw in (dict(train_backbone=True, lora_rank=2), dict(train_backbone=True), {}):
     cfg = TrainConfig(**common, **kw).validate()
-    prep = reranker_prepare.prepare(cfg, PromptConfig(), None, ds, None, progress=False)
-    params = reranker_model.init_params(cfg, prep)
-    loss_fn = reranker_model.make_loss_fn(cfg, prep.head_cfg, reranker_model.backbone_decoder(cfg, prep.scorer),
+    prep = reranker_prepare.prepare(cfg, PromptConfig(), scorer, ds, None, progress=False)
+    params = reranker_model.init_params(cfg, prep, scorer)
+    loss_fn = reranker_model.make_loss_fn(cfg, prep.head_cfg, reranker_model.backbone_decoder(cfg, scorer),
                                      jnp.asarray(prep.label_ids, jnp.int32))
     batch, _ = reranker_model.make_batch(prep, np.arange(2), 0, cfg)
     grads = jax.grad(lambda p: loss_fn(p, batch, None)[0])(params)

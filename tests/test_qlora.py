@@ -164,6 +164,7 @@ def test_dequantize_params_inverts_quantize_params_up_to_half_a_step():
 
 
 def test_full_fine_tuning_of_a_quantized_base_is_still_one_clear_error():
+  from maxscore.scoring.loading import build_scorer
   from maxscore.training.reranker import prepare as reranker_prepare
   from maxscore.training.reranker.config import TrainConfig
   from maxscore.rerank import eval as eval_lib
@@ -171,11 +172,12 @@ def test_full_fine_tuning_of_a_quantized_base_is_still_one_clear_error():
   prompt = eval_lib.EvalConfig(max_query_tokens=8, max_item_tokens=16)
   with pytest.raises(TrainError, match=r"quantization='int8_weights' is for scoring only, and train_backbone trains "
                                        r"the whole backbone; use quantization=none, or train LoRA adapters") as e:
-    reranker_prepare.prepare(TrainConfig(train_backbone=True), prompt, None, train, None, ["quantization=int8_weights"])
+    reranker_prepare.prepare(TrainConfig(train_backbone=True), prompt,
+                             build_scorer(None, ["quantization=int8_weights"], use_head=False), train, None)
   assert "\n" not in str(e.value)
   with pytest.raises(TrainError, match=r"quantization='int8' \(w8a8\) rounds the activations"):
-    reranker_prepare.prepare(TrainConfig(train_backbone=True, lora_rank=4), prompt, None, train, None,
-                          ["quantization=int8"])
+    reranker_prepare.prepare(TrainConfig(train_backbone=True, lora_rank=4), prompt,
+                             build_scorer(None, ["quantization=int8"], use_head=False), train, None)
   # The layers refuse alike: w8a8 under adapters, and a rematerialized (training) decoder without them.
   with pytest.raises(ValueError, match=r"quantization='int8' \(w8a8\)"):
     init_params(lora_lib.adapt(Decoder(ModelConfig(), get_kernel("reference"), quantization="int8"),

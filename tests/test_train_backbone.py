@@ -80,8 +80,9 @@ def test_train_backbone_with_groups_packs_the_drawn_group():
   """With group_size, a train_backbone step's rows have room for the group alone, and the gather finds each
   drawn item (the mask's) in them."""
   cfg = TrainConfig(train_backbone=True, group_size=3, batch_size=2)
-  prep = reranker_prepare.prepare(cfg, PROMPT, None, corpus.split("train", 2), None, progress=False)
-  whole = features.packed_geometry(prep.scorer, prep.examples["train"])
+  scorer = loading.build_scorer(use_head=False)
+  prep = reranker_prepare.prepare(cfg, PROMPT, scorer, corpus.split("train", 2), None, progress=False)
+  whole = features.packed_geometry(scorer, prep.examples["train"])
   assert prep.geometry["train"][:2] == whole[:2] and 3 <= prep.geometry["train"][2] < whole[2]  # 24 candidates
   batch, items = reranker_model.make_batch(prep, np.array([0, 1]), step=0, cfg=cfg)
   assert items == 6 and batch["gather"].shape == batch["mask"].shape

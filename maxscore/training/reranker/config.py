@@ -5,7 +5,6 @@ import dataclasses
 from typing import Literal, Optional, Sequence
 
 from layers.lora import TARGETS, LoraConfig
-from maxscore.checkpoints.adapters import lora_config
 from maxscore.errors import TrainError
 from maxscore.heads.head import HEADS, HeadConfig
 from maxscore.training.losses import LOSSES
@@ -127,6 +126,13 @@ class TrainConfig:
       raise TrainError(f"lora_targets={list(self.lora_targets)} must name each target once, at least one, from "
                        f"the valid targets {list(LORA_TARGETS)}")
 
+  @property
+  def lora(self) -> Optional[LoraConfig]:
+    """The run's LoRA settings, checked by validate (None: full fine-tuning, or the backbone frozen)."""
+    if not (self.train_backbone and self.lora_rank):
+      return None
+    return LoraConfig(self.lora_rank, self.lora_alpha, self.lora_targets)
+
   def head_config(self, label_ids: Sequence[int], hidden_size: int) -> HeadConfig:
     try:
       return self._head_config(label_ids, hidden_size)
@@ -168,7 +174,3 @@ class TrainRun:
         raise TrainError(f"{name}={getattr(self, name)} must be >= 0")
     return self
 
-
-def lora_settings(cfg: TrainConfig) -> Optional[LoraConfig]:
-  """The run's LoRA settings (None: full fine-tuning, or the backbone frozen)."""
-  return lora_config(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets) if cfg.train_backbone else None

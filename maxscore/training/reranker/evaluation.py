@@ -17,17 +17,16 @@ from maxscore.training.reranker.config import TrainConfig
 from maxscore.training.reranker.prepare import Prepared
 
 
-def evaluate_split(cfg_head: head.HeadConfig, params, hidden, logprobs, examples: Examples,
-                   prompt: PromptConfig, runs: Optional[list] = None) -> dict[str, float]:
-  """Metrics of the ranking eval would compute from the head's scores (score_mode of `prompt`); `runs`, when
-  given, gets the scores themselves appended ({qid: {docid: score}})."""
+def evaluate_split(label_lp, examples: Examples, prompt: PromptConfig, runs: Optional[list] = None
+                   ) -> dict[str, float]:
+  """Metrics the ranking eval would compute from the head's label log-probs `label_lp` [Q, N, K] (score_mode of
+  `prompt`); `runs`, when given, gets the scores themselves appended ({qid: {docid: score}})."""
   apply_softmax, rank_fn = SCORE_MODES[prompt.score_mode]
   if apply_softmax is None:
     raise ValueError("score_mode=raw_logit needs raw lm_head logits; a score head gives log-probs (use p_first)")
-  new_lp = np.asarray(head.jit_apply(cfg_head)(params, hidden, logprobs))
   run = {}
   for i, (qid, docids) in enumerate(zip(examples.qids, examples.docids)):
-    scores = np.asarray(rank_fn(finalize_scores(new_lp[i, :len(docids)], apply_softmax)), np.float32)
+    scores = np.asarray(rank_fn(finalize_scores(label_lp[i, :len(docids)], apply_softmax)), np.float32)
     run[qid] = {d: float(s) for d, s in zip(docids, scores)}
   if runs is not None:
     runs.append(run)
@@ -47,7 +46,7 @@ def dev_metrics(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, decoder:
                                        labels_K, cfg.batch_size)
   else:
     h, lp = prep.feats["dev"].hidden, prep.feats["dev"].logprobs
+  label_lp = np.asarray(head.jit_apply(prep.head_cfg)(params["head"], h, lp))
   if cfg.loss == "first_listwise":  # each dev window ordered by its identifiers' scores
-    label_lp = np.asarray(head.jit_apply(prep.head_cfg)(params["head"], h, lp))[:, 0, :]
-    return {"split": "dev", **first_listwise.evaluate_windows(label_lp, prep.examples["dev"], prompt.metrics)}
-  return {"split": "dev", **evaluate_split(prep.head_cfg, params["head"], h, lp, prep.examples["dev"], prompt, runs)}
+    return {"split": "dev", **first_listwise.evaluate_windows(label_lp[:, 0, :], prep.examples["dev"], prompt.metrics)}
+  return {"split": "dev", **evaluate_split(label_lp, prep.examples["dev"], prompt, runs)}

@@ -20,7 +20,7 @@ from maxscore.scoring.scorer import Scorer
 from maxscore.training import groups, partition
 from maxscore.training.head_features import packed_features, plan_packed
 from maxscore.training.losses import MASK_LOGIT, batch_loss, lce_distill_mix, probe_bce, probe_logits
-from maxscore.training.reranker.config import TrainConfig, lora_settings
+from maxscore.training.reranker.config import TrainConfig
 from maxscore.training.reranker.prepare import Prepared
 
 
@@ -38,41 +38,42 @@ def backbone_decoder(cfg: TrainConfig, scorer: Scorer, mesh: Optional[Mesh] = No
   decoder = Decoder(scorer.config.model, attend, dtype=dtype, param_dtype=param_dtype, precision=runner.precision,
                     remat=cfg.remat != "none", quantization=runner.quantization,
                     quantization_group=runner.quantization_group)
-  return lora_lib.adapt(decoder, lora_settings(cfg))
+  return lora_lib.adapt(decoder, cfg.lora)
 
 
-def init_params(cfg: TrainConfig, prep: Prepared) -> dict[str, Any]:
+def init_params(cfg: TrainConfig, prep: Prepared, scorer: Scorer) -> dict[str, Any]:
   """Head params (and the backbone's when it trains, in param_dtype; the match probes when on)."""
   init_key, _ = jax.random.split(jax.random.PRNGKey(cfg.seed))
-  params = {"head": head.init_head(prep.head_cfg, init_key)}
+  params = {}
   if cfg.train_backbone:
     # A QLoRA base's int8 weights and their float32 scales keep their dtypes (they stay frozen).
-    keeps = lambda path: prep.scorer.runner.quantization != "none" and quant.is_quantized_leaf(path)
+    keeps = lambda path: scorer.runner.quantization != "none" and quant.is_quantized_leaf(path)
     cast = lambda path, x: (jnp.asarray(x, DTYPES[cfg.param_dtype]) if cfg.param_dtype and not keeps(path)
                             else jnp.asarray(x))
-    params["backbone"] = jax.tree_util.tree_map_with_path(cast, prep.scorer.runner.params)
-    if lora_settings(cfg) is not None:  # adapters in float32 (A random, B zero: step 0 is the base model exactly)
+    params["backbone"] = jax.tree_util.tree_map_with_path(cast, scorer.runner.params)
+    if cfg.lora is not None:  # adapters in float32 (A random, B zero: step 0 is the base model exactly)
       adapter_key = jax.random.fold_in(init_key, 1)
       params["backbone"] = lora_lib.add_adapters(params["backbone"], lora_lib.init_adapters(
-          prep.scorer.config.model, lora_settings(cfg), adapter_key))
+          scorer.config.model, cfg.lora, adapter_key))
+  params["head"] = head.init_head(prep.head_cfg, init_key)
   if cfg.match_loss_weight:
-    probe = lambda: {"w": jnp.zeros((prep.scorer.config.model.hidden_size,), jnp.float32),
+    probe = lambda: {"w": jnp.zeros((scorer.config.model.hidden_size,), jnp.float32),
                      "b": jnp.zeros((), jnp.float32)}
     params["match_probe"] = {"token": probe(), **({"coverage": probe()} if cfg.coverage_on == "probe" else {})}
   return params
 
 
-def param_shardings(cfg: TrainConfig, params: dict[str, Any], prep: Prepared, mesh: Mesh) -> dict[str, Any]:
+def param_shardings(cfg: TrainConfig, params: dict[str, Any], scorer: Scorer, mesh: Mesh) -> dict[str, Any]:
   """The backbone by the logical-axis rules, the head and probes replicated."""
   rep = partition.replicated(mesh)
   out = jax.tree_util.tree_map(lambda _: rep, params)
   if "backbone" in params:
-    out["backbone"] = sharding_lib.model_param_shardings(prep.scorer.config.model, mesh,
-                                                         quantization=prep.scorer.runner.quantization,
-                                                         quantization_group=prep.scorer.runner.quantization_group)
-    if lora_settings(cfg) is not None:
+    out["backbone"] = sharding_lib.model_param_shardings(scorer.config.model, mesh,
+                                                         quantization=scorer.runner.quantization,
+                                                         quantization_group=scorer.runner.quantization_group)
+    if cfg.lora is not None:
       out["backbone"] = lora_lib.add_adapters(out["backbone"], lora_lib.adapter_shardings(
-          prep.scorer.config.model, lora_settings(cfg), mesh))
+          scorer.config.model, cfg.lora, mesh))
   return out
 
 
@@ -101,10 +102,10 @@ def make_loss_fn(cfg: TrainConfig, head_cfg: head.HeadConfig, decoder: Optional[
       h, lp = features(params["backbone"], batch, False)
     else:
       h, lp = batch["hidden"], batch["logprobs"]
-    if cfg.loss == "first_listwise":  # the head's identifier log-probs at each window's one item
-      label_lp = head.apply_head(head_cfg, params["head"], h, lp)[:, 0, :]
-      return batch_loss("first_listwise", label_lp, batch["id_grades"], batch["id_mask"]), parts
-    logits = jnp.where(batch["mask"], head.relevance(head.apply_head(head_cfg, params["head"], h, lp)), MASK_LOGIT)
+    label_lp = head.apply_head(head_cfg, params["head"], h, lp)
+    if cfg.loss == "first_listwise":  # the identifier log-probs at each window's one item
+      return batch_loss("first_listwise", label_lp[:, 0, :], batch["id_grades"], batch["id_mask"]), parts
+    logits = jnp.where(batch["mask"], head.relevance(label_lp), MASK_LOGIT)
     if cfg.match_loss_weight:
       coverage = logits if cfg.coverage_on == "score" else probe_logits(params["match_probe"]["coverage"], h)
       parts["coverage_loss"] = batch_loss("pairwise", coverage, batch["coverage"], batch["mask"])
@@ -158,7 +159,7 @@ def trainable_params(cfg: TrainConfig, params: dict[str, Any]) -> Optional[Any]:
   """The boolean trainable pytree the optimizer freezes the rest by (None: everything trains). With LoRA it
   is the head and probes plus the adapter leaves of the backbone (maxscore/checkpoints/adapters.py's trainable_mask,
   wired here together with the adapted decoder and the adapters' params and shardings)."""
-  if lora_settings(cfg) is None:
+  if cfg.lora is None:
     return None
   mask = jax.tree_util.tree_map(lambda _: True, params)
   mask["backbone"] = lora_lib.trainable_mask(params["backbone"])

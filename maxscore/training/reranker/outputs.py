@@ -17,6 +17,7 @@ from maxscore.datasets import data
 from maxscore.errors import TrainError
 from maxscore.files import identity, safety
 from maxscore.rerank.prompts import PromptConfig
+from maxscore.scoring.scorer import Scorer
 from maxscore.training import trainer
 from maxscore.training.metrics_log import MetricsLog
 from maxscore.training.reranker.config import TrainConfig
@@ -59,14 +60,14 @@ def carry_throughput(summary: dict[str, Any], previous: Optional[dict]) -> None:
                              (previous["throughput"].get("wall_seconds") or 0.0)}
 
 
-def summary(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, workdir: pathlib.Path, log: MetricsLog,
-             step: int, steps_per_epoch: int, resume_step: Optional[int], final, timing: trainer.Timing,
-             wall: float) -> dict[str, Any]:
+def summary(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, scorer: Scorer, workdir: pathlib.Path,
+            log: MetricsLog, step: int, steps_per_epoch: int, resume_step: Optional[int], final,
+            timing: trainer.Timing, wall: float) -> dict[str, Any]:
   evals = [r for r in log.records if r["kind"] == "eval"]
   examples = prep.examples
   return {
       "workdir": str(workdir),
-      "checkpoint_dir": prep.scorer.config.runtime.checkpoint_dir,
+      "checkpoint_dir": scorer.config.runtime.checkpoint_dir,
       "head": prep.head_cfg.to_dict(),
       "train_config": dataclasses.asdict(cfg),
       "prompt": json.loads(json.dumps(dataclasses.asdict(prompt))),
@@ -86,7 +87,7 @@ def summary(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, workdir: pat
   }
 
 
-def export(cfg: TrainConfig, prep: Prepared, summary: dict[str, Any], final, export_dir: os.PathLike,
+def export(cfg: TrainConfig, prep: Prepared, scorer: Scorer, summary: dict[str, Any], final, export_dir: os.PathLike,
            workdir: pathlib.Path, overwrite: bool, lora: Optional[lora_lib.LoraConfig]) -> str:
   """The base checkpoint with the trained head (and backbone, when it trained; with `lora`, its adapters merged)
   in `export_dir`; an existing export is replaced with `overwrite`, or when this workdir's earlier run wrote
@@ -104,7 +105,7 @@ def export(cfg: TrainConfig, prep: Prepared, summary: dict[str, Any], final, exp
   if backbone is not None and lora is not None:
     backbone = jax.device_get(lora_lib.merge(backbone, lora))  # W + alpha / rank * A @ B
   ours = safety.exported_by(export_dir, workdir)  # this workdir's earlier (or killed) run wrote it
-  return str(head_storage.export_checkpoint(prep.scorer.config.runtime.checkpoint_dir, export_dir, prep.head_cfg,
+  return str(head_storage.export_checkpoint(scorer.config.runtime.checkpoint_dir, export_dir, prep.head_cfg,
                                             jax.device_get(final["head"]), info, backbone,
                                             overwrite=overwrite or ours, workdir=str(workdir)))
 
@@ -121,19 +122,19 @@ def write_dev_run(workdir: pathlib.Path, step: int, run: dict[str, dict[str, flo
   safety.atomic_write_text(workdir / DEV_RUNS / f"step_{step}.trec", "\n".join(lines) + "\n")
 
 
-def export_adapters(prep: Prepared, summary: dict[str, Any], final, adapters_dir: os.PathLike,
+def export_adapters(prep: Prepared, scorer: Scorer, summary: dict[str, Any], final, adapters_dir: os.PathLike,
                     workdir: pathlib.Path, overwrite: bool, lora: lora_lib.LoraConfig,
                     step: Optional[int] = None) -> str:
   """The LoRA adapters (lora.json + adapters/, with the base's digest) and the trained head (head/) in
   `adapters_dir`: eval_rerank.py --checkpoint_dir=<base> --adapters_dir=<it> scores as the merged export. With
   the dev scores of the exported `step` (dev_run.trec) when that evaluation wrote them: a copy of the adapters
   on the same base reproduces them."""
-  base = prep.scorer.config.runtime.checkpoint_dir
+  base = scorer.config.runtime.checkpoint_dir
   ours = safety.exported_by(adapters_dir, workdir)
   out = lora_lib.save_adapters(adapters_dir, jax.device_get(final["backbone"]), lora, base,
                                overwrite=overwrite or ours, workdir=str(workdir),
-                               base_quantization=prep.scorer.runner.quantization,
-                               base_quantization_group=prep.scorer.runner.quantization_group)
+                               base_quantization=scorer.runner.quantization,
+                               base_quantization_group=scorer.runner.quantization_group)
   info = {k: summary[k] for k in ("train_config", "prompt", "label_ids", "train_queries", "steps")}
   head_storage.save_head(out, prep.head_cfg, jax.device_get(final["head"]), {**info, "base_checkpoint": base})
   dev_run = workdir / DEV_RUNS / f"step_{step}.trec"

@@ -1,10 +1,10 @@
-"""A reranker training run's inputs, built once before the loop: the backbone's scorer, its labels and head, and
-each split's examples with their frozen features (or the packed geometry when the backbone trains too).
+"""A reranker training run's inputs, built once before the loop from the backbone's scorer: its labels and head,
+and each split's examples with their frozen features (or the packed geometry when the backbone trains too).
 """
 
 import dataclasses
 import os
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 from absl import logging
@@ -16,18 +16,16 @@ from maxscore.heads import head
 from maxscore.rerank import listwise, prompts
 from maxscore.rerank.prompts import PromptConfig
 from maxscore.scoring.layout import bucket
-from maxscore.scoring.loading import build_scorer
 from maxscore.scoring.scorer import Scorer
 from maxscore.training import first_listwise
 from maxscore.training.head_features import Examples, load_or_extract, make_examples, packed_geometry
-from maxscore.training.reranker.config import TrainConfig, lora_settings
+from maxscore.training.reranker.config import TrainConfig
 
 
 @dataclasses.dataclass
 class Prepared:
-  """Everything a run trains on, built once: the scorer, its labels and head, and each split's
+  """Everything a run trains on, built once from the backbone's scorer: its labels and head, and each split's
   examples with their frozen features (or packed plans when the backbone trains too)."""
-  scorer: Scorer
   label_ids: tuple[int, ...]
   head_cfg: head.HeadConfig
   examples: dict[str, Examples]
@@ -52,20 +50,20 @@ def uses_teacher(cfg: TrainConfig) -> bool:
   return cfg.loss == "distill" or cfg.distill_weight > 0
 
 
-def prepare(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str], train_set: RerankSet,
-            dev_set: Optional[RerankSet], overrides: Sequence[str] = (), feature_cache: Optional[os.PathLike] = None,
+def prepare(cfg: TrainConfig, prompt: PromptConfig, scorer: Scorer, train_set: RerankSet,
+            dev_set: Optional[RerankSet], feature_cache: Optional[os.PathLike] = None,
             progress: bool = True) -> Prepared:
-  """Loads the backbone, builds the prompts as the eval does, and the features training reads."""
-  scorer = build_scorer(checkpoint_dir, overrides, use_head=False)
+  """The labels and head, each split's prompts built as the eval builds them (with `scorer`'s tokenizer), and
+  the features training reads: the frozen backbone's, or the packed geometry when it trains."""
   quantization = scorer.config.runtime.quantization
-  if cfg.train_backbone and lora_settings(cfg) is None and quantization != "none":
+  if cfg.train_backbone and cfg.lora is None and quantization != "none":
     raise TrainError(f"quantization={quantization!r} is for scoring only, and train_backbone trains the whole "
                      "backbone; use quantization=none, or train LoRA adapters on the quantized base (--lora_rank > 0 "
                      "with quantization=int8_weights: QLoRA), or a head alone on the quantized backbone's features")
-  if lora_settings(cfg) is not None:  # QLoRA: the int8 base stays frozen, the float adapters train
+  if cfg.lora is not None:  # QLoRA: the int8 base stays frozen, the float adapters train
     quant.refuse_qlora(quantization, TrainError)
-  window_grades = None
-  listwise_chat = True if cfg.listwise_chat is None else cfg.listwise_chat  # no window prompts: it has no effect
+  splits = {"train": train_set, **({"dev": dev_set} if dev_set is not None else {})}
+  builder = None
   if cfg.loss == "first_listwise":  # one FIRST window per query; its identifiers are the labels
     builder = first_listwise.window_prompts(scorer.tokenizer, cfg.listwise_window, cfg.listwise_identifiers,
                                             cfg.listwise_passage_tokens, cfg.listwise_window_tokens, cfg.listwise_chat)
@@ -73,26 +71,32 @@ def prepare(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str
     listwise_chat = builder.chat
     logging.info("train: the window prompts are %s%s", listwise.prompt_form(builder.chat),
                  " (listwise_chat unset)" if cfg.listwise_chat is None else "")
-    built = {s: first_listwise.window_examples(scorer, ds, builder, cfg.listwise_window)
-             for s, ds in (("train", train_set), ("dev", dev_set)) if ds is not None}
-    examples = {s: b[0] for s, b in built.items()}
-    window_grades = {s: b[1:] for s, b in built.items()}
   else:
     label_ids = prompts.resolve_labels(scorer.tokenizer,
                                        prompt.labels or prompts.TEMPLATES[prompt.template].default_labels)
-    examples = {"train": make_examples(scorer, train_set, prompt, label_ids)}
-    if dev_set is not None:
-      examples["dev"] = make_examples(scorer, dev_set, prompt, label_ids)
+    listwise_chat = True if cfg.listwise_chat is None else cfg.listwise_chat  # no window prompts: no effect
+  head_cfg = cfg.head_config(label_ids, scorer.config.model.hidden_size)
+  window_grades = None
+  if builder is not None:
+    built = {s: first_listwise.window_examples(scorer, ds, builder, cfg.listwise_window)
+             for s, ds in splits.items()}
+    examples = {s: b[0] for s, b in built.items()}
+    window_grades = {s: b[1:] for s, b in built.items()}
+  else:
+    examples = {s: make_examples(scorer, ds, prompt, label_ids) for s, ds in splits.items()}
   if not examples["train"].requests:
     raise DataError("the train split has no queries with candidates")
   if uses_teacher(cfg) and examples["train"].teacher is None:
     raise TrainError(f"loss=distill (or distill_weight={cfg.distill_weight}) trains toward a teacher's scores: give "
                      "--groups_file with pos_scores and neg_scores in every group (scripts/score_teacher.py writes them)")
-  prep = Prepared(scorer, tuple(label_ids), cfg.head_config(label_ids, scorer.config.model.hidden_size), examples,
-                  {s: ex.grid() for s, ex in examples.items()},
+  prep = Prepared(tuple(label_ids), head_cfg, examples, {s: ex.grid() for s, ex in examples.items()},
                   teacher=examples["train"].teacher_grid() if uses_teacher(cfg) else None,
                   window_grades=window_grades, listwise_chat=listwise_chat)
-  if cfg.train_backbone:
+  if not cfg.train_backbone:
+    prep.feats = load_or_extract(scorer, examples, feature_cache, cfg.algorithm, progress)
+    prep.feature_seconds = sum(f.seconds for f in prep.feats.values())
+    prep.cached = all(f.cached for f in prep.feats.values())
+  else:
     prep.geometry = {s: packed_geometry(scorer, ex) for s, ex in examples.items()}
     prep.match_targets = cfg.match_loss_weight > 0
     prep.group_rows = bool(cfg.group_size) and not prep.match_targets  # match targets need every item
@@ -100,8 +104,4 @@ def prepare(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str
       p, l, n = prep.geometry["train"]
       prep.geometry["train"] = (p, l, min(n, bucket(cfg.group_size, scorer.config.buckets.item_count_buckets,
                                                     "group size")))
-  else:
-    prep.feats = load_or_extract(scorer, examples, feature_cache, cfg.algorithm, progress)
-    prep.feature_seconds = sum(f.seconds for f in prep.feats.values())
-    prep.cached = all(f.cached for f in prep.feats.values())
   return prep

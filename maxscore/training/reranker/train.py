@@ -63,12 +63,13 @@ from maxscore.distributed import mesh as mesh_lib
 from maxscore.errors import TrainError
 from maxscore.files import identity, safety
 from maxscore.rerank.prompts import PromptConfig
+from maxscore.scoring.loading import build_scorer
 from maxscore.scoring.scorer import Scorer
 from maxscore.training import checkpoint, partition, trainer
 from maxscore.training.head_features import Examples
 from maxscore.training.optimizer import make_optimizer
 from maxscore.training.reranker import evaluation, model, outputs
-from maxscore.training.reranker.config import LORA_TARGETS, TrainConfig, lora_settings
+from maxscore.training.reranker.config import LORA_TARGETS, TrainConfig
 from maxscore.training.reranker.prepare import Prepared, prepare
 from maxscore.training.selection import Selection
 
@@ -143,7 +144,7 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   """
   cfg.validate()
   prompt.validate()
-  if adapters_dir and lora_settings(cfg) is None:
+  if adapters_dir and cfg.lora is None:
     raise TrainError(f"--adapters_dir={adapters_dir} writes LoRA adapters: it needs --train_backbone and "
                      f"--lora_rank > 0 (--export_dir writes the trained model as a checkpoint)")
   wall_start = time.perf_counter()
@@ -155,29 +156,30 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
                             [*data.input_paths(train_set), *(data.input_paths(dev_set) if dev_set is not None else ())],
                             adapters_dir)
   mesh_lib.sync("train: workdir ready")
-  prep = prepare(cfg, prompt, checkpoint_dir, train_set, dev_set, overrides, feature_cache, progress)
+  scorer = build_scorer(checkpoint_dir, overrides, use_head=False)
+  prep = prepare(cfg, prompt, scorer, train_set, dev_set, feature_cache, progress)
   cfg = dataclasses.replace(cfg, listwise_chat=prep.listwise_chat)  # as decided for the tokenizer: in the identity
-  run = _start(cfg, prompt, prep, workdir, mesh)
+  run = _start(cfg, prompt, prep, scorer, workdir, mesh)
   if export_only:
     state, timing, selection = _stopped(cfg, run, workdir)
   else:
-    state, timing, selection = _loop(cfg, prompt, prep, run, mesh, workdir, progress)
+    state, timing, selection = _loop(cfg, prompt, prep, scorer, run, mesh, workdir, progress)
   final = partition.host_copy(state.params)
   if jax.process_index() != 0:
     return {}
   step = int(state.step)
-  summary = outputs.summary(cfg, prompt, prep, workdir, run.started.log, step, run.steps_per_epoch,
+  summary = outputs.summary(cfg, prompt, prep, scorer, workdir, run.started.log, step, run.steps_per_epoch,
                             run.started.resume_step, final, timing, time.perf_counter() - wall_start)
-  summary["attention"] = _attention(cfg, prep)
+  summary["attention"] = _attention(cfg, scorer)
   outputs.carry_throughput(summary, trainer.finished_run_summary(workdir, run.started.resume_step))
   if selection is not None:  # the export is the best evaluation's params, not the last step's
     final = _select(summary, selection, run.started.log)
   if export_dir:
-    summary["export_dir"] = outputs.export(cfg, prep, summary, final, export_dir, workdir, overwrite,
-                                           lora_settings(cfg))
+    summary["export_dir"] = outputs.export(cfg, prep, scorer, summary, final, export_dir, workdir, overwrite,
+                                           cfg.lora)
   if adapters_dir:
-    summary["adapters_dir"] = outputs.export_adapters(prep, summary, final, adapters_dir, workdir, overwrite,
-                                                      lora_settings(cfg), selection.best_step if selection else step)
+    summary["adapters_dir"] = outputs.export_adapters(prep, scorer, summary, final, adapters_dir, workdir, overwrite,
+                                                      cfg.lora, selection.best_step if selection else step)
   safety.atomic_write_text(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
   return summary
 
@@ -194,48 +196,49 @@ class _Run:
   steps_per_epoch: int
 
 
-def _start(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, workdir: pathlib.Path, mesh: Mesh) -> _Run:
+def _start(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, scorer: Scorer, workdir: pathlib.Path,
+           mesh: Mesh) -> _Run:
   """Initial params, the optimizer over what trains, and the trainer started on them: resumed from the
   workdir's latest checkpoint when it holds this run (same fingerprint), else fresh."""
   steps_per_epoch = math.ceil(prep.num_train / cfg.batch_size)
   total_steps = cfg.num_steps or cfg.num_epochs * steps_per_epoch
-  params = model.init_params(cfg, prep)
+  params = model.init_params(cfg, prep, scorer)
   trainable = model.trainable_params(cfg, params)
   optimizer, schedule = make_optimizer(cfg, total_steps, trainable)
-  fingerprint = _run_fingerprint(cfg, prompt, prep.scorer, prep.examples)
-  check = lambda: sharding_lib.check_divisible(prep.scorer.config.model, mesh) if cfg.train_backbone else None
-  started = trainer.start(workdir, cfg.keep_checkpoints, params, model.param_shardings(cfg, params, prep, mesh),
+  fingerprint = _run_fingerprint(cfg, prompt, scorer, prep.examples)
+  check = lambda: sharding_lib.check_divisible(scorer.config.model, mesh) if cfg.train_backbone else None
+  started = trainer.start(workdir, cfg.keep_checkpoints, params, model.param_shardings(cfg, params, scorer, mesh),
                           optimizer, jax.random.split(jax.random.PRNGKey(cfg.seed))[1], mesh, fingerprint, check)
   return _Run(started, optimizer, schedule, trainable, fingerprint, total_steps, steps_per_epoch)
 
 
-def _attention(cfg: TrainConfig, prep: Prepared) -> Optional[dict]:
+def _attention(cfg: TrainConfig, scorer: Scorer) -> Optional[dict]:
   """The attention kernel a training backbone differentiates and why (None: a frozen backbone's features come
   from the scorer's forward kernel)."""
   if not cfg.train_backbone:
     return None
-  kernel, reason = training_kernel(prep.scorer.config.kernel.attention, prep.scorer.runner.platform)
+  kernel, reason = training_kernel(scorer.config.kernel.attention, scorer.runner.platform)
   return dict(kernel=kernel, reason=reason)
 
 
-def _step_fn(cfg: TrainConfig, prep: Prepared, run: _Run, mesh: Mesh, labels_K: jax.Array):
+def _step_fn(cfg: TrainConfig, prep: Prepared, scorer: Scorer, run: _Run, mesh: Mesh, labels_K: jax.Array):
   """The jitted train step of the run's loss on the mesh (gradient accumulation and the batch's rules)."""
-  loss_fn = model.make_loss_fn(cfg, prep.head_cfg, model.backbone_decoder(cfg, prep.scorer, mesh), labels_K)
+  loss_fn = model.make_loss_fn(cfg, prep.head_cfg, model.backbone_decoder(cfg, scorer, mesh), labels_K)
   return trainer.jit_train_step(loss_fn, run.optimizer, run.started.shardings, mesh, cfg.grad_accum_steps,
                                 sharding_lib.rules_for_batch(cfg.batch_size // cfg.grad_accum_steps, mesh),
                                 run.trainable)
 
 
-def _loop(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, run: _Run, mesh: Mesh, workdir: pathlib.Path,
-          progress: bool):
+def _loop(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, scorer: Scorer, run: _Run, mesh: Mesh,
+          workdir: pathlib.Path, progress: bool):
   """Runs the trainer's loop to the last step: (the final state, its timing, the checkpoint selection or None).
   Interrupted, it reports the checkpoint a rerun resumes from (trainer.reports_interrupt)."""
-  attention = _attention(cfg, prep)
+  attention = _attention(cfg, scorer)
   if attention is not None:
     logging.info("train: attention %s (%s)", attention["kernel"], attention["reason"])
-  decoder = model.backbone_decoder(cfg, prep.scorer)
+  decoder = model.backbone_decoder(cfg, scorer)
   labels_K = jnp.asarray(prep.label_ids, jnp.int32)
-  step_fn = _step_fn(cfg, prep, run, mesh, labels_K)
+  step_fn = _step_fn(cfg, prep, scorer, run, mesh, labels_K)
   manager = run.started.manager
   save = lambda step, state: checkpoint.save(manager, step, state, run.fingerprint)
   settings = trainer.LoopSettings(run.total_steps, cfg.batch_size, prep.num_train, cfg.log_every, cfg.eval_every,
