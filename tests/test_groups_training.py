@@ -20,6 +20,7 @@ from maxscore.training import losses
 from maxscore.training.reranker import evaluation as reranker_evaluation
 from maxscore.training.reranker import train as train_lib
 from maxscore.training.reranker.config import TrainConfig
+from maxscore.training.selection import resolve_metric
 
 
 def _log_softmax(x):
@@ -206,6 +207,23 @@ def test_teacher_scores_are_the_eval_ranking_scores_of_each_group(tmp_path, load
 
 def _dev_set():
   return data.load_jsonl(data.DEFAULT_JSONL, split="dev")
+
+
+@pytest.mark.parametrize("metric, dev, message", [
+    ("ndcg@10", False, r"select_metric='ndcg@10' keeps the best dev evaluation: it needs a dev split"),
+    ("ndgc@10", True, r"select_metric='ndgc@10': Unknown metric 'ndgc@10'; valid forms"),
+    ("p@5", True, r"select_metric='p@5' \(P_5\) is not among the dev metrics \['ndcg_cut_10', 'map'\]; add it to "
+                  r"--metrics"),
+])
+def test_a_select_metric_the_dev_evaluations_cannot_give_is_refused_before_any_work(tmp_path, metric, dev, message):
+  """Refused in one line before the workdir is made or a model loaded, not at the first dev evaluation."""
+  cfg = TrainConfig(batch_size=2, num_steps=2, select_metric=metric)
+  prompt = prompts.PromptConfig(metrics=("ndcg@10", "map"))
+  with pytest.raises(TrainError, match=message) as e:
+    train_lib.train(cfg, prompt, None, corpus.split("train", 2), _dev_set() if dev else None, tmp_path / "work",
+                    progress=False)
+  assert "\n" not in str(e.value) and not (tmp_path / "work").exists()
+  assert resolve_metric("ndcg@10", prompt.metrics, True) == "ndcg_cut_10"
 
 
 @pytest.mark.slow

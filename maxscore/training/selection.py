@@ -18,7 +18,7 @@ import dataclasses
 import json
 import pathlib
 import shutil
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import jax
 import numpy as np
@@ -29,6 +29,21 @@ from maxscore.files import safety
 from maxscore.rerank import metrics
 
 BEST_DIR, REPORT_FILE = "best", "selection.json"
+
+
+def resolve_metric(metric: str, dev_metrics: Sequence[str], has_dev_split: bool) -> str:
+  """The trec_eval name of a select_metric, refused in one line (TrainError) before any work when the dev
+  evaluations cannot give it: no dev split, an unknown name, or a metric the dev evaluations leave out."""
+  if not has_dev_split:
+    raise TrainError(f"select_metric={metric!r} keeps the best dev evaluation: it needs a dev split (--dev_split)")
+  try:
+    name = metrics.canonical_name(metric)
+  except ValueError as e:
+    raise TrainError(f"select_metric={metric!r}: {e}") from None
+  dev = [metrics.canonical_name(m) for m in dev_metrics]
+  if name not in dev:
+    raise TrainError(f"select_metric={metric!r} ({name}) is not among the dev metrics {dev}; add it to --metrics")
+  return name
 
 
 @dataclasses.dataclass

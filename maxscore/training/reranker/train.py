@@ -71,7 +71,7 @@ from maxscore.training.optimizer import make_optimizer
 from maxscore.training.reranker import evaluation, model, outputs
 from maxscore.training.reranker.config import LORA_TARGETS, TrainConfig
 from maxscore.training.reranker.prepare import Prepared, prepare
-from maxscore.training.selection import Selection
+from maxscore.training.selection import Selection, resolve_metric
 
 FORMAT_VERSION = 1
 
@@ -142,11 +142,7 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
     TrainError: an invalid setting, or a batch the mesh cannot split.
     ResumeError: the workdir holds a run with other settings or data.
   """
-  cfg.validate()
-  prompt.validate()
-  if adapters_dir and cfg.lora is None:
-    raise TrainError(f"--adapters_dir={adapters_dir} writes LoRA adapters: it needs --train_backbone and "
-                     f"--lora_rank > 0 (--export_dir writes the trained model as a checkpoint)")
+  _check_settings(cfg, prompt, dev_set, adapters_dir)
   wall_start = time.perf_counter()
   workdir = pathlib.Path(workdir).resolve()
   mesh = partition.train_mesh(_mesh_config(overrides))
@@ -182,6 +178,18 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
                                                       cfg.lora, selection.best_step if selection else step)
   safety.atomic_write_text(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
   return summary
+
+
+def _check_settings(cfg: TrainConfig, prompt: PromptConfig, dev_set: Optional[RerankSet],
+                    adapters_dir: Optional[os.PathLike]) -> None:
+  """Refuses, before any work, invalid settings and ones the run's other inputs cannot serve."""
+  cfg.validate()
+  prompt.validate()
+  if cfg.select_metric:
+    resolve_metric(cfg.select_metric, prompt.metrics, dev_set is not None)
+  if adapters_dir and cfg.lora is None:
+    raise TrainError(f"--adapters_dir={adapters_dir} writes LoRA adapters: it needs --train_backbone and "
+                     f"--lora_rank > 0 (--export_dir writes the trained model as a checkpoint)")
 
 
 @dataclasses.dataclass
