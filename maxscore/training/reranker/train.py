@@ -157,9 +157,9 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   cfg = dataclasses.replace(cfg, listwise_chat=prep.listwise_chat)  # as decided for the tokenizer: in the identity
   run = _start(cfg, prompt, prep, scorer, workdir, mesh)
   if export_only:
-    state, timing, selection = _stopped(cfg, run, workdir)
+    state, timing = _stopped(run, workdir)
   else:
-    state, timing, selection = _loop(cfg, prompt, prep, scorer, run, mesh, workdir, progress)
+    state, timing = _loop(cfg, prompt, prep, scorer, run, mesh, workdir, progress)
   final = partition.host_copy(state.params)
   if jax.process_index() != 0:
     return {}
@@ -168,6 +168,7 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
                             run.started.resume_step, final, timing, time.perf_counter() - wall_start)
   summary["attention"] = _attention(cfg, scorer)
   outputs.carry_throughput(summary, trainer.finished_run_summary(workdir, run.started.resume_step))
+  selection = run.selection
   if selection is not None:  # the export is the best evaluation's params, not the last step's
     final = _select(summary, selection, run.started.log)
   if export_dir:
@@ -202,12 +203,14 @@ class _Run:
   fingerprint: dict
   total_steps: int
   steps_per_epoch: int
+  selection: Optional[Selection]  # select_metric: the checkpoint selection, with the evaluations a resume keeps
 
 
 def _start(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, scorer: Scorer, workdir: pathlib.Path,
            mesh: Mesh) -> _Run:
   """Initial params, the optimizer over what trains, and the trainer started on them: resumed from the
-  workdir's latest checkpoint when it holds this run (same fingerprint), else fresh."""
+  workdir's latest checkpoint when it holds this run (same fingerprint), else fresh; with select_metric, the
+  checkpoint selection resumed with it."""
   steps_per_epoch = math.ceil(prep.num_train / cfg.batch_size)
   total_steps = cfg.num_steps or cfg.num_epochs * steps_per_epoch
   params = model.init_params(cfg, prep, scorer)
@@ -217,7 +220,10 @@ def _start(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, scorer: Score
   check = lambda: sharding_lib.check_divisible(scorer.config.model, mesh) if cfg.train_backbone else None
   started = trainer.start(workdir, cfg.keep_checkpoints, params, model.param_shardings(cfg, params, scorer, mesh),
                           optimizer, jax.random.split(jax.random.PRNGKey(cfg.seed))[1], mesh, fingerprint, check)
-  return _Run(started, optimizer, schedule, trainable, fingerprint, total_steps, steps_per_epoch)
+  mesh_lib.sync("train: metrics log kept")  # selection reads the kept evaluations
+  selection = (Selection.start(cfg.select_metric, cfg.patience, workdir, started.resume_step)
+               if cfg.select_metric else None)
+  return _Run(started, optimizer, schedule, trainable, fingerprint, total_steps, steps_per_epoch, selection)
 
 
 def _attention(cfg: TrainConfig, scorer: Scorer) -> Optional[dict]:
@@ -239,8 +245,8 @@ def _step_fn(cfg: TrainConfig, prep: Prepared, scorer: Scorer, run: _Run, mesh: 
 
 def _loop(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, scorer: Scorer, run: _Run, mesh: Mesh,
           workdir: pathlib.Path, progress: bool):
-  """Runs the trainer's loop to the last step: (the final state, its timing, the checkpoint selection or None).
-  Interrupted, it reports the checkpoint a rerun resumes from (trainer.reports_interrupt)."""
+  """Runs the trainer's loop to the last step: (the final state, its timing); the run's selection observes each
+  dev evaluation. Interrupted, it reports the checkpoint a rerun resumes from (trainer.reports_interrupt)."""
   attention = _attention(cfg, scorer)
   if attention is not None:
     logging.info("train: attention %s (%s)", attention["kernel"], attention["reason"])
@@ -251,9 +257,7 @@ def _loop(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, scorer: Scorer
   save = lambda step, state: checkpoint.save(manager, step, state, run.fingerprint)
   settings = trainer.LoopSettings(run.total_steps, cfg.batch_size, prep.num_train, cfg.log_every, cfg.eval_every,
                                   cfg.save_every, max(1, run.total_steps // 10), "train", progress)
-  mesh_lib.sync("train: metrics log kept")  # selection reads the kept evaluations
-  selection = (Selection.start(cfg.select_metric, cfg.patience, workdir, run.started.resume_step)
-               if cfg.select_metric else None)
+  selection = run.selection
 
   def evaluate(params, step):
     runs = []
@@ -271,19 +275,18 @@ def _loop(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, scorer: Scorer
     state, timing = trainer.loop(settings, run.started.state, step_fn, hooks)
   trainer.finish(manager, state, save, run.total_steps)
   run.started.log.close()
-  return state, timing, selection
+  return state, timing
 
 
-def _stopped(cfg: TrainConfig, run: _Run, workdir: pathlib.Path):
-  """export_only: (the state, an empty timing, the checkpoint selection or None) of the run the workdir holds, as
-  its loop would have left them at its last checkpoint."""
+def _stopped(run: _Run, workdir: pathlib.Path):
+  """export_only: (the state, an empty timing) of the run the workdir holds, as its loop would have left them at
+  its last checkpoint."""
   step = run.started.resume_step
   if step is None:
     raise TrainError(f"--export_only: {workdir} holds no checkpoint of a run with these flags and data to export "
                      f"(a run's exports come from rerunning its own command with --export_only)")
-  selection = Selection.start(cfg.select_metric, cfg.patience, workdir, step) if cfg.select_metric else None
   logging.info("train: exporting the stopped run at step %d", step)
-  return run.started.state, trainer.Timing(steps_done=step), selection
+  return run.started.state, trainer.Timing(steps_done=step)
 
 
 def _select(summary: dict[str, Any], selection: Selection, log) -> Any:
