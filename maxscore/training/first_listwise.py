@@ -24,7 +24,7 @@ import numpy as np
 
 from maxscore.datasets.data import RerankSet
 from maxscore.errors import TrainError
-from maxscore.rerank import listwise, metrics
+from maxscore.rerank import listwise
 from maxscore.training.head_features import Examples
 
 
@@ -89,10 +89,8 @@ def window_examples(scorer, dataset: RerankSet, builder: listwise.WindowPrompts,
   return examples, grades_QxK, mask_QxK
 
 
-def evaluate_windows(label_lp_QxK: np.ndarray, examples, metric_names: Optional[Sequence[str]]) -> dict[str, float]:
-  """Ranking metrics of each window ordered by its identifiers' scores (the head's output at its one item)."""
-  run = {}
-  for i, (qid, docids) in enumerate(zip(examples.qids, examples.docids)):
-    run[qid] = {d: float(s) for d, s in zip(docids, np.asarray(label_lp_QxK[i], np.float64))}
-  per_query = metrics.evaluate(examples.qrels, run, metric_names)
-  return metrics.aggregate(per_query) if per_query else {}
+def window_run(label_lp_QxK: np.ndarray, examples) -> dict[str, dict[str, float]]:
+  """Each window's candidates scored by their identifiers' log-probs (the head's output at its one item), as a
+  run ({qid: {docid: score}})."""
+  return {qid: {d: float(s) for d, s in zip(docids, np.asarray(label_lp_QxK[i], np.float64))}
+          for i, (qid, docids) in enumerate(zip(examples.qids, examples.docids))}

@@ -17,10 +17,9 @@ from maxscore.training.reranker.config import TrainConfig
 from maxscore.training.reranker.prepare import Prepared
 
 
-def evaluate_split(label_lp, examples: Examples, prompt: PromptConfig, runs: Optional[list] = None
-                   ) -> dict[str, float]:
-  """Metrics the ranking eval would compute from the head's label log-probs `label_lp` [Q, N, K] (score_mode of
-  `prompt`); `runs`, when given, gets the scores themselves appended ({qid: {docid: score}})."""
+def head_run(label_lp, examples: Examples, prompt: PromptConfig) -> dict[str, dict[str, float]]:
+  """The ranking scores the eval would compute from the head's label log-probs `label_lp` [Q, N, K] (score_mode
+  of `prompt`), as a run ({qid: {docid: score}})."""
   apply_softmax, rank_fn = SCORE_MODES[prompt.score_mode]
   if apply_softmax is None:
     raise ValueError("score_mode=raw_logit needs raw lm_head logits; a score head gives log-probs (use p_first)")
@@ -28,10 +27,7 @@ def evaluate_split(label_lp, examples: Examples, prompt: PromptConfig, runs: Opt
   for i, (qid, docids) in enumerate(zip(examples.qids, examples.docids)):
     scores = np.asarray(rank_fn(finalize_scores(label_lp[i, :len(docids)], apply_softmax)), np.float32)
     run[qid] = {d: float(s) for d, s in zip(docids, scores)}
-  if runs is not None:
-    runs.append(run)
-  per_query = metrics.evaluate(examples.qrels, run, prompt.metrics)
-  return metrics.aggregate(per_query) if per_query else {}
+  return run
 
 
 def dev_metrics(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, decoder: Optional[Decoder],
@@ -41,12 +37,18 @@ def dev_metrics(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, decoder:
   if "dev" not in prep.examples:
     return None
   params = partition.host_copy(params)
+  examples = prep.examples["dev"]
   if decoder is not None:
-    h, lp = features.backbone_features(decoder, params["backbone"], prep.examples["dev"], prep.geometry["dev"],
-                                       labels_K, cfg.batch_size)
+    h, lp = features.backbone_features(decoder, params["backbone"], examples, prep.geometry["dev"], labels_K,
+                                       cfg.batch_size)
   else:
     h, lp = prep.feats["dev"].hidden, prep.feats["dev"].logprobs
   label_lp = np.asarray(head.jit_apply(prep.head_cfg)(params["head"], h, lp))
   if cfg.loss == "first_listwise":  # each dev window ordered by its identifiers' scores
-    return {"split": "dev", **first_listwise.evaluate_windows(label_lp[:, 0, :], prep.examples["dev"], prompt.metrics)}
-  return {"split": "dev", **evaluate_split(label_lp, prep.examples["dev"], prompt, runs)}
+    run = first_listwise.window_run(label_lp[:, 0, :], examples)
+  else:
+    run = head_run(label_lp, examples, prompt)
+    if runs is not None:
+      runs.append(run)
+  per_query = metrics.evaluate(examples.qrels, run, prompt.metrics)
+  return {"split": "dev", **(metrics.aggregate(per_query) if per_query else {})}
