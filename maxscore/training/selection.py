@@ -36,14 +36,19 @@ def resolve_metric(metric: str, dev_metrics: Sequence[str], has_dev_split: bool)
   evaluations cannot give it: no dev split, an unknown name, or a metric the dev evaluations leave out."""
   if not has_dev_split:
     raise TrainError(f"select_metric={metric!r} keeps the best dev evaluation: it needs a dev split (--dev_split)")
-  try:
-    name = metrics.canonical_name(metric)
-  except ValueError as e:
-    raise TrainError(f"select_metric={metric!r}: {e}") from None
+  name = _trec_name(metric)
   dev = [metrics.canonical_name(m) for m in dev_metrics]
   if name not in dev:
     raise TrainError(f"select_metric={metric!r} ({name}) is not among the dev metrics {dev}; add it to --metrics")
   return name
+
+
+def _trec_name(metric: str) -> str:
+  """The trec_eval name of a select_metric; an unknown name is a one-line TrainError."""
+  try:
+    return metrics.canonical_name(metric)
+  except ValueError as e:
+    raise TrainError(f"select_metric={metric!r}: {e}") from None
 
 
 @dataclasses.dataclass
@@ -60,11 +65,7 @@ class Selection:
   @classmethod
   def start(cls, metric: str, patience: int, workdir: pathlib.Path, resume_step: Optional[int],
             min_delta: float = 0.0) -> "Selection":
-    try:
-      name = metrics.canonical_name(metric)
-    except ValueError as e:
-      raise TrainError(f"select_metric={metric!r}: {e}") from None
-    sel = cls(name, patience, pathlib.Path(workdir), min_delta)
+    sel = cls(_trec_name(metric), patience, pathlib.Path(workdir), min_delta)
     log = sel.workdir / "metrics.jsonl"
     if resume_step is not None and log.is_file():  # the evaluations the resumed run keeps
       for line in log.read_text(encoding="utf-8").splitlines():
