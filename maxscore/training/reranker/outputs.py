@@ -88,8 +88,8 @@ def summary(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, scorer: Scor
 
 
 def export(cfg: TrainConfig, prep: Prepared, scorer: Scorer, summary: dict[str, Any], final, export_dir: os.PathLike,
-           workdir: pathlib.Path, overwrite: bool, lora: Optional[lora_lib.LoraConfig]) -> str:
-  """The base checkpoint with the trained head (and backbone, when it trained; with `lora`, its adapters merged)
+           workdir: pathlib.Path, overwrite: bool) -> str:
+  """The base checkpoint with the trained head (and backbone, when it trained; with LoRA, its adapters merged)
   in `export_dir`; an existing export is replaced with `overwrite`, or when this workdir's earlier run wrote
   it."""
   info = {k: summary[k] for k in ("train_config", "prompt", "label_ids", "train_queries", "steps",
@@ -102,8 +102,8 @@ def export(cfg: TrainConfig, prep: Prepared, scorer: Scorer, summary: dict[str, 
   same = pathlib.Path(export_dir).resolve() == pathlib.Path(summary["checkpoint_dir"]).resolve()
   info["base_checkpoint"] = "." if same else summary["checkpoint_dir"]
   backbone = jax.device_get(final["backbone"]) if cfg.train_backbone else None
-  if backbone is not None and lora is not None:
-    backbone = jax.device_get(lora_lib.merge(backbone, lora))  # W + alpha / rank * A @ B
+  if backbone is not None and cfg.lora is not None:
+    backbone = jax.device_get(lora_lib.merge(backbone, cfg.lora))  # W + alpha / rank * A @ B
   ours = safety.exported_by(export_dir, workdir)  # this workdir's earlier (or killed) run wrote it
   return str(head_storage.export_checkpoint(scorer.config.runtime.checkpoint_dir, export_dir, prep.head_cfg,
                                             jax.device_get(final["head"]), info, backbone,

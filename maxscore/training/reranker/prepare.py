@@ -92,11 +92,7 @@ def prepare(cfg: TrainConfig, prompt: PromptConfig, scorer: Scorer, train_set: R
   prep = Prepared(tuple(label_ids), head_cfg, examples, {s: ex.grid() for s, ex in examples.items()},
                   teacher=examples["train"].teacher_grid() if uses_teacher(cfg) else None,
                   window_grades=window_grades, listwise_chat=listwise_chat)
-  if not cfg.train_backbone:
-    prep.feats = load_or_extract(scorer, examples, feature_cache, cfg.algorithm, progress)
-    prep.feature_seconds = sum(f.seconds for f in prep.feats.values())
-    prep.cached = all(f.cached for f in prep.feats.values())
-  else:
+  if cfg.train_backbone:
     prep.geometry = {s: packed_geometry(scorer, ex) for s, ex in examples.items()}
     prep.match_targets = cfg.match_loss_weight > 0
     prep.group_rows = bool(cfg.group_size) and not prep.match_targets  # match targets need every item
@@ -104,4 +100,8 @@ def prepare(cfg: TrainConfig, prompt: PromptConfig, scorer: Scorer, train_set: R
       p, l, n = prep.geometry["train"]
       prep.geometry["train"] = (p, l, min(n, bucket(cfg.group_size, scorer.config.buckets.item_count_buckets,
                                                     "group size")))
+  else:
+    prep.feats = load_or_extract(scorer, examples, feature_cache, cfg.algorithm, progress)
+    prep.feature_seconds = sum(f.seconds for f in prep.feats.values())
+    prep.cached = all(f.cached for f in prep.feats.values())
   return prep

@@ -172,8 +172,7 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   if selection is not None:  # the export is the best evaluation's params, not the last step's
     final = _select(summary, selection, run.started.log)
   if export_dir:
-    summary["export_dir"] = outputs.export(cfg, prep, scorer, summary, final, export_dir, workdir, overwrite,
-                                           cfg.lora)
+    summary["export_dir"] = outputs.export(cfg, prep, scorer, summary, final, export_dir, workdir, overwrite)
   if adapters_dir:
     summary["adapters_dir"] = outputs.export_adapters(prep, scorer, summary, final, adapters_dir, workdir, overwrite,
                                                       cfg.lora, selection.best_step if selection else step)
