@@ -270,6 +270,47 @@ print(json.dumps([str(out), identity.tree_digest(params)]))
 """
 
 
+def test_another_process_moving_the_cache_entry_between_two_looks_is_not_taken_for_a_foreign_one(tiny_gguf, tmp_path,
+                                                                                                   monkeypatch):
+  """The moments of a race, played in one process: a damaged entry that another process sets aside while this one
+  reads its marker is converted again (not refused as a directory maxscore did not write); the right base that
+  another process publishes after this one's first look is kept as it stands (not set aside and converted again)."""
+  site = tmp_path / "site"
+  _install_fake_package(site, tiny_gguf)
+  _on_path(monkeypatch, site)
+  ref = convert_gguf_checkpoint(tiny_gguf, tmp_path / "ref", keep_layers=2)
+  digest = packaged.storage.params_digest(ref)
+  base = packaged.BaseSource(PACKAGE, VERSION, MODULE, GGUF, packaged.sha256_file(tiny_gguf), 2, "float32", digest)
+  env = {"MAXSCORE_CACHE_DIR": str(tmp_path / "cache")}
+  entry = packaged.base_cache_dir(base, env)
+  entry.parent.mkdir(parents=True)
+  shutil.copytree(ref, entry)
+  shutil.rmtree(entry / "params")  # damaged
+  is_owned, moved = packaged.safety.is_owned, []
+
+  def set_aside_while_read(directory, kind=None):
+    if pathlib.Path(directory) == entry and not moved:
+      moved.append(entry.rename(entry.parent / ".set-aside-by-another"))
+    return is_owned(directory, kind)
+  monkeypatch.setattr(packaged.safety, "is_owned", set_aside_while_read)
+  assert packaged.base_checkpoint(base, env) == entry and moved
+  assert packaged.storage.params_digest(entry) == digest
+
+  shutil.rmtree(entry)
+  locate, published = packaged.locate_gguf, []
+
+  def published_meanwhile(b):
+    published.append(shutil.copytree(ref, entry).stat().st_ino)
+    return locate(b)
+
+  def no_second_conversion(*args, **kwargs):
+    raise AssertionError("the base another process published was converted again")
+  monkeypatch.setattr(packaged, "locate_gguf", published_meanwhile)
+  monkeypatch.setattr(packaged, "convert_gguf_checkpoint", no_second_conversion)
+  assert packaged.base_checkpoint(base, env) == entry and entry.stat().st_ino == published[0]
+  assert packaged.storage.params_digest(entry) == digest
+
+
 @pytest.mark.slow
 def test_processes_converting_the_same_base_at_once_each_get_it_whole(tiny_gguf, tmp_path, monkeypatch):
   """The processes of a multi-process job on one host share the user cache: 6 loading a packaged reranker at

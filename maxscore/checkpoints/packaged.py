@@ -140,6 +140,30 @@ def _cached_digest(out: pathlib.Path) -> Optional[str]:
     return None
 
 
+def _make_room(out: pathlib.Path, base: BaseSource) -> bool:
+  """Takes a damaged cache entry (or one of other params) out of `out`'s place, so a new base can be published
+  there; True when the right base stands there after all (another process published it meanwhile). Other
+  processes may set the same entry aside, or publish one, at any moment: a directory is refused as foreign only
+  when the same directory stands at `out` before and after its marker was found missing."""
+  while True:
+    try:
+      before = out.stat()
+    except FileNotFoundError:
+      return False
+    if safety.is_owned(out):
+      if _cached_digest(out) == base.params_sha256:
+        return True
+      cache.set_aside(out)
+      return False
+    try:
+      after = out.stat()
+    except FileNotFoundError:
+      continue  # set aside by another process while its marker was read
+    if (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino):
+      raise PackagedError(f"the cache entry {out} for {base.name}'s converted base was not written by maxscore (no "
+                          f"{safety.MARKER} marker); it is left untouched: remove it, and the base is converted again")
+
+
 def base_checkpoint(base: BaseSource, environ: Mapping[str, str] = os.environ) -> pathlib.Path:
   """The converted base, from the cache or converted now (once) from the package's GGUF, and checked: its
   params digest must be the one the adapters were trained on. Processes converting it at once each convert
@@ -148,11 +172,8 @@ def base_checkpoint(base: BaseSource, environ: Mapping[str, str] = os.environ) -
   if _cached_digest(out) == base.params_sha256:
     return out
   gguf = locate_gguf(base)
-  if out.exists():  # damaged, or other params: out of the way before a new one is published there
-    if not safety.is_owned(out):
-      raise PackagedError(f"the cache entry {out} for {base.name}'s converted base was not written by maxscore (no "
-                          f"{safety.MARKER} marker); it is left untouched: remove it, and the base is converted again")
-    cache.set_aside(out)
+  if _make_room(out, base):
+    return out
   with cache.publishing(out) as private:
     convert_gguf_checkpoint(gguf, private, base.dtype, keep_layers=base.keep_layers)
   digest = _cached_digest(out)
