@@ -73,7 +73,7 @@ def test_a_group_packs_only_its_drawn_items_with_the_same_features():
     np.testing.assert_allclose(h1[q, cols], h0[q, cols], atol=2e-5, rtol=0)
     np.testing.assert_allclose(lp1[q, cols], lp0[q, cols], atol=2e-5, rtol=0)
   with pytest.raises(ValueError, match="match targets"):
-    features.plan_packed(reqs, (p, l, 4), match_targets=True, columns=columns, num_columns=8)
+    features.match_targets(drawn, reqs)
 
 
 def test_train_backbone_with_groups_packs_the_drawn_group():
@@ -138,17 +138,16 @@ def test_query_match_targets():
   the query's distinct ids it holds. Prefix, padding and padding rows stay 0."""
   req = TokenRequest(query=(7, 8, 8, 9), items=((8, 3), (5,), (9, 7, 8)), label_ids=(4, 5), apply_softmax=False,
                      item_first=False, separator=2)
-  assert features.plan_packed([req, None], (8, 4, 4)).match_BxT is None  # only when asked for
-  plan = features.plan_packed([req, None], (8, 4, 4), match_targets=True)
+  match, candidate, coverage = features.match_targets(features.plan_packed([req, None], (8, 4, 4)), [req, None])
   p, l = 8, 4
   expect_mask = np.zeros((2, p + 4 * l), bool)
   expect_match = np.zeros((2, p + 4 * l), np.float32)
   for n, (item, hits) in enumerate([((8, 3), (1, 0)), ((5,), (0,)), ((9, 7, 8), (1, 1, 1))]):
     expect_mask[0, p + n * l:p + n * l + len(item)] = True
     expect_match[0, p + n * l:p + n * l + len(item)] = hits
-  np.testing.assert_array_equal(plan.match_mask_BxT, expect_mask)
-  np.testing.assert_array_equal(plan.match_BxT, expect_match)
-  np.testing.assert_allclose(plan.coverage_QxN, [[1 / 3, 0, 1, 0], [0, 0, 0, 0]])
+  np.testing.assert_array_equal(candidate, expect_mask)
+  np.testing.assert_array_equal(match, expect_match)
+  np.testing.assert_allclose(coverage, [[1 / 3, 0, 1, 0], [0, 0, 0, 0]])
 
 
 def test_probe_bce_by_hand():

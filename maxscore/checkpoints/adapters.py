@@ -113,7 +113,8 @@ def init_adapters(model, lora: LoraConfig, rng: jax.Array, dtype: Any = jnp.floa
 
 def adapter_shardings(model, lora: LoraConfig, mesh: jax.sharding.Mesh, rules=sharding.RULES) -> dict:
   """NamedShardings of the adapter params on `mesh`, from the logical axes they share with their weights."""
-  return split_adapters(sharding.param_shardings(_abstract_adapted(model, lora), mesh, rules))[1]
+  abstract = _abstract_adapted(model, lora)
+  return split_adapters(sharding.param_shardings(abstract, mesh, rules))[1]
 
 
 def merge(params: Any, lora: LoraConfig) -> dict:

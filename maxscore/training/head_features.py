@@ -32,7 +32,7 @@ from maxscore.datasets.data import RerankSet
 from maxscore.errors import UnsafeOutputError
 from maxscore.files import identity, safety
 from maxscore.rerank import prompts
-from maxscore.scoring.layout import RowSpec, bucket, pack_rows
+from maxscore.scoring.layout import PackedBatch, RowSpec, bucket, pack_rows
 from maxscore.scoring.requests import TokenRequest
 from maxscore.scoring.runner import label_logprobs, packed_hidden
 from maxscore.scoring.scorer import Scorer
@@ -168,10 +168,8 @@ class PackedPlan:
   batch: dict                        # tokens, positions, layout, score_index (device-ready)
   gather_QxN: np.ndarray
   mask_QxN: np.ndarray
-  # With match_targets (the auxiliary match losses of train_backbone), else None:
-  match_BxT: Optional[np.ndarray] = None       # 1.0 where a candidate token also occurs in its query's tokens
-  match_mask_BxT: Optional[np.ndarray] = None  # the candidate tokens
-  coverage_QxN: Optional[np.ndarray] = None    # share of the query's distinct tokens that occur in the candidate
+  packed: PackedBatch                # the same rows on the host
+  whole: bool                        # every request packs all its items, in order (no columns chosen)
 
 
 def packed_geometry(scorer: Scorer, examples: Examples) -> tuple[int, int, int]:
@@ -184,15 +182,11 @@ def packed_geometry(scorer: Scorer, examples: Examples) -> tuple[int, int, int]:
 
 
 def plan_packed(reqs: Sequence[Optional[TokenRequest]], geometry: tuple[int, int, int],
-                match_targets: bool = False, columns: Optional[Sequence[Sequence[int]]] = None,
-                num_columns: Optional[int] = None) -> PackedPlan:
-  """Each request in one packed row of the fixed geometry (None = an empty padding row); with
-  `match_targets`, also the targets of the auxiliary match losses. With `columns`, request i packs only its
-  items columns[i] (e.g. the ones a training group drew), and the gather is [len(reqs), num_columns] over
-  the requests' item indices, 0 where an item was not packed."""
+                columns: Optional[Sequence[Sequence[int]]] = None, num_columns: Optional[int] = None) -> PackedPlan:
+  """Each request in one packed row of the fixed geometry (None = an empty padding row). With `columns`,
+  request i packs only its items columns[i] (e.g. the ones a training group drew), and the gather is
+  [len(reqs), num_columns] over the requests' item indices, 0 where an item was not packed."""
   p, l, n = geometry
-  if columns is not None and match_targets:
-    raise ValueError("match targets cover every item of a request: they cannot be planned for chosen columns")
   picked = [() if r is None else range(len(r.items)) if columns is None else [int(c) for c in columns[i]]
             for i, r in enumerate(reqs)]
   rows = [RowSpec(i, r.prefix, tuple(picked[i]), tuple(r.items[c] for c in picked[i]), l)
@@ -207,14 +201,17 @@ def plan_packed(reqs: Sequence[Optional[TokenRequest]], geometry: tuple[int, int
     mask[pb.request_BxN[b, j], pb.item_BxN[b, j]] = True
   batch = {"tokens": jnp.asarray(pb.tokens_BxT), "positions": jnp.asarray(pb.positions_BxT), "layout": layout,
            "score_index": jnp.asarray(pb.score_index_BxN)}
-  plan = PackedPlan(batch, gather, mask)
-  return dataclasses.replace(plan, **_match_targets(pb, reqs)) if match_targets else plan
+  return PackedPlan(batch, gather, mask, pb, columns is None)
 
 
-def _match_targets(pb, reqs: Sequence[Optional[TokenRequest]]) -> dict[str, np.ndarray]:
-  """Per packed token: whether it is a candidate token, and whether its id is one of its query's (the
-  separator left out); per candidate: the share of the query's distinct ids it holds. Row b holds
-  request b (plan_packed packs one request per row)."""
+def match_targets(plan: PackedPlan, reqs: Sequence[Optional[TokenRequest]]) -> tuple[np.ndarray, ...]:
+  """The targets of the auxiliary match losses (train_backbone) of the requests `plan` packs: per packed
+  token, whether its id is one of its query's (the separator left out) [B, T] and whether it is a candidate
+  token [B, T]; per candidate, the share of the query's distinct ids it holds [Q, N]. Row b holds request b
+  (plan_packed packs one request per row)."""
+  if not plan.whole:
+    raise ValueError("match targets cover every item of a request: they cannot be planned for chosen columns")
+  pb = plan.packed
   candidate = np.zeros(pb.tokens_BxT.shape, bool)
   match = np.zeros(pb.tokens_BxT.shape, np.float32)
   coverage = np.zeros((len(reqs), pb.num_slots), np.float32)
@@ -228,7 +225,7 @@ def _match_targets(pb, reqs: Sequence[Optional[TokenRequest]]) -> dict[str, np.n
     if r.query:
       query = set(r.query)
       coverage[b, :len(r.items)] = [len(query.intersection(item)) / len(query) for item in r.items]
-  return {"match_BxT": match, "match_mask_BxT": candidate, "coverage_QxN": coverage}
+  return match, candidate, coverage
 
 
 def packed_features(decoder: Decoder, backbone, batch: dict, gather_QxN, labels_K, residuals: bool = False):

@@ -18,7 +18,7 @@ from maxscore.heads import head
 from maxscore.scoring.runner import DTYPES
 from maxscore.scoring.scorer import Scorer
 from maxscore.training import groups, partition
-from maxscore.training.head_features import packed_features, plan_packed
+from maxscore.training.head_features import match_targets, packed_features, plan_packed
 from maxscore.training.losses import MASK_LOGIT, batch_loss, lce_distill_mix, probe_bce, probe_logits
 from maxscore.training.reranker.config import TrainConfig
 from maxscore.training.reranker.prepare import Prepared
@@ -145,11 +145,11 @@ def make_batch(prep: Prepared, idx: np.ndarray, step: int = 0, cfg: Optional[Tra
       plan = plan_packed(reqs, prep.geometry["train"], columns=[np.nonzero(m)[0] for m in batch["mask"]],
                          num_columns=grades.shape[1])
     else:
-      plan = plan_packed(reqs, prep.geometry["train"], match_targets=prep.match_targets)
+      plan = plan_packed(reqs, prep.geometry["train"])
     batch.update(packed=plan.batch, gather=plan.gather_QxN[:, :grades.shape[1]])
     if prep.match_targets:
-      batch.update(match=plan.match_BxT, match_mask=plan.match_mask_BxT,
-                   coverage=plan.coverage_QxN[:, :grades.shape[1]])
+      match, candidate, coverage = match_targets(plan, reqs)
+      batch.update(match=match, match_mask=candidate, coverage=coverage[:, :grades.shape[1]])
   else:
     batch.update(hidden=prep.feats["train"].hidden[safe], logprobs=prep.feats["train"].logprobs[safe])
   return batch, int(batch["mask"].sum())

@@ -87,29 +87,6 @@ def summary(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, scorer: Scor
   }
 
 
-def export(cfg: TrainConfig, prep: Prepared, scorer: Scorer, summary: dict[str, Any], final, export_dir: os.PathLike,
-           workdir: pathlib.Path, overwrite: bool) -> str:
-  """The base checkpoint with the trained head (and backbone, when it trained; with LoRA, its adapters merged)
-  in `export_dir`; an existing export is replaced with `overwrite`, or when this workdir's earlier run wrote
-  it."""
-  info = {k: summary[k] for k in ("train_config", "prompt", "label_ids", "train_queries", "steps",
-                                  "dev_metrics_initial", "dev_metrics_final")}
-  if "selection" in summary:
-    info["selection"] = {k: summary["selection"][k] for k in ("metric", "best_step", "best_value", "stopped_at",
-                                                              "reason")}
-  # "." when the head was written into its own base checkpoint (paths of this machine mean
-  # nothing inside a checkpoint that is copied elsewhere).
-  same = pathlib.Path(export_dir).resolve() == pathlib.Path(summary["checkpoint_dir"]).resolve()
-  info["base_checkpoint"] = "." if same else summary["checkpoint_dir"]
-  backbone = jax.device_get(final["backbone"]) if cfg.train_backbone else None
-  if backbone is not None and cfg.lora is not None:
-    backbone = jax.device_get(lora_lib.merge(backbone, cfg.lora))  # W + alpha / rank * A @ B
-  ours = safety.exported_by(export_dir, workdir)  # this workdir's earlier (or killed) run wrote it
-  return str(head_storage.export_checkpoint(scorer.config.runtime.checkpoint_dir, export_dir, prep.head_cfg,
-                                            jax.device_get(final["head"]), info, backbone,
-                                            overwrite=overwrite or ours, workdir=str(workdir)))
-
-
 DEV_RUNS = "dev_runs"  # <workdir>/dev_runs/step_<n>.trec: each dev evaluation's scores
 DEV_RUN = "dev_run.trec"  # beside exported adapters: the dev scores of the step exported
 
@@ -122,25 +99,47 @@ def write_dev_run(workdir: pathlib.Path, step: int, run: dict[str, dict[str, flo
   safety.atomic_write_text(workdir / DEV_RUNS / f"step_{step}.trec", "\n".join(lines) + "\n")
 
 
-def export_adapters(prep: Prepared, scorer: Scorer, summary: dict[str, Any], final, adapters_dir: os.PathLike,
-                    workdir: pathlib.Path, overwrite: bool, lora: lora_lib.LoraConfig,
-                    step: Optional[int] = None) -> str:
-  """The LoRA adapters (lora.json + adapters/, with the base's digest) and the trained head (head/) in
-  `adapters_dir`: eval_rerank.py --checkpoint_dir=<base> --adapters_dir=<it> scores as the merged export. With
-  the dev scores of the exported `step` (dev_run.trec) when that evaluation wrote them: a copy of the adapters
-  on the same base reproduces them."""
+def export(cfg: TrainConfig, prep: Prepared, scorer: Scorer, summary: dict[str, Any], final, workdir: pathlib.Path,
+           overwrite: bool, export_dir: Optional[os.PathLike] = None, adapters_dir: Optional[os.PathLike] = None,
+           step: Optional[int] = None) -> dict[str, str]:
+  """The run's exports of the params `final` (of `step`), as {"export_dir": ..., "adapters_dir": ...} for those
+  asked for. An existing export is replaced with `overwrite`, or when this workdir's earlier run wrote it.
+
+  export_dir: the base checkpoint with the trained head (and backbone, when it trained; with LoRA, its adapters
+  merged). adapters_dir: the LoRA adapters (lora.json + adapters/, with the base's digest) and the trained head
+  (head/): eval_rerank.py --checkpoint_dir=<base> --adapters_dir=<it> scores as the merged export; with the dev
+  scores of `step` (dev_run.trec) when that evaluation wrote them, which a copy of the adapters on the same base
+  reproduces."""
   base = scorer.config.runtime.checkpoint_dir
-  ours = safety.exported_by(adapters_dir, workdir)
-  out = lora_lib.save_adapters(adapters_dir, jax.device_get(final["backbone"]), lora, base,
-                               overwrite=overwrite or ours, workdir=str(workdir),
-                               base_quantization=scorer.runner.quantization,
-                               base_quantization_group=scorer.runner.quantization_group)
-  info = {k: summary[k] for k in ("train_config", "prompt", "label_ids", "train_queries", "steps")}
-  head_storage.save_head(out, prep.head_cfg, jax.device_get(final["head"]), {**info, "base_checkpoint": base})
-  dev_run = workdir / DEV_RUNS / f"step_{step}.trec"
-  if step is not None and dev_run.is_file():
-    shutil.copyfile(dev_run, pathlib.Path(out) / DEV_RUN)
-  return str(out)
+  head_params = jax.device_get(final["head"])
+  written = {}
+  if export_dir:
+    info = {k: summary[k] for k in ("train_config", "prompt", "label_ids", "train_queries", "steps",
+                                    "dev_metrics_initial", "dev_metrics_final")}
+    if "selection" in summary:
+      info["selection"] = {k: summary["selection"][k] for k in ("metric", "best_step", "best_value", "stopped_at",
+                                                                "reason")}
+    # "." when the head was written into its own base checkpoint (paths of this machine mean
+    # nothing inside a checkpoint that is copied elsewhere).
+    info["base_checkpoint"] = "." if pathlib.Path(export_dir).resolve() == pathlib.Path(base).resolve() else base
+    backbone = jax.device_get(final["backbone"]) if cfg.train_backbone else None
+    if backbone is not None and cfg.lora is not None:
+      backbone = jax.device_get(lora_lib.merge(backbone, cfg.lora))  # W + alpha / rank * A @ B
+    written["export_dir"] = str(head_storage.export_checkpoint(
+        base, export_dir, prep.head_cfg, head_params, info, backbone,
+        overwrite=overwrite or safety.exported_by(export_dir, workdir), workdir=str(workdir)))
+  if adapters_dir:
+    out = lora_lib.save_adapters(adapters_dir, jax.device_get(final["backbone"]), cfg.lora, base,
+                                 overwrite=overwrite or safety.exported_by(adapters_dir, workdir),
+                                 workdir=str(workdir), base_quantization=scorer.runner.quantization,
+                                 base_quantization_group=scorer.runner.quantization_group)
+    info = {k: summary[k] for k in ("train_config", "prompt", "label_ids", "train_queries", "steps")}
+    head_storage.save_head(out, prep.head_cfg, head_params, {**info, "base_checkpoint": base})
+    dev_run = workdir / DEV_RUNS / f"step_{step}.trec"
+    if step is not None and dev_run.is_file():
+      shutil.copyfile(dev_run, pathlib.Path(out) / DEV_RUN)
+    written["adapters_dir"] = str(out)
+  return written
 
 
 def metric_values(rec: dict) -> dict[str, float]:

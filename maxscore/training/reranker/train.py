@@ -171,11 +171,8 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   selection = run.selection
   if selection is not None:  # the export is the best evaluation's params, not the last step's
     final = _select(summary, selection, run.started.log)
-  if export_dir:
-    summary["export_dir"] = outputs.export(cfg, prep, scorer, summary, final, export_dir, workdir, overwrite)
-  if adapters_dir:
-    summary["adapters_dir"] = outputs.export_adapters(prep, scorer, summary, final, adapters_dir, workdir, overwrite,
-                                                      cfg.lora, selection.best_step if selection else step)
+  summary.update(outputs.export(cfg, prep, scorer, summary, final, workdir, overwrite, export_dir, adapters_dir,
+                                selection.best_step if selection else step))
   safety.atomic_write_text(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
   return summary
 
