@@ -16,9 +16,10 @@ import math
 import os
 import pathlib
 import re
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 import bm25s
+import bm25s.stopwords
 import numpy as np
 
 from maxscore.datasets import beir_files, docstore
@@ -27,21 +28,27 @@ from maxscore.files import cache
 _INDEX_VERSION = 1  # of the saved index (BM25Index.for_corpus)
 
 _WORD = re.compile(r"[a-z]+")
+ENGLISH_STOPWORDS = frozenset(bm25s.stopwords.STOPWORDS_EN)  # bm25s's English list (33 words)
 
 
-def words(text: str) -> list[str]:
-  return _WORD.findall(text.lower())
+def words(text: str, stopwords: Collection[str] = ()) -> list[str]:
+  """The lowercase [a-z] words of `text`, those in `stopwords` left out."""
+  found = _WORD.findall(text.lower())
+  return [w for w in found if w not in stopwords] if stopwords else found
 
 
 class BM25Index:
-  """Okapi BM25 (k1, b) over the documents given, indexed by bm25s."""
+  """Okapi BM25 (k1, b) over the documents given, indexed by bm25s; `stopwords` are left out of documents and
+  queries alike (ENGLISH_STOPWORDS for questions in English; none by default)."""
 
-  def __init__(self, docs: Sequence[str], k1: float = 1.2, b: float = 0.75, _loaded=None):
+  def __init__(self, docs: Sequence[str], k1: float = 1.2, b: float = 0.75, _loaded=None,
+               stopwords: Collection[str] = ()):
+    self.stopwords = frozenset(stopwords)
     if _loaded is not None:  # BM25Index.for_corpus: an index saved before, memory-mapped
       self._bm25, self.n = _loaded
     else:
       self.n = len(docs)
-      tokens = [words(text) for text in docs]
+      tokens = [words(text, self.stopwords) for text in docs]
       self._bm25 = bm25s.BM25(k1=k1, b=b, method="atire", idf_method="lucene", dtype="float64")
       self._bm25.index(tokens, show_progress=False)
     indptr = np.asarray(self._bm25.scores["indptr"])
@@ -57,7 +64,7 @@ class BM25Index:
 
   def scores(self, query: str) -> np.ndarray:
     """BM25 score of every document for `query` (each query word counted once per occurrence)."""
-    ids = [i for i in self._bm25.get_tokens_ids(words(query)) if i + 1 < len(self._bm25.scores["indptr"])]
+    ids = [i for i in self._bm25.get_tokens_ids(words(query, self.stopwords)) if i + 1 < len(self._bm25.scores["indptr"])]
     if not ids or not self.n:
       return np.zeros(self.n, np.float64)
     return np.asarray(self._bm25.get_scores_from_ids(ids), np.float64)
@@ -98,9 +105,9 @@ class BM25Index:
 
 
 def first_stage_run(corpus: Mapping[str, str], queries: Mapping[str, str], top_k: int = 100,
-                    k1: float = 1.2, b: float = 0.75) -> dict[str, dict[str, float]]:
+                    k1: float = 1.2, b: float = 0.75, stopwords: Collection[str] = ()) -> dict[str, dict[str, float]]:
   """{qid: {docid: score}}: each query's `top_k` best corpus documents with a positive BM25 score, best
-  first (ties: corpus order), every document of `corpus` indexed."""
+  first (ties: corpus order), every document of `corpus` indexed (`stopwords` left out: BM25Index)."""
   docids = list(corpus)
-  index = BM25Index([corpus[d] for d in docids], k1, b)
+  index = BM25Index([corpus[d] for d in docids], k1, b, stopwords=stopwords)
   return {qid: {docids[i]: s for i, s in index.top_k(text, top_k)} for qid, text in queries.items()}
