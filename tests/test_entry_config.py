@@ -17,7 +17,7 @@ from maxscore.config import ConfigError, load_config
 from maxscore.distributed import processes
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-ENTRY_SCRIPTS = ["bench", "bench_corpus", "bench_eval", "bench_listwise_cost", "bench_serve", "bench_train", "build_default_assets", "compare_runs",
+ENTRY_SCRIPTS = ["bench", "bench_corpus", "bench_eval", "bench_listwise_cost", "bench_serve", "bench_train", "build_default_assets", "build_question_sets", "compare_runs",
                  "compile_check",
                  "convert_gguf_checkpoint", "convert_hf_checkpoint", "eval_rerank", "eval_suite",
                  "export_hf_checkpoint", "gpu_check", "head_study", "mine_negatives", "package_reranker", "plot_runs", "pretrain_lm", "profile_shares",

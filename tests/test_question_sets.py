@@ -92,6 +92,13 @@ def test_perlfaq_refuses_a_directory_that_is_not_perls_pods(tmp_path):
     perlfaq_set.read_pods(tmp_path)
 
 
+def test_a_build_that_names_no_source_is_refused_and_writes_nothing(tmp_path):
+  options = question_sets.QuestionSetOptions(perlfaq_dir=str(tmp_path / "perl"), docs_dir=str(tmp_path / "docs"))
+  with pytest.raises(errors.ScoreInputError, match="nothing to build"):
+    question_sets.build(options.validate())
+  assert not list(tmp_path.iterdir())
+
+
 def test_shipped_perlfaq_set_invariants():
   corpus = beir_files.read_corpus(PERLFAQ / "corpus.jsonl")
   queries = beir_files.read_queries(PERLFAQ / "queries.jsonl")
