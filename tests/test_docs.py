@@ -1,5 +1,6 @@
 """The documentation: the configuration reference says what configs/*.yml say, the README's links lead to pages
-that exist, and the site builds with mkdocs in strict mode (a warning, such as a broken link, fails the build)."""
+that exist, the module paths that comments and pages cite exist, and the site builds with mkdocs in strict mode (a
+warning, such as a broken link, fails the build)."""
 
 import os
 import pathlib
@@ -50,6 +51,24 @@ def test_the_readme_links_to_pages_that_exist():
   links = re.findall(r"\]\(([^)#]+)\)", (REPO / "README.md").read_text())
   assert len(links) >= 10
   assert [link for link in links if not (REPO / link).is_file()] == []
+
+
+def test_every_module_path_the_code_and_docs_name_exists():
+  """A `maxscore/...py` or `scripts/...py` named in a comment, docstring or page points at a file of this repo:
+  a module moved or split leaves no citation pointing at nothing. (A path under another directory, such as a
+  benchmark's tmp/before/scripts/x.py, is not a citation of this tree and is skipped.)"""
+  files = (sorted(REPO.glob("maxscore/**/*.py")) + sorted(REPO.glob("scripts/*.py")) + sorted(REPO.glob("docs/*.md"))
+           + [REPO / "BENCHMARKS.md"])
+  cited = re.compile(r"(?<![\w/.])((?:maxscore|scripts)/[\w/]+\.py)")
+  named, missing = 0, []
+  for path in files:
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+      for m in cited.finditer(line):
+        named += 1
+        if not (REPO / m.group(1)).is_file():
+          missing.append(f"{path.relative_to(REPO)}:{number}: {m.group(1)}")
+  assert named > 100
+  assert missing == []
 
 
 @pytest.mark.slow

@@ -99,7 +99,7 @@ class Scorer:
 
   # A plain scorer applies no score head (scoring/head_scorer.py's HeadScorer: the head's config and params digest).
   head_fingerprint: Optional[dict[str, Any]] = None
-  # LoRA adapters merged into the params on load (maxscore/training/lora.py): their directory and settings.
+  # LoRA adapters merged into the params on load (maxscore/checkpoints/adapters.py): their directory and settings.
   adapters: Optional[dict[str, Any]] = None
 
   def __init__(self, config: Config, params: Any, tokenizer: Optional[Tokenizer] = None,
