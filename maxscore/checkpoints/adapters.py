@@ -215,8 +215,8 @@ def load_adapters(directory: os.PathLike) -> tuple[dict, LoraConfig, dict]:
       raise ValueError(f"base_quantization_group_size={group!r} is not a non-negative integer")
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise LoraError(f"{meta_path} is corrupt: {' '.join(str(e).split())}") from None
-  try:
-    adapters = jax.device_get(ocp.StandardCheckpointer().restore(directory / "adapters"))
+  try:  # Orbax refuses a relative path (eval_rerank.py --adapters_dir=out/x): it is given the absolute one
+    adapters = jax.device_get(ocp.StandardCheckpointer().restore(safety.resolve(directory) / "adapters"))
   except Exception as e:  # orbax raises several types for unreadable files
     raise LoraError(f"cannot restore {directory / 'adapters'}: {type(e).__name__}: {str(e)[:300]}") from None
   _check_adapters(adapters, model, lora, f"adapters in {directory}")

@@ -123,7 +123,7 @@ def write_checkpoint_files(directory: pathlib.Path, params: Any, model: ModelCon
   params = nn.unbox(params)
   digest = identity.tree_digest(params)
   checkpointer = local_checkpointer()
-  checkpointer.save(directory / "params", params)
+  checkpointer.save(safety.resolve(directory) / "params", params)  # Orbax refuses a relative path
   checkpointer.wait_until_finished()
   tokenizer = None
   for i, f in enumerate(tokenizer_files):

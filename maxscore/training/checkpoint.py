@@ -11,14 +11,15 @@ from typing import Optional
 import orbax.checkpoint as ocp
 from absl import logging
 
-from maxscore.files import identity
+from maxscore.files import identity, safety
 from maxscore.training import partition
 from maxscore.training.state import TrainState
 
 
 def manager(workdir: pathlib.Path, keep: int) -> ocp.CheckpointManager:
-  """The CheckpointManager of `<workdir>/checkpoints`, keeping the latest `keep`."""
-  return ocp.CheckpointManager(workdir / "checkpoints", options=ocp.CheckpointManagerOptions(
+  """The CheckpointManager of `<workdir>/checkpoints`, keeping the latest `keep` (a relative `workdir` is made
+  absolute: Orbax refuses a relative path)."""
+  return ocp.CheckpointManager(safety.resolve(workdir) / "checkpoints", options=ocp.CheckpointManagerOptions(
       max_to_keep=keep, create=True), item_handlers={"state": ocp.StandardCheckpointHandler(),
                                                      "run": ocp.JsonCheckpointHandler()})
 
