@@ -201,6 +201,29 @@ def test_lora_rank_without_train_backbone_is_a_one_line_error(load_script, tmp_p
   assert not (tmp_path / "work").exists()
 
 
+def test_a_refused_export_only_writes_nothing(load_script, tmp_path, capsys):
+  """--export_only on a workdir that holds no checkpoint (a run stopped before its first save) or on none is
+  refused before the workdir is created or its logs opened, and so is --overwrite with it (which would remove
+  the run first): the stopped run's metrics.jsonl and TensorBoard events stay as they were."""
+  from maxscore.files import safety  # pylint: disable=import-outside-toplevel
+  module = load_script("train_reranker")
+  stopped = tmp_path / "stopped"
+  (stopped / "checkpoints" / "2.orbax-checkpoint-tmp-1").mkdir(parents=True)  # a save in flight is no checkpoint
+  (stopped / "tensorboard").mkdir()
+  (stopped / "metrics.jsonl").write_text('{"kind": "train", "step": 1, "loss": 0.5}\n')
+  (stopped / "tensorboard" / "events.out.tfevents.1.host").write_bytes(b"the stopped run's events")
+  safety.mark_owned(stopped, "head_training")
+  before = {p: p.read_bytes() for p in stopped.rglob("*") if p.is_file()}
+  for workdir, extra, says in ((stopped, [], "holds no checkpoint"), (tmp_path / "missing", [], "holds no checkpoint"),
+                               (stopped, ["--overwrite"], "--overwrite would remove it")):
+    with pytest.raises(SystemExit) as e:
+      module.run(["x", f"--workdir={workdir}", "--export_only", *extra, *FLAGS])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "--export_only" in err[0] and says in err[0], err
+    assert {p: p.read_bytes() for p in stopped.rglob("*") if p.is_file()} == before, (workdir, extra)
+    assert not (tmp_path / "missing").exists(), (workdir, extra)
+
+
 @pytest.mark.slow
 def test_mesh_errors_are_one_line(tmp_path, one_device):
   # A global batch that data x fsdp does not divide.

@@ -29,11 +29,17 @@ def save(mgr: ocp.CheckpointManager, step: int, state: TrainState, fingerprint: 
                                          run=ocp.args.JsonSave(fingerprint)))
 
 
-def stop_note(workdir: pathlib.Path) -> str:
-  """Where a run stopped by Ctrl-C stands: its last complete checkpoint on disk (an Orbax save in flight is
-  still in a temporary directory, not a step's), or none."""
+def saved_steps(workdir: pathlib.Path) -> list[int]:
+  """The steps of the complete checkpoints in `<workdir>/checkpoints`, read from the directory names without
+  opening a manager (which would create the directory): an Orbax save in flight is still in a temporary
+  directory, not a step's."""
   d = pathlib.Path(workdir) / "checkpoints"
-  steps = [int(p.name) for p in d.iterdir() if p.name.isdigit()] if d.is_dir() else []
+  return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else []
+
+
+def stop_note(workdir: pathlib.Path) -> str:
+  """Where a run stopped by Ctrl-C stands: its last complete checkpoint on disk, or none."""
+  steps = saved_steps(workdir)
   if not steps:
     return f"no checkpoint was written yet in {workdir}: a rerun starts over"
   return f"the last checkpoint is step {max(steps)} in {workdir}: run the same command to resume from it"

@@ -145,6 +145,8 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   _check_settings(cfg, prompt, dev_set, adapters_dir)
   wall_start = time.perf_counter()
   workdir = pathlib.Path(workdir).resolve()
+  if export_only:  # before the workdir is created or its logs opened: a refusal leaves the stopped run as it was
+    _check_exportable(workdir, overwrite)
   mesh = partition.train_mesh(_mesh_config(overrides))
   partition.check_batch(cfg.batch_size, mesh, cfg.grad_accum_steps)
   if jax.process_index() == 0:
@@ -274,13 +276,28 @@ def _loop(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, scorer: Scorer
   return state, timing
 
 
+def _check_exportable(workdir: pathlib.Path, overwrite: bool) -> None:
+  """export_only: refuses a workdir that holds no checkpoint (missing, or stopped before its first save), and
+  --overwrite, which would remove the run it is to export. A checkpoint of another run is refused later, by the
+  trainer's fingerprint check, still before the run's logs are opened."""
+  if overwrite:
+    raise TrainError(f"--export_only exports the run in {workdir} and --overwrite would remove it first; leave out "
+                     f"--overwrite (an export this workdir wrote is replaced without it)")
+  if not checkpoint.saved_steps(workdir):
+    raise _nothing_to_export(workdir)
+
+
+def _nothing_to_export(workdir: pathlib.Path) -> TrainError:
+  return TrainError(f"--export_only: {workdir} holds no checkpoint of a run with these flags and data to export "
+                    f"(a run's exports come from rerunning its own command with --export_only)")
+
+
 def _stopped(run: _Run, workdir: pathlib.Path):
   """export_only: (the state, an empty timing) of the run the workdir holds, as its loop would have left them at
   its last checkpoint."""
   step = run.started.resume_step
-  if step is None:
-    raise TrainError(f"--export_only: {workdir} holds no checkpoint of a run with these flags and data to export "
-                     f"(a run's exports come from rerunning its own command with --export_only)")
+  if step is None:  # removed since _check_exportable looked
+    raise _nothing_to_export(workdir)
   logging.info("train: exporting the stopped run at step %d", step)
   return run.started.state, trainer.Timing(steps_done=step)
 
