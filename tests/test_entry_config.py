@@ -79,6 +79,8 @@ def test_template_help_lists_every_template_of_the_registry(load_script, name):
 @pytest.mark.parametrize("argv, message", [
     (["--batch_size=0"], "batch_size=0 must be >= 1"),
     (["--learning_rate=-1"], "learning_rate=-1.0 must be > 0"),
+    (["--learning_rate=nan"], "learning_rate=nan must be > 0 and finite"),
+    (["--clip_norm=-1"], "clip_norm=-1.0 must be > 0 and finite"),
     (["--max_train_queries=-2"], "max_train_queries=-2 must be >= 0"),
 ])
 def test_bad_entry_value_is_a_config_error(load_script, argv, message):

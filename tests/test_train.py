@@ -110,6 +110,36 @@ def test_a_warmup_longer_than_half_the_run_is_cut_to_half_so_the_run_decays(capl
   assert "warmup_steps" not in caplog.text  # no cut, no warning
 
 
+@pytest.mark.parametrize("setting, message", [
+    (dict(learning_rate=math.nan), "learning_rate=nan must be > 0 and finite"),
+    (dict(learning_rate=math.inf), "learning_rate=inf must be > 0 and finite"),
+    (dict(learning_rate=0.0), "learning_rate=0.0 must be > 0 and finite"),
+    (dict(end_learning_rate=math.nan), "end_learning_rate=nan must be >= 0 and finite"),
+    (dict(end_learning_rate=-1e-3), "end_learning_rate=-0.001 must be >= 0 and finite"),
+    (dict(weight_decay=math.nan), "weight_decay=nan must be >= 0 and finite"),
+    (dict(weight_decay=-1e-4), "weight_decay=-0.0001 must be >= 0 and finite"),
+    (dict(clip_norm=-1.0), "clip_norm=-1.0 must be > 0 and finite"),  # would turn every update around
+    (dict(clip_norm=0.0), "clip_norm=0.0 must be > 0 and finite"),  # would scale every update to 0
+    (dict(clip_norm=math.nan), "clip_norm=nan must be > 0 and finite"),
+    (dict(distill_temperature=math.nan), "distill_temperature=nan must be > 0 and finite"),
+    (dict(train_backbone=True, match_loss_weight=math.nan), "match_loss_weight=nan must be >= 0 and finite"),
+    (dict(train_backbone=True, match_loss_weight=math.inf), "match_loss_weight=inf must be >= 0 and finite"),
+    (dict(train_backbone=True, lora_rank=4, lora_alpha=math.inf), "lora_alpha=inf must be > 0 and finite"),
+])
+def test_a_float_setting_that_trains_on_nan_or_not_at_all_is_refused(setting, message):
+  """The comparisons alone let nan through (learning_rate=nan trained to a nan loss and exited 0): every float
+  setting of the trainer is checked to be finite, and the optimizer's ones of the pretrainer too."""
+  with pytest.raises(TrainError, match=f"^{re.escape(message)}$"):
+    TrainConfig(**setting).validate()
+  optimizer_keys = {"learning_rate", "end_learning_rate", "weight_decay", "clip_norm"}
+  if set(setting) <= optimizer_keys:
+    from maxscore.lm.pretrain import PretrainConfig  # pylint: disable=import-outside-toplevel
+    with pytest.raises(TrainError, match=f"^{re.escape(message)}$"):
+      PretrainConfig(**setting).validate()
+  # The rest of the setting is valid: the bad value is what was refused.
+  TrainConfig(**{k: v for k, v in setting.items() if k in ("train_backbone", "lora_rank")}).validate()
+
+
 # --- training in-process ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def frozen_run(tmp_path_factory):

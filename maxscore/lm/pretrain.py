@@ -51,6 +51,7 @@ from maxscore.files import identity, safety
 from maxscore.lm import corpus as corpus_lib
 from maxscore.lm import tokenizer_training
 from maxscore.training import checkpoint, partition, trainer
+from maxscore.training.optimizer import OptimizerConfig
 
 FORMAT_VERSION = 1
 
@@ -82,8 +83,9 @@ class PretrainConfig:
     for name in ("warmup_steps", "eval_every", "save_every"):
       if getattr(self, name) < 0:
         raise TrainError(f"{name}={getattr(self, name)} must be >= 0")
-    if self.learning_rate <= 0 or self.seq_len < 2:
-      raise TrainError(f"learning_rate={self.learning_rate} must be > 0 and seq_len={self.seq_len} >= 2")
+    if self.seq_len < 2:
+      raise TrainError(f"seq_len={self.seq_len} must be >= 2")
+    OptimizerConfig.of(self).validate()
     unknown = [s for s in self.sources if s not in corpus_lib.SOURCES]
     if unknown or not self.sources:
       raise TrainError(f"sources={list(self.sources)}: need one or more of {list(corpus_lib.SOURCES)}")

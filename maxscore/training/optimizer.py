@@ -6,11 +6,14 @@ with set_to_zero), and the clipping norm counts the trainable gradients only.
 """
 
 import dataclasses
+import math
 from typing import Any, Optional
 
 import jax
 import optax
 from absl import logging
+
+from maxscore.errors import TrainError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +29,24 @@ class OptimizerConfig:
   def of(cls, settings: Any) -> "OptimizerConfig":
     """The optimizer keys of a trainer's config (TrainConfig, PretrainConfig)."""
     return cls(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(cls)})
+
+  def validate(self) -> "OptimizerConfig":
+    """Refuses settings that train on nan or not at all: a nan or infinite rate gives a nan loss (and the run
+    exits 0), a clip_norm <= 0 scales every update to 0 or turns it around, a negative weight decay grows the
+    weights."""
+    check_finite(self, "learning_rate", 0.0, above=True)
+    check_finite(self, "end_learning_rate", 0.0)
+    check_finite(self, "weight_decay", 0.0)
+    check_finite(self, "clip_norm", 0.0, above=True)
+    return self
+
+
+def check_finite(settings: Any, name: str, low: float, above: bool = False) -> None:
+  """Refuses (TrainError, one line) the float setting `name` of `settings` when it is nan, infinite, or below
+  `low` (or equal to it, with `above`): the comparisons alone let nan through."""
+  value = getattr(settings, name)
+  if not (math.isfinite(value) and (value > low if above else value >= low)):
+    raise TrainError(f"{name}={value} must be {'>' if above else '>='} {low:g} and finite")
 
 
 def make_optimizer(settings: Any, total_steps: int,

@@ -8,6 +8,7 @@ from layers.lora import TARGETS, LoraConfig
 from maxscore.errors import TrainError
 from maxscore.heads.head import HEADS, HeadConfig
 from maxscore.training.losses import LOSSES
+from maxscore.training.optimizer import OptimizerConfig, check_finite
 
 
 LORA_TARGETS = TARGETS  # the projections LoRA can adapt (layers/lora.py)
@@ -74,8 +75,8 @@ class TrainConfig:
     for name in ("batch_size", "num_epochs", "keep_checkpoints", "log_every"):
       if getattr(self, name) < 1:
         raise TrainError(f"{name}={getattr(self, name)} must be >= 1")
-    if not self.distill_temperature > 0:
-      raise TrainError(f"distill_temperature={self.distill_temperature} must be > 0")
+    OptimizerConfig.of(self).validate()
+    check_finite(self, "distill_temperature", 0.0, above=True)
     if not 0.0 <= self.distill_weight <= 1.0 or (self.distill_weight and self.loss != "listwise"):
       raise TrainError(f"distill_weight={self.distill_weight} must be in [0, 1], and 0 unless loss=listwise (it "
                        f"mixes LCE on the grades with distillation; loss={self.loss!r})")
@@ -87,9 +88,8 @@ class TrainConfig:
     for name in ("num_steps", "warmup_steps", "eval_every", "save_every", "rank"):
       if getattr(self, name) < 0:
         raise TrainError(f"{name}={getattr(self, name)} must be >= 0")
-    if self.learning_rate <= 0:
-      raise TrainError(f"learning_rate={self.learning_rate} must be > 0")
-    if self.match_loss_weight < 0 or (self.match_loss_weight and not self.train_backbone):
+    check_finite(self, "match_loss_weight", 0.0)
+    if self.match_loss_weight and not self.train_backbone:
       raise TrainError(f"match_loss_weight={self.match_loss_weight} must be >= 0, and 0 without train_backbone "
                        "(it trains the decoder)")
     if self.grad_accum_steps < 1 or self.batch_size % self.grad_accum_steps:
@@ -119,8 +119,7 @@ class TrainConfig:
     if self.lora_rank and not self.train_backbone:
       raise TrainError(f"lora_rank={self.lora_rank} trains adapters in the decoder: it needs train_backbone=true "
                        "(or lora_rank=0)")
-    if not self.lora_alpha > 0:
-      raise TrainError(f"lora_alpha={self.lora_alpha} must be > 0")
+    check_finite(self, "lora_alpha", 0.0, above=True)
     unknown = [t for t in self.lora_targets if t not in LORA_TARGETS]
     if unknown or not self.lora_targets or len(set(self.lora_targets)) != len(self.lora_targets):
       raise TrainError(f"lora_targets={list(self.lora_targets)} must name each target once, at least one, from "
