@@ -165,6 +165,38 @@ def test_the_recipe_end_to_end_beats_its_step_0_and_the_package_reproduces_its_d
   assert len(err) == 1 and "--max_item_tokens=24" in err[0], err
 
 
+
+def test_packaging_refuses_a_keep_layers_or_dtype_its_base_was_not_converted_with(tiny_gguf, tmp_path, monkeypatch,
+                                                                                  load_script, capsys):
+  """The manifest's keep_layers and dtype are what an eval converts the base with: checked against --base_dir's
+  metadata when packaging (one line naming both), not found by an eval after a whole conversion."""
+  site = tmp_path / "site"
+  _install_fake_package(site, tiny_gguf)
+  _on_path(monkeypatch, site)
+  base = tmp_path / "base"
+  convert_gguf_checkpoint(tiny_gguf, base, keep_layers=2)  # 2 of the GGUF's 3 layers, float32
+  adapters = tmp_path / "adapters"
+  (adapters / "head").mkdir(parents=True)
+  (adapters / "lora.json").write_text(json.dumps({"base_params_sha256": packaged.storage.params_digest(base)}))
+  (adapters / "head" / "head.json").write_text("{}")
+  out = tmp_path / "packaged"
+  argv = lambda *more: ["x", f"--adapters_dir={adapters}", f"--base_dir={base}", f"--package={PACKAGE}",
+                        f"--module={MODULE}", f"--file={GGUF}", f"--output_dir={out}", *more]
+  for more, message in [
+      ((), f"--keep_layers=0 keeps 3 of {GGUF}'s 3 layers, but --base_dir {base} has 2: pass --keep_layers=2"),
+      (("--keep_layers=3",), f"--keep_layers=3 keeps 3 of {GGUF}'s 3 layers, but --base_dir {base} has 2: pass "
+                             f"--keep_layers=2"),
+      (("--keep_layers=2", "--dtype=bfloat16"), f"--dtype=bfloat16, but --base_dir {base} holds float32 params: "
+                                                f"pass --dtype=float32"),
+      (("--keep_layers=2", "--dtype=float16"), "package settings: dtype='float16' is not one of "
+                                               "['bfloat16', 'float32']")]:
+    with pytest.raises(SystemExit) as e:
+      load_script("package_reranker").run(argv(*more))
+    assert e.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [f"error: {message}"]
+    assert not out.exists()
+  load_script("package_reranker").run(argv("--keep_layers=2"))
+  assert json.loads((out / packaged.MANIFEST).read_text())["base"]["keep_layers"] == 2
+
 def _fake_packaged(tmp_path, monkeypatch, gguf_bytes: bytes = b"GGUF-not-really") -> pathlib.Path:
   """A packaged reranker directory whose base is a (fake) GGUF in an installed fake package: enough for every
   check made before a conversion."""
@@ -227,6 +259,7 @@ def test_a_base_that_converts_to_other_params_is_refused(tiny_gguf, tmp_path, mo
   with pytest.raises(packaged.PackagedError, match=rf"{PACKAGE}=={VERSION}, converted with keep_layers=2, gives "
                                                    r"base params \w+, not the 0000000000000000"):
     packaged.resolve(shipped)
+  assert not list((tmp_path / "cache" / packaged.BASES_DIR).iterdir())  # the wrong base is not kept in the cache
 
 
 def test_a_corrupt_or_missing_manifest_is_one_error(tmp_path):
