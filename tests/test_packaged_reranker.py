@@ -7,6 +7,7 @@ the shipped files or the base can differ is one error line naming the package an
 import json
 import os
 import pathlib
+import shlex
 import shutil
 import subprocess
 import sys
@@ -234,6 +235,30 @@ def test_every_shipped_file_is_checked_and_a_change_is_one_error_naming_the_pack
   (shipped / "lora.json").unlink()
   with pytest.raises(packaged.PackagedError, match="lora.json"):
     packaged.check_files(shipped)
+
+
+def test_a_changed_file_says_to_rebuild_a_users_package_and_to_reinstall_only_a_shipped_one(tmp_path, monkeypatch):
+  shipped = _fake_packaged(tmp_path, monkeypatch)
+  (shipped / "head" / "head.json").write_text('{"changed": 1}')
+  with pytest.raises(packaged.PackagedError) as e:  # built by the user: maxscore's reinstall would not mend it
+    packaged.check_files(shipped)
+  assert str(e.value).endswith(f"; the package at {shipped} is damaged: rebuild it with scripts/package_reranker.py")
+  assert "reinstall maxscore" not in str(e.value)
+  monkeypatch.setattr(packaged, "MAXSCORE_DIR", tmp_path)  # as if under maxscore/: it came with maxscore
+  with pytest.raises(packaged.PackagedError, match=r"\(SHA-256 differs from reranker.json\); reinstall maxscore$"):
+    packaged.check_files(shipped)
+
+
+def test_other_prompt_settings_suggest_only_the_differing_flags_as_shell_words(tmp_path):
+  trained = {"template": "plain", "instruction": "Judge it: is the passage's answer relevant?", "labels": ["yes", "no"],
+             "max_query_tokens": 8, "max_item_tokens": 24}
+  packaged.check_prompt(tmp_path, {"prompt": trained}, dict(trained, labels=("yes", "no"), score_mode="raw_logit"))
+  given = dict(trained, instruction="other", max_item_tokens=512)
+  with pytest.raises(packaged.PackagedError) as e:
+    packaged.check_prompt(tmp_path, {"prompt": trained}, given)
+  message = str(e.value)
+  assert "(instruction, max_item_tokens differ)" in message and "--template" not in message and "--labels" not in message
+  assert shlex.split(message.split(": pass ", 1)[1]) == [f"--instruction={trained['instruction']}", "--max_item_tokens=24"]
 
 
 def test_a_missing_other_or_changed_base_package_is_one_error_naming_it(tmp_path, monkeypatch):

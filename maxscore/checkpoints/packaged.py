@@ -27,6 +27,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import shlex
 import shutil
 from typing import Any, Mapping, Optional
 
@@ -35,6 +36,7 @@ from maxscore.checkpoints.convert import DTYPES, convert_gguf_checkpoint, gguf_m
 from maxscore.files import cache, safety
 
 MANIFEST = "reranker.json"
+MAXSCORE_DIR = pathlib.Path(__file__).resolve().parent.parent  # packaged rerankers under it ship with maxscore
 FORMAT_VERSION = 1
 BASES_DIR = "bases"  # under the user cache directory
 
@@ -97,9 +99,11 @@ def check_files(directory: os.PathLike, base: Optional[BaseSource] = None, meta:
   found = _shipped_files(directory)
   bad = sorted(k for k in set(found) | set(meta["files"]) if found.get(k) != meta["files"].get(k))
   if bad:
+    remedy = ("reinstall maxscore" if MAXSCORE_DIR in safety.resolve(directory).parents else
+              f"the package at {directory} is damaged: rebuild it with scripts/package_reranker.py")
     raise PackagedError(f"the reranker in {directory} (adapters and head for {base.name}) is not as shipped: "
                         f"{', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''} missing, changed or added "
-                        f"(SHA-256 differs from {MANIFEST}); reinstall maxscore")
+                        f"(SHA-256 differs from {MANIFEST}); {remedy}")
 
 
 def locate_gguf(base: BaseSource) -> pathlib.Path:
@@ -199,8 +203,8 @@ def check_prompt(directory: os.PathLike, meta: Mapping[str, Any], settings: Mapp
   """The prompt settings given (an eval's) are the ones the reranker was trained with (its manifest's "prompt")."""
   trained = meta.get("prompt") or {}
   differ = [k for k in PROMPT_KEYS if k in trained and k in settings and _plain(settings[k]) != _plain(trained[k])]
-  if differ:
-    want = " ".join(f"--{k}={_flag(trained[k])}" for k in PROMPT_KEYS if k in trained)
+  if differ:  # only what differs, each flag one shell word: the suggestion pastes into a command line
+    want = " ".join(shlex.quote(f"--{k}={_flag(trained[k])}") for k in differ)
     raise PackagedError(f"the reranker in {directory} was trained with other prompt settings ({', '.join(differ)} "
                         f"differ): pass {want}")
 
