@@ -41,10 +41,8 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     if not cfg.output:
       raise mining.MiningError("--output is required: the group JSONL file to write")
     inputs = [cfg.data_dir, cfg.run_file]
-    safety.check_output_file(cfg.output, inputs, "--output")
+    safety.check_output_file(cfg.output, inputs, "--output", overwrite=cfg.overwrite)
     output = pathlib.Path(cfg.output)
-    if output.exists() and not cfg.overwrite:
-      raise FileExistsError(f"--output {output} exists; pass --overwrite to replace it")
     records, counts = mining.mine(cfg, on_query=lambda: bar.update())  # skipped queries advance the bar too
     output.parent.mkdir(parents=True, exist_ok=True)
     with tqdm.tqdm(total=counts.queries, unit="query", desc="mining") as bar, safety.atomic_output(output) as out:

@@ -8,7 +8,8 @@ request naming a model other than the served ones (--served_model_name, as serve
 checkpoint's name) is refused as the server refuses it (404 there). A request that
 cannot be scored gets {"error": "line N: ..."} on its line and the run goes on; the exit status is then 3
 (one summary line on stderr), 0 when every line was scored, 2 when the run is refused. --output may not
-be the input; it is written under a temporary name and renamed into place when the run ends.
+be the input, nor an existing file without --overwrite; it is written under a temporary name and renamed into
+place when the run ends.
 With --score_mode=raw_logit the scores are the labels' raw lm_head logits (what FlagEmbedding-style
 rerankers rank by) instead of probabilities. Every flag is a key of configs/score.yml; trailing `key=value`
 arguments override configs/base.yml keys (the scorer).
@@ -36,6 +37,7 @@ class ScoreOptions:
   batch_size: int = 16
   score_mode: Literal["probability", "raw_logit"] = "probability"
   served_model_name: tuple[str, ...] = ()  # names a request's "model" may give (the server's rule); () = the checkpoint's
+  overwrite: bool = False  # replace an existing --output file
 
   def validate(self) -> "ScoreOptions":
     if self.batch_size < 1:
@@ -59,7 +61,8 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     opts = cli.entry_from_flags(fv, ENTRY, SECTIONS)["score"]
     if not opts.input:
       raise ConfigError("--input is required (a JSONL file of /v1/score requests, or - for stdin)")
-    safety.check_output_file(opts.output, [opts.input, opts.checkpoint_dir], "--output")  # before loading a model
+    safety.check_output_file(opts.output, [opts.input, opts.checkpoint_dir], "--output",  # before loading a model
+                             overwrite=opts.overwrite)
     scorer = loading.build_scorer(opts.checkpoint_dir, argv[1:])
     counts = score_file.score_jsonl(scorer, opts.input, opts.output, opts.batch_size, opts.score_mode == "raw_logit",
                                     opts.served_model_name)

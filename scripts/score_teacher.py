@@ -36,7 +36,7 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
   with cli.one_line_errors():
     cfg = cli.entry_from_flags(fv, ENTRY, SECTIONS)["teacher"]
     output, flag = teacher.output_path(cfg)
-    safety.check_output_file(output, teacher.input_paths(cfg), flag)
+    safety.check_output_file(output, teacher.input_paths(cfg), flag, overwrite=cfg.overwrite)
     write = teacher.prepare(cfg, overrides=argv[1:])
     output.parent.mkdir(parents=True, exist_ok=True)
     with safety.atomic_output(output) as out:

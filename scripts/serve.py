@@ -4,8 +4,9 @@
   python scripts/serve.py --checkpoint_dir=ckpt/qwen3-reranker-0.6b --template=qwen3_reranker --port=8080
 
 Every flag is a key of configs/serve.yml; trailing `key=value` arguments override configs/base.yml keys
-(the scorer). Bad settings print one line and exit 2; SIGTERM answers the requests in
-flight and exits 0. One process: started under jax.distributed with several processes it refuses.
+(the scorer). Bad settings, a busy port or a host this machine does not have print one line and exit 2
+before the model loads; SIGTERM answers the requests in flight and exits 0. One process: started under
+jax.distributed with several processes it refuses.
 """
 
 import maxscore  # first: importing the package installs the one-line Ctrl-C (maxscore/interrupt.py)

@@ -43,6 +43,27 @@ def test_score_output_equal_to_input_is_refused_and_input_kept(load_script, tmp_
   assert len(err) == 1 and "--output" in err[0] and "is the input" in err[0]
 
 
+def test_score_refuses_an_existing_output_without_overwrite(load_script, tmp_path, capsys, monkeypatch):
+  """An existing --output is a user's file: refused (exit 2, one line, the file kept) before a model loads;
+  --overwrite replaces it."""
+  src, dst = tmp_path / "req.jsonl", tmp_path / "resp.jsonl"
+  src.write_text('{"query": [1], "items": [[2]], "label_token_ids": [3]}\n')
+  dst.write_text("the user's file\n")
+  score = load_script("score")
+  loaded = []
+  monkeypatch.setattr(score.loading, "build_scorer", lambda *a: loaded.append(a) or pytest.fail("loaded a model"))
+  with pytest.raises(SystemExit) as e:
+    score.run(["score.py", f"--input={src}", f"--output={dst}"])
+  assert e.value.code == 2 and dst.read_text() == "the user's file\n" and not loaded
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [f"error: --output {dst} exists; pass --overwrite to replace it"]
+  written = []
+  monkeypatch.setattr(score.loading, "build_scorer", lambda *a: "scorer")
+  monkeypatch.setattr(score.score_file, "score_jsonl", lambda *a: written.append(a[2]) or {"ok": 1, "errors": 0})
+  score.run(["score.py", f"--input={src}", f"--output={dst}", "--overwrite"])
+  assert written == [str(dst)]
+
+
 def test_build_output_inside_its_workdir_is_refused_before_anything_is_written(load_script, tmp_path, capsys):
   """The build's output under its workdir (which --overwrite removes) is refused before either exists."""
   build = load_script("build_default_assets")

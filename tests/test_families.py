@@ -165,7 +165,8 @@ def test_score_script_raw_logit_mode(load_script, tmp_path, hf_checkpoints):
   assert e.value.code == script.SOME_FAILED
   assert "score_mode=raw_logit" in json.loads(dst.read_text())["error"]
   _, _, ckpt = hf_checkpoints("gemma")
-  script.run(["score.py", f"--input={src}", f"--output={dst}", "--score_mode=raw_logit", f"--checkpoint_dir={ckpt}"])
+  script.run(["score.py", f"--input={src}", f"--output={dst}", "--score_mode=raw_logit", f"--checkpoint_dir={ckpt}",
+              "--overwrite"])
   got = json.loads(dst.read_text())["scores"]
   scorer = loading.build_scorer(str(ckpt))
   want = scorer.label_logits(request["query"], request["items"], request["label_token_ids"]).scores

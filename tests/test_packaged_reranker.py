@@ -7,6 +7,7 @@ the shipped files or the base can differ is one error line naming the package an
 import json
 import os
 import pathlib
+import shlex
 import shutil
 import subprocess
 import sys
@@ -165,6 +166,38 @@ def test_the_recipe_end_to_end_beats_its_step_0_and_the_package_reproduces_its_d
   assert len(err) == 1 and "--max_item_tokens=24" in err[0], err
 
 
+
+def test_packaging_refuses_a_keep_layers_or_dtype_its_base_was_not_converted_with(tiny_gguf, tmp_path, monkeypatch,
+                                                                                  load_script, capsys):
+  """The manifest's keep_layers and dtype are what an eval converts the base with: checked against --base_dir's
+  metadata when packaging (one line naming both), not found by an eval after a whole conversion."""
+  site = tmp_path / "site"
+  _install_fake_package(site, tiny_gguf)
+  _on_path(monkeypatch, site)
+  base = tmp_path / "base"
+  convert_gguf_checkpoint(tiny_gguf, base, keep_layers=2)  # 2 of the GGUF's 3 layers, float32
+  adapters = tmp_path / "adapters"
+  (adapters / "head").mkdir(parents=True)
+  (adapters / "lora.json").write_text(json.dumps({"base_params_sha256": packaged.storage.params_digest(base)}))
+  (adapters / "head" / "head.json").write_text("{}")
+  out = tmp_path / "packaged"
+  argv = lambda *more: ["x", f"--adapters_dir={adapters}", f"--base_dir={base}", f"--package={PACKAGE}",
+                        f"--module={MODULE}", f"--file={GGUF}", f"--output_dir={out}", *more]
+  for more, message in [
+      ((), f"--keep_layers=0 keeps 3 of {GGUF}'s 3 layers, but --base_dir {base} has 2: pass --keep_layers=2"),
+      (("--keep_layers=3",), f"--keep_layers=3 keeps 3 of {GGUF}'s 3 layers, but --base_dir {base} has 2: pass "
+                             f"--keep_layers=2"),
+      (("--keep_layers=2", "--dtype=bfloat16"), f"--dtype=bfloat16, but --base_dir {base} holds float32 params: "
+                                                f"pass --dtype=float32"),
+      (("--keep_layers=2", "--dtype=float16"), "package settings: dtype='float16' is not one of "
+                                               "['bfloat16', 'float32']")]:
+    with pytest.raises(SystemExit) as e:
+      load_script("package_reranker").run(argv(*more))
+    assert e.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [f"error: {message}"]
+    assert not out.exists()
+  load_script("package_reranker").run(argv("--keep_layers=2"))
+  assert json.loads((out / packaged.MANIFEST).read_text())["base"]["keep_layers"] == 2
+
 def _fake_packaged(tmp_path, monkeypatch, gguf_bytes: bytes = b"GGUF-not-really") -> pathlib.Path:
   """A packaged reranker directory whose base is a (fake) GGUF in an installed fake package: enough for every
   check made before a conversion."""
@@ -204,6 +237,30 @@ def test_every_shipped_file_is_checked_and_a_change_is_one_error_naming_the_pack
     packaged.check_files(shipped)
 
 
+def test_a_changed_file_says_to_rebuild_a_users_package_and_to_reinstall_only_a_shipped_one(tmp_path, monkeypatch):
+  shipped = _fake_packaged(tmp_path, monkeypatch)
+  (shipped / "head" / "head.json").write_text('{"changed": 1}')
+  with pytest.raises(packaged.PackagedError) as e:  # built by the user: maxscore's reinstall would not mend it
+    packaged.check_files(shipped)
+  assert str(e.value).endswith(f"; the package at {shipped} is damaged: rebuild it with scripts/package_reranker.py")
+  assert "reinstall maxscore" not in str(e.value)
+  monkeypatch.setattr(packaged, "MAXSCORE_DIR", tmp_path)  # as if under maxscore/: it came with maxscore
+  with pytest.raises(packaged.PackagedError, match=r"\(SHA-256 differs from reranker.json\); reinstall maxscore$"):
+    packaged.check_files(shipped)
+
+
+def test_other_prompt_settings_suggest_only_the_differing_flags_as_shell_words(tmp_path):
+  trained = {"template": "plain", "instruction": "Judge it: is the passage's answer relevant?", "labels": ["yes", "no"],
+             "max_query_tokens": 8, "max_item_tokens": 24}
+  packaged.check_prompt(tmp_path, {"prompt": trained}, dict(trained, labels=("yes", "no"), score_mode="raw_logit"))
+  given = dict(trained, instruction="other", max_item_tokens=512)
+  with pytest.raises(packaged.PackagedError) as e:
+    packaged.check_prompt(tmp_path, {"prompt": trained}, given)
+  message = str(e.value)
+  assert "(instruction, max_item_tokens differ)" in message and "--template" not in message and "--labels" not in message
+  assert shlex.split(message.split(": pass ", 1)[1]) == [f"--instruction={trained['instruction']}", "--max_item_tokens=24"]
+
+
 def test_a_missing_other_or_changed_base_package_is_one_error_naming_it(tmp_path, monkeypatch):
   shipped = _fake_packaged(tmp_path, monkeypatch)
   base, _ = packaged.read_manifest(shipped)
@@ -227,6 +284,7 @@ def test_a_base_that_converts_to_other_params_is_refused(tiny_gguf, tmp_path, mo
   with pytest.raises(packaged.PackagedError, match=rf"{PACKAGE}=={VERSION}, converted with keep_layers=2, gives "
                                                    r"base params \w+, not the 0000000000000000"):
     packaged.resolve(shipped)
+  assert not list((tmp_path / "cache" / packaged.BASES_DIR).iterdir())  # the wrong base is not kept in the cache
 
 
 def test_a_corrupt_or_missing_manifest_is_one_error(tmp_path):

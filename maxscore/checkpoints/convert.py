@@ -373,6 +373,28 @@ def _block_scales(fn, scale_OxB: np.ndarray, weight_shape: tuple, scale_shape: t
   return out.reshape(scale_shape)
 
 
+def _gguf_model_config(f, hf: dict) -> ModelConfig:
+  """The model config of a parsed GGUF file `f` from its config.json dict `hf` (gguf_reader.hf_config)."""
+  from maxscore.checkpoints import gguf_reader  # pylint: disable=import-outside-toplevel
+  try:
+    return model_config_from_hf(hf)
+  except ConversionError as e:
+    raise ConversionError(f"{f.path}: its metadata, read as {e}") from None
+  except KeyError as e:
+    raise ConversionError(f"{f.path}: the metadata lacks {gguf_reader.gguf_key(f, e.args[0])}") from None
+
+
+def gguf_model_config(gguf_path: os.PathLike) -> ModelConfig:
+  """The model config of a GGUF file (every layer), from its metadata alone: no tensor is read. ConversionError
+  as convert_gguf_checkpoint's."""
+  from maxscore.checkpoints import gguf_reader  # pylint: disable=import-outside-toplevel
+  try:
+    f = gguf_reader.GGUFFile(pathlib.Path(gguf_path))
+    return _gguf_model_config(f, gguf_reader.hf_config(f))
+  except gguf_reader.GGUFError as e:
+    raise ConversionError(str(e)) from None
+
+
 def convert_gguf_checkpoint(gguf_path: os.PathLike, output_dir: os.PathLike, dtype: str = "float32",
                             overwrite: bool = False, quantize: str = "none", keep_layers: int = 0,
                             quantize_group_size: int = 0) -> pathlib.Path:
@@ -411,13 +433,7 @@ def convert_gguf_checkpoint(gguf_path: os.PathLike, output_dir: os.PathLike, dty
   try:
     f = gguf_reader.GGUFFile(path)
     hf = gguf_reader.hf_config(f)
-    try:
-      cfg = model_config_from_hf(hf)
-    except ConversionError as e:
-      raise ConversionError(f"{path}: its metadata, read as {e}") from None
-    except KeyError as e:
-      raise ConversionError(f"{path}: the metadata lacks {gguf_reader.gguf_key(f, e.args[0])}") from None
-    cfg, source_layers = keep_first_layers(cfg, keep_layers)
+    cfg, source_layers = keep_first_layers(_gguf_model_config(f, hf), keep_layers)
     _check_group_for(cfg, quantize_group_size)
     logging.info("converting %s (%s, %d layers, %.1fM params) to %s", path, cfg.family, cfg.num_layers,
                  cfg.num_params() / 1e6, output_dir)

@@ -27,14 +27,16 @@ import importlib.util
 import json
 import os
 import pathlib
+import shlex
 import shutil
 from typing import Any, Mapping, Optional
 
 from maxscore.checkpoints import storage
-from maxscore.checkpoints.convert import convert_gguf_checkpoint
+from maxscore.checkpoints.convert import DTYPES, convert_gguf_checkpoint, gguf_model_config
 from maxscore.files import cache, safety
 
 MANIFEST = "reranker.json"
+MAXSCORE_DIR = pathlib.Path(__file__).resolve().parent.parent  # packaged rerankers under it ship with maxscore
 FORMAT_VERSION = 1
 BASES_DIR = "bases"  # under the user cache directory
 
@@ -97,9 +99,11 @@ def check_files(directory: os.PathLike, base: Optional[BaseSource] = None, meta:
   found = _shipped_files(directory)
   bad = sorted(k for k in set(found) | set(meta["files"]) if found.get(k) != meta["files"].get(k))
   if bad:
+    remedy = ("reinstall maxscore" if MAXSCORE_DIR in safety.resolve(directory).parents else
+              f"the package at {directory} is damaged: rebuild it with scripts/package_reranker.py")
     raise PackagedError(f"the reranker in {directory} (adapters and head for {base.name}) is not as shipped: "
                         f"{', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''} missing, changed or added "
-                        f"(SHA-256 differs from {MANIFEST}); reinstall maxscore")
+                        f"(SHA-256 differs from {MANIFEST}); {remedy}")
 
 
 def locate_gguf(base: BaseSource) -> pathlib.Path:
@@ -178,6 +182,7 @@ def base_checkpoint(base: BaseSource, environ: Mapping[str, str] = os.environ) -
     convert_gguf_checkpoint(gguf, private, base.dtype, keep_layers=base.keep_layers)
   digest = _cached_digest(out)
   if digest != base.params_sha256:
+    cache.set_aside(out)  # not kept under a name carrying a digest that is not its own
     raise PackagedError(f"{gguf} of {base.name}, converted with keep_layers={base.keep_layers}, gives base params "
                         f"{digest}, not the {base.params_sha256} this reranker's adapters were trained on")
   return out
@@ -198,8 +203,8 @@ def check_prompt(directory: os.PathLike, meta: Mapping[str, Any], settings: Mapp
   """The prompt settings given (an eval's) are the ones the reranker was trained with (its manifest's "prompt")."""
   trained = meta.get("prompt") or {}
   differ = [k for k in PROMPT_KEYS if k in trained and k in settings and _plain(settings[k]) != _plain(trained[k])]
-  if differ:
-    want = " ".join(f"--{k}={_flag(trained[k])}" for k in PROMPT_KEYS if k in trained)
+  if differ:  # only what differs, each flag one shell word: the suggestion pastes into a command line
+    want = " ".join(shlex.quote(f"--{k}={_flag(trained[k])}") for k in differ)
     raise PackagedError(f"the reranker in {directory} was trained with other prompt settings ({', '.join(differ)} "
                         f"differ): pass {want}")
 
@@ -210,6 +215,25 @@ def _plain(value: Any) -> Any:
 
 def _flag(value: Any) -> str:
   return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def check_conversion(base_dir: os.PathLike, gguf: os.PathLike, keep_layers: int, dtype: str) -> None:
+  """`base_dir` is what converting `gguf` with `keep_layers` and `dtype` gives, as far as its metadata tells (its
+  layer count, its params' dtype, no quantization): an eval converts the base again from the manifest's settings,
+  and a mismatch would be found there only after a whole conversion, under a cache name of the wrong digest."""
+  model, _ = storage.read_metadata(base_dir)
+  full = gguf_model_config(gguf).num_layers
+  if model.num_layers != (keep_layers or full):
+    hint = model.num_layers if model.num_layers < full else 0
+    raise PackagedError(f"--keep_layers={keep_layers} keeps {keep_layers or full} of {pathlib.Path(gguf).name}'s "
+                        f"{full} layers, but --base_dir {base_dir} has {model.num_layers}: pass --keep_layers={hint}")
+  if storage.stored_quantization(base_dir) != "none":
+    raise PackagedError(f"--base_dir {base_dir} holds int8-quantized params; a packaged base is converted without "
+                        f"quantization: train on a float conversion")
+  stored = storage.stored_dtypes(base_dir)
+  if stored != {dtype}:
+    raise PackagedError(f"--dtype={dtype}, but --base_dir {base_dir} holds {', '.join(sorted(stored))} params: "
+                        f"pass --dtype={sorted(stored)[0]}")
 
 
 def package(adapters_dir: os.PathLike, base_dir: os.PathLike, gguf: os.PathLike, package_name: str, module: str,
@@ -224,6 +248,7 @@ def package(adapters_dir: os.PathLike, base_dir: os.PathLike, gguf: os.PathLike,
   if meta_lora["base_params_sha256"] != params:
     raise PackagedError(f"{adapters_dir} was trained on base params {meta_lora['base_params_sha256']}, not "
                         f"{base_dir}'s {params}")
+  check_conversion(base_dir, gguf, keep_layers, dtype)
   base = BaseSource(package_name, importlib.metadata.version(package_name), module, gguf.name, sha256_file(gguf),
                     keep_layers, dtype, params)
   if output_dir.exists() and not (output_dir / MANIFEST).is_file():
@@ -257,6 +282,8 @@ class PackageOptions:
   def validate(self) -> "PackageOptions":
     if self.keep_layers < 0:
       raise PackagedError(f"keep_layers={self.keep_layers} must be >= 0")
+    if self.dtype not in DTYPES:
+      raise PackagedError(f"dtype={self.dtype!r} is not one of {sorted(DTYPES)}")
     return self
 
 

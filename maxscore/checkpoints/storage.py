@@ -185,6 +185,17 @@ def stored_group_size(directory: os.PathLike) -> int:
   return value
 
 
+def stored_dtypes(directory: os.PathLike) -> set[str]:
+  """The dtype names ("float32", "bfloat16", "int8") of a checkpoint's stored params, from Orbax's metadata (no
+  array is read)."""
+  params_dir = pathlib.Path(directory) / "params"
+  try:
+    stored = ocp.StandardCheckpointer().metadata(params_dir).item_metadata.tree
+  except Exception as e:  # orbax raises several types for unreadable metadata
+    raise CheckpointError(f"cannot read Orbax metadata in {params_dir}: {type(e).__name__}: {str(e)[:300]}") from None
+  return {jnp.dtype(m.dtype).name for m in jax.tree_util.tree_leaves(stored)}
+
+
 def read_metadata(directory: os.PathLike) -> tuple[ModelConfig, Optional[pathlib.Path]]:
   """The model config and tokenizer path stored in a checkpoint directory."""
   directory = pathlib.Path(directory)

@@ -185,15 +185,18 @@ def check_output_dir(directory: os.PathLike, kind: str, inputs: Iterable[Optiona
 
 
 def check_output_file(path: Optional[os.PathLike], inputs: Iterable[Optional[os.PathLike]] = (),
-                      what: str = "output") -> None:
+                      what: str = "output", overwrite: Optional[bool] = None) -> None:
   """Refuses, before any work, an output file that is, lies inside or holds an input, is a directory, or
-  lies under a file; its directory is created when it is written."""
+  lies under a file; its directory is created when it is written. A script with an --overwrite flag passes
+  its value: an existing file is then refused without it (None: the script replaces its output freely)."""
   if path in (None, "", "-"):
     return
   path = pathlib.Path(path)
   refuse_overlap([path], inputs, what)
   if path.is_dir():
     raise IsADirectoryError(f"{what} {path} is a directory; expected a file path")
+  if overwrite is False and path.exists():
+    raise FileExistsError(f"{what} {path} exists; pass --overwrite to replace it")
   for parent in path.parents:
     if parent.exists():
       if not parent.is_dir():

@@ -8,7 +8,7 @@ with dynamic batching on one worker thread, Prometheus /metrics and a drained sh
 
 from typing import Callable, Sequence
 
-from maxscore.serving.app import RERANK_PATHS, UNROUTED, ServerThread, build_app, serve
+from maxscore.serving.app import RERANK_PATHS, UNROUTED, ServerThread, build_app, check_listen, serve
 from maxscore.serving.batching import BatchQueue, QueueClosed, QueueFull
 from maxscore.serving.config import RerankPrompt, ServeConfig, ServeError
 from maxscore.serving.service import ScoringService, Work, check_single_process
@@ -25,7 +25,9 @@ def build_service(cfg: ServeConfig, prompt: RerankPrompt, overrides: Sequence[st
 
 def run_server(cfg: ServeConfig, prompt: RerankPrompt, overrides: Sequence[str] = (),
                log: Callable[[str], None] = print) -> None:
-  """Loads the model, warms up the configured shapes, serves until SIGTERM, drains and returns."""
+  """Checks that host and port can be listened on, loads the model, warms up the configured shapes, serves until
+  SIGTERM, drains and returns."""
+  check_listen(cfg.host, cfg.port)  # before the load and warmup (tens of seconds), which a busy port would waste
   service = build_service(cfg, prompt, overrides)
   stats = service.warmup(log)
   log(f"warmup: {stats['executables']} executables in {stats['seconds']:.1f} s; a request of another shape "
@@ -35,5 +37,6 @@ def run_server(cfg: ServeConfig, prompt: RerankPrompt, overrides: Sequence[str] 
 
 
 __all__ = ["BatchQueue", "QueueClosed", "QueueFull", "RERANK_PATHS", "RerankPrompt", "ScoringService", "ServeConfig",
-           "ServeError", "ServerThread", "UNROUTED", "Work", "build_app", "build_service", "check_single_process",
+           "ServeError", "ServerThread", "UNROUTED", "Work", "build_app", "build_service", "check_listen",
+           "check_single_process",
            "run_server", "serve"]

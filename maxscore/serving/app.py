@@ -11,7 +11,9 @@ SIGINT) stops accepting connections, answers the requests in flight, drains the 
 
 import asyncio
 import contextlib
+import errno
 import signal
+import socket
 import threading
 import time
 from typing import Any, Awaitable, Callable, Optional
@@ -23,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from maxscore import interrupt
 from maxscore.serving import batching, schemas
+from maxscore.serving.config import ServeError
 from maxscore.serving.metrics import CONTENT_TYPE
 from maxscore.serving.service import ScoringService
 
@@ -113,6 +116,33 @@ def _constant(fn: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
   async def handle():
     return fn()
   return handle
+
+
+def check_listen(host: str, port: int) -> None:
+  """Binds every address `host` resolves to on `port`, as uvicorn's server does (asyncio's create_server), and
+  closes the sockets at once: a busy port or an address this machine does not have is one ServeError before the
+  model loads and warms up, not uvicorn's error after it. (Another process may still take the port in between.)"""
+  where = f"--host={host} --port={port}"
+  try:
+    # "" is every interface, as asyncio reads it (getaddrinfo would refuse it)
+    infos = socket.getaddrinfo(host or None, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+  except socket.gaierror as e:
+    raise ServeError(f"cannot listen on {where}: the host does not resolve ({e.strerror})") from None
+  for family, kind, proto, _, address in infos:
+    try:
+      s = socket.socket(family, kind, proto)
+    except OSError:
+      continue  # a family this machine lacks (no IPv6, say): asyncio skips it too
+    with s:
+      s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio: a port in TIME_WAIT is free
+      if family == socket.AF_INET6:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+      try:
+        s.bind(address)
+      except OSError as e:
+        hint = ("; another process listens there: choose another --port (0: any free port)"
+                if e.errno == errno.EADDRINUSE else "")
+        raise ServeError(f"cannot listen on {where}: {e.strerror or e}{hint}") from None
 
 
 def uvicorn_server(service: ScoringService) -> uvicorn.Server:

@@ -221,16 +221,14 @@ def prepare(cfg: TeacherConfig, overrides: Sequence[str] = (), progress: bool = 
 
 
 def output_path(cfg: TeacherConfig) -> tuple[pathlib.Path, str]:
-  """(the output file, its flag), checked: required, and not replaced without overwrite."""
+  """(the output file, its flag), checked: required (safety.check_output_file refuses an existing one without
+  overwrite)."""
   flag = "output_run" if cfg.scores_split() else "output"
   value = getattr(cfg, flag)
   if not value:
     raise MiningError("output_run is required: the TREC run to write with the teacher's scores" if flag == "output_run"
                       else "output is required: the group JSONL to write with the teacher's scores")
-  path = pathlib.Path(value)
-  if path.exists() and not cfg.overwrite:
-    raise FileExistsError(f"--{flag} {path} exists; pass --overwrite to replace it")
-  return path, f"--{flag}"
+  return pathlib.Path(value), f"--{flag}"
 
 
 def input_paths(cfg: TeacherConfig) -> list[Optional[str]]:
