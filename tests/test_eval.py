@@ -98,14 +98,14 @@ def saved_qids(out):
 
 
 @pytest.mark.slow
-def test_the_defaults_run_the_embedded_held_out_set(scorer, tmp_path, monkeypatch, capsys):
-  """Every flag at its default but the query count (the first 16 of the held-out set; that the bare command reads
-  make eval's data is test_no_arguments_evaluate_the_data_make_eval_evaluates)."""
+def test_the_defaults_run_the_embedded_test_set(scorer, tmp_path, monkeypatch, capsys):
+  """Every flag at its default but the query count (the first 16 of the Perl FAQ test set; that the bare command
+  reads make eval's data is test_no_arguments_evaluate_the_data_make_eval_evaluates)."""
   monkeypatch.chdir(tmp_path)
   eval_rerank.run(["eval_rerank.py", "--max_queries=16"])
   printed = capsys.readouterr().out
   out = tmp_path / "out" / "eval"
-  dataset = data.load_beir(data.DEFAULT_DOCS_DIR, data.DEFAULT_DOCS_RUN, "test")  # the held-out set, as make eval
+  dataset = data.load_beir(data.DEFAULT_EVAL_DIR, data.DEFAULT_EVAL_RUN, "test")  # the test set, as make eval
   dataset = dataclasses.replace(dataset, queries=dataset.queries[:16])
   means = _check_outputs(out, dataset)
   summary = json.loads((out / "summary.json").read_text())
@@ -137,7 +137,7 @@ def test_the_defaults_run_the_embedded_held_out_set(scorer, tmp_path, monkeypatc
   assert reranked[4] == f"[{t['ci_low']:+.3f},{t['ci_high']:+.3f}]" and t["ci_low"] <= t["delta"] <= t["ci_high"]
   assert fused[5].rstrip("†") == f"p={tests['fused', 'ndcg_cut_10']['p_randomization_holm']:.3f}"
   # fusion.trec is RRF of run.trec and BM25's run at the same depth.
-  bm25_run = {q: v for q, v in data.read_trec_run(data.DEFAULT_DOCS_RUN).items() if q in saved_qids(out)}
+  bm25_run = {q: v for q, v in data.read_trec_run(data.DEFAULT_EVAL_RUN).items() if q in saved_qids(out)}
   expected = fusion.fuse(data.read_trec_run(out / "run.trec"), bm25_run, "rrf", rrf_k=60)
   on_disk = data.read_trec_run(out / "fusion.trec")
   assert on_disk.keys() == expected.keys() and all(on_disk[q] == pytest.approx(expected[q], rel=1e-6) for q in expected)
@@ -166,7 +166,7 @@ def test_no_arguments_evaluate_the_data_make_eval_evaluates(tmp_path, monkeypatc
   norm = lambda source: {k: str(pathlib.Path(v).resolve()) if k in ("data_dir", "run_file", "path") else v
                          for k, v in source.items()}
   assert norm(summaries[0]["data"]) == norm(summaries[1]["data"])
-  assert summaries[0]["data"]["data_dir"].rstrip("/").endswith("python_docs_beir")
+  assert summaries[0]["data"]["data_dir"].rstrip("/").endswith("perlfaq_beir")
   runs = [data.read_trec_run(tmp_path / d / "run.trec") for d in ("make", "bare")]
   assert {q: set(v) for q, v in runs[0].items()} == {q: set(v) for q, v in runs[1].items()} and len(runs[0]) == 3
 

@@ -36,6 +36,8 @@ DEFAULT_BEIR_DIR = DEFAULT_DIR / "pydoc_beir"        # the same queries over the
 DEFAULT_RUN = DEFAULT_BEIR_DIR / "bm25.trec"          # its BM25 first stage (maxscore/lm/default_set.py)
 DEFAULT_DOCS_DIR = DEFAULT_DIR / "python_docs_beir"   # the held-out set: the Python docs' section titles (maxscore/lm/docs_set.py)
 DEFAULT_DOCS_RUN = DEFAULT_DOCS_DIR / "bm25.trec"
+DEFAULT_EVAL_DIR = DEFAULT_DIR / "perlfaq_beir"       # the natural-question test set (maxscore/lm/perlfaq_set.py)
+DEFAULT_EVAL_RUN = DEFAULT_EVAL_DIR / "bm25.trec"     # what `make eval` and eval_rerank.py without arguments rerank
 
 Qrels = dict[str, dict[str, int]]
 
@@ -294,11 +296,11 @@ def load_rerank_set(jsonl: Optional[os.PathLike] = None, data_dir: Optional[os.P
 def sources_or_default(jsonl: Optional[str], data_dir: Optional[str], run_file: Optional[str],
                        use: Literal["eval", "train"]) -> tuple[Optional[str], Optional[str], Optional[str]]:
   """(jsonl, data_dir, run_file) as given, or the embedded default sets' when none is given: the eval reranks
-  the held-out python-docs set with its BM25 run (what `make eval` evaluates), training reads the first set's
-  JSONL form (whose `split` fields hold train and dev)."""
+  the Perl FAQ test set with its BM25 run (what `make eval` evaluates), training reads the first set's JSONL
+  form (whose `split` fields hold train and dev)."""
   if jsonl or data_dir or run_file:
     return jsonl, data_dir, run_file
-  return ((None, str(DEFAULT_DOCS_DIR), str(DEFAULT_DOCS_RUN)) if use == "eval"
+  return ((None, str(DEFAULT_EVAL_DIR), str(DEFAULT_EVAL_RUN)) if use == "eval"
           else (str(DEFAULT_JSONL), None, None))
 
 
