@@ -68,9 +68,9 @@ def test_score_killed_mid_run_leaves_the_previous_output_intact(tmp_path, scorer
 def test_score_kill_9_leaves_the_previous_output_intact(tmp_path):
   src, dst = tmp_path / "req.jsonl", tmp_path / "resp.jsonl"
   src.write_text('{"query": [1], "items": [[2]], "label_token_ids": [3]}\n' * 2000)
-  dst.write_text("previous responses\n")
+  dst.write_text("previous responses\n")  # replaced on success (--overwrite), intact if the run is killed
   proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / "score.py"), f"--input={src}", f"--output={dst}",
-                           "--batch_size=1"], env=dict(os.environ, PYTHONPATH=str(REPO)),
+                           "--batch_size=1", "--overwrite"], env=dict(os.environ, PYTHONPATH=str(REPO)),
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   deadline = time.time() + 120
   while not list(tmp_path.glob(".resp.jsonl.*.tmp")) and time.time() < deadline and proc.poll() is None:
