@@ -102,6 +102,7 @@ def test_relative_paths_round_trip_through_every_orbax_call(tmp_path, monkeypatc
   save_checkpoint("out/ckpt", params, cfg)
   np.testing.assert_array_equal(restore_checkpoint("out/ckpt").params["final_norm"]["scale"],
                                 params["final_norm"]["scale"])
+  assert storage.stored_dtypes("out/ckpt") == {"float32"}  # package_reranker.py --base_dir=out/smol_l16
   (tmp_path / "out" / "raw").mkdir()
   storage.write_checkpoint_files(pathlib.Path("out/raw"), params, cfg)
   assert restore_checkpoint("out/raw").digest == restore_checkpoint("out/ckpt").digest

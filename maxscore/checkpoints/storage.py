@@ -185,14 +185,18 @@ def stored_group_size(directory: os.PathLike) -> int:
   return value
 
 
-def stored_dtypes(directory: os.PathLike) -> set[str]:
-  """The dtype names ("float32", "bfloat16", "int8") of a checkpoint's stored params, from Orbax's metadata (no
-  array is read)."""
-  params_dir = pathlib.Path(directory) / "params"
+def _stored_tree(params_dir: pathlib.Path, checkpointer: ocp.StandardCheckpointer) -> Any:
+  """The tree of Orbax's metadata of a checkpoint's `params/` (shapes and dtypes; no array is read), from its
+  absolute path (Orbax reads a relative one as nothing)."""
   try:
-    stored = ocp.StandardCheckpointer().metadata(params_dir).item_metadata.tree
+    return checkpointer.metadata(safety.resolve(params_dir)).item_metadata.tree
   except Exception as e:  # orbax raises several types for unreadable metadata
     raise CheckpointError(f"cannot read Orbax metadata in {params_dir}: {type(e).__name__}: {str(e)[:300]}") from None
+
+
+def stored_dtypes(directory: os.PathLike) -> set[str]:
+  """The dtype names ("float32", "bfloat16", "int8") of a checkpoint's stored params, from Orbax's metadata."""
+  stored = _stored_tree(pathlib.Path(directory) / "params", ocp.StandardCheckpointer())
   return {jnp.dtype(m.dtype).name for m in jax.tree_util.tree_leaves(stored)}
 
 
@@ -239,10 +243,7 @@ def restore_checkpoint(directory: os.PathLike, shardings: Any = None, dtype: Any
   digest = params_digest(directory)
   params_dir = directory / "params"
   checkpointer = ocp.StandardCheckpointer()
-  try:
-    stored = checkpointer.metadata(params_dir).item_metadata.tree
-  except Exception as e:  # orbax raises several types for unreadable metadata
-    raise CheckpointError(f"cannot read Orbax metadata in {params_dir}: {type(e).__name__}: {str(e)[:300]}") from None
+  stored = _stored_tree(params_dir, checkpointer)
   check_params(stored, model, where=f"parameters in {params_dir}")
   if shardings is None:
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
