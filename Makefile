@@ -71,15 +71,16 @@ $(GPU_STAMP): setup.py
 # (all-MiniLM-L6-v2 on the same candidates, scored once and shipped) beside them, labelled as the teacher's.
 NQ_DATA := maxscore/assets/default/perlfaq_beir
 NQ_RERANKER := maxscore/assets/rerankers/smollm2-l16-questions
+NQ_OUT := out/eval
 NQ_FLAGS := --packaged_reranker=$(NQ_RERANKER) --data_dir=$(NQ_DATA) --run_file=$(NQ_DATA)/bm25.trec \
-  --rerank_top_k=20 --template=plain --max_item_tokens=64 --max_query_tokens=32 --output_dir=out/eval
+  --rerank_top_k=20 --template=plain --max_item_tokens=64 --max_query_tokens=32 --output_dir=$(NQ_OUT)
 NQ_BUCKETS := 'item_buckets=[64,96]' 'prefix_buckets=[32,64]' 'item_count_buckets=[32]'
 eval: $(EVAL_STAMP)
 	$(PY) scripts/eval_rerank.py $(NQ_FLAGS) $(NQ_BUCKETS)
 	@echo "teacher: all-MiniLM-L6-v2 on the same candidates, the run shipped as $(NQ_DATA)/teacher_minilm.trec" \
 	  "(scripts/score_teacher.py; BENCHMARKS.md, \"Natural questions\")"
 	$(PY) scripts/compare_runs.py --baseline=bm25 --metrics=ndcg@10,recall@10 bm25=$(NQ_DATA)/bm25.trec \
-	  reranked=out/eval teacher=$(NQ_DATA)/teacher_minilm.trec
+	  reranked=$(NQ_OUT) teacher=$(NQ_DATA)/teacher_minilm.trec
 
 # make eval-tiny: the embedded default on the held-out python-docs set (153 keyword test queries): BM25's top 30,
 # the reranker, and their learned fusion, each against BM25 with its 95% interval and p-value. The fusion's

@@ -144,12 +144,9 @@ def test_the_defaults_run_the_embedded_test_set(scorer, tmp_path, monkeypatch, c
 
 
 def _make_eval_data_flags() -> list[str]:
-  """The data flags of the eval_rerank.py command `make eval` runs (its dry run, `make -n`)."""
-  import shlex
-  printed = subprocess.run(["make", "-n", "-C", str(REPO), "eval"], capture_output=True, text=True, check=True).stdout
-  line = next(l for l in printed.replace("\\\n", " ").splitlines() if "scripts/eval_rerank.py" in l)
+  """The data flags of the eval_rerank.py command `make eval` runs."""
   keys = ("--data_dir=", "--run_file=", "--jsonl=", "--split=")
-  return [a for a in shlex.split(line) if a.startswith(keys)]
+  return [a for a in scripts.make_command("eval", "eval_rerank") if a.startswith(keys)]
 
 
 @pytest.mark.slow

@@ -166,7 +166,6 @@ def test_the_recipe_end_to_end_beats_its_step_0_and_the_package_reproduces_its_d
   assert len(err) == 1 and "--max_item_tokens=24" in err[0], err
 
 
-
 def test_packaging_refuses_a_keep_layers_or_dtype_its_base_was_not_converted_with(tiny_gguf, tmp_path, monkeypatch,
                                                                                   load_script, capsys):
   """The manifest's keep_layers and dtype are what an eval converts the base with: checked against --base_dir's
@@ -197,6 +196,7 @@ def test_packaging_refuses_a_keep_layers_or_dtype_its_base_was_not_converted_wit
     assert not out.exists()
   load_script("package_reranker").run(argv("--keep_layers=2"))
   assert json.loads((out / packaged.MANIFEST).read_text())["base"]["keep_layers"] == 2
+
 
 def _fake_packaged(tmp_path, monkeypatch, gguf_bytes: bytes = b"GGUF-not-really") -> pathlib.Path:
   """A packaged reranker directory whose base is a (fake) GGUF in an installed fake package: enough for every

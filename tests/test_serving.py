@@ -9,8 +9,6 @@ tests/test_serving_queue.py."""
 import asyncio
 import dataclasses
 import json
-import re
-import socket
 import threading
 import time
 
@@ -27,7 +25,7 @@ from maxscore.datasets import data
 from maxscore.rerank import eval as eval_lib
 from maxscore.scoring import Scorer
 from maxscore.scoring import loading
-from maxscore.testing import hf_models, scripts
+from maxscore.testing import hf_models
 
 FEW_BUCKETS = ["batch_buckets=[1,8]", "item_count_buckets=[4,8,32]", "item_buckets=[16,64,4096]",
                "prefix_buckets=[32,64,256]"]
@@ -386,32 +384,6 @@ def test_warmup_compiles_what_a_request_of_that_shape_runs(tiny_scorer):
       body = {"query": [3] * 5, "items": [[9] * 7] * 3, "label_token_ids": [0, 1], "apply_softmax": softmax}
       assert client.post("/v1/score", json=body).status_code == 200
   assert tiny_scorer.runner.num_executables == before
-
-
-def test_several_processes_are_refused_in_one_line():
-  with pytest.raises(serving.ServeError, match="runs in one process, but jax.distributed started 2"):
-    serving.check_single_process(2)
-
-
-def test_a_busy_port_or_an_address_not_here_is_one_line_before_the_model_loads(monkeypatch, capsys):
-  """Found by binding before the load and warmup (tens of seconds), not by uvicorn after them (its Errno 98 and
-  exit 3)."""
-  with socket.socket() as held:
-    held.bind(("127.0.0.1", 0))
-    held.listen()
-    port = held.getsockname()[1]
-    busy = (f"cannot listen on --host=127.0.0.1 --port={port}: Address already in use; another process listens "
-            f"there: choose another --port (0: any free port)")
-    with pytest.raises(serving.ServeError, match=re.escape(busy)):
-      serving.check_listen("127.0.0.1", port)
-    with pytest.raises(serving.ServeError, match=re.escape("cannot listen on --host=192.0.2.1 --port=8000: ")):
-      serving.check_listen("192.0.2.1", 8000)  # TEST-NET-1: no interface of this machine has it
-    serving.check_listen("127.0.0.1", 0)
-    serving.check_listen("", 0)  # every interface, as uvicorn takes ""
-    monkeypatch.setattr(serving, "build_service", lambda *a, **k: pytest.fail("the model was loaded"))
-    with pytest.raises(SystemExit) as e:
-      scripts.load_script("serve").run(["serve.py", f"--port={port}"])
-  assert e.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [f"error: {busy}"]
 
 
 # --- a converted tiny Hugging Face model with a tokenizer -----------------------------------------

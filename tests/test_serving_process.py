@@ -1,11 +1,13 @@
 """scripts/serve.py as a process: SIGTERM during load answers every request in flight and exits 0;
-bad settings print one line and exit 2 before anything is loaded."""
+bad settings, a busy port, an address not here and several processes print one line and exit 2 before anything
+is loaded."""
 
 import asyncio
 import os
 import pathlib
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,7 +16,9 @@ import httpx
 import numpy as np
 import pytest
 
+from maxscore import serving
 from maxscore.distributed import processes
+from maxscore.testing import scripts
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SERVE = [sys.executable, str(REPO / "scripts" / "serve.py")]
@@ -70,3 +74,29 @@ def test_sigterm_during_load_answers_what_is_in_flight_and_exits_0(sig):
   for a in answered:
     np.testing.assert_allclose(a.json()["scores"], first.json()["scores"], rtol=0, atol=1e-6)
   assert len(answered) == len(answers), [a for a in answers if not isinstance(a, httpx.Response)]
+
+
+def test_several_processes_are_refused_in_one_line():
+  with pytest.raises(serving.ServeError, match="runs in one process, but jax.distributed started 2"):
+    serving.check_single_process(2)
+
+
+def test_a_busy_port_or_an_address_not_here_is_one_line_before_the_model_loads(monkeypatch, capsys):
+  """Found by binding before the load and warmup (tens of seconds), not by uvicorn after them (its Errno 98 and
+  exit 3)."""
+  with socket.socket() as held:
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    busy = (f"cannot listen on --host=127.0.0.1 --port={port}: Address already in use; another process listens "
+            f"there: choose another --port (0: any free port)")
+    with pytest.raises(serving.ServeError, match=re.escape(busy)):
+      serving.check_listen("127.0.0.1", port)
+    with pytest.raises(serving.ServeError, match=re.escape("cannot listen on --host=192.0.2.1 --port=8000: ")):
+      serving.check_listen("192.0.2.1", 8000)  # TEST-NET-1: no interface of this machine has it
+    serving.check_listen("127.0.0.1", 0)
+    serving.check_listen("", 0)  # every interface, as uvicorn takes ""
+    monkeypatch.setattr(serving, "build_service", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(SystemExit) as e:
+      scripts.load_script("serve").run(["serve.py", f"--port={port}"])
+  assert e.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [f"error: {busy}"]

@@ -18,7 +18,7 @@ from maxscore.datasets import data
 from maxscore.files import safety
 from maxscore.lm import docs_questions, docs_set, perlfaq_set
 
-PERLFAQ_DIR = data.DEFAULT_DOCS_DIR.parent / "perlfaq_beir"
+PERLFAQ_DIR = data.DEFAULT_EVAL_DIR
 
 
 @dataclasses.dataclass

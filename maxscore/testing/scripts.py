@@ -2,9 +2,12 @@
 
 import importlib.util
 import pathlib
+import shlex
+import subprocess
 import types
 
-SCRIPTS_DIR = pathlib.Path(__file__).resolve().parents[2] / "scripts"
+REPO = pathlib.Path(__file__).resolve().parents[2]
+SCRIPTS_DIR = REPO / "scripts"
 
 
 def load_script(name: str) -> types.ModuleType:
@@ -13,3 +16,11 @@ def load_script(name: str) -> types.ModuleType:
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
+
+
+def make_command(target: str, script: str) -> list[str]:
+  """The arguments of the first scripts/<script>.py command that `make <target>` runs (its dry run, `make -n`;
+  paths relative to the repository)."""
+  printed = subprocess.run(["make", "-n", "-C", str(REPO), target], capture_output=True, text=True, check=True).stdout
+  line = next(l for l in printed.replace("\\\n", " ").splitlines() if f"scripts/{script}.py" in l)
+  return shlex.split(line)
