@@ -3,6 +3,7 @@ SmolLM2-135M-Instruct's and Gemma 3 270M's GGUFs with their conversions and tran
 session), two checkpoints of the default model that differ only in weights, a script's log installed as a script
 installs it, and the entry scripts as modules."""
 
+import contextlib
 import importlib.util
 import json
 import logging
@@ -23,25 +24,10 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1 --x
                                    "--xla_cpu_use_fusion_emitters=false")
 
 
-def _session_compilation_cache() -> str | None:
-  """Points JAX's persistent compilation cache at a new temporary directory for this test session, unless the
-  environment names one already; returns the directory this process made (None if it made none).
-
-  It is set in the environment before jax is imported, so pytest-xdist's workers (started by the controller
-  after this ran) and the subprocess tests (their env copies os.environ) share it: a program compiled once is
-  read back by every later process, and by later tests that build the same program under a new jit."""
-  if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-    return None
-  made = tempfile.mkdtemp(prefix="maxscore-test-jax-cache-")
-  os.environ["JAX_COMPILATION_CACHE_DIR"] = made
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # the suite's programs are small
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-  return made
-
-
-_CACHE_DIR_MADE = _session_compilation_cache()
 # maxscore's own per-user cache (document indexes; compiled programs when JAX_COMPILATION_CACHE_DIR is unset) in
-# a temporary directory of the session, removed at its end: tests never write into the user's ~/.cache.
+# a temporary directory of the session, removed at its end: tests never write into the user's maxscore cache. The
+# real one is kept first: the suite's compilation cache lives under it.
+_REAL_ENV = dict(os.environ)
 _USER_CACHE_MADE = None if os.environ.get("MAXSCORE_CACHE_DIR") else tempfile.mkdtemp(prefix="maxscore-test-cache-")
 if _USER_CACHE_MADE:
   os.environ["MAXSCORE_CACHE_DIR"] = _USER_CACHE_MADE
@@ -55,8 +41,62 @@ from maxscore import cli
 from maxscore.checkpoints import gguf_reader, storage
 from maxscore.checkpoints.convert import convert_gguf_checkpoint, convert_hf_checkpoint
 from maxscore.datasets import data
+from maxscore.files import cache as cache_lib
 from maxscore.lm.tokenizer_training import sample_texts, train_sentencepiece
 from maxscore.testing import hf_models, scripts, tokenizers
+
+
+def _suite_compilation_cache() -> str | None:
+  """Points JAX's persistent compilation cache at the suite's lasting one, test-jax/<host tag> in the user's
+  maxscore cache (maxscore/files/cache.py), unless the environment names a directory already; returns the
+  directory it chose (None if the environment named one).
+
+  It is set in the environment before pytest-xdist's workers start (the controller runs this first) and before
+  the subprocess tests copy os.environ, so every process of a session shares it, and a second session on the same
+  machine reads back what the first compiled. JAX keys an entry by the program, its compile options, XLA_FLAGS and
+  the jax/jaxlib versions; the host tag keeps apart CPUs whose compiled code differs. A machine without it
+  compiles as before, and `JAX_COMPILATION_CACHE_DIR=$(mktemp -d) make test` runs cold. Its size is bounded at the
+  session's end (`_bound_compilation_cache`)."""
+  if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    return None
+  chosen = str(cache_lib.user_cache_dir(_REAL_ENV) / "test-jax" / cache_lib.host_tag())
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = chosen
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # the suite's programs are small
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+  # jax read its settings from the environment when it was imported above: this process is told directly.
+  jax.config.update("jax_compilation_cache_dir", chosen)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                    float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes",
+                    int(os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"]))
+  return chosen
+
+
+_SUITE_CACHE_DIR = _suite_compilation_cache()
+# The suite's cache is trimmed to this many bytes at the session's end, the entries least recently used first. Not
+# JAX's own jax_compilation_cache_max_size: its eviction lists the whole directory under a lock on every write.
+_SUITE_CACHE_MAX_BYTES = int(os.environ.get("MAXSCORE_TEST_CACHE_MAX_BYTES", 2 << 30))
+
+
+def _bound_compilation_cache(directory: str, max_bytes: int) -> None:
+  """Removes the least recently used files of `directory` (read or written: the later of atime and mtime) until
+  the rest fit in `max_bytes`. A file another process removes or is writing meanwhile is skipped."""
+  entries = []
+  with os.scandir(directory) as it:
+    for entry in it:
+      try:
+        st = entry.stat(follow_symlinks=False)
+      except OSError:
+        continue
+      if entry.is_file(follow_symlinks=False):
+        entries.append((max(st.st_atime, st.st_mtime), st.st_size, entry.path))
+  total = sum(size for _, size, _ in entries)
+  for _, size, path in sorted(entries):
+    if total <= max_bytes:
+      break
+    with contextlib.suppress(OSError):
+      os.remove(path)
+      total -= size
 
 # name -> (family, overrides): GQA with 1 and 2 kv heads, tied and untied, biases, Llama-3 rope scaling.
 HF_VARIANTS = {
@@ -282,8 +322,9 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_unconfigure(config):
-  """The process that made the session's compilation cache removes it: every session and CI start clean."""
-  del config
-  for made in (_CACHE_DIR_MADE, _USER_CACHE_MADE):
-    if made:
-      shutil.rmtree(made, ignore_errors=True)
+  """The controller (or the one pytest process) bounds the suite's compilation cache; each process removes the
+  temporary maxscore cache it made."""
+  if _SUITE_CACHE_DIR and not hasattr(config, "workerinput") and os.path.isdir(_SUITE_CACHE_DIR):
+    _bound_compilation_cache(_SUITE_CACHE_DIR, _SUITE_CACHE_MAX_BYTES)
+  if _USER_CACHE_MADE:
+    shutil.rmtree(_USER_CACHE_MADE, ignore_errors=True)

@@ -12,8 +12,10 @@ others' are dropped, so a process reading it never has it replaced under it.
 
 import contextlib
 import errno
+import hashlib
 import os
 import pathlib
+import platform
 import shutil
 import tempfile
 import uuid
@@ -27,6 +29,26 @@ def user_cache_dir(environ: Mapping[str, str] = os.environ) -> pathlib.Path:
     return pathlib.Path(environ["MAXSCORE_CACHE_DIR"])
   base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
   return pathlib.Path(base) / "maxscore"
+
+
+def host_tag(cpuinfo: str = "/proc/cpuinfo") -> str:
+  """A short digest of what a compiled CPU program depends on: the machine's architecture, CPU model and feature
+  flags (the first CPU's in `cpuinfo`, where the system has one). JAX keys a persistent cache entry by the
+  program, its options and XLA_FLAGS but not by the CPU it was compiled for, so a cache directory seen by several
+  kinds of machine (a network home, a restored CI cache) is split by this: an AVX-512 program is never read on a
+  machine without AVX-512."""
+  fields = {}
+  try:
+    with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+      for line in f:
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key in ("vendor_id", "model name", "flags", "Features", "CPU implementer", "CPU part"):
+          fields.setdefault(key, " ".join(value.split()))
+  except OSError:
+    pass
+  described = "\n".join([platform.machine()] + [f"{k}={fields[k]}" for k in sorted(fields)])
+  return hashlib.sha256(described.encode()).hexdigest()[:12]
 
 
 @contextlib.contextmanager

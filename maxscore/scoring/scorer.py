@@ -36,14 +36,14 @@ REQUEST_FIELDS = frozenset({"query", "items", "label_token_ids", "apply_softmax"
 
 
 def compilation_cache_path(setting: Optional[str], environ=os.environ) -> Optional[str]:
-  """The persistent compilation cache directory a `compilation_cache_dir` setting names: "user" = jax/ in the
-  per-user cache (maxscore/files/cache.py: MAXSCORE_CACHE_DIR, else $XDG_CACHE_HOME/maxscore, else
-  ~/.cache/maxscore), None or "none" = off, else the directory given. An explicit JAX_COMPILATION_CACHE_DIR in
-  the environment wins (None: leave JAX's own setting)."""
+  """The persistent compilation cache directory a `compilation_cache_dir` setting names: "user" = jax/<host tag>
+  in the per-user cache (maxscore/files/cache.py: MAXSCORE_CACHE_DIR, else $XDG_CACHE_HOME/maxscore, else
+  ~/.cache/maxscore; the tag names the CPU kind, cache.host_tag), None or "none" = off, else the directory given.
+  An explicit JAX_COMPILATION_CACHE_DIR in the environment wins (None: leave JAX's own setting)."""
   if environ.get("JAX_COMPILATION_CACHE_DIR") or setting in (None, "", "none"):
     return None
   if setting == "user":
-    return str(cache.user_cache_dir(environ) / "jax")
+    return str(cache.user_cache_dir(environ) / "jax" / cache.host_tag())
   return setting
 
 
