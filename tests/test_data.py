@@ -1,6 +1,7 @@
 """Rerank datasets (BEIR + run, JSONL), TREC run files, prompt templates and the embedded default."""
 
 import json
+import logging
 import re
 
 import numpy as np
@@ -56,6 +57,24 @@ def test_beir_loads_in_run_order_top_k_by_rank(beir):
   assert ds.queries[1].candidates == (("d1", "T doc 1"), ("d0", "doc 0"))  # title joined, d2 (rank 3) cut
   assert ds.qrels == {"q1": {"d3": 1}, "q0": {"d1": 1, "d2": 2}}
   assert data.load_beir(d, run, "test", top_k=0).num_candidates == 5
+
+
+def test_a_judged_document_missing_from_the_corpus_is_named_and_counted(beir, caplog):
+  """A judged docid the corpus does not hold can never be ranked: the load warns with an example and the counts
+  reach summary.json (the dataset's source); a query left with no relevant document is counted apart."""
+  d, run = beir
+  clean = data.load_beir(d, run, "test")
+  assert clean.source["judged_docids_not_in_corpus"] == 0
+  assert clean.source["queries_whose_relevant_documents_are_not_in_corpus"] == 0
+  _append(d / "qrels" / "test.tsv", "q0\tgone\t1\nq1\tlost\t2\nq1\td4\t0\n")
+  (d / "qrels" / "test.tsv").write_text((d / "qrels" / "test.tsv").read_text().replace("q1\td3\t1\n", ""))
+  with caplog.at_level(logging.WARNING):
+    ds = data.load_beir(d, run, "test")
+  assert ds.source["judged_docids_not_in_corpus"] == 2
+  assert ds.source["queries_whose_relevant_documents_are_not_in_corpus"] == 1  # q1: its one relevant doc is lost
+  assert "2 judged documents of the evaluated queries are not in" in caplog.text
+  assert "1 queries have no relevant document there" in caplog.text
+  assert ds.qrels["q1"] == {"lost": 2, "d4": 0}  # the judgments are kept: a query scores 0, as trec_eval scores it
 
 
 @pytest.mark.parametrize("case, fragment", [

@@ -85,14 +85,16 @@ def read_corpus(path: os.PathLike, needed: Optional[set] = None) -> dict[str, st
   return texts
 
 
-def read_needed(corpus_path: pathlib.Path, needed: set, problems: Problems) -> tuple[dict[str, str], set]:
-  """({docid: text}, docids with empty text) of the needed documents, read through the corpus's document store
-  (maxscore/datasets/docstore.py: an offset index built once); the corpus's problems are reported in file order,
-  as reading the whole file reports them."""
+def read_needed(corpus_path: pathlib.Path, needed: set, problems: Problems, judged: frozenset = frozenset()
+                ) -> tuple[dict[str, str], set, set]:
+  """({docid: text}, docids with empty text, the `judged` docids the corpus does not hold) of the needed
+  documents, read through the corpus's document store (maxscore/datasets/docstore.py: an offset index built
+  once); the corpus's problems are reported in file order, as reading the whole file reports them."""
   try:
     store = docstore.DocStore.open(corpus_path)
   except docstore.StoreError as e:
     raise DataError(str(e)) from None
+  absent = store.absent(judged)
   found = store.get(needed)
   texts, empty, found_problems = {}, set(), []
   for docid, (line, rec) in found.items():
@@ -109,4 +111,4 @@ def read_needed(corpus_path: pathlib.Path, needed: set, problems: Problems) -> t
     if reason == "fatal":
       raise DataError(f"{where}: {message}")
     problems(reason, where, message)
-  return texts, empty
+  return texts, empty, absent

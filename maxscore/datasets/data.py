@@ -246,7 +246,8 @@ def load_beir(data_dir: os.PathLike, run_file: os.PathLike, split: str = "test",
   run, other_lines = _read_run(run_file, qrels, queries, top_k, problems, _judged_elsewhere(qrels_path))
   needed = {docid for rows in run.values() for docid, _, _ in rows}
   corpus_path = data_dir / "corpus.jsonl"
-  texts, empty = beir_files.read_needed(corpus_path, needed, problems)
+  judged = frozenset(docid for qid in run for docid in qrels[qid])
+  texts, empty, unheld = beir_files.read_needed(corpus_path, needed, problems, judged)
   out = []
   for qid, rows in run.items():
     cands, scores = [], []
@@ -262,10 +263,27 @@ def load_beir(data_dir: os.PathLike, run_file: os.PathLike, split: str = "test",
   if missing:
     logging.info("%d judged queries of split %r have no candidates in %s and are not evaluated",
                  missing, split, run_file)
+  unfindable = _warn_judged_not_in_corpus(unheld, {q: qrels[q] for q in run}, corpus_path)
   source = {"format": "beir", "data_dir": str(data_dir), "run_file": str(run_file), "split": split,
             "top_k": top_k, "judged_queries_without_candidates": missing,
-            "run_lines_of_other_splits": other_lines}
+            "run_lines_of_other_splits": other_lines, "judged_docids_not_in_corpus": len(unheld),
+            "queries_whose_relevant_documents_are_not_in_corpus": unfindable}
   return RerankSet(out, {q: qrels[q] for q in run}, source, problems.counts)
+
+
+def _warn_judged_not_in_corpus(unheld: set, qrels: Qrels, corpus_path: pathlib.Path) -> int:
+  """Warns of judged documents the corpus does not hold (no run can rank them: a query all of whose relevant
+  documents are among them scores 0 in every run) and returns how many evaluated queries that leaves with no
+  relevant document to find."""
+  if not unheld:
+    return 0
+  unfindable = [q for q, grades in qrels.items()
+                if any(g > 0 for g in grades.values()) and all(d in unheld for d, g in grades.items() if g > 0)]
+  example = next((q, d) for q, grades in qrels.items() for d in grades if d in unheld)
+  logging.warning("%d judged documents of the evaluated queries are not in %s (for example %r, judged for query "
+                  "%r): no run can rank them; %d queries have no relevant document there and score 0 in every "
+                  "run", len(unheld), corpus_path, example[1], example[0], len(unfindable))
+  return len(unfindable)
 
 
 def _judged_elsewhere(qrels_path: pathlib.Path) -> frozenset:

@@ -106,6 +106,17 @@ class DocStore:
   def __len__(self) -> int:
     return len(self.keys)
 
+  def absent(self, docids: Iterable[str]) -> set[str]:
+    """The ids whose hash the index does not hold: certainly not in the corpus, found without reading a record
+    (an absent id whose 64-bit hash equals a present one's would be missed)."""
+    wanted = sorted(set(docids))
+    if not wanted:
+      return set()
+    hashes = np.asarray([_hash(d) for d in wanted], np.uint64)
+    at = np.minimum(np.searchsorted(self.keys, hashes), max(len(self.keys) - 1, 0))
+    held = (self.keys[at] == hashes) if len(self.keys) else np.zeros(len(wanted), bool)
+    return {d for d, h in zip(wanted, held) if not h}
+
   def get(self, docids: Iterable[str]) -> dict[str, tuple[int, dict]]:
     """{docid: (line number, the corpus record)} of the wanted ids the corpus holds (the first record of a
     repeated id)."""
