@@ -67,8 +67,9 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
     counts = score_file.score_jsonl(scorer, opts.input, opts.output, opts.batch_size, opts.score_mode == "raw_logit",
                                     opts.served_model_name)
   if counts["errors"]:
+    scored = f"the other {counts['ok']} were scored" if counts["ok"] else "none was scored"
     print(f"error: {counts['errors']} of {counts['ok'] + counts['errors']} requests failed (see their error "
-          f"lines in the output); the others were scored", file=sys.stderr)
+          f"lines in the output); {scored}", file=sys.stderr)
     sys.exit(SOME_FAILED)
   print(f"scored {counts['ok']} requests", file=sys.stderr)
 

@@ -348,7 +348,7 @@ def test_malformed_input_subprocess_exit_code(tmp_path):
                                 f"at column 2) (pass --skip_bad to skip and count such input)"
 
 
-def test_score_script_good_and_bad_lines(scorer, tmp_path):
+def test_score_script_good_and_bad_lines(scorer, tmp_path, capsys):
   requests = [
       {"query": "The assert statement", "items": ["Assert statements insert debugging assertions.", "Lambdas."],
        "label_token_ids": [4, 5], "apply_softmax": True},
@@ -370,6 +370,13 @@ def test_score_script_good_and_bad_lines(scorer, tmp_path):
   assert out[1] == {"error": f"line 2: label_token_ids[0]=99999 is outside the vocabulary [0, {vocab})"}
   assert out[2]["error"].startswith("line 3: invalid JSON")
   assert out[4]["error"].startswith("line 5: unknown fields ['itemz']")
+  assert "error: 4 of 6 requests failed (see their error lines in the output); the other 2 were scored" in (
+      capsys.readouterr().err)
+  src.write_text("not json\n[1]\n")
+  with pytest.raises(SystemExit):
+    score_script.run(["score.py", f"--input={src}", f"--output={dst}", "--overwrite"])
+  assert "error: 2 of 2 requests failed (see their error lines in the output); none was scored" in (
+      capsys.readouterr().err)
   assert out[5]["error"].startswith("line 6: label_token_ids is empty")
   for i in (0, 3):
     r = requests[i]

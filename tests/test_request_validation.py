@@ -144,6 +144,17 @@ def test_score_jsonl_bad_lines_get_their_own_error_and_good_lines_are_answered_a
     assert out[i] == (tmp_path / "one_out.jsonl").read_text().strip()
 
 
+def test_a_line_cut_short_names_its_own_last_column(scorer, tmp_path):
+  """A truncated line's JSON error points past its last character on that line, not at column 1 of the next."""
+  cut = '{"query": "a", "items": ['
+  src = tmp_path / "cut.jsonl"
+  src.write_text(json.dumps(GOOD) + "\n" + cut + "\n")
+  counts = score_file.score_jsonl(scorer, str(src), str(tmp_path / "out.jsonl"))
+  error = json.loads((tmp_path / "out.jsonl").read_text().splitlines()[1])["error"]
+  assert counts == {"ok": 1, "errors": 1}
+  assert error == f"line 2: invalid JSON (Expecting value at column {len(cut) + 1}; the line ends there, cut short)"
+
+
 def test_score_jsonl_skips_blank_lines(scorer, tmp_path):
   src = tmp_path / "blank.jsonl"
   src.write_text("\n" + json.dumps(GOOD) + "\n  \n\r\n" + json.dumps(GOOD) + "\n\n")

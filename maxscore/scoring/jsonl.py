@@ -22,11 +22,13 @@ def _parse_request(scorer: Scorer, line: Any, number: int, names: Sequence[str])
   """A validated TokenRequest from one JSONL line (bytes or text); ScoreInputError naming the line otherwise."""
   try:
     text = line.decode("utf-8") if isinstance(line, bytes) else line
+    text = text.rstrip("\r\n")  # a line's end is not part of its JSON: an error past it names this line's column
     r = json.loads(text)
   except UnicodeDecodeError as e:
     raise ScoreInputError(f"line {number}: not UTF-8 text (byte {line[e.start]:#04x} at column {e.start + 1})") from None
   except json.JSONDecodeError as e:
-    raise ScoreInputError(f"line {number}: invalid JSON ({e.msg} at column {e.colno})") from None
+    cut = "; the line ends there, cut short" if e.pos >= len(text) else ""
+    raise ScoreInputError(f"line {number}: invalid JSON ({e.msg} at column {e.colno}{cut})") from None
   except RecursionError:
     raise ScoreInputError(f"line {number}: JSON nested too deeply") from None
   try:
