@@ -287,6 +287,21 @@ def test_a_base_that_converts_to_other_params_is_refused(tiny_gguf, tmp_path, mo
   assert not list((tmp_path / "cache" / packaged.BASES_DIR).iterdir())  # the wrong base is not kept in the cache
 
 
+def test_packaging_a_missing_or_headless_adapters_dir_is_one_error_naming_it(tmp_path):
+  """Before any base is read: a missing --adapters_dir, one without lora.json, one without its head."""
+  argv = lambda d: dict(adapters_dir=d, base_dir=tmp_path / "base", gguf=tmp_path / "x.gguf", package_name=PACKAGE,
+                        module=MODULE, output_dir=tmp_path / "pkg", keep_layers=2)
+  with pytest.raises(packaged.PackagedError, match=r"nope does not exist or is not a directory"):
+    packaged.package(**argv(tmp_path / "nope"))
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(packaged.PackagedError, match=r"empty is not a LoRA adapter directory: lora.json is missing"):
+    packaged.package(**argv(tmp_path / "empty"))
+  (tmp_path / "empty" / "lora.json").write_text("{}")
+  with pytest.raises(packaged.PackagedError, match=r"holds no trained head \(head/head.json is missing\)"):
+    packaged.package(**argv(tmp_path / "empty"))
+  assert not (tmp_path / "pkg").exists()
+
+
 def test_a_corrupt_or_missing_manifest_is_one_error(tmp_path):
   with pytest.raises(packaged.PackagedError, match="not a packaged reranker"):
     packaged.read_manifest(tmp_path)

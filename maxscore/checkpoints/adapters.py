@@ -194,10 +194,14 @@ def save_adapters(directory: os.PathLike, params: Any, lora: LoraConfig, base_ch
   return safety.resolve(directory)
 
 
-def load_adapters(directory: os.PathLike) -> tuple[dict, LoraConfig, dict]:
-  """(adapter params as host arrays, their LoraConfig, the metadata) from `save_adapters`' directory."""
+def check_adapter_dir(directory: os.PathLike) -> pathlib.Path:
+  """The path of `directory`'s adapter metadata file; LoraError naming what `directory` is instead (missing, a
+  checkpoint, something else) when it has none."""
   directory = pathlib.Path(directory)
   meta_path = directory / METADATA_FILE
+  if not directory.is_dir():
+    raise LoraError(f"{directory} does not exist or is not a directory (LoRA adapters: train_reranker.py "
+                    f"--adapters_dir writes them)")
   if not meta_path.is_file():
     if (directory / storage.METADATA_FILE).is_file():  # a checkpoint, e.g. a trainer's merged export
       raise LoraError(f"{directory} is a checkpoint (it has {storage.METADATA_FILE}), not LoRA adapters "
@@ -205,6 +209,13 @@ def load_adapters(directory: os.PathLike) -> tuple[dict, LoraConfig, dict]:
                       f"without --adapters_dir")
     raise LoraError(f"{directory} is not a LoRA adapter directory: {METADATA_FILE} is missing (train_reranker.py "
                     f"--adapters_dir writes one)")
+  return meta_path
+
+
+def load_adapters(directory: os.PathLike) -> tuple[dict, LoraConfig, dict]:
+  """(adapter params as host arrays, their LoraConfig, the metadata) from `save_adapters`' directory."""
+  directory = pathlib.Path(directory)
+  meta_path = check_adapter_dir(directory)
   try:
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
     lora = LoraConfig(int(meta["rank"]), float(meta["alpha"]), tuple(meta["targets"])).validate()

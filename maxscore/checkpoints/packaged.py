@@ -31,7 +31,7 @@ import shlex
 import shutil
 from typing import Any, Mapping, Optional
 
-from maxscore.checkpoints import storage
+from maxscore.checkpoints import adapters, storage
 from maxscore.checkpoints.convert import DTYPES, convert_gguf_checkpoint, gguf_model_config
 from maxscore.files import cache, safety
 
@@ -243,7 +243,14 @@ def package(adapters_dir: os.PathLike, base_dir: os.PathLike, gguf: os.PathLike,
   with a manifest naming the installed `package_name`'s `gguf` (which `base_dir` was converted from) and the
   SHA-256 of every file. `output_dir` is replaced if it holds a packaged reranker, refused if anything else."""
   adapters_dir, output_dir, gguf = map(pathlib.Path, (adapters_dir, output_dir, gguf))
-  meta_lora = json.loads((adapters_dir / "lora.json").read_text(encoding="utf-8"))
+  try:
+    meta_path = adapters.check_adapter_dir(adapters_dir)
+  except adapters.LoraError as e:
+    raise PackagedError(str(e)) from None
+  if not (adapters_dir / "head" / "head.json").is_file():
+    raise PackagedError(f"{adapters_dir} holds no trained head (head/head.json is missing): a package ships the "
+                        f"adapters with the head train_reranker.py writes beside them")
+  meta_lora = json.loads(meta_path.read_text(encoding="utf-8"))
   params = storage.params_digest(base_dir)
   if meta_lora["base_params_sha256"] != params:
     raise PackagedError(f"{adapters_dir} was trained on base params {meta_lora['base_params_sha256']}, not "
