@@ -281,8 +281,13 @@ def test_eval_script_setwise_and_a_bad_listwise_flag(tmp_path, capsys, load_scri
   with pytest.raises(SystemExit) as e:
     eval_rerank.run(["eval_rerank.py", *flags, f"--output_dir={tmp_path / 'o2'}", "--reranker=first",
                      "--listwise_stride=30"])
-  assert e.value.code == 2 and "listwise_stride=30 must be in [1, listwise_window]" in capsys.readouterr().err
+  assert e.value.code == 2 and "listwise_stride=30 must be in [1, 20] (at most listwise_window=20" in (
+      capsys.readouterr().err)
   assert not (tmp_path / "o2").exists()
+  with pytest.raises(SystemExit) as e:  # the window is what is wrong, and what is named
+    eval_rerank.run(["eval_rerank.py", *flags, f"--output_dir={tmp_path / 'o3'}", "--reranker=first",
+                     "--listwise_window=1"])
+  assert e.value.code == 2 and "listwise_window=1 must be in [2, 26]" in capsys.readouterr().err
 
 
 def test_a_refused_listwise_eval_writes_nothing_and_a_stale_header_does_not_block_a_rerun(tmp_path, capsys,

@@ -64,3 +64,13 @@ def test_chat_template_matches_transformers_apply_chat_template(tmp_path, hf_tok
 def test_chat_template_missing_is_one_clear_error(tok):
   with pytest.raises(ScoreInputError, match="chat_template"):
     prompts.PromptBuilder(tok, prompts.TEMPLATES["chat"])
+
+
+def test_chat_on_a_tokenizer_without_a_chat_template_names_the_template_not_the_labels(tok):
+  """The default tokenizer encodes "yes" to two tokens and has no chat template: the template is the error."""
+  with pytest.raises(ScoreInputError, match="label 'yes' encodes to 2 tokens"):
+    prompts.resolve_labels(tok, prompts.TEMPLATES["chat"].default_labels)
+  with pytest.raises(ScoreInputError, match="template='chat' needs the tokenizer's chat template"):
+    prompts.prompt_and_labels(tok, "chat", (), "", 32, 32)
+  builder, labels = prompts.prompt_and_labels(tok, "plain", (5, 6), "", 32, 32)
+  assert labels == (5, 6) and isinstance(builder, prompts.PromptBuilder)

@@ -62,10 +62,8 @@ def run(opts: EvalBenchOptions, overrides=()) -> dict[str, Any]:
   # transformers has no score head: against it, maxscore scores with the model's own label log-probs too.
   scorer = loading.build_scorer(opts.checkpoint_dir, list(overrides),
                                  use_head=run_cfg.use_head and not opts.hf_baseline)
-  template = prompts.get_template(cfg.template)
-  label_ids = prompts.resolve_labels(scorer.tokenizer, cfg.labels or template.default_labels)
-  builder = prompts.PromptBuilder(scorer.tokenizer, template, cfg.instruction, cfg.max_query_tokens,
-                                  cfg.max_item_tokens)
+  builder, label_ids = prompts.prompt_and_labels(scorer.tokenizer, cfg.template, cfg.labels, cfg.instruction,
+                                                 cfg.max_query_tokens, cfg.max_item_tokens)
   queries = [q for q in (dataset.queries[:cfg.max_queries] if cfg.max_queries else dataset.queries) if q.candidates]
   items = sum(len(q.candidates) for q in queries)
   prepared = [query_scoring.prepare_query(builder, q, cfg) for q in queries]

@@ -45,10 +45,8 @@ def _label_logprobs(scorer: Scorer, query: Any, items: Any, label_ids: Sequence[
 
 def compare_on_rerank_set(ref: Scorer, test: Scorer, dataset: data.RerankSet, cfg: EvalConfig) -> dict[str, Any]:
   """Scores every query with both scorers; log-prob and score deltas, Kendall tau and metric deltas."""
-  template = prompts.get_template(cfg.template)
-  label_ids = prompts.resolve_labels(ref.tokenizer, cfg.labels or template.default_labels)
-  builder = prompts.PromptBuilder(ref.tokenizer, template, cfg.instruction, cfg.max_query_tokens,
-                                  cfg.max_item_tokens)
+  builder, label_ids = prompts.prompt_and_labels(ref.tokenizer, cfg.template, cfg.labels, cfg.instruction,
+                                                 cfg.max_query_tokens, cfg.max_item_tokens)
   rank_fn = SCORE_MODES[cfg.score_mode][1]
   deltas, taus, runs = [], [], ({}, {})
   queries = dataset.queries[:cfg.max_queries] if cfg.max_queries else dataset.queries

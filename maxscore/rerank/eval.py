@@ -83,13 +83,12 @@ class EvalConfig(prompts.PromptConfig):
     if self.reranker not in ("pointwise", *listwise.LISTWISE_TEMPLATES):
       raise DataError(f"reranker={self.reranker!r} is not one of ['pointwise', "
                            f"{', '.join(repr(k) for k in listwise.LISTWISE_TEMPLATES)}]")
-    smallest = 2 if self.reranker == "setwise" else 1
-    if not smallest <= self.listwise_window <= len(listwise.LETTERS):
-      raise DataError(f"listwise_window={self.listwise_window} must be in [{smallest}, {len(listwise.LETTERS)}] "
-                           "(one identifier A..Z per passage)")
+    if not 2 <= self.listwise_window <= len(listwise.LETTERS):
+      raise DataError(f"listwise_window={self.listwise_window} must be in [2, {len(listwise.LETTERS)}] (one "
+                      "identifier A..Z per passage; a window of one passage orders nothing)")
     if self.listwise_stride < 1 or (self.reranker == "first" and self.listwise_stride > self.listwise_window):
-      raise DataError(f"listwise_stride={self.listwise_stride} must be in [1, listwise_window] (reranker=first "
-                           "moves windows that overlap or touch)")
+      raise DataError(f"listwise_stride={self.listwise_stride} must be in [1, {self.listwise_window}] (at most "
+                      f"listwise_window={self.listwise_window}: reranker=first moves windows that overlap or touch)")
     for name in ("listwise_top_k", "listwise_passage_tokens", "listwise_window_tokens"):
       if getattr(self, name) < 0:
         raise DataError(f"{name}={getattr(self, name)} must be >= 0")
@@ -272,10 +271,8 @@ def run_eval(scorer: Scorer, dataset: RerankSet, cfg: EvalConfig, output_dir: os
   out = pathlib.Path(output_dir)
   lead = jax.process_index() == 0
   group = mesh_lib.my_group(scorer.config.mesh)
-  template = prompts.get_template(cfg.template)
-  label_ids = prompts.resolve_labels(scorer.tokenizer, cfg.labels or template.default_labels)
-  builder = prompts.PromptBuilder(scorer.tokenizer, template, cfg.instruction, cfg.max_query_tokens,
-                                  cfg.max_item_tokens)
+  builder, label_ids = prompts.prompt_and_labels(scorer.tokenizer, cfg.template, cfg.labels, cfg.instruction,
+                                                 cfg.max_query_tokens, cfg.max_item_tokens)
   key = scorer_key(score_fingerprint(scorer, cfg, label_ids))
   if cfg.fusion_learned and lead:
     _check_fusion_scorer(cfg.fusion_learned, key)

@@ -182,6 +182,16 @@ def resolve_labels(tokenizer: Optional[Tokenizer], labels: Sequence[str | int]) 
   return tuple(ids)
 
 
+def prompt_and_labels(tokenizer: Tokenizer, template_name: str, labels: Sequence[str | int], instruction,
+                      max_query_tokens: int, max_item_tokens: int) -> tuple["PromptBuilder", tuple[int, ...]]:
+  """(the PromptBuilder of a named template, the label ids: `labels`, else the template's defaults). The prompt is
+  built first: a template the tokenizer cannot render (chat without a chat template) is the error named, not
+  the labels it would have asked for."""
+  template = get_template(template_name)
+  builder = PromptBuilder(tokenizer, template, instruction, max_query_tokens, max_item_tokens)
+  return builder, resolve_labels(tokenizer, labels or template.default_labels)
+
+
 class PromptBuilder:
   """Token ids of a template's query side and item side, with counted truncation."""
 

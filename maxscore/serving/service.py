@@ -45,13 +45,13 @@ class ScoringService:
     if self.apply_softmax is None and getattr(scorer, "head_config", None) is not None:
       raise ServeError("score_mode=raw_logit ranks by the backbone's raw label logits, which a score head does not "
                        "produce; start with --nouse_head or score_mode=p_first/log_odds")
-    template = prompts.get_template(prompt.template)
+    prompts.get_template(prompt.template)  # an unknown template is refused even where no prompt is built
     self.builder, self.label_ids = None, None
     if scorer.tokenizer is not None:  # without one, /v1/rerank answers 400 (it needs text)
       try:
-        self.label_ids = prompts.resolve_labels(scorer.tokenizer, prompt.labels or template.default_labels)
-        self.builder = prompts.PromptBuilder(scorer.tokenizer, template, prompt.instruction,
-                                             prompt.max_query_tokens, prompt.max_item_tokens)
+        self.builder, self.label_ids = prompts.prompt_and_labels(
+            scorer.tokenizer, prompt.template, prompt.labels, prompt.instruction, prompt.max_query_tokens,
+            prompt.max_item_tokens)
       except ScoreInputError as e:
         raise ServeError(f"the rerank prompt cannot be built: {e}") from None
     self.metrics = ServerMetrics(lambda: self.queue.depth, lambda: scorer.runner.num_executables)
