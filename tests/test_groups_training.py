@@ -103,6 +103,16 @@ def test_a_group_is_one_positive_and_negatives_drawn_per_step():
     TrainConfig(group_size=1).validate()
 
 
+def test_a_group_size_above_every_querys_candidates_is_refused_naming_the_largest(tmp_path):
+  """It would keep every candidate, as group_size=0 does: a setting that changes nothing is named, not run."""
+  train = corpus.split("train", 2)
+  largest = max(len(q.candidates) for q in train.queries)
+  cfg = TrainConfig(batch_size=2, num_steps=2, group_size=largest + 1)
+  with pytest.raises(TrainError, match=rf"group_size={largest + 1} is more than any train query's candidates "
+                                       rf"\(at most {largest}\).*pass --group_size=0 or at most {largest}"):
+    train_lib.train(cfg, prompts.PromptConfig(), None, train, None, tmp_path / "work", progress=False)
+
+
 def _write_groups(path, records):
   path.write_text("".join(json.dumps(r) + "\n" for r in records))
   return path

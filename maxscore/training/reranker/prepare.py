@@ -86,6 +86,10 @@ def prepare(cfg: TrainConfig, prompt: PromptConfig, scorer: Scorer, train_set: R
     examples = {s: make_examples(scorer, ds, prompt, label_ids) for s, ds in splits.items()}
   if not examples["train"].requests:
     raise DataError("the train split has no queries with candidates")
+  if cfg.group_size > examples["train"].max_items:
+    raise TrainError(f"group_size={cfg.group_size} is more than any train query's candidates (at most "
+                     f"{examples['train'].max_items}): every candidate would be kept, as group_size=0 keeps them; "
+                     f"pass --group_size=0 or at most {examples['train'].max_items}")
   if uses_teacher(cfg) and examples["train"].teacher is None:
     raise TrainError(f"loss=distill (or distill_weight={cfg.distill_weight}) trains toward a teacher's scores: give "
                      "--groups_file with pos_scores and neg_scores in every group (scripts/score_teacher.py writes them)")
