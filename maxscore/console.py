@@ -13,3 +13,11 @@ PROGRESS = {"console": True}  # `extra=` of a log call: the line is progress a c
 
 def is_progress(record: logging.LogRecord) -> bool:
   return bool(getattr(record, "console", False))
+
+
+def rate(per_second) -> str:
+  """A throughput for a console line: "n/a" when unknown, one decimal below 10 (a slow CPU's 0.4 items/s is not
+  0), whole numbers with thousands separators above."""
+  if per_second is None:
+    return "n/a"
+  return f"{per_second:.1f}" if per_second < 10 else f"{per_second:,.0f}"

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from maxscore import interrupt
+from maxscore import console, interrupt
 from maxscore.datasets import data
 from maxscore.distributed import processes
 from maxscore.errors import ResumeError
@@ -286,6 +286,10 @@ def test_the_console_and_the_summary_name_quantization_and_adapters(small, tmp_p
   head = "lm_labels"  # the embedded default's trained score head
   assert eval_lib.format_report(report).splitlines()[0].startswith(
       f"model {scorer.model_name} + trained {head} score head, int8 quantized on ")
+  slow = dataclasses.replace(report, summary={**report.summary, "items_per_s": 0.42, "queries_that_compiled": 1})
+  assert "  items/s 0.4 (warm " in eval_lib.format_report(slow)  # a slow CPU's rate is not printed as 0
+  assert ", 1 query compiled" in eval_lib.format_report(slow)
+  assert console.rate(None) == "n/a" and console.rate(12345.6) == "12,346" and console.rate(7.04) == "7.0"
   adapters = {"dir": "out/lora/adapters", "rank": 8, "alpha": 16.0, "targets": ["q"], "base_quantization": "none"}
   line = eval_outputs.model_line({**report.summary, "adapters": adapters, "quantization": "none"})
   assert line == f"{scorer.model_name} + LoRA adapters out/lora/adapters (rank 8) + trained {head} score head"

@@ -35,7 +35,7 @@ from maxscore.datasets import data
 from maxscore.rerank import (eval_outputs, first_stage, fusion, listwise, pipeline, prompts, query_scoring,
                              results_file, stages)
 from maxscore.rerank.eval_outputs import EvalReport, format_report  # noqa: F401  (this module's public face)
-from maxscore import errors, interrupt
+from maxscore import console, errors, interrupt
 from maxscore.datasets.data import RerankSet
 from maxscore.distributed import mesh as mesh_lib
 from maxscore.errors import DataError
@@ -385,7 +385,8 @@ def _score_all(loop: _Loop, todo: Sequence[data.RerankQuery], resumed: int, done
         writer.submit(rec)
         done[rec["qid"]] = rec
         items_done, seconds = items_done + len(rec["docids"]), seconds + rec["seconds"]
-        bar.set_postfix_str(f"{items_done / max(seconds, 1e-9):.0f} items/s, {rec['algorithm']}", refresh=False)
+        bar.set_postfix_str(f"{console.rate(items_done / max(seconds, 1e-9))} items/s, {rec['algorithm']}",
+                            refresh=False)
         bar.update(1)
         interrupt.planted(f"eval:{len(done)}")  # a test's Ctrl-C once this many queries are done
 

@@ -11,6 +11,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import jax
 
+from maxscore import console
 from maxscore.config import to_flat_dict
 from maxscore.datasets import data
 from maxscore.datasets.data import RerankSet
@@ -166,10 +167,10 @@ def format_report(report: EvalReport) -> str:
   lines = [f"model {model_line(s)} on {s['backend']}: {s['queries_evaluated']} queries evaluated{resumed}, "
            f"{s['items']} candidates, outputs in {report.output_dir}"]
   lines += stages.table(report.comparison, _first_stage_name(s["data"]))
-  rate = lambda x: "n/a" if x is None else f"{x:,.0f}"
+  rate, compiled = console.rate, s["queries_that_compiled"]
   lines.append(f"  items/s {rate(s['items_per_s'])} (warm {rate(s['items_per_s_warm'])}), tokens/s "
                f"{rate(s['tokens_per_s'])}, wall {s['wall_seconds']:.1f} s, "
-               f"{s['queries_that_compiled']} queries compiled")
+               f"{compiled} {'query' if compiled == 1 else 'queries'} compiled")
   lines.append("  algorithm " + ", ".join(f"{k} x{v}" for k, v in s["algorithms"].items()))
   lw = s.get("listwise")
   if lw and lw["forwards_per_query"] is not None:
