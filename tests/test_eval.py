@@ -373,7 +373,7 @@ def test_score_script_good_and_bad_lines(scorer, tmp_path, capsys):
   vocab = scorer.config.model.vocab_size
   assert out[1] == {"error": f"line 2: label_token_ids[0]=99999 is outside the vocabulary [0, {vocab})"}
   assert out[2]["error"].startswith("line 3: invalid JSON")
-  assert out[4]["error"].startswith("line 5: unknown fields ['itemz']")
+  assert out[4]["error"].startswith('line 5: unknown fields ["itemz"]; allowed: ["apply_softmax", ')
   assert "error: 4 of 6 requests failed (see their error lines in the output); the other 2 were scored" in (
       capsys.readouterr().err)
   src.write_text("not json\n[1]\n")

@@ -24,20 +24,20 @@ def scorer():
 
 @pytest.mark.parametrize("field,value,message", [
     ("label_token_ids", 5, "label_token_ids=5 must be a non-empty list"),
-    ("label_token_ids", "5", "label_token_ids='5' must be a non-empty list"),
-    ("label_token_ids", [True, 1], r"label_token_ids\[0\]=True must be an integer token id, not bool"),
-    ("label_token_ids", [1.0], r"label_token_ids\[0\]=1.0 must be an integer"),
+    ("label_token_ids", "5", 'label_token_ids="5" must be a non-empty list'),
+    ("label_token_ids", [True, 1], r"label_token_ids\[0\]=true must be an integer token id, not boolean"),
+    ("label_token_ids", [1.0], r"label_token_ids\[0\]=1.0 must be an integer token id, not non-integer number"),
     ("label_token_ids", [2 ** 70], r"label_token_ids\[0\]=\d+ is outside the vocabulary"),
-    ("apply_softmax", "false", "apply_softmax='false' must be a boolean"),
-    ("apply_softmax", 0, "apply_softmax=0 must be a boolean"),
-    ("apply_softmax", None, "apply_softmax=None must be a boolean"),
-    ("item_first", "true", "item_first='true' must be a boolean"),
-    ("query", None, "query=None must be text or a list of token ids"),
-    ("query", {"a": 1}, "query=.* must be text or a list of token ids, not dict"),
+    ("apply_softmax", "false", r'apply_softmax="false" must be a boolean \(JSON true or false\), not string'),
+    ("apply_softmax", 0, r"apply_softmax=0 must be a boolean \(JSON true or false\), not integer"),
+    ("apply_softmax", None, r"apply_softmax=null must be a boolean \(JSON true or false\), not null"),
+    ("item_first", "true", 'item_first="true" must be a boolean'),
+    ("query", None, "query=null must be text or a list of token ids"),
+    ("query", {"a": 1}, 'query={"a": 1} must be text or a list of token ids, not object'),
     ("query", [[1]], r"query\[0\]=\[1\] must be an integer"),
-    ("query", [1, False], r"query\[1\]=False must be an integer token id, not bool"),
-    ("items", None, "items=None must be a text, a list of texts"),
-    ("items", [["a"]], r"items\[0\]\[0\]='a' must be an integer"),
+    ("query", [1, False], r"query\[1\]=false must be an integer token id, not boolean"),
+    ("items", None, "items=null must be a text, a list of texts"),
+    ("items", [["a"]], r'items\[0\]\[0\]="a" must be an integer token id, not string'),
     ("items", [[1], "a"], "mixes text and token ids"),
     ("items", [[-1]], r"items\[0\]\[0\]=-1 is outside the vocabulary \[0, 3072\)"),
     ("model", 3, "model=3 must be a string"),
@@ -53,22 +53,22 @@ def test_bare_int_label_token_ids_is_one_error_line_not_a_lost_batch(scorer, tmp
   counts = score_file.score_jsonl(scorer, str(src), str(tmp_path / "out.jsonl"), batch_size=16)
   out = [json.loads(l) for l in (tmp_path / "out.jsonl").read_text().splitlines()]
   assert counts == {"ok": 2, "errors": 1} and out[0] == out[2] and "scores" in out[0]
-  assert out[1] == {"error": "line 2: label_token_ids=5 must be a non-empty list of integer token ids, not int"}
+  assert out[1] == {"error": "line 2: label_token_ids=5 must be a non-empty list of integer token ids, not integer"}
 
 
 def test_apply_softmax_string_false_is_refused_not_taken_as_true(scorer):
-  with pytest.raises(ScoreInputError, match="apply_softmax='false' must be a boolean"):
+  with pytest.raises(ScoreInputError, match=r'apply_softmax="false" must be a boolean \(JSON true or false\), not string'):
     scorer.score_batch([{**GOOD, "apply_softmax": "false"}])
-  with pytest.raises(ScoreInputError, match="apply_softmax='false' must be a boolean"):
+  with pytest.raises(ScoreInputError, match=r'apply_softmax="false" must be a boolean \(JSON true or false\), not string'):
     scorer.score(**GOOD, apply_softmax="false")
 
 
 def test_v1_score_missing_and_unknown_fields(scorer):
   with pytest.raises(ScoreInputError, match="items is missing"):
     scorer.validate({"query": [1]})
-  with pytest.raises(ScoreInputError, match=r"unknown fields \['x'\]"):
+  with pytest.raises(ScoreInputError, match=r'unknown fields \["x"\]'):
     scorer.validate({**GOOD, "x": 1})
-  with pytest.raises(ScoreInputError, match="must be a JSON object, got list"):
+  with pytest.raises(ScoreInputError, match="must be a JSON object, got array"):
     scorer.validate([1, 2])
 
 
@@ -134,7 +134,7 @@ def test_score_jsonl_bad_lines_get_their_own_error_and_good_lines_are_answered_a
   assert counts == {"ok": 2, "errors": 5} and len(out) == len(lines)
   errors = {i: json.loads(out[i])["error"] for i in (0, 2, 3, 5, 6)}
   assert errors[0].startswith("line 1: label_token_ids=5 must be a non-empty list")
-  assert errors[2].startswith("line 3: apply_softmax='false' must be a boolean")
+  assert errors[2].startswith('line 3: apply_softmax="false" must be a boolean')
   assert errors[3].startswith("line 4: not UTF-8 text")
   assert errors[5].startswith("line 6: ")
   assert errors[6].startswith("line 7: query holds a lone surrogate")
@@ -170,13 +170,13 @@ def test_score_jsonl_refuses_a_model_it_does_not_serve_as_the_server_does(scorer
   counts = score_file.score_jsonl(scorer, str(src), str(tmp_path / "out.jsonl"))
   out = [json.loads(l) for l in (tmp_path / "out.jsonl").read_text().splitlines()]
   assert counts == {"ok": 2, "errors": 2}
-  assert out[0]["error"].startswith("line 1: model 'whatever' is not served here; the served names are "
-                                    "'pydoc-tiny-qwen3'")
+  assert out[0]["error"].startswith('line 1: model "whatever" is not served here; the served names are '
+                                    '"pydoc-tiny-qwen3"')
   assert out[1]["model"] == out[2]["model"] == "pydoc-tiny-qwen3" and "not served" in out[3]["error"]
   counts = score_file.score_jsonl(scorer, str(src), str(tmp_path / "alias.jsonl"),
                                   served_names=("rerank-v1", "pydoc-tiny-qwen3"))
   out = [json.loads(l) for l in (tmp_path / "alias.jsonl").read_text().splitlines()]
-  assert counts == {"ok": 3, "errors": 1} and "'rerank-v1', 'pydoc-tiny-qwen3'" in out[0]["error"]
+  assert counts == {"ok": 3, "errors": 1} and '"rerank-v1", "pydoc-tiny-qwen3"' in out[0]["error"]
   assert [r["model"] for r in out[1:]] == ["rerank-v1"] * 3  # responses report the first served name
 
 

@@ -241,7 +241,7 @@ def test_served_model_aliases_are_answered_and_the_first_is_reported(tiny_scorer
       r = client.post("/v1/score", json=GOOD if name is None else dict(GOOD, model=name))
       assert r.status_code == 200 and r.json()["model"] == "rerank-v1", r.text
     r = client.post("/v1/score", json=dict(GOOD, model="tiny-qwen3"))  # the checkpoint's own name is no alias
-    assert r.status_code == 404 and "'rerank-v1', 'tiny'" in r.json()["error"]["message"]
+    assert r.status_code == 404 and '"rerank-v1", "tiny"' in r.json()["error"]["message"]
   with pytest.raises(serving.ServeError, match="empty name"):
     serving.ScoringService(tiny_scorer, dataclasses.replace(CFG, served_model_name=("",)))
 

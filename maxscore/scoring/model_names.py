@@ -29,6 +29,6 @@ def check_model(request: Mapping[str, Any], names: Sequence[str]) -> None:
   if not isinstance(model, str):
     raise ScoreInputError(f"model={short(model)} must be a string")
   if model not in names:
-    served = ", ".join(repr(n) for n in names)
+    served = ", ".join(short(n, 200) for n in names)
     raise UnknownModelError(f"model {short(model)} is not served here; the served names are {served} "
                             f"(served_model_name)")

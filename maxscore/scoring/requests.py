@@ -5,6 +5,7 @@ naming the field, the offending value and the limit (docs/ARCHITECTURE.md sectio
 """
 
 import dataclasses
+import json
 import numbers
 from typing import Any, Mapping, Optional, Sequence
 
@@ -48,9 +49,28 @@ def _is_bool(x: Any) -> bool:
 
 
 def short(value: Any, limit: int = 40) -> str:
-  """repr of `value`, cut to `limit` characters (error messages name the value, not a megabyte of it)."""
-  text = repr(value)
+  """`value` as a request gives it, in JSON (null, true, "text", [1, 2]), where it has a JSON form, else its
+  repr (a NumPy array); cut to `limit` characters (an error names the value, not a megabyte of it)."""
+  try:
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    text.encode("utf-8")
+  except UnicodeEncodeError:  # a lone surrogate: escaped, so that the error itself can be sent as UTF-8
+    text = json.dumps(value, allow_nan=False)
+  except (TypeError, ValueError):
+    text = repr(value)
   return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+_JSON_KINDS = ((bool, "boolean"), (numbers.Integral, "integer"), (numbers.Number, "non-integer number"),
+               (str, "string"), (Mapping, "object"), ((list, tuple), "array"))
+
+
+def kind(value: Any) -> str:
+  """The JSON name of `value`'s type (null, boolean, integer or non-integer number, string, object, array), else
+  its Python name."""
+  if value is None:
+    return "null"
+  return next((name for types, name in _JSON_KINDS if isinstance(value, types)), type(value).__name__)
 
 
 def _is_array(value: Any) -> bool:
@@ -67,7 +87,7 @@ def _check_ids(field: str, ids: Any, vocab_size: int) -> tuple[int, ...]:
   else:
     for j, t in enumerate(ids):
       if type(t) is not int and not _is_int(t):
-        raise ScoreInputError(f"{field}[{j}]={short(t)} must be an integer token id, not {type(t).__name__}")
+        raise ScoreInputError(f"{field}[{j}]={short(t)} must be an integer token id, not {kind(t)}")
     try:
       arr = np.asarray(ids, np.int64) if len(ids) else np.zeros((0,), np.int64)
     except OverflowError:
@@ -94,7 +114,7 @@ def _encode(field: str, value: Any, tokenizer, vocab_size: int) -> tuple[int, ..
     return _check_ids(field, tokenizer.encode(value), vocab_size)
   if isinstance(value, (list, tuple)) or (_is_array(value) and np.ndim(value) == 1):
     return _check_ids(field, value, vocab_size)
-  raise ScoreInputError(f"{field}={short(value)} must be text or a list of token ids, not {type(value).__name__}")
+  raise ScoreInputError(f"{field}={short(value)} must be text or a list of token ids, not {kind(value)}")
 
 
 def _items(value: Any) -> list:
@@ -107,7 +127,7 @@ def _items(value: Any) -> list:
     return list(np.asarray(value))
   if not isinstance(value, (list, tuple)):
     raise ScoreInputError(f"items={short(value)} must be a text, a list of texts or a list of token-id lists, "
-                          f"not {type(value).__name__}")
+                          f"not {kind(value)}")
   if value and all(_is_int(x) for x in value):
     raise ScoreInputError("items is a flat list of ints; pass a list of token-id lists (one per item)")
   if len({isinstance(x, str) for x in value}) > 1:
@@ -117,7 +137,7 @@ def _items(value: Any) -> list:
 
 def _flag(field: str, value: Any) -> bool:
   if not _is_bool(value):
-    raise ScoreInputError(f"{field}={short(value)} must be a boolean (JSON true or false), not {type(value).__name__}")
+    raise ScoreInputError(f"{field}={short(value)} must be a boolean (JSON true or false), not {kind(value)}")
   return bool(value)
 
 
@@ -126,7 +146,7 @@ def _labels(value: Any, vocab_size: int) -> tuple[int, ...]:
     raise ScoreInputError("label_token_ids is empty; pass at least one label token id (or set it in the config)")
   if not isinstance(value, (list, tuple)) and not (_is_array(value) and np.ndim(value) == 1):
     raise ScoreInputError(f"label_token_ids={short(value)} must be a non-empty list of integer token ids, "
-                          f"not {type(value).__name__}")
+                          f"not {kind(value)}")
   return _check_ids("label_token_ids", value, vocab_size)
 
 
@@ -169,10 +189,11 @@ def validate_request(request: Any, fields: frozenset) -> dict[str, Any]:
   """The arguments of a /v1/score-shaped dict for make_request: unknown fields refused, and a
   present apply_softmax / item_first must be a JSON boolean (absent = the default)."""
   if not isinstance(request, Mapping):
-    raise ScoreInputError(f"a request must be a JSON object, got {type(request).__name__}")
+    raise ScoreInputError(f"a request must be a JSON object, got {kind(request)}")
   unknown = set(request) - fields
   if unknown:
-    raise ScoreInputError(f"unknown fields {sorted(map(str, unknown))[:8]}; allowed: {sorted(fields)}")
+    raise ScoreInputError(f"unknown fields {json.dumps(sorted(map(str, unknown))[:8])}; allowed: "
+                          f"{json.dumps(sorted(fields))}")
   for name in ("query", "items"):
     if name not in request:
       raise ScoreInputError(f"{name} is missing; a request is {{query, items, label_token_ids?, apply_softmax?, "
@@ -189,7 +210,7 @@ def validate_request(request: Any, fields: frozenset) -> dict[str, Any]:
 def validate_batch(requests: Any, validate) -> list[TokenRequest]:
   """`validate` applied to each request of a list; errors name the request's index."""
   if isinstance(requests, (str, bytes, Mapping)) or not isinstance(requests, Sequence):
-    raise ScoreInputError(f"requests must be a list of request objects, not {type(requests).__name__}")
+    raise ScoreInputError(f"requests must be a list of request objects, not {kind(requests)}")
   out = []
   for i, r in enumerate(requests):
     try:

@@ -17,7 +17,7 @@ import numpy as np
 
 from maxscore.errors import RequestTooLargeError, ScoreInputError, UnknownModelError
 from maxscore.scoring import model_names
-from maxscore.scoring.requests import short
+from maxscore.scoring.requests import kind, short
 
 RERANK_FIELDS = frozenset({"model", "query", "documents", "top_n", "return_documents"})
 _FIELD_NAMES = ("query", "items", "label_token_ids", "apply_softmax", "item_first", "model", "documents", "top_n",
@@ -60,7 +60,7 @@ def parse_json(body: bytes) -> dict[str, Any]:
   except (ValueError, RecursionError) as e:
     raise ApiError(400, f"the request body is not valid JSON: {' '.join(str(e).split())}") from None
   if not isinstance(value, dict):
-    raise ApiError(400, f"the request body must be a JSON object, not {type(value).__name__}")
+    raise ApiError(400, f"the request body must be a JSON object, not {kind(value)}")
   return value
 
 
@@ -90,7 +90,8 @@ def rerank_request(body: Mapping[str, Any], max_items: int) -> RerankRequest:
   """Checks a /v1/rerank body (the model name is checked by check_model)."""
   unknown = set(body) - RERANK_FIELDS
   if unknown:
-    raise ApiError(400, f"unknown fields {sorted(unknown)[:8]}; allowed: {sorted(RERANK_FIELDS)}")
+    raise ApiError(400, f"unknown fields {json.dumps(sorted(unknown)[:8])}; allowed: "
+                        f"{json.dumps(sorted(RERANK_FIELDS))}")
   query = body.get("query")
   if not isinstance(query, str):
     raise ApiError(400, f"query={short(query)} must be a string", "query")
