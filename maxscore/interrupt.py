@@ -28,10 +28,13 @@ import time
 from typing import Callable, Iterator
 
 EXIT_CODE = 130  # 128 + SIGINT, as shells report a Ctrl-C
-# Test-only, not a setting: `planted` sends SIGINT to this process at the point this names (tests plant a
-# Ctrl-C during a compile, between steps, inside a checkpoint save, while an output is written). Nothing else
-# sets it.
-TEST_SIGINT_AT_ENV = "MAXSCORE_TEST_SIGINT_AT"
+# Test-only, not settings: `planted` sends a signal to this process at the point TEST_SIGNAL_AT_ENV names (tests
+# plant a Ctrl-C during a compile, between steps, inside a checkpoint save, while an output is written, and a
+# SIGKILL as a query or a step begins, the lost process of the pod tests). TEST_SIGNAL_ENV picks the signal:
+# SIGINT (unset) or SIGKILL. Nothing else sets them.
+TEST_SIGNAL_AT_ENV = "MAXSCORE_TEST_SIGNAL_AT"
+TEST_SIGNAL_ENV = "MAXSCORE_TEST_SIGNAL"
+KILLED_AT = "planted SIGKILL at"  # on stderr before a planted SIGKILL, then the time.time() of the kill
 
 _requested = threading.Event()
 _points = [0]  # how many `stop_points` blocks are open
@@ -206,10 +209,21 @@ def _stop_line() -> str:
 
 
 def planted(point: str) -> None:
-  """A test's Ctrl-C: when TEST_SIGINT_AT_ENV names `point`, SIGINT to this process, returning once the watcher
-  has taken it (inside `stop_points`; elsewhere the process ends meanwhile)."""
-  if os.environ.get(TEST_SIGINT_AT_ENV) != point:
+  """A test's signal at a named point of the work: when TEST_SIGNAL_AT_ENV names `point`, SIGINT to this process,
+  returning once the watcher has taken it (inside `stop_points`; elsewhere the process ends meanwhile), or with
+  TEST_SIGNAL_ENV=SIGKILL, a line with the time on stderr and SIGKILL (a lost process: nothing after it runs).
+  Points are counted in the work, not in time, so a signal lands at the same place however loaded the machine.
+
+  Points: compile (the first training step starts compiling), step:N (step N done), begin:N (step N begins),
+  save:N (step N's checkpoint in flight), features:N, eval:N (N queries of the eval written), query:N (this
+  process's N-th query begins), replace_dir (a new output directory written, not yet in place)."""
+  if os.environ.get(TEST_SIGNAL_AT_ENV) != point:
     return
+  if os.environ.get(TEST_SIGNAL_ENV, "SIGINT") == "SIGKILL":
+    sys.stdout.flush()
+    sys.stderr.write(f"{KILLED_AT} {time.time()}\n")
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
   os.kill(os.getpid(), signal.SIGINT)
   deadline = time.monotonic() + 10
   while not _requested.is_set() and time.monotonic() < deadline:

@@ -8,6 +8,7 @@ run in the background would otherwise not test Ctrl-C at all.
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -113,7 +114,7 @@ def test_an_ignored_sigint_stays_ignored(tmp_path):
 def _train(workdir, cache, *extra, point=None):
   cmd = [sys.executable, str(REPO / "scripts" / "train_reranker.py"), f"--workdir={workdir}",
          f"--feature_cache={cache}", *TRAIN_FLAGS, *extra]
-  return _run(cmd, {interrupt.TEST_SIGINT_AT_ENV: point} if point else None)
+  return _run(cmd, {interrupt.TEST_SIGNAL_AT_ENV: point} if point else None)
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +132,12 @@ def test_training_shows_its_progress_on_the_console(uninterrupted):
   assert "features: 6/6 queries" in lines and "features: 3/3 queries" in lines
   assert [line for line in lines if line.startswith("train: step")][-1].startswith("train: step 9/9 loss ")
   assert "train: step 1/9 loss" in (root / "work" / "train_reranker.log").read_text()
+  # never silent for long: the first step's compile is announced and its loss shown, and each dev evaluation
+  steps = [line for line in lines if line.startswith("train: step")]
+  assert steps[:3] == [steps[0], "train: step 1/9: compiling the training step", steps[2]], steps
+  assert re.fullmatch(r"train: step 0/9 dev .*ndcg_cut_10 [\d.]+ \([\d.]+ s\)", steps[0]), steps
+  assert re.fullmatch(r"train: step 1/9 loss [\d.]+ \(compiled and run in [\d.]+ s\)", steps[2]), steps
+  assert sum(" dev " in line for line in steps) == 6  # steps 0, 2, 4, 6, 8 and 9
   quiet = _train(root / "quiet", root / "features.npz", "--noprogress")
   assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr[-2000:]
 
@@ -172,7 +179,7 @@ def test_ctrl_c_in_a_conversion_leaves_no_output_and_no_temporary_directory(tmp_
   out = tmp_path / "converted" / "model"
   cmd = [sys.executable, str(REPO / "scripts" / "convert_gguf_checkpoint.py"), f"--gguf={tmp_path / 'm.gguf'}",
          f"--output_dir={out}"]
-  stopped = _run(cmd, {interrupt.TEST_SIGINT_AT_ENV: "replace_dir"})
+  stopped = _run(cmd, {interrupt.TEST_SIGNAL_AT_ENV: "replace_dir"})
   assert (stopped.returncode, stopped.stderr) == (130, f"stopped (Ctrl-C); {out} is as it was\n")
   assert list(out.parent.iterdir()) == []  # neither the output nor its temporary directory
   done = _run(cmd)

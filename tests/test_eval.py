@@ -264,7 +264,7 @@ def test_ctrl_c_stops_after_the_query_in_flight_with_one_line_and_resumes(scorer
   cmd = [sys.executable, str(REPO / "scripts" / "eval_rerank.py"), f"--jsonl={path}", "--split=all",
          f"--output_dir={out}", *EVAL_FLAGS]
   env = dict(os.environ, PYTHONPATH=str(REPO))
-  stopped = subprocess.run(processes.with_sigint(cmd), env={**env, interrupt.TEST_SIGINT_AT_ENV: "eval:3"},
+  stopped = subprocess.run(processes.with_sigint(cmd), env={**env, interrupt.TEST_SIGNAL_AT_ENV: "eval:3"},
                            capture_output=True, text=True, timeout=300)
   assert stopped.returncode == 130, stopped.stderr[-3000:]
   assert stopped.stderr == (f"stopped (Ctrl-C) after 3 of 8 queries; {out / 'results.jsonl'} keeps every query "

@@ -1,6 +1,6 @@
 """Pods on one machine (docs/ARCHITECTURE.md section 8): 4 jax.distributed processes of 2 CPU devices each against
 one process of 8 devices with the same mesh shape, runs resumed on another number of processes, and a process
-killed mid-run (SIGKILL at a counted call, maxscore/testing/kill_at.py) named by the survivors in one line: a
+killed mid-run (a SIGKILL planted at a named point of the work, maxscore/interrupt.py) named by the survivors in one line: a
 process of the eval, and process 0 (which holds JAX's coordination service) of the training."""
 
 import json
@@ -15,11 +15,11 @@ import time
 import numpy as np
 import pytest
 
+from maxscore import interrupt
 from maxscore.distributed import mesh as mesh_lib
 from maxscore.distributed import peers
 from maxscore.distributed.peers import LOST_PEER_EXIT_CODE
 from maxscore.distributed import processes
-from maxscore.testing.kill_at import KILLED_AT
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 HEARTBEAT_S = 30  # the survivors stop within it (their watchdog decides at a third of it)
@@ -57,13 +57,14 @@ class _Runs:
   4-process runs leave the cores idle while their processes wait for each other and for the watchdog's verdict."""
   started: list = []  # every run's processes, for _no_strays
 
-  def __init__(self, command, count: int, devices: int, *, killed: int = -1, kill_at: tuple[str, int] = ("", 0)):
+  def __init__(self, command, count: int, devices: int, *, killed: int = -1, kill_at: str = ""):
     port = processes.free_port()
 
     def cmd(i):
       flags = processes.coordinator_flags(port, count, i, HEARTBEAT_S) if count > 1 else []
-      if i == killed:
-        return [sys.executable, "-m", "maxscore.testing.kill_at", kill_at[0], str(kill_at[1]), *command[1:], *flags]
+      if i == killed:  # its planted SIGKILL (maxscore/interrupt.py), in its environment alone
+        return ["env", f"{interrupt.TEST_SIGNAL_AT_ENV}={kill_at}", f"{interrupt.TEST_SIGNAL_ENV}=SIGKILL", *command,
+                *flags]
       return [*command, *flags]
     self.start = time.time()
     self.procs = processes.start_processes(cmd, count, devices)
@@ -101,7 +102,7 @@ def _assert_lost_named(results, killed: int):
   with the one line naming it as its last, and no crash dump or traceback. Returns the seconds the last one
   took after the kill."""
   assert results[killed].code == -9, results[killed].stderr[-2000:]
-  killed_at = float(results[killed].stderr.split(KILLED_AT)[-1].split()[0])
+  killed_at = float(results[killed].stderr.split(interrupt.KILLED_AT)[-1].split()[0])
   for i, r in enumerate(results):
     if i == killed:
       continue
@@ -127,7 +128,7 @@ def test_eval_in_four_processes_equals_one_process_and_a_killed_process_is_named
   one-process run's."""
   eval_single, out = tmp_path / "single", tmp_path / "out"
   single = _Runs(EVAL + [f"--output_dir={eval_single}"] + EVAL_MESH[1], 1, 8)
-  results, wall = _run(EVAL + [f"--output_dir={out}"] + EVAL_MESH[4], 4, 2, killed=2, kill_at=("eval_query", 2))
+  results, wall = _run(EVAL + [f"--output_dir={out}"] + EVAL_MESH[4], 4, 2, killed=2, kill_at="query:2")
   print(f"eval, 4 processes, process 2 killed: {wall:.1f}s wall")
   assert not any(REPLICATED_NOTE in r.stderr for r in results)  # a group per process, tensor 2 within
   after = _assert_lost_named(results, 2)
@@ -190,7 +191,7 @@ def test_training_in_four_processes_equals_one_process_and_a_killed_process_is_n
   it have them too."""
   one = _train(tmp_path / "one", NO_CHECKPOINTS, 1, 8)
   root = tmp_path / "killed"
-  results, wall = _train(root, [], 4, 2, killed=0, kill_at=("train_step", 4)).finish()
+  results, wall = _train(root, [], 4, 2, killed=0, kill_at="begin:4").finish()
   print(f"training, 4 processes, process 0 killed: {wall:.1f}s wall")
   after = _assert_lost_named(results, 0)
   print(f"the survivors named process 0 and stopped {after:.1f}s after the kill")

@@ -88,22 +88,23 @@ def test_optimizer_schedule():
   listener = lambda name, *_, **__: traced.append(name) if name == "/jax/core/compile/jaxpr_trace_duration" else None
   jax.monitoring.register_event_duration_secs_listener(listener)
   try:
-    lrs = [float(schedule(step)) for step in (0, 2, 4, 20)]
+    lrs = [float(schedule(step)) for step in (0, 1, 3, 19)]
   finally:
     jax.monitoring.unregister_event_duration_listener(listener)
-  np.testing.assert_allclose(lrs, [0.0, 0.05, 0.1, 0.01], rtol=1e-5)
+  # the first step learns (a quarter of the peak), the fourth runs at the peak, the last at the end rate
+  np.testing.assert_allclose(lrs, [0.025, 0.05, 0.1, 0.01], rtol=1e-5)
   assert len(traced) == 1, traced
 
 
 def test_a_warmup_longer_than_half_the_run_is_cut_to_half_so_the_run_decays(caplog):
-  """warmup_steps=10 on 4 steps: the rate peaks at step 2 and falls by the last step (step 3), with a warning;
-  without the cut the run would end at the peak and never decay."""
+  """warmup_steps=10 on 4 steps: the rate peaks at the second step and falls to the end rate by the last, with a
+  warning; without the cut the run would end at the peak and never decay."""
   cfg = TrainConfig(learning_rate=0.1, warmup_steps=10, end_learning_rate=0.0)
   with caplog.at_level(logging.WARNING):
     _, schedule = make_optimizer(cfg, 4)
   lrs = [float(schedule(i)) for i in range(4)]
-  np.testing.assert_allclose(lrs[:3], [0.0, 0.05, 0.1], rtol=1e-6)
-  assert lrs[3] < 0.1 and max(lrs) == lrs[2]
+  np.testing.assert_allclose(lrs[:2], [0.05, 0.1], rtol=1e-6)
+  assert 0 < lrs[2] < 0.1 and max(lrs) == lrs[1] and lrs[3] == 0.0
   assert "warmup_steps=10 is more than half of the run's 4 steps: warming up for 2 steps" in caplog.text
   caplog.clear()
   make_optimizer(TrainConfig(warmup_steps=2), 4)

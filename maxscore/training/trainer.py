@@ -275,12 +275,17 @@ class Timing:
   steps_done: int = 0  # the step the loop has reached
 
 
-def _log_eval(hooks: Hooks, step: int, params, timing: Timing) -> None:
+def _log_eval(s: LoopSettings, hooks: Hooks, step: int, params, timing: Timing) -> None:
   t = time.perf_counter()
   values = hooks.evaluate(params, step)
-  timing.eval_seconds += time.perf_counter() - t
+  seconds = time.perf_counter() - t
+  timing.eval_seconds += seconds
   if values is not None:
     hooks.log.write("eval", step, values)
+    shown = [f"{k} {v:.4f}" for k, v in values.items() if isinstance(v, (int, float))][:3]
+    if s.progress and shown:
+      logging.info("%s: step %d/%d dev %s (%.1f s)", s.name, step, s.total_steps, ", ".join(shown), seconds,
+                   extra=console.PROGRESS)
 
 
 def loop(s: LoopSettings, state: TrainState, step_fn: Callable, hooks: Hooks) -> tuple[TrainState, Timing]:
@@ -312,14 +317,19 @@ def _steps(s: LoopSettings, state: TrainState, step_fn: Callable, hooks: Hooks, 
   step = timing.steps_done = int(state.step)
   stop = hooks.should_stop or (lambda: False)
   if step == 0:
-    _log_eval(hooks, 0, state.params, timing)
+    _log_eval(s, hooks, 0, state.params, timing)
   while step < s.total_steps and not stop():
     if interrupt.requested():  # a safe point: every step before is logged and its checkpoint handed on
       raise TrainingInterrupted(step)
+    interrupt.planted(f"begin:{step + 1}")  # a test's signal as step step + 1 begins
     idx = batch_indices(state, s.num_examples, s.batch_size)
     batch, items = hooks.make_batch(idx if hooks.local_rows is None else idx[hooks.local_rows], step)
     t = time.perf_counter()
-    if timing.first_step_seconds is None:
+    first = timing.first_step_seconds is None
+    if first:
+      if s.progress:  # the first step compiles: a minute on a CPU, which the console should not spend silent
+        logging.info("%s: step %d/%d: compiling the training step", s.name, step + 1, s.total_steps,
+                     extra=console.PROGRESS)
       interrupt.planted("compile")  # a test's Ctrl-C as the first step is traced and compiled
     new_state, metrics = step_fn(*hooks.place(state, batch))
     metrics = {k: float(v) for k, v in partition.host_copy(metrics).items()}  # waits for the step
@@ -340,12 +350,13 @@ def _steps(s: LoopSettings, state: TrainState, step_fn: Callable, hooks: Hooks, 
       hooks.log.write("train", step, {"epoch": epoch, "loss": loss, "grad_norm": gnorm,
                                       "learning_rate": float(hooks.schedule(step - 1)), **dict(sorted(metrics.items()))})
     if (s.eval_every and step % s.eval_every == 0) or step == s.total_steps:
-      _log_eval(hooks, step, state.params, timing)
+      _log_eval(s, hooks, step, state.params, timing)
     if (s.save_every and step % s.save_every == 0) or step == s.total_steps or stop():
       hooks.save(step, state)
       interrupt.planted(f"save:{step}")  # a test's Ctrl-C while the save is in flight
-    if s.progress and step % s.progress_every == 0:
-      logging.info("%s: step %d/%d loss %.4f", s.name, step, s.total_steps, loss, extra=console.PROGRESS)
+    if s.progress and (step % s.progress_every == 0 or first):
+      compiled = f" (compiled and run in {dt:.1f} s)" if first else ""
+      logging.info("%s: step %d/%d loss %.4f%s", s.name, step, s.total_steps, loss, compiled, extra=console.PROGRESS)
     interrupt.planted(f"step:{step}")
     if delay_s > 0:
       time.sleep(delay_s)
