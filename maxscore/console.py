@@ -21,3 +21,8 @@ def rate(per_second) -> str:
   if per_second is None:
     return "n/a"
   return f"{per_second:.1f}" if per_second < 10 else f"{per_second:,.0f}"
+
+
+def count(n: int, one: str, many: str) -> str:
+  """"1 query", "3 queries": a count with its noun in number."""
+  return f"{n} {one if n == 1 else many}"

@@ -142,12 +142,13 @@ def test_training_shows_its_progress_on_the_console(uninterrupted):
   assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr[-2000:]
 
 
-@pytest.mark.parametrize("point,stops_at,saved", [("compile", 1, None), ("step:3", 3, 2), ("save:4", 4, 4)])
+@pytest.mark.parametrize("point,stops_at,saved", [("compile", 1, 1), ("step:3", 3, 3), ("save:4", 4, 4)])
 def test_ctrl_c_at_a_planted_point_stops_with_one_line_and_resumes_bit_for_bit(uninterrupted, tmp_path, point,
                                                                                  stops_at, saved):
   """Ctrl-C during the first compile, between steps, or with a checkpoint save in flight: the run stops at the
-  next safe point (after that step), says where it stands, and the same command ends as the uninterrupted run:
-  metrics.jsonl (every loss and dev metric) byte for byte, the same final params."""
+  next safe point (after that step), saves it first (save_every=2 would have lost step 3; step 4 was being saved
+  already), says where it stands, and the same command ends as the uninterrupted run: metrics.jsonl (every loss
+  and dev metric) byte for byte, the same final params."""
   root, _ = uninterrupted
   stopped = _train(tmp_path / "work", root / "features.npz", "--noprogress", point=point)
   assert stopped.returncode == 130, stopped.stderr[-3000:]

@@ -290,6 +290,7 @@ def test_the_console_and_the_summary_name_quantization_and_adapters(small, tmp_p
   assert "  items/s 0.4 (warm " in eval_lib.format_report(slow)  # a slow CPU's rate is not printed as 0
   assert ", 1 query compiled" in eval_lib.format_report(slow)
   assert console.rate(None) == "n/a" and console.rate(12345.6) == "12,346" and console.rate(7.04) == "7.0"
+  assert console.count(1, "query", "queries") == "1 query" and console.count(0, "query", "queries") == "0 queries"
   adapters = {"dir": "out/lora/adapters", "rank": 8, "alpha": 16.0, "targets": ["q"], "base_quantization": "none"}
   line = eval_outputs.model_line({**report.summary, "adapters": adapters, "quantization": "none"})
   assert line == f"{scorer.model_name} + LoRA adapters out/lora/adapters (rank 8) + trained {head} score head"

@@ -167,10 +167,10 @@ def format_report(report: EvalReport) -> str:
   lines = [f"model {model_line(s)} on {s['backend']}: {s['queries_evaluated']} queries evaluated{resumed}, "
            f"{s['items']} candidates, outputs in {report.output_dir}"]
   lines += stages.table(report.comparison, _first_stage_name(s["data"]))
-  rate, compiled = console.rate, s["queries_that_compiled"]
+  rate = console.rate
   lines.append(f"  items/s {rate(s['items_per_s'])} (warm {rate(s['items_per_s_warm'])}), tokens/s "
                f"{rate(s['tokens_per_s'])}, wall {s['wall_seconds']:.1f} s, "
-               f"{compiled} {'query' if compiled == 1 else 'queries'} compiled")
+               f"{console.count(s['queries_that_compiled'], 'query', 'queries')} compiled")
   lines.append("  algorithm " + ", ".join(f"{k} x{v}" for k, v in s["algorithms"].items()))
   lw = s.get("listwise")
   if lw and lw["forwards_per_query"] is not None:
@@ -182,8 +182,9 @@ def format_report(report: EvalReport) -> str:
     lines.append(f"  score cache: {c['hits']} pairs read, {c['misses']} scored and added ({c['dir']})")
   t = s["truncation"]
   if t["queries_truncated"] or t["items_truncated"]:
-    lines.append(f"  truncated: {t['queries_truncated']} queries (> {t['max_query_tokens']} tokens), "
-                 f"{t['items_truncated']} documents (> {t['max_item_tokens']} tokens)")
+    lines.append(f"  truncated: {console.count(t['queries_truncated'], 'query', 'queries')} (> "
+                 f"{t['max_query_tokens']} tokens), {console.count(t['items_truncated'], 'document', 'documents')} "
+                 f"(> {t['max_item_tokens']} tokens)")
   if s["skipped"]:
     lines.append("  skipped input: " + ", ".join(f"{k} {v}" for k, v in s["skipped"].items()))
   return "\n".join(lines)

@@ -303,7 +303,8 @@ def loop(s: LoopSettings, state: TrainState, step_fn: Callable, hooks: Hooks) ->
 
   Raises:
     TrainingInterrupted: Ctrl-C during the loop (maxscore/interrupt.py), with the step reached. The loop stops
-      at its next safe point: after a step (the first one's compile included), its metrics, eval and save.
+      at its next safe point: after a step (the first one's compile included), its metrics, eval and save; in one
+      process it saves that step first, unless it was just saved.
   """
   delay_s = float(os.environ.get(TEST_STEP_DELAY_ENV) or 0)
   timing = Timing()
@@ -315,11 +316,16 @@ def _steps(s: LoopSettings, state: TrainState, step_fn: Callable, hooks: Hooks, 
            delay_s: float) -> tuple[TrainState, Timing]:
   """loop's body; `timing.steps_done` follows the step reached (what a Ctrl-C reports)."""
   step = timing.steps_done = int(state.step)
+  saved = step  # the step a rerun would resume from: the checkpoint this run started from (0: none)
   stop = hooks.should_stop or (lambda: False)
   if step == 0:
     _log_eval(s, hooks, 0, state.params, timing)
   while step < s.total_steps and not stop():
     if interrupt.requested():  # a safe point: every step before is logged and its checkpoint handed on
+      if step > saved and jax.process_count() == 1:
+        # Ctrl-C saves first, so a rerun goes on from here rather than from the last periodic save. (Several
+        # processes would each take the signal at their own step, and a save is a collective of all of them.)
+        hooks.save(step, state)
       raise TrainingInterrupted(step)
     interrupt.planted(f"begin:{step + 1}")  # a test's signal as step step + 1 begins
     idx = batch_indices(state, s.num_examples, s.batch_size)
@@ -353,6 +359,7 @@ def _steps(s: LoopSettings, state: TrainState, step_fn: Callable, hooks: Hooks, 
       _log_eval(s, hooks, step, state.params, timing)
     if (s.save_every and step % s.save_every == 0) or step == s.total_steps or stop():
       hooks.save(step, state)
+      saved = step
       interrupt.planted(f"save:{step}")  # a test's Ctrl-C while the save is in flight
     if s.progress and (step % s.progress_every == 0 or first):
       compiled = f" (compiled and run in {dt:.1f} s)" if first else ""
