@@ -119,13 +119,18 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not slow" tests
 
 # The quick subset again with XLA's CPU code capped at another instruction set (SSE4.2; the suite itself runs
-# with the machine's): numerics that hold on one CPU of this project's kind and not on another show here
-# (docs/develop.md).
+# with the machine's): numerics that hold on one CPU of this project's kind and not on another show here; then
+# the numerics files (quantization, kernels, parity with transformers), slow tests included, under XLA's default
+# code generation with the same cap, which fuses differently from the suite's cheaper one (docs/develop.md).
 ISA_CAP ?= SSE4_2
+NUMERICS_TESTS := tests/test_quantization.py tests/test_quantization_rounding.py tests/test_gguf_quants.py \
+  tests/test_kernels.py tests/test_kernel_splash.py tests/test_blocked_own_attention.py tests/test_hf_parity.py
 test-isa: $(STAMP)
 	XLA_FLAGS="--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0 \
 	  --xla_cpu_use_fusion_emitters=false --xla_cpu_max_isa=$(ISA_CAP)" \
 	  $(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not slow" tests
+	XLA_FLAGS="--xla_force_host_platform_device_count=1 --xla_cpu_max_isa=$(ISA_CAP)" \
+	  $(PY) -m pytest -q $(PYTEST_PARALLEL) $(NUMERICS_TESTS)
 
 test-gpu-aot: $(GPU_STAMP)
 	$(GPU_VENV)/bin/python -m pytest -q -m gpu_aot tests/test_compile_report_gpu.py
