@@ -94,6 +94,8 @@ def test_optimizer_schedule():
   # the first step learns (a quarter of the peak), the fourth runs at the peak, the last at the end rate
   np.testing.assert_allclose(lrs, [0.025, 0.05, 0.1, 0.01], rtol=1e-5)
   assert len(traced) == 1, traced
+  _, schedule = make_optimizer(TrainConfig(learning_rate=0.1, warmup_steps=0, end_learning_rate=0.01), 20)
+  assert float(schedule(0)) == pytest.approx(0.1) and float(schedule(19)) > 0.01  # no warmup: the peak first
 
 
 def test_a_warmup_longer_than_half_the_run_is_cut_to_half_so_the_run_decays(caplog):

@@ -54,8 +54,8 @@ def make_optimizer(settings: Any, total_steps: int,
   """clip_by_global_norm, then AdamW on linear warmup + cosine decay to end_learning_rate; with a
   `trainable` pytree of bools (the params' structure), frozen leaves are never updated.
 
-  The first step runs at learning_rate / warmup_steps (not 0: no update is spent on nothing), step warmup_steps
-  at the peak, the last at end_learning_rate. The warmup takes at most half the run (a warning says when
+  With a warmup the first step runs at learning_rate / warmup_steps (not 0: no update is spent on nothing), step
+  warmup_steps at the peak, the last at end_learning_rate; without one the first step runs at the peak. The warmup takes at most half the run (a warning says when
   warmup_steps is cut), so a short run both reaches the peak and decays from it: warmup_steps=10 on a 4-step run
   would otherwise end at the peak rate."""
   cfg = OptimizerConfig.of(settings)
@@ -63,13 +63,15 @@ def make_optimizer(settings: Any, total_steps: int,
   if warmup < cfg.warmup_steps:
     logging.warning("warmup_steps=%d is more than half of the run's %d steps: warming up for %d steps, then "
                     "decaying", cfg.warmup_steps, total_steps, warmup)
-  # optax's warmup starts at 0: read one step ahead, the first update already learns (at learning_rate / warmup),
-  # the last warmup step runs at the peak and the run's last step at end_learning_rate.
+  # optax's warmup starts at 0: with a warmup the curve is read one step ahead, so the first update already
+  # learns (at learning_rate / warmup), the last warmup step runs at the peak and the run's last step at
+  # end_learning_rate. Without one the first step is the peak, as the curve starts.
   curve = optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, warmup, max(total_steps, warmup + 1),
                                              cfg.end_learning_rate)
+  ahead = 1 if warmup else 0
   # Jitted: the loop logs schedule(step) from the host, and the schedule's jnp ops run eagerly would compile a
   # program each (8 compiles at a run's first log line, in every process) instead of one.
-  schedule = jax.jit(lambda count: curve(count + 1))
+  schedule = jax.jit(lambda count: curve(count + ahead))
   opt = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), optax.adamw(schedule, weight_decay=cfg.weight_decay))
   if trainable is not None:
     labels = jax.tree_util.tree_map(lambda t: "train" if t else "frozen", trainable)
