@@ -359,7 +359,7 @@ def _score_all(loop: _Loop, todo: Sequence[data.RerankQuery], resumed: int, done
   lead, group, cfg = jax.process_index() == 0, loop.group, loop.cfg
   results_path = loop.out / results_file.RESULTS_FILE
   mine = [todo[i] for i in mesh_lib.query_slice(len(todo), group.index, group.count)]
-  items_done, seconds, begun = 0, 0.0, 0
+  items_done, seconds = 0, 0.0
   prepare = lambda q: query_scoring.prepare_query(loop.builder, q, cfg)
   prepared = pipeline.prefetched(prepare, mine, depth=2) if loop.pipelined else map(prepare, mine)
   with interrupt.stop_points(), open(results_path, "a", encoding="utf-8") if lead else contextlib.nullcontext() as f, \
@@ -373,8 +373,7 @@ def _score_all(loop: _Loop, todo: Sequence[data.RerankQuery], resumed: int, done
         raise errors.Interrupted(f"stopped (Ctrl-C) after {len(done)} of {len(todo) + resumed} queries; "
                                  f"{stop_note(loop.out)}")
       recs = []
-      for _ in mine[r0:r0 + loop.gather_every]:
-        begun += 1
+      for begun, _ in enumerate(mine[r0:r0 + loop.gather_every], r0 + 1):
         interrupt.planted(f"query:{begun}")  # a test's signal as this process's begun-th query starts
         t0 = time.perf_counter()
         prep = next(prepared)

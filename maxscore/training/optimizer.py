@@ -55,9 +55,9 @@ def make_optimizer(settings: Any, total_steps: int,
   `trainable` pytree of bools (the params' structure), frozen leaves are never updated.
 
   With a warmup the first step runs at learning_rate / warmup_steps (not 0: no update is spent on nothing), step
-  warmup_steps at the peak, the last at end_learning_rate; without one the first step runs at the peak. The warmup takes at most half the run (a warning says when
-  warmup_steps is cut), so a short run both reaches the peak and decays from it: warmup_steps=10 on a 4-step run
-  would otherwise end at the peak rate."""
+  warmup_steps at the peak, the last at end_learning_rate; without one the first step runs at the peak. The
+  warmup takes at most half the run (a warning says when warmup_steps is cut), so a short run both reaches the
+  peak and decays from it: warmup_steps=10 on a 4-step run would otherwise end at the peak rate."""
   cfg = OptimizerConfig.of(settings)
   warmup = min(cfg.warmup_steps, total_steps // 2)
   if warmup < cfg.warmup_steps:

@@ -340,7 +340,7 @@ def _steps(s: LoopSettings, state: TrainState, step_fn: Callable, hooks: Hooks, 
     new_state, metrics = step_fn(*hooks.place(state, batch))
     metrics = {k: float(v) for k, v in partition.host_copy(metrics).items()}  # waits for the step
     dt = time.perf_counter() - t
-    if timing.first_step_seconds is None:
+    if first:
       timing.first_step_seconds = dt
     else:
       timing.step_seconds, timing.steps_timed = timing.step_seconds + dt, timing.steps_timed + 1
