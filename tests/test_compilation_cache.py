@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from maxscore.distributed import processes
 from maxscore.files import cache
 
@@ -72,3 +74,43 @@ def test_the_host_tag_names_the_cpu_kind(tmp_path):
   assert tag(avx2) != tag(avx2.replace("AMD EPYC", "Intel Xeon"))
   assert len(cache.host_tag(str(tmp_path / "absent"))) == 12  # no /proc/cpuinfo: the architecture alone
   assert cache.host_tag() == cache.host_tag()
+
+
+def test_compilation_cache_is_per_user_by_default_and_off_with_one_key(tmp_path):
+  from maxscore.scoring.scorer import compilation_cache_path  # pylint: disable=import-outside-toplevel
+  from maxscore.files import cache  # pylint: disable=import-outside-toplevel
+  tag = cache.host_tag()  # programs compiled for one CPU kind are kept apart from another's
+  env = {"XDG_CACHE_HOME": str(tmp_path / "xdg"), "HOME": str(tmp_path / "home")}
+  assert compilation_cache_path("user", env) == str(tmp_path / "xdg" / "maxscore" / "jax" / tag)
+  assert compilation_cache_path("user", {"HOME": str(tmp_path / "home")}) == os.path.join(
+      os.path.expanduser("~"), ".cache", "maxscore", "jax", tag)
+  assert compilation_cache_path("none", env) is None and compilation_cache_path(None, env) is None
+  assert compilation_cache_path("/some/dir", env) == "/some/dir"
+  assert compilation_cache_path("user", dict(env, JAX_COMPILATION_CACHE_DIR="/x")) is None  # the user's own wins
+  assert compilation_cache_path("user", dict(env, MAXSCORE_CACHE_DIR="/m")) == f"/m/jax/{tag}"
+
+
+@pytest.mark.slow
+def test_a_second_eval_reads_its_programs_from_the_user_cache(tmp_path):
+  """Two evals of one query in fresh processes, with the per-user cache of the defaults: the first writes
+  programs into $XDG_CACHE_HOME/maxscore/jax/<host tag>, the second reads them back; compilation_cache_dir=none writes none."""
+  from maxscore.distributed.processes import REPO, subprocess_env  # pylint: disable=import-outside-toplevel
+  env = subprocess_env(1)
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  env.pop("MAXSCORE_CACHE_DIR", None)
+  env.update(XDG_CACHE_HOME=str(tmp_path / "xdg"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  from maxscore.files.cache import host_tag  # pylint: disable=import-outside-toplevel
+  cache = tmp_path / "xdg" / "maxscore" / "jax" / host_tag()
+
+  def run(name, *extra):
+    cmd = [sys.executable, str(REPO / "scripts" / "eval_rerank.py"), "--max_queries=1", "--fusion=none",
+           f"--output_dir={tmp_path / name}", "--noprogress", *extra]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+  run("off", "compilation_cache_dir=none")
+  assert not cache.exists()
+  run("first")
+  entries = {p.name for p in cache.iterdir()}
+  assert entries
+  run("second")
+  assert {p.name for p in cache.iterdir()} == entries  # nothing new: every program was read back
