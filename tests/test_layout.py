@@ -159,3 +159,20 @@ def test_length_groups_pad_each_item_under_the_ratio(ratio):
   for idx, slot in groups:
     assert len(idx) <= 32
     assert all(slot < ratio * bucket(lengths[i], buckets, "x") and slot >= lengths[i] for i in idx)
+
+
+def test_length_groups_join_when_split_rows_would_pad_more():
+  """With coarse item-count buckets a length split can double a packed query's work: 12 items in a 64-token
+  bucket and 8 needing 96, count buckets [20], become one row of 20 x 96 slots (1,920 slot tokens; split: 20 x 64
+  + 20 x 96 = 3,200 and a second prefix). With fine count buckets the split pads little and stays; a group cut
+  at the largest count bucket is never joined; without count buckets nothing changes."""
+  items = [[1] * 60] * 12 + [[2] * 70] * 8
+  split = plan_rows(0, [9] * 8, items, [64, 96], 20, 1.5)
+  assert [(len(r.items), r.slot_len) for r in split] == [(8, 96), (12, 64)]
+  joined = plan_rows(0, [9] * 8, items, [64, 96], 20, 1.5, count_buckets=[20])
+  assert [(r.items, r.slot_len) for r in joined] == [(tuple(range(20)), 96)]
+  assert joined[0].item_tokens == tuple(tuple(x) for x in items)  # every item, in request order
+  fine = plan_rows(0, [9] * 8, items, [64, 96], 20, 1.5, count_buckets=[4, 8, 12, 16, 20])
+  assert [(len(r.items), r.slot_len) for r in fine] == [(8, 96), (12, 64)]  # 8*96 + 12*64 = 1,536 < 1,920
+  full = plan_rows(0, [9] * 8, [[2] * 70] * 20 + [[1] * 60] * 3, [64, 96], 20, 1.5, count_buckets=[4, 20])
+  assert [(len(r.items), r.slot_len) for r in full] == [(20, 96), (3, 64)]

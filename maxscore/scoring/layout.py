@@ -80,12 +80,37 @@ def group_items(lengths: Sequence[int], item_buckets: Sequence[int], ratio: floa
   return groups
 
 
+def join_padded_groups(groups: list[tuple[list[int], int]], count_buckets: Sequence[int],
+                       prefix_tokens: int) -> list[tuple[list[int], int]]:
+  """Joins neighbouring length groups (longest slot first) when one row at the longer slot holds fewer tokens
+  than a row each: every row repeats the prefix and pads its item count to a bucket, so with coarse count
+  buckets a split can double the work (20 items, 8 of them needing a 96-token slot, count buckets [20]: one
+  row of 20 x 96 slots instead of two of 20 x 64 and 20 x 96). Groups above the largest count bucket are
+  left as they are."""
+  def tokens(n: int, slot: int) -> int:
+    return prefix_tokens + bucket(n, count_buckets, "item count") * slot
+  out: list[tuple[list[int], int]] = []
+  for idx, slot in groups:
+    if out:
+      kept, kept_slot = out[-1]
+      n = len(kept) + len(idx)
+      if (n <= count_buckets[-1] and len(kept) <= count_buckets[-1]
+          and tokens(n, kept_slot) <= tokens(len(kept), kept_slot) + tokens(len(idx), slot)):
+        out[-1] = (sorted(kept + idx), kept_slot)
+        continue
+    out.append((idx, slot))
+  return out
+
+
 def plan_rows(request: int, prefix: Sequence[int], items: Sequence[Sequence[int]], item_buckets: Sequence[int],
-              max_items: int, ratio: float) -> list[RowSpec]:
-  """Row specs for one request (no padding yet)."""
+              max_items: int, ratio: float, count_buckets: Optional[Sequence[int]] = None) -> list[RowSpec]:
+  """Row specs for one request (no padding yet). With `count_buckets` (a packed row's item counts), length
+  groups that would cost more as separate padded rows are joined (join_padded_groups)."""
   if not items:
     return []
   groups = group_items([len(x) for x in items], item_buckets, ratio, max_items)
+  if count_buckets is not None and len(groups) > 1:
+    groups = join_padded_groups(groups, count_buckets, len(prefix))
   return [RowSpec(request, tuple(prefix), tuple(idx), tuple(tuple(items[i]) for i in idx), slot)
           for idx, slot in groups]
 

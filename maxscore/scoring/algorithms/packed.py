@@ -14,7 +14,8 @@ def run(ctx: AlgorithmContext, requests) -> list[np.ndarray]:
   pending = []
   for labels, idx in by_labels(requests):
     rows = [row for ri in idx for row in plan_rows(ri, requests[ri].prefix, requests[ri].items, bk.item_buckets,
-                                                   bk.item_count_buckets[-1], bk.length_group_ratio)]
+                                                   bk.item_count_buckets[-1], bk.length_group_ratio,
+                                                   bk.item_count_buckets)]
     for batch in batch_rows(rows, bk.prefix_buckets, bk.item_count_buckets, bk.batch_buckets,
                             ctx.max_tokens_per_forward, ctx.max_stacked_tokens):
       layout = SegmentLayout(jnp.asarray(batch.prefix_valid_B), jnp.asarray(batch.slot_valid_BxN),
