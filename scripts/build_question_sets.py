@@ -1,9 +1,10 @@
 """Builds the natural-question sets into the package assets from Debian's packages (maxscore/lm/question_sets.py):
-the Perl FAQ test set (perlfaq_beir/) and the Python FAQ's dev and train questions in python_docs_beir/.
+the Perl FAQ and R FAQ test sets (perlfaq_beir/, rfaq_beir/) and the Python FAQ's dev and train questions in
+python_docs_beir/.
 
-  make question-sources      # perl-doc and python3.11-doc, unpacked under out/
+  make question-sources      # perl-doc, r-doc-html and python3.11-doc, unpacked under out/
   python scripts/build_question_sets.py --perl_pod_dir=out/perl-doc/usr/share/perl/5.36.0/pod \\
-      --docs_html=out/python-docs/usr/share/doc/python3.11/html
+      --r_manual_dir=out/r-doc/usr/share/R/doc/manual --docs_html=out/python-docs/usr/share/doc/python3.11/html
 
 Every flag is a key of configs/question_sets.yml. Prints each set's counts as JSON. Input errors exit 2.
 """

@@ -1,5 +1,6 @@
-"""The natural-question sets: POD as text, the Perl FAQ test set (hand-made pods, then the shipped set and a
-rebuild from Debian's perl-doc), and the Python FAQ's question splits of python_docs_beir."""
+"""The natural-question sets: POD and Texinfo HTML as text, the Perl FAQ and R FAQ test sets (hand-made sources,
+then the shipped sets and rebuilds from Debian's perl-doc and r-doc-html), and the Python FAQ's question splits of
+python_docs_beir."""
 
 import collections
 import json
@@ -11,9 +12,10 @@ import pytest
 
 from maxscore import errors
 from maxscore.datasets import beir_files, data
-from maxscore.lm import docs_questions, docs_set, perlfaq_set, pod_text, question_sets
+from maxscore.lm import docs_questions, docs_set, perlfaq_set, pod_text, question_sets, rfaq_set, texinfo_html
 
 PERLFAQ = question_sets.PERLFAQ_DIR
+RFAQ = question_sets.RFAQ_DIR
 DOCS = data.DEFAULT_DOCS_DIR
 
 
@@ -169,3 +171,105 @@ def test_python_faq_questions_rebuilt_from_their_own_output_are_the_same(tmp_pat
   assert sum(line.startswith("query-id") is False for line in first["qrels/questions_dev.tsv"].splitlines()) == 1
   with pytest.raises(errors.ScoreInputError, match="differ"):
     docs_questions.question_files(sections, shipped, dev_questions=1)  # their paragraphs are not in the corpus
+
+
+# --- the R FAQ set ----------------------------------------------------------------------------------------------
+def _node(level: str, cls: str, title: str, body: str, nav: str = "") -> str:
+  return (f'<div class="{cls}"><div class="header"><p>Next: <a href="#x">{nav}</a></p></div>'
+          f'<h{level} class="{cls}">{title}</h{level}>{body}</div>')
+
+
+def test_texinfo_html_blocks_headings_text_code_and_what_is_dropped():
+  page = ('<h1 class="settitle">A Manual</h1><p>the title page</p>'
+          '<div class="contents"><ul><li><a href="#a">1 Basics</a></li></ul></div>'
+          + _node(2, "chapter", "1 Basics", '<ul class="section-toc"><li><a href="#q">What is it?</a></li></ul>'
+                  '<p>Intro text<br>on two lines.</p>', nav="What is it?")
+          + _node(3, "section", "1.1 What is it?", '<p>It is a thing (see <a href="#o">Other question?</a>).</p>'
+                  '<div class="example"><pre class="example">x &lt;- 1\n  y\n</pre></div>'
+                  '<ul><li>an item</li></ul><dl><dt>term</dt><dd>its meaning</dd></dl>'
+                  '<table class="index-cp"><tr><td>index entry</td></tr></table>'
+                  '<table class="menu"><tr><td>menu entry</td></tr></table>')
+          + _node(4, "subsection", "A.1.2 Deeper", "<p>deep")  # an unclosed <p> at the end
+          + '<div class="footnote"><p>a footnote</p></div>')
+  blocks = texinfo_html.read_blocks(page, replace_link=lambda t: "MANUAL" if t == "Other question?" else None)
+  assert [(b.kind, b.text) for b in blocks] == [
+      ("head1", "Basics"), ("para", "Intro text on two lines."), ("head2", "What is it?"),
+      ("para", "It is a thing (see MANUAL)."), ("verbatim", "x <- 1\n  y"), ("para", "an item"), ("para", "term"),
+      ("para", "its meaning"), ("head3", "Deeper"), ("para", "deep")]
+
+
+def _manuals(tmp_path: pathlib.Path) -> pathlib.Path:
+  words = " ".join(f"w{i}" for i in range(30))
+  faq = (_node(2, "chapter", "1 Basics", "")
+         + _node(3, "section", "1.1 How can I read a table?", f"<p>Use read.table() on the file, {words}.</p>"
+                 '<pre class="example">df &lt;- read.table("a.txt")</pre>')
+         + _node(3, "section", "1.2 Citing R", f"<p>A topic, not a question, {words}.</p>")
+         + _node(3, "section", "1.3 Why is R named R?", f'<p>After its authors; see <a href="#t">How can I read a '
+                 f'table?</a> for more, {words}.</p>')
+         + _node(4, "subsection", "1.3.1 Who answers this one?", ""))
+  root = tmp_path / "manual"
+  root.mkdir()
+  for name in rfaq_set.MANUALS:
+    (root / f"{name}.html").write_text(f'<h2 class="chapter">1 {name}</h2><p>The {name} manual, {words}.</p>')
+  (root / "R-FAQ.html").write_text(faq)
+  (root / "R-data.html").write_text(_node(2, "chapter", "1 Import", f"<p>read.table reads a table from a file "
+                                                                    f"into a data frame, {words}.</p>"))
+  return root
+
+
+def test_rfaq_set_from_hand_made_manuals(tmp_path):
+  manuals = rfaq_set.read_manuals(_manuals(tmp_path))
+  files, stats = rfaq_set.build_files(manuals, max_words=20, min_words=3, bm25_top_k=5)
+  assert files == rfaq_set.build_files(manuals, max_words=20, min_words=3, bm25_top_k=5)[0]  # deterministic
+  corpus = {r["_id"]: r["text"] for r in _read(files, "corpus.jsonl")}
+  queries = {r["_id"]: r["text"] for r in _read(files, "queries.jsonl")}
+  # questions only ("Citing R" is a topic), numbers stripped; one with no text under it is no query
+  assert list(queries.values()) == ["How can I read a table?", "Why is R named R?"]
+  assert stats["questions"] == 3 and stats["questions_without_an_answer"] == 1
+  assert not any(q.lower() in t.lower() for q in queries.values() for t in corpus.values())
+  assert any("see R-FAQ for more" in t for t in corpus.values())  # the cross-reference: the FAQ's name alone
+  assert not any("Next:" in t for t in corpus.values())  # the navigation lines are no text
+  qrels = [line.split("\t") for line in files["qrels/test.tsv"].splitlines()[1:]]
+  answer = [d for q, d, _ in qrels if q == "R-FAQ#0"]
+  assert answer and all(d.startswith("R-FAQ#") for d in answer)
+  assert 'df <- read.table("a.txt")' in " ".join(corpus[d] for d in answer)
+  assert any(d.startswith("R-data#") for d in corpus) and set(files) == {"corpus.jsonl", "queries.jsonl",
+                                                                         "qrels/test.tsv", "bm25.trec"}
+
+
+def test_rfaq_refuses_a_directory_that_is_not_rs_manuals(tmp_path):
+  with pytest.raises(errors.ScoreInputError, match="not R's manual directory"):
+    rfaq_set.read_manuals(tmp_path)
+
+
+def test_shipped_rfaq_set_invariants():
+  corpus = beir_files.read_corpus(RFAQ / "corpus.jsonl")
+  queries = beir_files.read_queries(RFAQ / "queries.jsonl")
+  assert len(queries) >= 70 and len(corpus) > 4_000 and all(q.endswith("?") for q in queries.values())
+  assert sorted(p.name for p in (RFAQ / "qrels").iterdir()) == ["test.tsv"]
+  texts = [t.lower() for t in corpus.values()]
+  assert not [q for q in queries.values() if any(q.lower() in t for t in texts)]
+  perl = beir_files.read_queries(PERLFAQ / "queries.jsonl")
+  assert not set(queries) & set(perl) and not set(corpus) & set(beir_files.read_corpus(PERLFAQ / "corpus.jsonl"))
+  rs = data.load_beir(RFAQ, RFAQ / "bm25.trec", split="test", top_k=30)
+  assert len(rs.queries) == len(queries)
+
+
+@pytest.mark.slow
+def test_rfaq_rebuilt_from_debians_r_doc_html_is_byte_identical(tmp_path):
+  """apt-get download r-doc-html (Debian's registry): the version the shipped set names is rebuilt byte for byte,
+  and any version builds the same files twice."""
+  if not shutil.which("apt-get") or not shutil.which("dpkg-deb"):
+    pytest.skip("needs Debian's apt-get and dpkg-deb")
+  source = json.loads((RFAQ / "source.json").read_text())
+  got = subprocess.run(["apt-get", "download", f"r-doc-html={source['version']}"], cwd=tmp_path, capture_output=True)
+  if got.returncode:
+    subprocess.run(["apt-get", "download", "r-doc-html"], cwd=tmp_path, check=True, capture_output=True)
+  deb = next(tmp_path.glob("r-doc-html_*.deb"))
+  subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp_path / "x")], check=True)
+  manual_dir = tmp_path / "x" / source["manual_dir"]
+  files, _ = rfaq_set.build_files(rfaq_set.read_manuals(manual_dir))
+  if got.returncode == 0:
+    for name, text in files.items():
+      assert (RFAQ / name).read_text(encoding="utf-8") == text, name
+  assert files == rfaq_set.build_files(rfaq_set.read_manuals(manual_dir))[0]
