@@ -249,3 +249,19 @@ def test_hidden_states_feed_the_lm_head_exactly(qwen):
                                                                   method=type(scorer.runner.decoder("reference")).logits))
     lp = np.asarray(jax.nn.log_softmax(logits, axis=-1))[:, LABELS]
     np.testing.assert_allclose(np.exp(lp), scorer.score(query, items, LABELS, algorithm=algorithm).scores, atol=1e-6)
+
+
+def test_packed_rows_joined_across_length_groups_score_as_serial(hf_checkpoints):
+  """One item-count bucket (8) and items of 3 and 12 tokens: the packed layout joins the two length groups
+  into one row of 12-token slots instead of two rows of 8 slots (maxscore/scoring/layout.py:
+  join_padded_groups); every item still scores as the serial path does, in request order."""
+  from maxscore.scoring import layout  # pylint: disable=import-outside-toplevel
+  _, _, ckpt = hf_checkpoints("qwen3_kv2_tied")
+  scorer = Scorer.from_checkpoint(ckpt, attention="shared_prefix", separator_token_id=3, item_count_buckets=[8])
+  query, items = random_request(7, 9, [3, 12, 3, 12, 3])
+  bk = scorer.config.buckets
+  assert len(layout.plan_rows(0, query, items, bk.item_buckets, 8, bk.length_group_ratio)) == 2
+  assert len(layout.plan_rows(0, query, items, bk.item_buckets, 8, bk.length_group_ratio, [8])) == 1
+  packed = scorer.score(query, items, LABELS, algorithm="packed").scores
+  serial = scorer.score(query, items, LABELS, algorithm="serial").scores
+  np.testing.assert_allclose(packed, serial, atol=1e-5, rtol=0)

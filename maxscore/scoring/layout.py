@@ -94,8 +94,7 @@ def join_padded_groups(groups: list[tuple[list[int], int]], count_buckets: Seque
     if out:
       kept, kept_slot = out[-1]
       n = len(kept) + len(idx)
-      if (n <= count_buckets[-1] and len(kept) <= count_buckets[-1]
-          and tokens(n, kept_slot) <= tokens(len(kept), kept_slot) + tokens(len(idx), slot)):
+      if n <= count_buckets[-1] and tokens(n, kept_slot) <= tokens(len(kept), kept_slot) + tokens(len(idx), slot):
         out[-1] = (sorted(kept + idx), kept_slot)
         continue
     out.append((idx, slot))
