@@ -112,24 +112,35 @@ def test_shipped_perlfaq_set_invariants():
   assert len(rs.queries) == len(queries)
 
 
+def _unpacked_package(tmp_path: pathlib.Path, package: str, version: str) -> tuple[pathlib.Path, bool]:
+  """apt-get download `package` at `version` (else its current version) and dpkg-deb -x it: (the unpacked root,
+  whether `version` itself was downloaded)."""
+  if not shutil.which("apt-get") or not shutil.which("dpkg-deb"):
+    pytest.skip("needs Debian's apt-get and dpkg-deb")
+  got = subprocess.run(["apt-get", "download", f"{package}={version}"], cwd=tmp_path, capture_output=True)
+  if got.returncode:
+    subprocess.run(["apt-get", "download", package], cwd=tmp_path, check=True, capture_output=True)
+  deb = next(tmp_path.glob(f"{package}_*.deb"))
+  subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp_path / "x")], check=True)
+  return tmp_path / "x", got.returncode == 0
+
+
+def _assert_rebuilt(shipped: pathlib.Path, build, exact: bool) -> None:
+  """`build()` gives the same files twice and, from the version the set names, the shipped files byte for byte."""
+  files, _ = build()
+  if exact:
+    for name, text in files.items():
+      assert (shipped / name).read_text(encoding="utf-8") == text, name
+  assert files == build()[0]
+
+
 @pytest.mark.slow
 def test_perlfaq_rebuilt_from_debians_perl_doc_is_byte_identical(tmp_path):
   """apt-get download perl-doc (Debian's registry); the version the shipped set names is rebuilt byte for byte,
   and any version builds the same files twice."""
-  if not shutil.which("apt-get") or not shutil.which("dpkg-deb"):
-    pytest.skip("needs Debian's apt-get and dpkg-deb")
-  source = json.loads((PERLFAQ / "source.json").read_text())
-  got = subprocess.run(["apt-get", "download", f"perl-doc={source['version']}"], cwd=tmp_path, capture_output=True)
-  if got.returncode:
-    subprocess.run(["apt-get", "download", "perl-doc"], cwd=tmp_path, check=True, capture_output=True)
-  deb = next(tmp_path.glob("perl-doc_*.deb"))
-  subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp_path / "x")], check=True)
-  pod_dir = next((tmp_path / "x" / "usr" / "share" / "perl").glob("*/pod"))
-  files, _ = perlfaq_set.build_files(perlfaq_set.read_pods(pod_dir))
-  if got.returncode == 0:
-    for name, text in files.items():
-      assert (PERLFAQ / name).read_text(encoding="utf-8") == text, name
-  assert files == perlfaq_set.build_files(perlfaq_set.read_pods(pod_dir))[0]
+  root, exact = _unpacked_package(tmp_path, "perl-doc", json.loads((PERLFAQ / "source.json").read_text())["version"])
+  pod_dir = next((root / "usr" / "share" / "perl").glob("*/pod"))
+  _assert_rebuilt(PERLFAQ, lambda: perlfaq_set.build_files(perlfaq_set.read_pods(pod_dir)), exact)
 
 
 def _qrels(split: str) -> dict[str, set[str]]:
@@ -259,17 +270,6 @@ def test_shipped_rfaq_set_invariants():
 def test_rfaq_rebuilt_from_debians_r_doc_html_is_byte_identical(tmp_path):
   """apt-get download r-doc-html (Debian's registry): the version the shipped set names is rebuilt byte for byte,
   and any version builds the same files twice."""
-  if not shutil.which("apt-get") or not shutil.which("dpkg-deb"):
-    pytest.skip("needs Debian's apt-get and dpkg-deb")
   source = json.loads((RFAQ / "source.json").read_text())
-  got = subprocess.run(["apt-get", "download", f"r-doc-html={source['version']}"], cwd=tmp_path, capture_output=True)
-  if got.returncode:
-    subprocess.run(["apt-get", "download", "r-doc-html"], cwd=tmp_path, check=True, capture_output=True)
-  deb = next(tmp_path.glob("r-doc-html_*.deb"))
-  subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp_path / "x")], check=True)
-  manual_dir = tmp_path / "x" / source["manual_dir"]
-  files, _ = rfaq_set.build_files(rfaq_set.read_manuals(manual_dir))
-  if got.returncode == 0:
-    for name, text in files.items():
-      assert (RFAQ / name).read_text(encoding="utf-8") == text, name
-  assert files == rfaq_set.build_files(rfaq_set.read_manuals(manual_dir))[0]
+  root, exact = _unpacked_package(tmp_path, "r-doc-html", source["version"])
+  _assert_rebuilt(RFAQ, lambda: rfaq_set.build_files(rfaq_set.read_manuals(root / source["manual_dir"])), exact)
