@@ -5,7 +5,9 @@ test against a real oracle:
 - #26629, positions past 65,535 overflow silently: test_rope_past_65535_matches_a_float64_oracle,
   test_decoder_past_65535_is_shift_invariant, test_layout_positions_past_65535_are_exact and
   test_default_limits_refuse_a_request_past_65535_positions
-- #26593, a kernel path gives every item the same score: test_no_kernel_path_gives_every_item_the_same_score
+- #26593, a kernel path gives every item the same score: test_no_kernel_path_gives_every_item_the_same_score,
+  test_items_score_apart_unless_their_tokens_are_equal (a property over random item lists) and
+  test_planted_faults_are_caught (a collapsed segment id, every score read at one index)
 
 The model is tiny-qwen3 with random weights and its embedding table (the tied lm_head) scaled by EMBED_SCALE, and
 scores are the softmax over three labels (apply_softmax=True: rows sum to 1), so they spread over most of [0, 1] and
@@ -13,16 +15,21 @@ a wrong score shows far above the 1e-5 parity tolerance tests/test_scoring.py an
 algorithm and kernel to.
 """
 
+import dataclasses
+
+import hypothesis
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import strategies as st
 
 from layers.decoder import Decoder
 from layers.embeddings import apply_rope, rope_inv_freq
 from layers.kernels import SegmentLayout, get_kernel
 from maxscore import ScoreInputError, Scorer, load_config, parse_multi_item_sequence
 from maxscore.config import BucketConfig
+from maxscore.scoring import layout as layout_lib
 from maxscore.scoring.layout import pack_rows, plan_rows
 from maxscore.scoring.requests import make_request
 
@@ -237,3 +244,66 @@ def test_no_kernel_path_gives_every_item_the_same_score(base, oracle_case, atten
     assert got.algorithm == algorithm
     assert_items_distinguished(got.scores)
     np.testing.assert_allclose(got.scores, want, atol=ATOL, rtol=0, err_msg=f"{attention} {algorithm}")
+
+
+def assert_scores_follow_tokens(items, scores, want):
+  """Within 1e-5 of the oracle's scores, and items apart exactly when their tokens are: equal items score within
+  the tolerance, distinct ones more than ten times it apart."""
+  np.testing.assert_allclose(scores, want, atol=ATOL, rtol=0)
+  for i in range(len(items)):
+    for j in range(i):
+      apart = np.abs(scores[i] - scores[j]).max()
+      assert (apart <= ATOL) if items[i] == items[j] else (apart > 10 * ATOL), (i, j, items[i], items[j], apart)
+
+
+# At most 7 items (8 with the repeat: the largest count bucket) of at most 16 tokens (the largest item bucket).
+_ITEMS = st.lists(st.lists(st.integers(10, 40), min_size=1, max_size=16), min_size=2, max_size=7)
+
+
+@hypothesis.settings(max_examples=8, deadline=None, derandomize=True, database=None, phases=(
+    hypothesis.Phase.explicit, hypothesis.Phase.generate))  # no shrinking: each example compiles programs
+@hypothesis.given(query=st.lists(st.integers(10, 499), min_size=1, max_size=12), items=_ITEMS,
+                  repeat=st.booleans())
+def test_items_score_apart_unless_their_tokens_are_equal(base, query, items, repeat):
+  """sglang #26593, as a property: for random queries and item lists (tokens from a small vocabulary, so items
+  often share tokens and lengths; with `repeat` the first item is given twice), every algorithm with the reference
+  and shared_prefix kernels scores as the reference serial path, and no two items score alike unless their tokens
+  are the same."""
+  if repeat:
+    items = items + [items[0]]
+  oracle = make_scorer(base).score(query, items, LABELS, apply_softmax=True, algorithm="serial",
+                                   separator_token_id=DELIM).scores
+  for attention in ("reference", "shared_prefix"):
+    scorer = make_scorer(base, attention)
+    for algorithm in ALGORITHMS:
+      got = scorer.score(query, items, LABELS, apply_softmax=True, algorithm=algorithm, separator_token_id=DELIM)
+      assert_scores_follow_tokens(items, got.scores, oracle)
+
+
+@pytest.mark.parametrize("fault", ["collapsed_segment_ids", "one_score_index"])
+def test_planted_faults_are_caught(base, oracle_case, monkeypatch, fault):
+  """The checks above catch the faults behind #26593: the packed path with every item's segment id collapsed into
+  one (items see each other) or every score read at one slot's index (every item the same score) fails them;
+  without the fault the same call passes."""
+  query, items, want = oracle_case
+  score = lambda: make_scorer(base).score(query, items, LABELS, apply_softmax=True, algorithm="packed",
+                                          separator_token_id=DELIM).scores
+  assert_scores_follow_tokens(items, score(), want)
+  if fault == "collapsed_segment_ids":
+    segment_ids = SegmentLayout.segment_ids
+    monkeypatch.setattr(SegmentLayout, "segment_ids",
+                        lambda self, include_prefix=True: jnp.minimum(segment_ids(self, include_prefix), 1))
+  else:
+    pack = layout_lib.pack_rows
+    def one_index(*args, **kwargs):
+      batch = pack(*args, **kwargs)
+      return dataclasses.replace(batch, score_index_BxN=np.repeat(batch.score_index_BxN[:, :1],
+                                                                  batch.score_index_BxN.shape[1], axis=1))
+    monkeypatch.setattr(layout_lib, "pack_rows", one_index)
+  jax.clear_caches()  # the fault must be traced, not a compiled program read back from before it
+  try:
+    with pytest.raises(AssertionError):
+      assert_scores_follow_tokens(items, score(), want)
+  finally:
+    monkeypatch.undo()
+    jax.clear_caches()
