@@ -278,31 +278,29 @@ def load_script():
 _COMPILE_EVENTS = {"/jax/core/compile/backend_compile_duration": "backend",
                    "/jax/core/compile/jaxpr_trace_duration": "trace",
                    "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower"}
-_compile_seconds = dict.fromkeys(_COMPILE_EVENTS.values(), 0.0)
-_compile_counts = {"compiles": 0, "cache_hits": 0}
-_worker_reports: list[dict] = []  # the controller's: one per finished xdist worker
-# Per test file, what this process compiled while its tests (and their fixtures) ran: programs, and the seconds
-# of tracing, lowering and backend compile. Subprocess tests compile in their children, which are not counted.
+# Per test file, what this process compiled while its tests (and their fixtures) ran: programs, programs read
+# back from the persistent cache, and the seconds of tracing, lowering and backend compile; the summary's totals
+# are their sums. Subprocess tests compile in their children, which are not counted.
+_SUMS = ("programs", "cache_hits", *_COMPILE_EVENTS.values())
 _current_module = [""]
 _by_module: dict[str, dict[str, float]] = {}
+_worker_reports: list[dict] = []  # the controller's: one per finished xdist worker
 
 
 def _module_sums() -> dict[str, float]:
-  return _by_module.setdefault(_current_module[0] or "(outside tests)",
-                               {"programs": 0, **dict.fromkeys(_COMPILE_EVENTS.values(), 0.0)})
+  return _by_module.setdefault(_current_module[0] or "(outside tests)", dict.fromkeys(_SUMS, 0.0))
 
 
 def _on_duration(event: str, seconds: float, **_) -> None:
   if event in _COMPILE_EVENTS:
-    _compile_seconds[_COMPILE_EVENTS[event]] += seconds
-    _compile_counts["compiles"] += event.endswith("backend_compile_duration")
     sums = _module_sums()
     sums[_COMPILE_EVENTS[event]] += seconds
     sums["programs"] += event.endswith("backend_compile_duration")
 
 
 def _on_event(event: str, **_) -> None:
-  _compile_counts["cache_hits"] += event == "/jax/compilation_cache/cache_hits"
+  if event == "/jax/compilation_cache/cache_hits":
+    _module_sums()["cache_hits"] += 1
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -319,8 +317,7 @@ jax.monitoring.register_event_listener(_on_event)
 
 def pytest_sessionfinish(session):
   if hasattr(session.config, "workeroutput"):  # an xdist worker: its sums go back to the controller
-    session.config.workeroutput["maxscore_compile"] = json.dumps({**_compile_seconds, **_compile_counts,
-                                                                  "by_module": _by_module})
+    session.config.workeroutput["maxscore_compile"] = json.dumps(_by_module)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -333,19 +330,18 @@ def pytest_testnodedown(node, error):
 
 
 def pytest_terminal_summary(terminalreporter):
-  reports = [{**_compile_seconds, **_compile_counts, "by_module": _by_module}, *_worker_reports]
-  total = {k: sum(r[k] for r in reports) for k in reports[0] if k != "by_module"}
-  if total["compiles"] or total["cache_hits"]:
+  by_module: dict[str, dict[str, float]] = {}
+  for report in (_by_module, *_worker_reports):
+    for module, sums in report.items():
+      into = by_module.setdefault(module, dict.fromkeys(_SUMS, 0.0))
+      for k, v in sums.items():
+        into[k] += v
+  total = {k: sum(sums[k] for sums in by_module.values()) for k in _SUMS}
+  if total["programs"] or total["cache_hits"]:
     terminalreporter.write_line(
         f"XLA compilation in the test processes: {total['backend'] + total['trace'] + total['lower']:.1f} s "
-        f"(backend {total['backend']:.1f} s for {total['compiles']} programs, {total['cache_hits']} read from the "
-        f"persistent cache; tracing {total['trace']:.1f} s, lowering {total['lower']:.1f} s)")
-    by_module: dict[str, dict[str, float]] = {}
-    for report in reports:
-      for module, sums in report.get("by_module", {}).items():
-        into = by_module.setdefault(module, dict.fromkeys(sums, 0.0))
-        for k, v in sums.items():
-          into[k] += v
+        f"(backend {total['backend']:.1f} s for {int(total['programs'])} programs, {int(total['cache_hits'])} read "
+        f"from the persistent cache; tracing {total['trace']:.1f} s, lowering {total['lower']:.1f} s)")
     most = sorted(by_module.items(), key=lambda kv: -(kv[1]["trace"] + kv[1]["lower"] + kv[1]["backend"]))[:15]
     if len(by_module) > 1:
       terminalreporter.write_line("  by test file, the 15 that compile longest (programs; tracing + lowering + "
