@@ -11,7 +11,8 @@ questions against the passages of the R manuals (Debian's r-doc-html), built as 
 - corpus: the passages of all seven manuals (R-FAQ, R-intro, R-lang, R-admin, R-exts, R-data, R-ints), read by
   maxscore/lm/texinfo_html.py, which drops what repeats headings (the navigation line of every node, the
   tables of contents, the lists of child nodes, the indices). A cross-reference to a question ("see What is
-  CRAN?") is rendered as the FAQ's name alone ("see R-FAQ"), and a passage that still holds a question's text is dropped.
+  CRAN?") is rendered as the FAQ's name alone ("see R-FAQ"), and a passage that still holds a question's text
+  is dropped.
 - qrels/test.tsv: grade 2 for the passages under the question's heading. Test only.
 Deterministic in the HTML: manuals in sorted order, no randomness.
 """

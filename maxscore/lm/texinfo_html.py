@@ -9,8 +9,8 @@
 - Text: paragraphs, list items, definition terms and their descriptions, table cells and block quotes are
   "para" blocks, examples (`<pre>`) "verbatim" ones, whitespace collapsed as in pod_text.
 - Dropped, because they repeat headings (a question's text would then answer itself): the navigation line above
-  every node, the table of contents, the lists and menus of child nodes, and the indices. Footnotes are dropped too (they
-  sit at the page's end, under no section).
+  every node, the table of contents, the lists and menus of child nodes, and the indices. Footnotes are dropped
+  too (they sit at the page's end, under no section).
 """
 
 import html.parser
@@ -20,9 +20,10 @@ from typing import Callable, Optional
 from maxscore.lm.pod_text import Block
 
 _HEADINGS = {"chapter": "head1", "appendix": "head1", "unnumbered": "head1", "section": "head2",
-             "appendixsec": "head2", "unnumberedsec": "head2", "appendixsection": "head2", "subsection": "head3", "appendixsubsec": "head3",
-             "unnumberedsubsec": "head3", "subsubsection": "head4", "appendixsubsubsec": "head4",
-             "unnumberedsubsubsec": "head4"}
+             "appendixsec": "head2", "appendixsection": "head2", "unnumberedsec": "head2", "subsection": "head3",
+             "appendixsubsec": "head3", "unnumberedsubsec": "head3", "subsubsection": "head4",
+             "appendixsubsubsec": "head4", "unnumberedsubsubsec": "head4"}
+_HEADING_TAGS = ("h1", "h2", "h3", "h4", "h5")
 _NUMBER = re.compile(r"^(?:[A-Z]|\d+)(?:\.\d+)*\s+")  # "2.1 What is R?", "A.1 ..." -> the title
 _DROPPED_DIVS = ("header", "nav-panel", "contents", "shortcontents", "footnote")
 _BLOCKS = {"p", "li", "dt", "dd", "td", "th", "pre"}
@@ -75,12 +76,12 @@ class _Reader(html.parser.HTMLParser):
     self.dropped += drop
     if self.dropped:
       return
-    heading = tag in ("h1", "h2", "h3", "h4", "h5") and next((_HEADINGS[c] for c in classes if c in _HEADINGS), None)
+    heading = tag in _HEADING_TAGS and next((_HEADINGS[c] for c in classes if c in _HEADINGS), None)
     if heading:
       self._flush()
       self.started = self.started or heading == "head1"
       self.kind = heading
-    elif tag in _BLOCKS and self.kind not in ("verbatim",) and not (self.kind or "").startswith("head"):
+    elif tag in _BLOCKS and self.kind != "verbatim" and not (self.kind or "").startswith("head"):
       self._flush()
       self.kind = "verbatim" if tag == "pre" else "para"
 
@@ -96,7 +97,7 @@ class _Reader(html.parser.HTMLParser):
     while self.stack:  # close what HTML left open inside it (a <p> without its </p>)
       t, drop = self.stack.pop()
       self.dropped -= drop
-      if t in _BLOCKS or t in ("h1", "h2", "h3", "h4", "h5"):
+      if t in _BLOCKS or t in _HEADING_TAGS:
         if not self.dropped and self.kind and (t == "pre") == (self.kind == "verbatim"):
           self._flush()
       if t == tag:
@@ -113,8 +114,8 @@ class _Reader(html.parser.HTMLParser):
 
 def read_blocks(text: str, replace_link: Optional[Callable[[str], Optional[str]]] = None) -> list[Block]:
   """The manual's blocks in document order (module docstring). `replace_link(text)`, when given, may return a
-  stand-in for a link's text (the R FAQ set: a cross-reference to another question becomes the manual's name,
-  as pod_text's drop_section does for the Perl FAQ)."""
+  stand-in for a link's text (the R FAQ set: a cross-reference to a question becomes the FAQ's name, as
+  pod_text's drop_section renders one as its page for the Perl FAQ)."""
   reader = _Reader(replace_link)
   reader.feed(text)
   reader.close()
