@@ -155,7 +155,7 @@ def test_gradients_reach_the_backbone_only_when_it_trains():
   for kw in (dict(train_backbone=True, lora_rank=2), dict(train_backbone=True), {}):
     cfg = TrainConfig(**common, **kw).validate()
     prep = reranker_prepare.prepare(cfg, PromptConfig(), scorer, ds, None, progress=False)
-    params = reranker_model.init_params(cfg, prep, scorer)
+    params = reranker_model.init_params(cfg, prep.head_cfg, scorer)
     loss_fn = reranker_model.make_loss_fn(cfg, prep.head_cfg, reranker_model.backbone_decoder(cfg, scorer),
                                      jnp.asarray(prep.label_ids, jnp.int32))
     batch, _ = reranker_model.make_batch(prep, np.arange(2), 0, cfg)

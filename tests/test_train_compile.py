@@ -1,4 +1,5 @@
-"""The training fit report: the step's cost model, the step itself on CPU, and real TPU compiles.
+"""The training fit report: the step's cost model, the recipe's step on CPU (the one the trainer runs), and real
+TPU compiles.
 
 Tests marked `tpu_aot` compile the training step with libtpu for described TPU topologies; nothing
 runs on a TPU.
@@ -14,14 +15,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jax.sharding import Mesh
+
+from layers import sharding
 from layers.config import ModelConfig
-from layers.kernels import get_kernel
 from layers.lora import LoraConfig
 from maxscore.bench import compile_report, train_compile
-from maxscore.bench import train_program as tp
 from maxscore.config import load_config
+from maxscore.rerank import eval as eval_lib
 from maxscore.scoring import cost_model
-from maxscore.testing import scripts
+from maxscore.scoring.scorer import Scorer
+from maxscore.testing import corpus, scripts
+from maxscore.training import head_features, trainer
+from maxscore.training.reranker import model as reranker_model
+from maxscore.training.reranker import train as train_lib
 
 compile_check = scripts.load_script("compile_check")
 
@@ -41,7 +48,9 @@ def test_step_flops_multipliers():
   # 6N-style: forward + backward (2x) + one remat forward of the layers; the lm_head is not rematerialized.
   assert full["total"] == 4 * fwd - full["lm_head"] / 3
   assert train_compile.step_flops(cfg, b, p, l, n, "full", remat=False)["total"] == 3 * fwd
-  assert train_compile.step_flops(cfg, b, p, l, n, "head")["total"] == fwd
+  # head trains the head alone on frozen features: its forward and weight gradient, no backbone
+  head = train_compile.step_flops(cfg, b, p, l, n, "head")
+  assert head["total"] == head["head"] == 2 * head["forward"] == 4 * cfg.hidden_size * 2 * b * n
   lora = train_compile.step_flops(cfg, b, p, l, n, "lora", lora=LoraConfig(rank=2, alpha=4.0))
   assert fwd < lora["total"] - lora["adapters"] < full["total"] and lora["adapters"] > 0
   assert lora["dense"] == 3 * full["dense"] / 4  # no weight gradients for the frozen base
@@ -58,61 +67,126 @@ def test_bad_train_options_name_the_field():
 # --- the step on CPU -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny():
-  cfg = load_config({"model_name": "tiny-qwen3"}).model
-  return cfg, tp.synthetic_batch(2, 7, 3, 4, cfg.vocab_size, geometry=(8, 4, 4))
+  """tiny-qwen3 at full matmul precision with the CPU training kernel, and a one-device training mesh."""
+  config = load_config({"model_name": "tiny-qwen3", "matmul_precision": "highest", "attention": "shared_prefix"})
+  return config, Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), sharding.MESH_AXES)
 
 
-def _steps(cfg, batch, mode, lora=None, n=2, accum=1):
-  """n steps of `mode`; the losses, or with accum != 1 (-1: one batch) (loss, grad norm) per step."""
-  params = tp.init_params(cfg, mode, jax.random.PRNGKey(0), lora, frozen_dtype=jnp.float32)
-  decoder = tp.make_decoder(cfg, get_kernel("shared_prefix"), mode, jnp.float32, True, "highest")
-  optimizer = tp.make_train_optimizer(params, mode)
-  step = tp.jit_step(tp.make_loss_fn(decoder, mode, lora), optimizer, max(accum, 1), tp.trainable(params, mode))
-  state, metrics = tp.make_state(params, optimizer), []
-  before = jax.tree_util.tree_map(np.asarray, params)
+def _steps(tiny, mode, lora=None, n=2, accum=1):
+  """n steps of the recipe's `mode` on 2 queries of 7 + 3 x 4 tokens (packed 8 + 4 x 4): (params before, the
+  state after, the trainable mask, the losses, or with accum != 1 (-1: one batch) (loss, grad norm) per step)."""
+  config, mesh = tiny
+  if mode == "qlora":
+    config = config.replace(quantization="int8_weights")
+  cfg = train_compile.recipe(mode, 2, lora=lora, grad_accum_steps=max(accum, 1))
+  scorer = Scorer.from_config(config, mesh=mesh)
+  head_cfg = train_compile.head_config(cfg, config.model)
+  prog = reranker_model.program(cfg, head_cfg, scorer, mesh, train_compile.TOTAL_STEPS)
+  prep = train_compile.synthetic_prepared(cfg, config.model, 2, 7, 3, 4, (8, 4, 4))
+  if mode == "head":  # the frozen backbone's own features, as the trainer extracts them before its loop
+    prep.feats = {"train": head_features.extract_features(scorer, prep.examples["train"])}
+  batch, _ = reranker_model.make_batch(prep, np.arange(2), 0, cfg)
+  key = jax.random.PRNGKey(0)
+  _, shardings = trainer.placed_abstract_state(prog.params, prog.param_shardings, prog.optimizer, key, mesh)
+  step = reranker_model.jit_step(cfg, head_cfg, scorer, mesh, prog, shardings,
+                                 jnp.asarray(train_compile.LABELS, jnp.int32))
+  state, batch = trainer.placer(shardings, mesh, 2)(trainer.init(prog.params, shardings, prog.optimizer, key), batch)
+  before = jax.tree_util.tree_map(lambda x: np.array(x, copy=True), prog.params)
+  metrics = []
   for _ in range(n):
     state, m = step(state, batch)
     metrics.append((float(m["loss"]), float(m["grad_norm"])))
-  return before, state, [loss for loss, _ in metrics] if accum == 1 else metrics
+  return before, state, prog.trainable, [loss for loss, _ in metrics] if accum == 1 else metrics
 
 
 @pytest.mark.slow
 def test_lora_and_head_steps_train_only_their_params(tiny):
-  cfg, batch = tiny
   lora = LoraConfig(rank=4, alpha=8.0)
-  _, _, full_losses = _steps(cfg, batch, "full", n=1)
+  *_, full_losses = _steps(tiny, "full", n=1)
   for mode in ("lora", "qlora", "head"):
-    before, state, losses = _steps(cfg, batch, mode, lora if mode in tp.ADAPTED else None, n=3)
+    before, state, trainable, losses = _steps(tiny, mode, lora if mode in train_compile.ADAPTED else None, n=3)
     if mode != "qlora":  # B starts at zero: the first loss is the plain model's (qlora's base is another, int8)
       assert losses[0] == pytest.approx(full_losses[0], abs=1e-6)
     assert losses[-1] < losses[0]
     after = jax.tree_util.tree_map(np.asarray, state.params)
-    for a, b in zip(jax.tree_util.tree_leaves(before["backbone"]), jax.tree_util.tree_leaves(after["backbone"])):
-      assert a.tobytes() == b.tobytes()  # the frozen base is bit-identical
+    mask = trainable if trainable is not None else jax.tree_util.tree_map(lambda _: True, before)
+    flat = lambda tree: dict(jax.tree_util.tree_leaves_with_path(tree))
+    for (path, a), b, on in zip(flat(before).items(), flat(after).values(), flat(mask).values()):
+      if not on:
+        assert a.tobytes() == b.tobytes(), path  # the frozen base is bit-identical
+    assert ("backbone" in before) == (mode != "head")
+    if mode != "head":
+      base_leaves = [on for path, on in flat(mask).items() if path[0].key == "backbone"]
+      assert not all(base_leaves) and any(base_leaves)  # the adapters train, the base does not
     assert not np.array_equal(before["head"]["b"], after["head"]["b"])
-    if mode in tp.ADAPTED:
-      assert not np.array_equal(before["lora"]["q"]["b"], after["lora"]["q"]["b"])
+    if mode in train_compile.ADAPTED:
+      q_b = lambda p: p["backbone"]["layers"]["attn"]["q_lora_b"]
+      assert not np.array_equal(q_b(before), q_b(after))
     # no optimizer state for frozen leaves
-    opt_bytes = sum(x.size for x in jax.tree_util.tree_leaves(state.opt_state))
-    trainable = sum(x.size for k, v in after.items() if k != "backbone" for x in jax.tree_util.tree_leaves(v))
-    assert opt_bytes <= 2 * trainable + 8
+    opt_size = sum(x.size for x in jax.tree_util.tree_leaves(state.opt_state))
+    trained = sum(x.size for x, on in zip(jax.tree_util.tree_leaves(after), jax.tree_util.tree_leaves(mask)) if on)
+    assert opt_size <= 2 * trained + 8
 
 
 @pytest.mark.slow
 def test_grad_accumulation_matches_one_batch(tiny):
   """Two micro-batches of one query each: the same loss and gradient norm as the whole batch, step by step."""
-  cfg, batch = tiny
-  _, _, whole = _steps(cfg, batch, "full", n=3, accum=-1)
-  _, _, split = _steps(cfg, batch, "full", n=3, accum=2)
+  *_, whole = _steps(tiny, "full", n=3, accum=-1)
+  *_, split = _steps(tiny, "full", n=3, accum=2)
   np.testing.assert_allclose(np.asarray(whole), np.asarray(split), rtol=1e-5)
+
+
+class _Lowered(Exception):
+  """Stops a training run once its first step has been lowered."""
+
+
+@pytest.mark.parametrize("mode", ["lora", "head"])
+def test_fit_report_lowers_the_program_the_trainer_runs(mode, monkeypatch, tmp_path):
+  """train_reranker's first step, lowered inside a real run (the embedded default, its data), equals the step
+  the fit report lowers from an abstract scorer of the same config and a synthetic batch of the same shapes:
+  one program, and the memory the report states is the trainer's."""
+  cfg = dataclasses.replace(train_compile.recipe(mode, 2, lora=LoraConfig(4, 8.0) if mode == "lora" else None),
+                            num_steps=3)
+  seen = {}
+  prepare = train_lib.prepare
+
+  def recording_prepare(cfg_, prompt, scorer, *args, **kwargs):
+    seen.update(scorer=scorer, prep=prepare(cfg_, prompt, scorer, *args, **kwargs))
+    return seen["prep"]
+
+  def lowering_loop(settings, state, step_fn, hooks):
+    idx = trainer.batch_indices(state, settings.num_examples, settings.batch_size)
+    seen["batch"], _ = hooks.make_batch(idx, 0)
+    placed_state, placed_batch = hooks.place(state, seen["batch"])
+    seen.update(text=step_fn.lower(placed_state, placed_batch).as_text(), total=settings.total_steps,
+                mesh=jax.tree_util.tree_leaves(placed_state.params)[0].sharding.mesh)
+    raise _Lowered
+  monkeypatch.setattr(train_lib, "prepare", recording_prepare)
+  monkeypatch.setattr(trainer, "loop", lowering_loop)
+  with pytest.raises(_Lowered):
+    train_lib.train(cfg, eval_lib.EvalConfig(max_query_tokens=8, max_item_tokens=24), None,
+                    corpus.split("train", 4), None, tmp_path / "work", progress=False)
+  scorer, prep, mesh = seen["scorer"], seen["prep"], seen["mesh"]
+  abstract = compile_report.abstract_scorer(scorer.config, mesh)
+  prog = reranker_model.program(cfg, prep.head_cfg, abstract, mesh, seen["total"])
+  assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(prog.params))
+  grades, _ = prep.grids["train"]
+  synthetic = train_compile.synthetic_prepared(cfg, scorer.config.model, 2, 4, grades.shape[1], 4,
+                                               (prep.geometry or {}).get("train"))
+  batch, _ = reranker_model.make_batch(synthetic, np.arange(2), 0, cfg)
+  shapes = lambda b: jax.tree_util.tree_map(lambda x: (np.shape(x), jax.dtypes.canonicalize_dtype(x.dtype)), b)
+  assert shapes(batch) == shapes(seen["batch"])  # make_batch's structure, shapes and dtypes, as the loop's
+  lowered, _ = train_compile.lower_step(abstract, cfg, prep.head_cfg, prog, mesh,
+                                        train_compile.abstract_batch(batch, mesh), prep.label_ids)
+  assert lowered.as_text() == seen["text"]
 
 
 @pytest.mark.parametrize("mode", ["full", "lora"])
 def test_step_program_size_does_not_grow_with_depth(mode):
   """The compile-size guard: the scanned training step's optimized HLO grows by under 10% from 2 to 8 layers
   (a layer unrolled into the graph, or an adapter merged per layer outside the scan, would multiply it)."""
-  counts = {n: train_compile.local_step_op_counts(load_config({"model_name": "tiny-qwen3", "num_layers": n}).model,
-                                                  mode) for n in (2, 8)}
+  counts = {n: train_compile.local_step_op_counts(load_config({"model_name": "tiny-qwen3", "num_layers": n}), mode)
+            for n in (2, 8)}
   assert counts[2]["optimized"] > 1000 and counts[2]["lowered"] > 1000, counts
   assert counts[8]["optimized"] < 1.1 * counts[2]["optimized"], counts
   assert counts[8]["lowered"] < 1.1 * counts[2]["lowered"], counts

@@ -4,10 +4,10 @@ same run, on this process's backend.
     report = train_bench.run(TrainBenchOptions(modes=("full", "lora"), devices=(1, 2)))
     print(train_bench.summary(report))
 
-Times the training step of maxscore/bench/train_program.py (the packed layout, the head trainer's
-listwise loss, clip + AdamW) on random weights of the model's dims (default: 2 layers of Qwen3-0.6B), with
-the trainer's attention kernel (`training_kernel` of the `attention` override: shared_prefix on CPU,
-pallas_gpu on a GPU).
+Times the reranker trainer's own step (maxscore/training/reranker/model.py `jit_step` on the recipe of
+train_compile.recipe: the packed layout, the listwise loss, clip + AdamW) on random weights of the model's
+dims (default: 2 layers of Qwen3-0.6B), with the trainer's attention kernel (`training_kernel` of the
+`attention` override: shared_prefix on CPU, pallas_gpu on a GPU).
 FLOPs per step come from the cost model with the training multipliers (forward + backward + remat,
 train_compile.step_flops); the peak is this process's matmul FLOP/s in the compute dtype
 (measure.measure_matmul_peak).
@@ -26,19 +26,20 @@ import time
 from typing import Any, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh
 
 from layers import quantization as quant
 from layers import sharding
-from layers.kernels import get_kernel
 from layers.kernels.base import training_kernel
 from layers.lora import LoraConfig
 from maxscore.bench import measure, train_compile
-from maxscore.bench import train_program as tp
 from maxscore.config import CODE_ONLY, ConfigError, load_config, parse_override
 from maxscore.distributed import processes
-from maxscore.scoring.runner import DTYPES
+from maxscore.scoring.scorer import Scorer
+from maxscore.training import trainer
+from maxscore.training.reranker import model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +62,9 @@ class TrainBenchOptions:
   overrides: tuple[str, ...] = dataclasses.field(default=(), metadata=CODE_ONLY)  # configs/base.yml key=value
 
   def validate(self) -> "TrainBenchOptions":
-    bad = [m for m in self.modes if m not in tp.MODES]
+    bad = [m for m in self.modes if m not in train_compile.MODES]
     if bad or not self.modes:
-      raise ValueError(f"modes={list(self.modes)}: each must be one of {list(tp.MODES)}")
+      raise ValueError(f"modes={list(self.modes)}: each must be one of {list(train_compile.MODES)}")
     if not self.devices or any(d < 1 or self.batch_size % d for d in self.devices):
       raise ValueError(f"devices={list(self.devices)} must be >= 1 and divide batch_size={self.batch_size}")
     for name in ("batch_size", "query_len", "num_items", "item_len", "repeats", "lora_rank"):
@@ -75,58 +76,53 @@ class TrainBenchOptions:
     return self
 
 
-def _config(options: TrainBenchOptions):
+def _config(options: TrainBenchOptions, mode: str = "full"):
+  """The bench's config; qlora's base is the int8_weights one the trainer's QLoRA trains on."""
   over = dict(parse_override(a) for a in options.overrides)
   over.update(model_name=options.model, num_layers=options.num_layers)
   config = load_config(over)
   quant.refuse_training(config.runtime.quantization, "the training benchmark", ConfigError)
+  if mode == "qlora":
+    config = config.replace(quantization="int8_weights")
   return config
 
 
-def _placed_state(params, optimizer, model, mesh: Optional[Mesh], mode: str):
-  state = tp.make_state(params, optimizer)
-  if mesh is None:
-    return state
-  shardings = train_compile.state_shardings(params, model, mesh, tp.base_quantization(mode))
-  abstract = train_compile.abstract_state(params, shardings, optimizer)
-  return jax.device_put(state, jax.tree_util.tree_map(lambda x: x.sharding, abstract))
-
-
 def time_mode(options: TrainBenchOptions, mode: str, num_devices: int) -> dict[str, Any]:
-  """Compiles and times the `mode` step on this process's first `num_devices` devices."""
-  config = _config(options)
-  model, remat = config.model, options.remat == "per_layer"
-  mesh = None if num_devices == 1 else Mesh(np.array(jax.devices()[:num_devices]).reshape(-1, 1, 1),
-                                            sharding.MESH_AXES)
-  lora = LoraConfig(options.lora_rank, options.lora_alpha) if mode in tp.ADAPTED else None
+  """Compiles and times the `mode` step on this process's first `num_devices` devices (batch over data)."""
+  config = _config(options, mode)
+  mesh = Mesh(np.array(jax.devices()[:num_devices]).reshape(-1, 1, 1), sharding.MESH_AXES)
+  lora = LoraConfig(options.lora_rank, options.lora_alpha) if mode in train_compile.ADAPTED else None
   kernel, _ = training_kernel(config.kernel.attention)
-  attend = sharding.shard_kernel(get_kernel(kernel, config.kernel.options()), mesh)
-  decoder = tp.make_decoder(model, attend, mode, DTYPES[config.runtime.dtype], remat, config.runtime.matmul_precision)
-  params = tp.init_params(model, mode, jax.random.PRNGKey(options.seed), lora, DTYPES[config.runtime.weight_dtype])
-  optimizer = tp.make_train_optimizer(params, mode)
-  state = _placed_state(params, optimizer, model, mesh, mode)
+  cfg = train_compile.recipe(mode, options.batch_size, options.remat, lora)
+  cfg = dataclasses.replace(cfg, seed=options.seed)
+  scorer = Scorer.from_config(config, mesh=mesh)
+  head_cfg = train_compile.head_config(cfg, config.model)
+  prog = model.program(cfg, head_cfg, scorer, mesh, train_compile.TOTAL_STEPS)
+  data_key = jax.random.PRNGKey(options.seed)
+  _, shardings = trainer.placed_abstract_state(prog.params, prog.param_shardings, prog.optimizer, data_key, mesh)
+  step = model.jit_step(cfg, head_cfg, scorer, mesh, prog, shardings,
+                        jnp.asarray(train_compile.LABELS, jnp.int32))
   geometry = (options.query_len, options.item_len, options.num_items)
-  batch = tp.synthetic_batch(options.batch_size, options.query_len, options.num_items, options.item_len,
-                             model.vocab_size, geometry, options.seed)
-  if mesh is not None:
-    batch = jax.device_put(batch, NamedSharding(mesh, P(sharding.batch_axes(options.batch_size, mesh))))
-  step = tp.jit_step(tp.make_loss_fn(decoder, mode, lora, remat), optimizer, trainable=tp.trainable(params, mode))
-  with sharding.activate(mesh, sharding.rules_for_batch(options.batch_size, mesh)):
+  prep = train_compile.synthetic_prepared(cfg, config.model, options.batch_size, options.query_len,
+                                          options.num_items, options.item_len, geometry, options.seed)
+  batch, _ = model.make_batch(prep, np.arange(options.batch_size), 0, cfg)
+  place = trainer.placer(shardings, mesh, options.batch_size)
+  state, batch = place(trainer.init(prog.params, shardings, prog.optimizer, data_key), batch)
+  t0 = time.perf_counter()
+  state, metrics = step(state, batch)
+  jax.block_until_ready(metrics)
+  first = time.perf_counter() - t0
+  times = []
+  for _ in range(options.repeats):
     t0 = time.perf_counter()
     state, metrics = step(state, batch)
-    jax.block_until_ready(metrics)
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(options.repeats):
-      t0 = time.perf_counter()
-      state, metrics = step(state, batch)
-      jax.block_until_ready((state, metrics))
-      times.append(time.perf_counter() - t0)
-  flops = train_compile.step_flops(model, options.batch_size, *geometry, mode, remat, lora)
+    jax.block_until_ready((state, metrics))
+    times.append(time.perf_counter() - t0)
+  flops = train_compile.step_flops(config.model, options.batch_size, *geometry, mode, options.remat != "none", lora)
   best = min(times)
-  return dict(mode=mode, devices=num_devices, kernel=kernel, first_step_s=first, step_s=best, step_times_s=times,
-              flops=flops["total"], flops_parts=flops, tokens=flops["tokens"], tokens_per_s=flops["tokens"] / best,
-              flops_per_s=flops["total"] / best, loss=float(metrics["loss"]))
+  return dict(mode=mode, devices=num_devices, kernel=kernel if cfg.train_backbone else "none", first_step_s=first,
+              step_s=best, step_times_s=times, flops=flops["total"], flops_parts=flops, tokens=flops["tokens"],
+              tokens_per_s=flops["tokens"] / best, flops_per_s=flops["total"] / best, loss=float(metrics["loss"]))
 
 
 def measure_here(options: TrainBenchOptions, num_devices: int,

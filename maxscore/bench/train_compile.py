@@ -1,21 +1,27 @@
-"""A training fit report: the backbone training step compiled for a TPU topology described on this host.
+"""A training fit report: the reranker trainer's step compiled for a TPU topology described on this host.
 
     report = train_compile.run(CompileOptions(topology="v6e:1x1", model="qwen3-0.6b", geometries=("200x20x20",),
                                               overrides=("dtype=bfloat16",)), TrainCompileOptions(train="full"))
     print(train_compile.summary(report))
 
-docs/ARCHITECTURE.md sections 10 and 12. The step (maxscore/bench/train_program.py: forward, backward and the
-clip + AdamW update, float32 master weights and Adam state, compute in the config's `dtype`) is
-lowered with the params and optimizer state laid out by the logical-axis rules (layers/sharding.py)
-on the whole training mesh (ici_* and dcn_* data/fsdp/tensor), the global batch split over data x
-fsdp, the state donated, and compiled by the real TPU compiler. Per chip it reports HBM split into
+docs/ARCHITECTURE.md sections 10 and 12. The step is the reranker trainer's own (maxscore/training/reranker/
+model.py: `program` and `jit_step`, the trainer's train_step with the recipe's loss, listwise over each query's
+items): built from an abstract scorer (ShapeDtypeStruct params) of the config, as the recipe `recipe` gives
+for the mode, with the params and optimizer state laid out as the trainer lays them out (the logical-axis
+rules of layers/sharding.py on the whole training mesh, ici_* and dcn_* data/fsdp/tensor), the global batch
+split over data x fsdp, and compiled by the real TPU compiler. Per chip it reports HBM split into
 params, optimizer state, the batch and activations/temporaries (the compiler's temp: activations,
 gradients, remat buffers), and whether the total fits. FLOPs come from the cost model
 (maxscore/scoring/cost_model.py: XLA counts a scanned layer stack once) times the training
 multipliers of `step_flops`; the roofline step time is max(FLOPs / peak, bytes / HBM bandwidth) per
 chip, ignoring collectives. A search doubles then bisects the batch size to the largest that fits.
-train=qlora compiles lora's step on a frozen int8_weights base (docs/ARCHITECTURE.md section 15): the params
-figure holds its int8 projections and float32 scales, the optimizer state only the adapters' and the head's.
+Modes: `full` (every backbone weight and the head, float32 master weights), `lora` (rank-r adapters beside the
+frozen base, in its weight_dtype, and the head), `qlora` (lora on a frozen int8_weights base, docs/ARCHITECTURE.md
+section 15: the params figure holds its int8 projections and float32 scales, the optimizer state only the
+adapters' and the head's), `head` (the head alone on the frozen backbone's features, which the trainer computes
+once before the loop with the scorer's forward: that step holds no backbone, and the scoring report sizes the
+forward). The trainer's step does not donate its state, so the report counts the state both as the step's
+argument and as its output.
 These are compile-time bounds, not measurements.
 
 Attention: the trainer's choice (layers/kernels/base.py `training_kernel`): `auto` compiles splash with its
@@ -31,25 +37,35 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from absl import logging
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh
 
 from layers import quantization as quant
 from layers import sharding
 from layers.config import ModelConfig
-from layers.kernels import get_kernel
 from layers.kernels.base import resolve_auto, training_kernel
-from layers.lora import LoraConfig
+from layers.lora import TARGETS, LoraConfig
 from maxscore.bench import chips, compile_report, compile_summary
-from maxscore.bench import train_program as tp
 from maxscore.config import Config
 from maxscore.distributed import mesh as mesh_lib
 from maxscore.errors import TrainError
+from maxscore.heads import head
 from maxscore.scoring import cost_model
 from maxscore.scoring.layout import bucket
-from maxscore.scoring.runner import DTYPES
+from maxscore.scoring.requests import make_request
+from maxscore.scoring.scorer import Scorer
+from maxscore.training import partition, trainer
+from maxscore.training.head_features import Examples, Features
+from maxscore.training.reranker import model
+from maxscore.training.reranker.config import REMAT, TrainConfig
+from maxscore.training.reranker.prepare import Prepared
 
-REMAT = ("per_layer", "none")
+MODES = ("full", "lora", "qlora", "head")
+ADAPTED = ("lora", "qlora")  # the modes that train adapters on a frozen base
+LORA_TARGETS = TARGETS  # every projection the trainer's adapters can target (layers/lora.py)
+LABELS = (1, 2)  # label token ids of the synthetic workload
+TOTAL_STEPS = 1000  # the run length the optimizer's schedule is built for (it changes no shape)
 KERNEL_PLATFORMS = {"splash": "tpu", "pallas_gpu": "gpu"}  # the Pallas kernels compile for one platform each
 
 
@@ -60,14 +76,14 @@ class TrainCompileOptions:
   batch_size: int = 8             # queries per step (global), one packed row each
   lora_rank: int = 16
   lora_alpha: float = 32.0
-  lora_targets: tuple[str, ...] = tp.LORA_TARGETS
-  remat: str = "per_layer"        # per_layer: each scanned layer recomputed in the backward pass | none
+  lora_targets: tuple[str, ...] = LORA_TARGETS
+  remat: str = "per_layer"        # what the backward pass recomputes: the trainer's remat (full | per_layer | none)
   grad_accum_steps: int = 1
   max_batch_size: int = 1024      # the batch search stops here; 0: no search
 
   def validate(self) -> "TrainCompileOptions":
-    if self.train not in ("",) + tp.MODES:
-      raise ValueError(f"train={self.train!r} must be one of {list(tp.MODES)} (or empty for the scoring report)")
+    if self.train not in ("",) + MODES:
+      raise ValueError(f"train={self.train!r} must be one of {list(MODES)} (or empty for the scoring report)")
     if self.batch_size < 1 or self.grad_accum_steps < 1 or self.max_batch_size < 0:
       raise ValueError(f"batch_size={self.batch_size} and grad_accum_steps={self.grad_accum_steps} must be >= 1, "
                        f"max_batch_size={self.max_batch_size} >= 0")
@@ -75,113 +91,131 @@ class TrainCompileOptions:
       raise ValueError(f"batch_size={self.batch_size} is not divisible by grad_accum_steps={self.grad_accum_steps}")
     if self.remat not in REMAT:
       raise ValueError(f"remat={self.remat!r} must be one of {list(REMAT)}")
-    if self.train in tp.ADAPTED:
+    if self.train in ADAPTED:
       self.lora()
     return self
 
   def lora(self) -> Optional[LoraConfig]:
-    if self.train not in tp.ADAPTED:
+    if self.train not in ADAPTED:
       return None
     return LoraConfig(self.lora_rank, self.lora_alpha, tuple(self.lora_targets)).validate()
 
 
+def recipe(mode: str, batch_size: int = 8, remat: str = "per_layer", lora: Optional[LoraConfig] = None,
+           grad_accum_steps: int = 1) -> TrainConfig:
+  """The reranker recipe's settings of `mode`: full trains float32 master weights, lora and qlora adapters on
+  the scorer's frozen base (qlora's scorer holds it int8), head the head alone on frozen features."""
+  if mode == "head":
+    return TrainConfig(batch_size=batch_size, grad_accum_steps=grad_accum_steps)
+  adapters = {} if lora is None else dict(lora_rank=lora.rank, lora_alpha=lora.alpha, lora_targets=lora.targets)
+  return TrainConfig(batch_size=batch_size, grad_accum_steps=grad_accum_steps, train_backbone=True, remat=remat,
+                     param_dtype="float32" if mode == "full" else None, **adapters)
+
+
+def head_config(cfg: TrainConfig, model_cfg: ModelConfig) -> head.HeadConfig:
+  return cfg.head_config(LABELS, model_cfg.hidden_size)
+
+
 # --- the cost model ---------------------------------------------------------------------------------
-def step_flops(model: ModelConfig, batch: int, prefix_len: int, slot_len: int, num_slots: int, mode: str,
+def step_flops(model_cfg: ModelConfig, batch: int, prefix_len: int, slot_len: int, num_slots: int, mode: str,
                remat: bool = True, lora: Optional[LoraConfig] = None) -> dict[str, Any]:
   """Model FLOPs of one training step at its padded shape, by part, with the training multipliers.
 
   Forward = 1. Backward: dense layers and the lm_head 2 (input and weight gradients) when their weights
   train, 1 (input gradients only) when frozen; attention 2 (it has no weights). Remat recomputes each
-  layer's forward once more (dense and attention, not the lm_head). A frozen backbone (`head`) has no
-  backward. LoRA adapters (as applied to activations): 2 * r * (in + out) per token per target, with
-  full fine-tuning's multipliers. qlora counts as lora (its dequantize is elementwise, not counted).
+  layer's forward once more (dense and attention, not the lm_head). LoRA adapters (as applied to
+  activations): 2 * r * (in + out) per token per target, with full fine-tuning's multipliers. qlora counts
+  as lora (its dequantize is elementwise, not counted). `head` trains the default head (lm_labels, a [D, K]
+  delta) on frozen features: 2 * D * K per item forward and 2 * D * K for its weight gradient, no backbone.
   """
-  fwd = cost_model.program_flops(model, batch, prefix_len, slot_len, num_slots, lm_head_rows=0)
-  lm_head = cost_model.program_flops(model, batch, prefix_len, slot_len, num_slots) - fwd
+  fwd = cost_model.program_flops(model_cfg, batch, prefix_len, slot_len, num_slots, lm_head_rows=0)
+  lm_head = cost_model.program_flops(model_cfg, batch, prefix_len, slot_len, num_slots) - fwd
   tokens = batch * (prefix_len + slot_len * num_slots)
-  dense = 2 * model.non_embedding_params() * tokens
+  if mode == "head":
+    forward = 2 * model_cfg.hidden_size * len(LABELS) * batch * num_slots
+    parts = dict(dense=0, attention=0, lm_head=0, adapters=0, head=2 * forward)
+    return dict(parts, forward=forward, total=sum(parts.values()), tokens=tokens)
+  dense = 2 * model_cfg.non_embedding_params() * tokens
   attention = fwd - dense
-  again = 1 if remat and mode != "head" else 0
-  backward = {"full": (2, 2, 2), "lora": (1, 2, 1), "qlora": (1, 2, 1), "head": (0, 0, 0)}[mode]
+  again = 1 if remat else 0
+  backward = {"full": (2, 2, 2), "lora": (1, 2, 1), "qlora": (1, 2, 1)}[mode]
   adapters = 0
   if lora is not None:
-    shapes = tp.lora_shapes(model, lora)
-    per_token = sum(2 * lora.rank * (s["a"].shape[1] + s["b"].shape[2]) * model.num_layers for s in shapes.values())
+    per_token = sum(2 * lora.rank * sum(_adapter_dims(model_cfg, t)) * model_cfg.num_layers for t in lora.targets)
     adapters = per_token * tokens * (3 + again)
   parts = dict(dense=dense * (1 + backward[0] + again), attention=attention * (1 + backward[1] + again),
-               lm_head=lm_head * (1 + backward[2]), adapters=adapters)
+               lm_head=lm_head * (1 + backward[2]), adapters=adapters, head=0)
   return dict(parts, forward=fwd + lm_head, total=sum(parts.values()), tokens=tokens)
 
 
-# --- state and batch on the mesh -----------------------------------------------------------------
-def _placed(tree: Any, shardings: Any) -> Any:
-  return jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+def _adapter_dims(m: ModelConfig, target: str) -> tuple[int, int]:
+  """A target projection's (fan-in, fan-out): q [D, N*H], k/v [D, K*H], o [N*H, D], gate/up [D, F], down [F, D]."""
+  return {"q": (m.hidden_size, m.num_heads * m.head_dim), "k": (m.hidden_size, m.num_kv_heads * m.head_dim),
+          "v": (m.hidden_size, m.num_kv_heads * m.head_dim), "o": (m.num_heads * m.head_dim, m.hidden_size),
+          "gate": (m.hidden_size, m.mlp_dim), "up": (m.hidden_size, m.mlp_dim),
+          "down": (m.mlp_dim, m.hidden_size)}[target]
 
 
-def state_shardings(params: dict, model: ModelConfig, mesh: Mesh, quantization: str = "none") -> dict:
-  """Backbone by the logical-axis rules (an int8 base's scales with their weights' output axes); the head and
-  LoRA adapters replicated (small)."""
-  rep = NamedSharding(mesh, P())
-  out = {k: jax.tree_util.tree_map(lambda _: rep, v) for k, v in params.items()}
-  out["backbone"] = sharding.model_param_shardings(model, mesh, quantization=quantization)
-  return out
-
-
-def abstract_state(params: dict, shardings: dict, optimizer) -> tp.TrainState:
-  """The TrainState as ShapeDtypeStructs on the mesh: optimizer state leaves laid out like their params."""
-  rep = NamedSharding(next(iter(jax.tree_util.tree_leaves(shardings))).mesh, P())
-  params = _placed(params, shardings)
-  opt = jax.eval_shape(optimizer.init, params)
-  opt_shardings = like_params(opt, params, rep)
-  scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
-  return tp.TrainState(params, _placed(opt, opt_shardings), scalar, scalar, scalar,
-                       jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep))
-
-
-def like_params(opt_state: Any, params: Any, default: NamedSharding) -> Any:
-  """Shardings for optimizer state: a leaf whose key path ends with a param's path and has its shape (Adam's
-  mu and nu) is laid out like that param; anything else (counts, masked frozen leaves) gets `default`."""
-  by_path = {tuple(map(str, path)): x for path, x in jax.tree_util.tree_flatten_with_path(params)[0]}
-
-  def pick(path, x):
-    keys = tuple(map(str, path))
-    for i in range(len(keys)):
-      p = by_path.get(keys[i:])
-      if p is not None and p.shape == x.shape:
-        return p.sharding
-    return default
-  return jax.tree_util.tree_map_with_path(pick, opt_state)
-
-
+# --- the recipe's inputs ----------------------------------------------------------------------------
 per_device_bytes = compile_report.per_device_bytes
 
 
-def check_batch(batch: int, mesh: Mesh) -> None:
-  shards = mesh.shape["data"] * mesh.shape["fsdp"]
-  if batch % shards:
-    raise TrainError(f"batch_size={batch} is not divisible by data x fsdp = {mesh.shape['data']} x "
-                     f"{mesh.shape['fsdp']} = {shards} (the global batch is split over them)")
+def synthetic_prepared(cfg: TrainConfig, model_cfg: ModelConfig, batch: int, query_len: int, num_items: int,
+                       item_len: int, padded: tuple[int, int, int], seed: int = 0) -> Prepared:
+  """A run's prepared inputs for `batch` queries of random tokens (query_len + num_items x item_len each, every
+  query with a relevant item), packed at `padded` (P, L, N) when the backbone trains, else zero frozen features:
+  what model.make_batch builds the step's batch from."""
+  rng = np.random.default_rng(seed)
+  vocab = model_cfg.vocab_size
+  reqs = tuple(make_request(rng.integers(3, vocab, query_len).tolist(),
+                            rng.integers(3, vocab, (num_items, item_len)).tolist(), list(LABELS), False, False,
+                            None, vocab) for _ in range(batch))
+  grades = rng.integers(0, 3, (batch, num_items))
+  grades[:, 0] = np.maximum(grades[:, 0], 1)
+  examples = Examples(tuple(f"q{i}" for i in range(batch)), tuple(tuple(f"d{j}" for j in range(num_items))
+                                                                  for _ in range(batch)),
+                      reqs, tuple(map(tuple, grades.tolist())), {})
+  prep = Prepared(LABELS, head_config(cfg, model_cfg), {"train": examples}, {"train": examples.grid()})
+  if cfg.train_backbone:
+    prep.geometry = {"train": padded}
+  else:
+    prep.feats = {"train": Features(np.zeros((batch, num_items, model_cfg.hidden_size), np.float32),
+                                    np.zeros((batch, num_items, len(LABELS)), np.float32))}
+  return prep
 
 
-def abstract_batch(batch: int, geometry: tuple[int, int, int], mesh: Mesh) -> dict:
-  shapes = tp.batch_shapes(batch, *geometry)
-  split = NamedSharding(mesh, P(sharding.batch_axes(batch, mesh)))
-  return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=split), shapes)
+def abstract_batch(batch: Any, mesh: Mesh) -> Any:
+  """A host batch as the trainer places it: ShapeDtypeStructs of its (canonical) dtypes, split over data x fsdp."""
+  split = partition.batch_sharding(mesh)
+  return jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(np.shape(x), jax.dtypes.canonicalize_dtype(np.asarray(x).dtype),
+                                     sharding=split), batch)
+
+
+def lower_step(scorer: Scorer, cfg: TrainConfig, head_cfg: head.HeadConfig, prog: model.Program, mesh: Mesh,
+               batch: Any, label_ids=LABELS) -> Any:
+  """The recipe's step (model.jit_step) lowered on the abstract state of `prog` placed as trainer.start places
+  it, and `batch` (placed ShapeDtypeStructs)."""
+  state, shardings = trainer.placed_abstract_state(prog.params, prog.param_shardings, prog.optimizer,
+                                                   jax.random.PRNGKey(0), mesh)
+  step = model.jit_step(cfg, head_cfg, scorer, mesh, prog, shardings, jnp.asarray(label_ids, jnp.int32))
+  return step.lower(state, batch), state
 
 
 # --- one compile ---------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Target:
-  """Everything fixed across compiles of one report: config, mesh, chip, mode and the built step."""
+  """Everything fixed across compiles of one report: config, mesh, chip, mode and the recipe's program."""
   config: Config
   mesh: Mesh
   chip: chips.Chip
   devices_per_chip: int
   options: TrainCompileOptions
-  params: dict
-  optimizer: Any
-  loss_fn: Any
-  kernel: str
+  scorer: Scorer          # abstract: ShapeDtypeStruct params on the mesh
+  recipe: TrainConfig
+  head_cfg: head.HeadConfig
+  program: model.Program
+  kernel: str             # the attention kernel the step differentiates ("none": a head-only step has none)
 
 
 def make_target(config: Config, mesh: Mesh, chip: chips.Chip, devices_per_chip: int,
@@ -199,13 +233,12 @@ def make_target(config: Config, mesh: Mesh, chip: chips.Chip, devices_per_chip: 
     raise TrainError(f"attention={kernel} is a {KERNEL_PLATFORMS[kernel].upper()} kernel; a training step for "
                      f"{platform.upper()} compiles with auto ({resolve_auto(platform)}), shared_prefix or reference")
   sharding.check_divisible(config.model, mesh)
-  attend = sharding.shard_kernel(get_kernel(kernel, config.kernel.options()), mesh)
-  mode, remat = options.train, options.remat == "per_layer"
-  decoder = tp.make_decoder(config.model, attend, mode, DTYPES[config.runtime.dtype], remat,
-                            config.runtime.matmul_precision)
-  params = tp.abstract_params(config.model, mode, options.lora(), DTYPES[config.runtime.weight_dtype])
-  return Target(config, mesh, chip, devices_per_chip, options, params, tp.make_train_optimizer(params, mode),
-                tp.make_loss_fn(decoder, mode, options.lora(), remat), kernel)
+  cfg = recipe(options.train, options.batch_size, options.remat, options.lora(), options.grad_accum_steps)
+  scorer = compile_report.abstract_scorer(config, mesh)
+  head_cfg = head_config(cfg, config.model)
+  prog = model.program(cfg, head_cfg, scorer, mesh, TOTAL_STEPS)
+  return Target(config, mesh, chip, devices_per_chip, options, scorer, cfg, head_cfg, prog,
+                kernel if cfg.train_backbone else "none")
 
 
 def padded_geometry(config: Config, geometry) -> tuple[int, int, int]:
@@ -216,29 +249,32 @@ def padded_geometry(config: Config, geometry) -> tuple[int, int, int]:
           bucket(n, bk.item_count_buckets, "num_items"))
 
 
+def _lowered(target: Target, batch: int, geometry) -> tuple[Any, Any, Any, tuple[int, int, int]]:
+  """(the lowered step at `batch` queries of `geometry`, its abstract state, its abstract batch, (P, L, N))."""
+  cfg = dataclasses.replace(target.recipe, batch_size=batch)
+  q_len, n_items, l_item = geometry[:3]
+  padded = padded_geometry(target.config, geometry)
+  prep = synthetic_prepared(cfg, target.config.model, batch, q_len, n_items, l_item, padded)
+  host_batch, _ = model.make_batch(prep, np.arange(batch), 0, cfg)
+  batch_in = abstract_batch(host_batch, target.mesh)
+  lowered, state = lower_step(target.scorer, cfg, target.head_cfg, target.program, target.mesh, batch_in)
+  return lowered, state, batch_in, padded
+
+
 def compile_step(target: Target, batch: int, geometry) -> dict[str, Any]:
   """Compiles the step at `batch` queries of `geometry`; memory split, fit, FLOPs, roofline. A compile
   failure (e.g. out of HBM) is reported, not raised."""
   mesh, chip, dpc = target.mesh, target.chip, target.devices_per_chip
-  check_batch(batch, mesh)
+  partition.check_batch(batch, mesh, target.options.grad_accum_steps)
   p, l, n = padded_geometry(target.config, geometry)
-  state = abstract_state(target.params, state_shardings(target.params, target.config.model, mesh,
-                                                        tp.base_quantization(target.options.train)),
-                         target.optimizer)
-  batch_in = abstract_batch(batch, (p, l, n), mesh)
   out = dict(batch_size=batch, geometry=list(geometry[:3]), padded=[p, l, n], error=None)
-  rep = NamedSharding(mesh, P())
-  step = tp.jit_step(target.loss_fn, target.optimizer, target.options.grad_accum_steps,
-                     tp.trainable(target.params, target.options.train),
-                     out_shardings=(jax.tree_util.tree_map(lambda x: x.sharding, state), rep))
   try:
-    with sharding.activate(mesh, sharding.rules_for_batch(batch, mesh)):
-      t0 = time.perf_counter()
-      lowered = step.lower(state, batch_in)
-      t1 = time.perf_counter()
-      compiled = sharding.compile_deviceless(lowered)
-      out["compile"] = dict(lower_s=t1 - t0, compile_s=time.perf_counter() - t1,
-                            hlo_ops=hlo_op_counts(lowered, compiled))
+    t0 = time.perf_counter()
+    lowered, state, batch_in, _ = _lowered(target, batch, geometry)
+    t1 = time.perf_counter()
+    compiled = sharding.compile_deviceless(lowered)
+    out["compile"] = dict(lower_s=t1 - t0, compile_s=time.perf_counter() - t1,
+                          hlo_ops=hlo_op_counts(lowered, compiled))
   except Exception as e:  # pylint: disable=broad-except  (the compiler's error is the report)
     out.update(error=compile_report.one_line(e), fits=False)
     return out
@@ -248,7 +284,7 @@ def compile_step(target: Target, batch: int, geometry) -> dict[str, Any]:
   total = (ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes + ma.temp_size_in_bytes
            + ma.generated_code_size_in_bytes)
   capacity = chip.hbm_bytes // dpc
-  flops = step_flops(target.config.model, batch, p, l, n, target.options.train, target.options.remat == "per_layer",
+  flops = step_flops(target.config.model, batch, p, l, n, target.options.train, target.options.remat != "none",
                      target.options.lora())
   flops_device = flops["total"] / compile_report.compute_shards(mesh, batch)
   bytes_device = ma.argument_size_in_bytes + ma.output_size_in_bytes
@@ -277,27 +313,24 @@ def hlo_op_counts(lowered: Any, compiled: Any) -> dict[str, int]:
               optimized=len(_HLO_INSTRUCTION.findall(compiled.as_text())))
 
 
-def local_step_op_counts(model: ModelConfig, mode: str = "full", batch_size: int = 2,
-                         geometry: tuple[int, int, int] = (16, 8, 4), remat: bool = True,
+def local_step_op_counts(config: Config, mode: str = "full", batch_size: int = 2,
+                         geometry: tuple[int, int, int] = (16, 4, 8), remat: str = "per_layer",
                          lora: Optional[LoraConfig] = None) -> dict[str, int]:
-  """hlo_op_counts of the `mode` training step compiled for this process's first device (the kernel the
-  trainer picks here), at `batch_size` packed rows of (P, L, N) `geometry`."""
-  kernel, _ = training_kernel("auto")
-  decoder = tp.make_decoder(model, get_kernel(kernel), mode, jnp.float32, remat)
-  lora = lora or (LoraConfig(4, 8.0) if mode in tp.ADAPTED else None)
-  params = tp.init_params(model, mode, jax.random.PRNGKey(0), lora)
-  optimizer = tp.make_train_optimizer(params, mode)
-  p, l, n = geometry
-  batch = tp.synthetic_batch(batch_size, p, n, l, model.vocab_size)
-  step = tp.jit_step(tp.make_loss_fn(decoder, mode, lora, remat), optimizer, trainable=tp.trainable(params, mode))
-  lowered = step.lower(tp.make_state(params, optimizer), batch)
+  """hlo_op_counts of the recipe's `mode` step compiled for this process's first device (the kernel the trainer
+  picks here), at `batch_size` queries of query_len x num_items x item_len `geometry`."""
+  mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), sharding.MESH_AXES)
+  lora = lora or (LoraConfig(4, 8.0) if mode in ADAPTED else None)
+  options = TrainCompileOptions(train=mode, batch_size=batch_size, remat=remat, max_batch_size=0,
+                                **({} if lora is None else dict(lora_rank=lora.rank, lora_alpha=lora.alpha,
+                                                                lora_targets=lora.targets)))
+  target = make_target(config, mesh, chips.CHIPS["v6e"], 1, options.validate())
+  lowered, *_ = _lowered(target, batch_size, geometry)
   return hlo_op_counts(lowered, lowered.compile())
 
 
 def search_batch(target: Target, geometry, start: int) -> dict[str, Any]:
   """The largest global batch (a multiple of data x fsdp, up to max_batch_size) whose step fits."""
-  shards = target.mesh.shape["data"] * target.mesh.shape["fsdp"] * target.options.grad_accum_steps
-  shards = math.lcm(shards, target.mesh.shape["data"] * target.mesh.shape["fsdp"])
+  shards = partition.batch_shards(target.mesh) * target.options.grad_accum_steps
   limit = target.options.max_batch_size // shards
   failures: dict[int, str] = {}
 
@@ -332,7 +365,7 @@ def run(options: compile_report.CompileOptions, train: TrainCompileOptions) -> d
   chip, dims = chips.parse_topology(options.topology)
   devices = compile_report.describe_topology(options.topology, options.num_slices)
   mesh = mesh_lib.create_mesh(config.mesh, devices)
-  check_batch(train.batch_size, mesh)
+  partition.check_batch(train.batch_size, mesh, train.grad_accum_steps)
   devices_per_chip = max(1, len(devices) // (math.prod(dims) * options.num_slices))
   target = make_target(config, mesh, chip, devices_per_chip, train)
   steps = [compile_step(target, train.batch_size, g) for g in geometries]
@@ -362,7 +395,7 @@ def _step_lines(s: dict[str, Any]) -> list[str]:
           f"{gb(s['hbm_bytes'])} GB of {gb(s['hbm_capacity'])}",
           f"  step FLOPs (cost model, fwd + bwd + remat): {f['total'] / 1e12:.3f} TFLOP (dense {f['dense'] / 1e12:.3f},"
           f" attention {f['attention'] / 1e12:.3f}, lm_head {f['lm_head'] / 1e12:.3f}, adapters "
-          f"{f['adapters'] / 1e12:.3f}); {s['flops_per_device'] / 1e12:.3f} TFLOP per chip",
+          f"{f['adapters'] / 1e12:.3f}, head {f['head'] / 1e12:.3f}); {s['flops_per_device'] / 1e12:.3f} TFLOP per chip",
           f"  roofline step time {s['roofline_s'] * 1e3:.2f} ms ({s['bound']}-bound) = {s['tokens_per_s']:,.0f} "
           f"tokens/s bound ({s['tokens']:,} tokens per step)",
           f"  compile: lowering {c['lower_s']:.1f} s + XLA {c['compile_s']:.1f} s; HLO instructions "

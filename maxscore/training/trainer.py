@@ -40,6 +40,8 @@ from maxscore.training.state import TrainState, fresh
 # Test-only, not a setting: seconds `loop` sleeps after every step, so a test can kill a run between two
 # checkpoints (tests/test_train.py). Nothing else sets it.
 TEST_STEP_DELAY_ENV = "MAXSCORE_TEST_STEP_DELAY_S"
+
+
 def abstract_state(params: Any, optimizer: optax.GradientTransformation, data_key: jax.Array) -> TrainState:
   """The state's shapes and dtypes (no arrays allocated): what restore and compile-only programs need."""
   shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), params)
@@ -49,6 +51,15 @@ def abstract_state(params: Any, optimizer: optax.GradientTransformation, data_ke
 def with_shardings(abstract: TrainState, shardings: TrainState) -> TrainState:
   return jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s),
                                 abstract, shardings)
+
+
+def placed_abstract_state(params: Any, param_shardings: Any, optimizer: optax.GradientTransformation,
+                          data_key: jax.Array, mesh: Mesh) -> tuple[TrainState, TrainState]:
+  """(the state's ShapeDtypeStructs placed on their shardings, those shardings): the optimizer state laid out
+  like its params, the counters replicated. `params` may be arrays or ShapeDtypeStructs."""
+  abstract = abstract_state(params, optimizer, data_key)
+  shardings = partition.state_shardings(abstract, param_shardings, mesh)
+  return with_shardings(abstract, shardings), shardings
 
 
 def init(params: Any, shardings: TrainState, optimizer: optax.GradientTransformation,
@@ -114,10 +125,9 @@ def start(workdir: pathlib.Path, keep: int, params: Any, param_shardings: Any, o
     ResumeError: the workdir holds a run with another fingerprint.
     TrainError: the stored params do not fit this run or its mesh.
   """
-  abstract = abstract_state(params, optimizer, data_key)
-  shardings = partition.state_shardings(abstract, param_shardings, mesh)
+  target, shardings = placed_abstract_state(params, param_shardings, optimizer, data_key, mesh)
   mgr = checkpoint.manager(workdir, keep)
-  state, resume_step = restore(mgr, with_shardings(abstract, shardings), fingerprint, workdir)
+  state, resume_step = restore(mgr, target, fingerprint, workdir)
   check()
   safety.claim(workdir)  # every check passed: the run's log may now be written there
   if state is None:
@@ -215,7 +225,8 @@ def jit_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, s
     trainable: the bool pytree of the leaves that train (train_step), or None.
 
   Returns:
-    `step(state, batch) -> (state, metrics)`, the compiled train_step on the mesh.
+    `step(state, batch) -> (state, metrics)`, the compiled train_step on the mesh; `step.lower(state, batch)`
+    lowers it (arrays or placed ShapeDtypeStructs) under the same rules, for the fit report and its tests.
   """
   fn = functools.partial(train_step, loss_fn=loss_fn, optimizer=optimizer, grad_accum_steps=grad_accum_steps,
                          trainable=trainable)
@@ -225,6 +236,11 @@ def jit_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, s
   def step(state, batch):
     with sharding_lib.activate(mesh, rules):
       return jitted(state, batch)
+
+  def lower(state, batch):
+    with sharding_lib.activate(mesh, rules):
+      return jitted.lower(state, batch)
+  step.lower = lower
   return step
 
 

@@ -1,11 +1,21 @@
 """The reranker's model side of a training step: the backbone's decoder when it trains, the initial params and
-their shardings, which of them train, the loss, and a step's batch."""
+their shardings, which of them train, the loss, a step's batch, and the jitted step itself.
 
-from typing import Any, Optional
+    prog = program(cfg, prep.head_cfg, scorer, mesh, total_steps)   # params, shardings, optimizer
+    started = trainer.start(workdir, keep, prog.params, prog.param_shardings, prog.optimizer, key, mesh, ...)
+    step = jit_step(cfg, prep.head_cfg, scorer, mesh, prog, started.shardings, labels_K)
+
+The training fit report (maxscore/bench/train_compile.py) builds the same program from an abstract scorer
+(ShapeDtypeStruct params) and lowers the same step, so the memory it reports is the trainer's.
+"""
+
+import dataclasses
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax.sharding import Mesh
 
 from layers import quantization as quant
@@ -17,9 +27,10 @@ from maxscore.checkpoints import adapters as lora_lib
 from maxscore.heads import head
 from maxscore.scoring.runner import DTYPES
 from maxscore.scoring.scorer import Scorer
-from maxscore.training import groups, partition
+from maxscore.training import groups, partition, trainer
 from maxscore.training.head_features import match_targets, packed_features, plan_packed
 from maxscore.training.losses import MASK_LOGIT, batch_loss, lce_distill_mix, probe_bce, probe_logits
+from maxscore.training.optimizer import make_optimizer
 from maxscore.training.reranker.config import TrainConfig
 from maxscore.training.reranker.prepare import Prepared
 
@@ -41,23 +52,32 @@ def backbone_decoder(cfg: TrainConfig, scorer: Scorer, mesh: Optional[Mesh] = No
   return lora_lib.adapt(decoder, cfg.lora)
 
 
-def init_params(cfg: TrainConfig, prep: Prepared, scorer: Scorer) -> dict[str, Any]:
-  """Head params (and the backbone's when it trains, in param_dtype; the match probes when on)."""
+def init_params(cfg: TrainConfig, head_cfg: head.HeadConfig, scorer: Scorer) -> dict[str, Any]:
+  """Head params (and the backbone's when it trains, in param_dtype; the match probes when on). From an abstract
+  scorer (ShapeDtypeStruct params), their ShapeDtypeStructs: nothing is allocated."""
+  init = lambda base: _init_params(cfg, head_cfg, scorer.config.model, scorer.runner.quantization, base)
+  if scorer.runner.abstract:
+    return jax.eval_shape(init, scorer.runner.params)
+  return init(scorer.runner.params)
+
+
+def _init_params(cfg: TrainConfig, head_cfg: head.HeadConfig, model_cfg, quantization: str,
+                 base: Any) -> dict[str, Any]:
   init_key, _ = jax.random.split(jax.random.PRNGKey(cfg.seed))
   params = {}
   if cfg.train_backbone:
     # A QLoRA base's int8 weights and their float32 scales keep their dtypes (they stay frozen).
-    keeps = lambda path: scorer.runner.quantization != "none" and quant.is_quantized_leaf(path)
+    keeps = lambda path: quantization != "none" and quant.is_quantized_leaf(path)
     cast = lambda path, x: (jnp.asarray(x, DTYPES[cfg.param_dtype]) if cfg.param_dtype and not keeps(path)
                             else jnp.asarray(x))
-    params["backbone"] = jax.tree_util.tree_map_with_path(cast, scorer.runner.params)
+    params["backbone"] = jax.tree_util.tree_map_with_path(cast, base)
     if cfg.lora is not None:  # adapters in float32 (A random, B zero: step 0 is the base model exactly)
       adapter_key = jax.random.fold_in(init_key, 1)
       params["backbone"] = lora_lib.add_adapters(params["backbone"], lora_lib.init_adapters(
-          scorer.config.model, cfg.lora, adapter_key))
-  params["head"] = head.init_head(prep.head_cfg, init_key)
+          model_cfg, cfg.lora, adapter_key))
+  params["head"] = head.init_head(head_cfg, init_key)
   if cfg.match_loss_weight:
-    probe = lambda: {"w": jnp.zeros((scorer.config.model.hidden_size,), jnp.float32),
+    probe = lambda: {"w": jnp.zeros((model_cfg.hidden_size,), jnp.float32),
                      "b": jnp.zeros((), jnp.float32)}
     params["match_probe"] = {"token": probe(), **({"coverage": probe()} if cfg.coverage_on == "probe" else {})}
   return params
@@ -164,3 +184,33 @@ def trainable_params(cfg: TrainConfig, params: dict[str, Any]) -> Optional[Any]:
   mask = jax.tree_util.tree_map(lambda _: True, params)
   mask["backbone"] = lora_lib.trainable_mask(params["backbone"])
   return mask
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  """What a run trains: the initial params (arrays, or ShapeDtypeStructs from an abstract scorer) and their
+  shardings, which of them train (None: all), and the optimizer over those with its learning-rate schedule."""
+  params: dict[str, Any]
+  param_shardings: dict[str, Any]
+  trainable: Optional[Any]
+  optimizer: optax.GradientTransformation
+  schedule: Callable[[int], Any]
+
+
+def program(cfg: TrainConfig, head_cfg: head.HeadConfig, scorer: Scorer, mesh: Mesh, total_steps: int) -> Program:
+  """The run's params, shardings and optimizer over `total_steps` (the trainer starts or resumes on them)."""
+  params = init_params(cfg, head_cfg, scorer)
+  trainable = trainable_params(cfg, params)
+  optimizer, schedule = make_optimizer(cfg, total_steps, trainable)
+  return Program(params, param_shardings(cfg, params, scorer, mesh), trainable, optimizer, schedule)
+
+
+def jit_step(cfg: TrainConfig, head_cfg: head.HeadConfig, scorer: Scorer, mesh: Mesh, prog: Program,
+             shardings: Any, labels_K: jax.Array) -> Callable:
+  """The trainer's jitted step of this run's loss on `mesh`: `step(state, batch) -> (state, metrics)`, and
+  `step.lower(state, batch)`. `shardings` is the state's (trainer.Started.shardings); the batch's activation
+  rules are those of one micro-batch (batch_size / grad_accum_steps queries)."""
+  loss_fn = make_loss_fn(cfg, head_cfg, backbone_decoder(cfg, scorer, mesh), labels_K)
+  return trainer.jit_train_step(loss_fn, prog.optimizer, shardings, mesh, cfg.grad_accum_steps,
+                                sharding_lib.rules_for_batch(cfg.batch_size // cfg.grad_accum_steps, mesh),
+                                prog.trainable)

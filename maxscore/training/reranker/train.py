@@ -67,7 +67,6 @@ from maxscore.scoring.loading import build_scorer
 from maxscore.scoring.scorer import Scorer
 from maxscore.training import checkpoint, partition, trainer
 from maxscore.training.head_features import Examples
-from maxscore.training.optimizer import make_optimizer
 from maxscore.training.reranker import evaluation, model, outputs
 from maxscore.training.reranker.config import LORA_TARGETS, TrainConfig
 from maxscore.training.reranker.prepare import Prepared, prepare
@@ -195,9 +194,7 @@ def _check_settings(cfg: TrainConfig, prompt: PromptConfig, dev_set: Optional[Re
 class _Run:
   """A started run: the trainer's state and checkpoints (`started`), and what the loop needs beside them."""
   started: trainer.Started
-  optimizer: Any
-  schedule: Any
-  trainable: Optional[Any]
+  program: model.Program
   fingerprint: dict
   total_steps: int
   steps_per_epoch: int
@@ -211,17 +208,15 @@ def _start(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, scorer: Score
   checkpoint selection resumed with it."""
   steps_per_epoch = math.ceil(prep.num_train / cfg.batch_size)
   total_steps = cfg.num_steps or cfg.num_epochs * steps_per_epoch
-  params = model.init_params(cfg, prep, scorer)
-  trainable = model.trainable_params(cfg, params)
-  optimizer, schedule = make_optimizer(cfg, total_steps, trainable)
+  prog = model.program(cfg, prep.head_cfg, scorer, mesh, total_steps)
   fingerprint = _run_fingerprint(cfg, prompt, scorer, prep.examples)
   check = lambda: sharding_lib.check_divisible(scorer.config.model, mesh) if cfg.train_backbone else None
-  started = trainer.start(workdir, cfg.keep_checkpoints, params, model.param_shardings(cfg, params, scorer, mesh),
-                          optimizer, jax.random.split(jax.random.PRNGKey(cfg.seed))[1], mesh, fingerprint, check)
+  started = trainer.start(workdir, cfg.keep_checkpoints, prog.params, prog.param_shardings, prog.optimizer,
+                          jax.random.split(jax.random.PRNGKey(cfg.seed))[1], mesh, fingerprint, check)
   mesh_lib.sync("train: metrics log kept")  # selection reads the kept evaluations
   selection = (Selection.start(cfg.select_metric, cfg.patience, workdir, started.resume_step)
                if cfg.select_metric else None)
-  return _Run(started, optimizer, schedule, trainable, fingerprint, total_steps, steps_per_epoch, selection)
+  return _Run(started, prog, fingerprint, total_steps, steps_per_epoch, selection)
 
 
 def _attention(cfg: TrainConfig, scorer: Scorer) -> Optional[dict]:
@@ -233,14 +228,6 @@ def _attention(cfg: TrainConfig, scorer: Scorer) -> Optional[dict]:
   return dict(kernel=kernel, reason=reason)
 
 
-def _step_fn(cfg: TrainConfig, prep: Prepared, scorer: Scorer, run: _Run, mesh: Mesh, labels_K: jax.Array):
-  """The jitted train step of the run's loss on the mesh (gradient accumulation and the batch's rules)."""
-  loss_fn = model.make_loss_fn(cfg, prep.head_cfg, model.backbone_decoder(cfg, scorer, mesh), labels_K)
-  return trainer.jit_train_step(loss_fn, run.optimizer, run.started.shardings, mesh, cfg.grad_accum_steps,
-                                sharding_lib.rules_for_batch(cfg.batch_size // cfg.grad_accum_steps, mesh),
-                                run.trainable)
-
-
 def _loop(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, scorer: Scorer, run: _Run, mesh: Mesh,
           workdir: pathlib.Path, progress: bool):
   """Runs the trainer's loop to the last step: (the final state, its timing); the run's selection observes each
@@ -250,7 +237,7 @@ def _loop(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, scorer: Scorer
     logging.info("train: attention %s (%s)", attention["kernel"], attention["reason"])
   decoder = model.backbone_decoder(cfg, scorer)
   labels_K = jnp.asarray(prep.label_ids, jnp.int32)
-  step_fn = _step_fn(cfg, prep, scorer, run, mesh, labels_K)
+  step_fn = model.jit_step(cfg, prep.head_cfg, scorer, mesh, run.program, run.started.shardings, labels_K)
   manager = run.started.manager
   save = lambda step, state: checkpoint.save(manager, step, state, run.fingerprint)
   settings = trainer.LoopSettings(run.total_steps, cfg.batch_size, prep.num_train, cfg.log_every, cfg.eval_every,
@@ -267,7 +254,7 @@ def _loop(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, scorer: Scorer
     return values
   hooks = trainer.Hooks(lambda idx, step: model.make_batch(prep, idx, step, cfg),
                         trainer.placer(run.started.shardings, mesh, cfg.batch_size), evaluate, save, run.started.log,
-                        run.schedule, partition.local_rows(cfg.batch_size, mesh),
+                        run.program.schedule, partition.local_rows(cfg.batch_size, mesh),
                         selection.should_stop if selection is not None else None)
   with trainer.reports_interrupt(manager, workdir):
     state, timing = trainer.loop(settings, run.started.state, step_fn, hooks)
