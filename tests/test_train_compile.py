@@ -93,9 +93,11 @@ def _steps(tiny, mode, lora=None, n=2, accum=1):
   state, batch = trainer.placer(shardings, mesh, 2)(trainer.init(prog.params, shardings, prog.optimizer, key), batch)
   before = jax.tree_util.tree_map(lambda x: np.array(x, copy=True), prog.params)
   metrics = []
-  for _ in range(n):
-    state, m = step(state, batch)
+  for i in range(n):
+    consumed, (state, m) = state, step(state, batch)
     metrics.append((float(m["loss"]), float(m["grad_norm"])))
+    # the step donates the state: the update is made in place, the state passed in is gone
+    assert all(x.is_deleted() for x in jax.tree_util.tree_leaves((consumed.params, consumed.opt_state))), i
   return before, state, prog.trainable, [loss for loss, _ in metrics] if accum == 1 else metrics
 
 

@@ -20,8 +20,7 @@ frozen base, in its weight_dtype, and the head), `qlora` (lora on a frozen int8_
 section 15: the params figure holds its int8 projections and float32 scales, the optimizer state only the
 adapters' and the head's), `head` (the head alone on the frozen backbone's features, which the trainer computes
 once before the loop with the scorer's forward: that step holds no backbone, and the scoring report sizes the
-forward). The trainer's step does not donate its state, so the report counts the state both as the step's
-argument and as its output.
+forward). The trainer's step donates its state, so the state is counted once (the compiler's aliased bytes).
 These are compile-time bounds, not measurements.
 
 Attention: the trainer's choice (layers/kernels/base.py `training_kernel`): `auto` compiles splash with its

@@ -64,7 +64,8 @@ def placed_abstract_state(params: Any, param_shardings: Any, optimizer: optax.Gr
 
 def init(params: Any, shardings: TrainState, optimizer: optax.GradientTransformation,
          data_key: jax.Array) -> TrainState:
-  """Step 0's state placed on `shardings` (nothing committed to a single device)."""
+  """Step 0's state placed on `shardings` (nothing committed to a single device). The step donates the state,
+  so `params` must be the state's own: arrays nothing else reads once training starts."""
   params = partition.place(params, shardings.params)
   opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params)
   return fresh(params, opt_state, data_key)
@@ -108,7 +109,8 @@ def start(workdir: pathlib.Path, keep: int, params: Any, param_shardings: Any, o
   Args:
     workdir: the run's directory (checkpoints/, metrics.jsonl, tensorboard/).
     keep: how many of the latest checkpoints are kept.
-    params: step 0's params (host or device arrays), placed when no checkpoint is restored.
+    params: step 0's params (host or device arrays), placed when no checkpoint is restored; the steps donate
+      them, so nothing else may read them afterwards (copy a scorer's params first).
     param_shardings: a pytree like `params` of the shardings each param lives on.
     optimizer: the optax transformation the state's opt_state belongs to.
     data_key: the PRNG key the epochs' data orders are drawn from.
@@ -213,7 +215,9 @@ def _frozen_as_constants(loss_fn: Callable, trainable: Any) -> Callable:
 
 def jit_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, shardings: TrainState, mesh: Mesh,
                    grad_accum_steps: int = 1, rules=sharding_lib.RULES, trainable: Any = None) -> Callable:
-  """train_step jitted with explicit shardings.
+  """train_step jitted with explicit shardings, the state donated: the update is made in place, so a step holds
+  one copy of the params and optimizer state, not two (the fit report, docs/will-it-fit.md, sizes this program).
+  The state passed in is consumed; use the one returned.
 
   Args:
     loss_fn: `loss_fn(params, batch, rng) -> (loss, aux)` (train_step).
@@ -231,7 +235,7 @@ def jit_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, s
   fn = functools.partial(train_step, loss_fn=loss_fn, optimizer=optimizer, grad_accum_steps=grad_accum_steps,
                          trainable=trainable)
   jitted = jax.jit(fn, in_shardings=(shardings, partition.batch_sharding(mesh)),
-                   out_shardings=(shardings, partition.replicated(mesh)))
+                   out_shardings=(shardings, partition.replicated(mesh)), donate_argnums=0)
 
   def step(state, batch):
     with sharding_lib.activate(mesh, rules):
