@@ -3,8 +3,9 @@ test against a real oracle:
 
 - #26618, a prefix-cache hit shifts the multi-item delimiter positions: test_prefix_cache_hit_keeps_multi_item_positions
 - #26629, positions past 65,535 overflow silently: test_rope_past_65535_matches_a_float64_oracle,
-  test_decoder_past_65535_is_shift_invariant, test_layout_positions_past_65535_are_exact and
-  test_default_limits_refuse_a_request_past_65535_positions
+  test_decoder_past_65535_is_shift_invariant, test_layout_positions_past_65535_are_exact,
+  test_default_limits_refuse_a_request_past_65535_positions and, end to end against serial,
+  test_a_packed_row_and_a_prefix_past_65535_tokens_score_as_serial
 - #26593, a kernel path gives every item the same score: test_no_kernel_path_gives_every_item_the_same_score,
   test_items_score_apart_unless_their_tokens_are_equal (a property over random item lists) and
   test_planted_faults_are_caught (a collapsed segment id, every score read at one index)
@@ -228,6 +229,54 @@ def test_default_limits_refuse_a_request_past_65535_positions():
     make_request([1] * 70_000, [[2]], LABELS, False, False, DELIM, 512, **limits)
   with pytest.raises(ScoreInputError, match=r"items\[1\] is 70000 tokens, above the largest item bucket 4096"):
     make_request([1], [[2], [3] * 70_000], LABELS, False, False, DELIM, 512, **limits)
+
+
+# Tiny widths and a sliding window (every layer local, W = 128) keep a 65,600-token row cheap on CPU: attention
+# reads at most W keys per query, so a pass is linear in the length; positions still run past 65,535, RoPE still
+# rotates by them, and the window's mask is drawn from them (a slot token at serial position V + j sees prefix keys
+# k > V + j - W).
+LONG_PREFIX = 65_600
+LONG_MODEL = ["model_name=tiny-qwen3", "hidden_size=16", "num_layers=1", "num_heads=1", "num_kv_heads=1",
+              "head_dim=8", "mlp_dim=32", "layer_pattern=L", "sliding_window=128", "max_position_embeddings=131072",
+              "attention=shared_prefix", "prefix_buckets=[65664]", "item_buckets=[8]", "item_count_buckets=[4]",
+              "batch_buckets=[1,4]", "max_tokens_per_forward=262144", "max_stacked_tokens=262144"]
+
+
+@pytest.mark.slow
+def test_a_packed_row_and_a_prefix_past_65535_tokens_score_as_serial(monkeypatch):
+  """sglang #26629 (positions past 65,535 overflow silently), end to end: a 65,600-token query with three items
+  scored by the blocked kernel (shared_prefix) as one packed row of 65,664 + 4 x 8 tokens and as a 65,601-token
+  prefill extended by the items gives the serial algorithm's scores (each item its own causal sequence of up to
+  65,606 tokens) within 1e-5. The check is shown to fail on a planted overflow: the packed row with its positions
+  wrapped at 2^16, as a 16-bit position would hold them, scores far outside the tolerance."""
+  config = load_config(LONG_MODEL)
+  scorer = Scorer.from_config(config, mesh=None)
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, x: x * EMBED_SCALE if "embedding" in jax.tree_util.keystr(path) else x, scorer.runner.params)
+  scorer = Scorer(config, params, mesh=None)
+  rng = np.random.default_rng(11)
+  query = random_tokens(rng, LONG_PREFIX)
+  items = [random_tokens(rng, n) for n in (4, 2, 5)]
+  score = lambda algorithm: scorer.score(query, items, LABELS, apply_softmax=True, algorithm=algorithm,
+                                         separator_token_id=DELIM)
+  want = score("serial").scores
+  assert_items_distinguished(want)
+  for algorithm in ("packed", "prefill_extend"):
+    scorer.prefix_cache.clear()
+    got = score(algorithm)
+    assert got.algorithm == algorithm
+    np.testing.assert_allclose(got.scores, want, atol=ATOL, rtol=0, err_msg=algorithm)
+
+  pack_rows_ = layout_lib.pack_rows
+
+  def wrapped_at_16_bits(*args, **kwargs):
+    packed = pack_rows_(*args, **kwargs)
+    assert packed.positions_BxT.max() > POSITION_LIMIT
+    return dataclasses.replace(packed, positions_BxT=packed.positions_BxT % (POSITION_LIMIT + 1))
+  monkeypatch.setattr(layout_lib, "pack_rows", wrapped_at_16_bits)
+  scorer.prefix_cache.clear()
+  overflowed = score("packed").scores
+  assert np.abs(overflowed - want).max() > 10 * ATOL, np.abs(overflowed - want).max()  # measured: 8.3e-4
 
 
 # --- sglang #26593: no kernel path gives every item the same score -------------------------------------------------
