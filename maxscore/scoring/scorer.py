@@ -7,6 +7,7 @@
 
 import contextlib
 import dataclasses
+import functools
 import os
 import pathlib
 import threading
@@ -30,7 +31,7 @@ from maxscore.scoring import selector
 from maxscore.scoring.algorithms import ALGORITHMS, AlgorithmContext
 from maxscore.scoring.prefix_cache import PrefixCache
 from maxscore.scoring.requests import TokenRequest, make_request, validate_batch, validate_request
-from maxscore.scoring.runner import ModelRunner, NotCompiled
+from maxscore.scoring.runner import ModelRunner, NotCompiled, label_logprobs
 
 REQUEST_FIELDS = frozenset({"query", "items", "label_token_ids", "apply_softmax", "item_first", "model"})
 
@@ -167,6 +168,40 @@ class Scorer:
     if self._params_digest is None:
       self._params_digest = identity.tree_digest(self.runner.params)
     return self._params_digest
+
+  # --- the model as this scorer holds it (what training reads) ----------------------------------------
+  @property
+  def params(self) -> Any:
+    """The model's params as scoring holds them: cast to weight_dtype, quantized, placed on the scorer's mesh
+    (ShapeDtypeStructs when `abstract`). Read, never changed: a trainer copies what it trains."""
+    return self.runner.params
+
+  @property
+  def abstract(self) -> bool:
+    """True when the params are ShapeDtypeStructs: the scorer compiles programs and runs none."""
+    return self.runner.abstract
+
+  @property
+  def quantization(self) -> str:
+    """How the params hold the weights: none, int8_weights or int8 (layers/quantization.py)."""
+    return self.runner.quantization
+
+  @property
+  def quantization_group(self) -> Optional[int]:
+    """The int8 scales' group size along each weight's input axis (None: one scale per output channel)."""
+    return self.runner.quantization_group
+
+  @property
+  def platform(self) -> str:
+    """Where the scorer's programs run or are compiled for (cpu, gpu, tpu)."""
+    return self.runner.platform
+
+  def label_logprobs(self, hidden_NxD: Any, label_ids: Sequence[int]) -> np.ndarray:
+    """The full-vocabulary log-softmax of the lm_head at hidden states [..., D], read at `label_ids`: [..., K]
+    (a frozen backbone's label log-probs, which a score head trains on)."""
+    if getattr(self, "_label_logprobs", None) is None:
+      self._label_logprobs = jax.jit(functools.partial(label_logprobs, self.runner.decoder(self.runner.default_kernel)))
+    return np.asarray(self._label_logprobs(self.runner.params, hidden_NxD, np.asarray(label_ids, np.int32)))
 
   # --- construction ------------------------------------------------------------------
   @classmethod

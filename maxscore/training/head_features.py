@@ -117,12 +117,11 @@ def extract_features(scorer: Scorer, examples: Examples, algorithm: Optional[str
   q, n, d = len(examples.requests), examples.max_items, scorer.config.model.hidden_size
   k = len(examples.requests[0].label_ids) if examples.requests else 0
   hidden, lps = np.zeros((q, n, d), np.float32), np.zeros((q, n, k), np.float32)
-  lp_fn = jax.jit(functools.partial(label_logprobs, scorer.runner.decoder(scorer.runner.default_kernel)))
   for i, req in enumerate(examples.requests):
     scorer.prefix_cache.clear()  # as eval does: the algorithm depends on the query's geometry only
     h = scorer.hidden_states_requests([req], algorithm)[0]
     hidden[i, :len(h)] = h
-    lps[i, :len(h)] = np.asarray(lp_fn(scorer.runner.params, h, np.asarray(req.label_ids, np.int32)))
+    lps[i, :len(h)] = scorer.label_logprobs(h, req.label_ids)
     if progress and ((i + 1) % 20 == 0 or i + 1 == q):
       logging.info("features: %d/%d queries", i + 1, q, extra=console.PROGRESS)
     interrupt.planted(f"features:{i + 1}")  # a test's Ctrl-C while features are computed

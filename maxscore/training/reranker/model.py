@@ -41,24 +41,24 @@ def backbone_decoder(cfg: TrainConfig, scorer: Scorer, mesh: Optional[Mesh] = No
   scorer's) on params of `param_dtype`, each scanned layer rematerialized unless remat=none."""
   if not cfg.train_backbone:
     return None
-  runner = scorer.runner
-  kernel, _ = training_kernel(scorer.config.kernel.attention, runner.platform)
-  attend = sharding_lib.shard_kernel(get_kernel(kernel, runner.options), mesh)
-  dtype = DTYPES[cfg.compute_dtype] if cfg.compute_dtype else runner.dtype
-  param_dtype = DTYPES[cfg.param_dtype] if cfg.param_dtype else runner.dtype
-  decoder = Decoder(scorer.config.model, attend, dtype=dtype, param_dtype=param_dtype, precision=runner.precision,
-                    remat=cfg.remat != "none", quantization=runner.quantization,
-                    quantization_group=runner.quantization_group)
+  config = scorer.config
+  kernel, _ = training_kernel(config.kernel.attention, scorer.platform)
+  attend = sharding_lib.shard_kernel(get_kernel(kernel, config.kernel.options()), mesh)
+  dtype = DTYPES[cfg.compute_dtype or config.runtime.dtype]
+  param_dtype = DTYPES[cfg.param_dtype or config.runtime.dtype]
+  decoder = Decoder(config.model, attend, dtype=dtype, param_dtype=param_dtype,
+                    precision=config.runtime.matmul_precision, remat=cfg.remat != "none",
+                    quantization=scorer.quantization, quantization_group=scorer.quantization_group)
   return lora_lib.adapt(decoder, cfg.lora)
 
 
 def init_params(cfg: TrainConfig, head_cfg: head.HeadConfig, scorer: Scorer) -> dict[str, Any]:
   """Head params (and the backbone's when it trains, in param_dtype; the match probes when on). From an abstract
   scorer (ShapeDtypeStruct params), their ShapeDtypeStructs: nothing is allocated."""
-  init = lambda base: _init_params(cfg, head_cfg, scorer.config.model, scorer.runner.quantization, base)
-  if scorer.runner.abstract:
-    return jax.eval_shape(init, scorer.runner.params)
-  return init(scorer.runner.params)
+  init = lambda base: _init_params(cfg, head_cfg, scorer.config.model, scorer.quantization, base)
+  if scorer.abstract:
+    return jax.eval_shape(init, scorer.params)
+  return init(scorer.params)
 
 
 def _init_params(cfg: TrainConfig, head_cfg: head.HeadConfig, model_cfg, quantization: str,
@@ -90,8 +90,8 @@ def param_shardings(cfg: TrainConfig, params: dict[str, Any], scorer: Scorer, me
   out = jax.tree_util.tree_map(lambda _: rep, params)
   if "backbone" in params:
     out["backbone"] = sharding_lib.model_param_shardings(scorer.config.model, mesh,
-                                                         quantization=scorer.runner.quantization,
-                                                         quantization_group=scorer.runner.quantization_group)
+                                                         quantization=scorer.quantization,
+                                                         quantization_group=scorer.quantization_group)
     if cfg.lora is not None:
       out["backbone"] = lora_lib.add_adapters(out["backbone"], lora_lib.adapter_shardings(
           scorer.config.model, cfg.lora, mesh))

@@ -131,8 +131,8 @@ def export(cfg: TrainConfig, prep: Prepared, scorer: Scorer, summary: dict[str, 
   if adapters_dir:
     out = lora_lib.save_adapters(adapters_dir, jax.device_get(final["backbone"]), cfg.lora, base,
                                  overwrite=overwrite or safety.exported_by(adapters_dir, workdir),
-                                 workdir=str(workdir), base_quantization=scorer.runner.quantization,
-                                 base_quantization_group=scorer.runner.quantization_group)
+                                 workdir=str(workdir), base_quantization=scorer.quantization,
+                                 base_quantization_group=scorer.quantization_group)
     info = {k: summary[k] for k in ("train_config", "prompt", "label_ids", "train_queries", "steps")}
     head_storage.save_head(out, prep.head_cfg, head_params, {**info, "base_checkpoint": base})
     dev_run = workdir / DEV_RUNS / f"step_{step}.trec"

@@ -226,7 +226,7 @@ def _attention(cfg: TrainConfig, scorer: Scorer) -> Optional[dict]:
   from the scorer's forward kernel)."""
   if not cfg.train_backbone:
     return None
-  kernel, reason = training_kernel(scorer.config.kernel.attention, scorer.runner.platform)
+  kernel, reason = training_kernel(scorer.config.kernel.attention, scorer.platform)
   return dict(kernel=kernel, reason=reason)
 
 
