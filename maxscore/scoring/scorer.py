@@ -122,6 +122,7 @@ class Scorer:
     self.prefix_cache = PrefixCache(config.scoring.prefix_cache_bytes)
     self._dry = threading.local()  # a dry run's own prefix cache, on the thread that runs it
     self._warned_item_first = False
+    self._label_logprobs = None  # jitted on first use (label_logprobs)
 
   @property
   def prefix_cache(self) -> PrefixCache:
@@ -199,8 +200,9 @@ class Scorer:
   def label_logprobs(self, hidden_NxD: Any, label_ids: Sequence[int]) -> np.ndarray:
     """The full-vocabulary log-softmax of the lm_head at hidden states [..., D], read at `label_ids`: [..., K]
     (a frozen backbone's label log-probs, which a score head trains on)."""
-    if getattr(self, "_label_logprobs", None) is None:
-      self._label_logprobs = jax.jit(functools.partial(label_logprobs, self.runner.decoder(self.runner.default_kernel)))
+    if self._label_logprobs is None:
+      decoder = self.runner.decoder(self.runner.default_kernel)
+      self._label_logprobs = jax.jit(functools.partial(label_logprobs, decoder))
     return np.asarray(self._label_logprobs(self.runner.params, hidden_NxD, np.asarray(label_ids, np.int32)))
 
   # --- construction ------------------------------------------------------------------
