@@ -64,8 +64,9 @@ def placed_abstract_state(params: Any, param_shardings: Any, optimizer: optax.Gr
 
 def init(params: Any, shardings: TrainState, optimizer: optax.GradientTransformation,
          data_key: jax.Array) -> TrainState:
-  """Step 0's state placed on `shardings` (nothing committed to a single device). The step donates the state,
-  so `params` must be the state's own: arrays nothing else reads once training starts."""
+  """Step 0's state placed on `shardings` (nothing committed to a single device). The step donates the state, so
+  its params are copies of the device arrays passed in: the caller's (a scorer's params) stay valid."""
+  params = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True) if isinstance(x, jax.Array) else x, params)
   params = partition.place(params, shardings.params)
   opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params)
   return fresh(params, opt_state, data_key)
@@ -109,8 +110,8 @@ def start(workdir: pathlib.Path, keep: int, params: Any, param_shardings: Any, o
   Args:
     workdir: the run's directory (checkpoints/, metrics.jsonl, tensorboard/).
     keep: how many of the latest checkpoints are kept.
-    params: step 0's params (host or device arrays), placed when no checkpoint is restored; the steps donate
-      them, so nothing else may read them afterwards (copy a scorer's params first).
+    params: step 0's params (host or device arrays), copied and placed when no checkpoint is restored (the
+      steps donate the state, never the caller's arrays).
     param_shardings: a pytree like `params` of the shardings each param lives on.
     optimizer: the optax transformation the state's opt_state belongs to.
     data_key: the PRNG key the epochs' data orders are drawn from.

@@ -66,11 +66,10 @@ def _init_params(cfg: TrainConfig, head_cfg: head.HeadConfig, model_cfg, quantiz
   init_key, _ = jax.random.split(jax.random.PRNGKey(cfg.seed))
   params = {}
   if cfg.train_backbone:
-    # A QLoRA base's int8 weights and their float32 scales keep their dtypes (they stay frozen). Copies: the
-    # step donates the state, and the scorer keeps its own params.
+    # A QLoRA base's int8 weights and their float32 scales keep their dtypes (they stay frozen).
     keeps = lambda path: quantization != "none" and quant.is_quantized_leaf(path)
-    cast = lambda path, x: jnp.array(x, DTYPES[cfg.param_dtype] if cfg.param_dtype and not keeps(path) else None,
-                                     copy=True)
+    cast = lambda path, x: (jnp.asarray(x, DTYPES[cfg.param_dtype]) if cfg.param_dtype and not keeps(path)
+                            else jnp.asarray(x))
     params["backbone"] = jax.tree_util.tree_map_with_path(cast, base)
     if cfg.lora is not None:  # adapters in float32 (A random, B zero: step 0 is the base model exactly)
       adapter_key = jax.random.fold_in(init_key, 1)

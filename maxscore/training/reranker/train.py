@@ -216,7 +216,7 @@ def _start(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, scorer: Score
   mesh_lib.sync("train: metrics log kept")  # selection reads the kept evaluations
   selection = (Selection.start(cfg.select_metric, cfg.patience, workdir, started.resume_step)
                if cfg.select_metric else None)
-  # The state owns the initial params now (its steps donate them): the run keeps their shapes only.
+  # The state holds its own copy of the initial params: the run keeps their shapes only (no cast copy held).
   prog = dataclasses.replace(prog, params=jax.eval_shape(lambda: prog.params))
   return _Run(started, prog, fingerprint, total_steps, steps_per_epoch, selection)
 
