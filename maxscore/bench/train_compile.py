@@ -46,6 +46,7 @@ from layers.config import ModelConfig
 from layers.kernels.base import resolve_auto, training_kernel
 from layers.lora import TARGETS, LoraConfig
 from maxscore.bench import chips, compile_report, compile_summary
+from maxscore.checkpoints import adapters as lora_lib
 from maxscore.config import Config
 from maxscore.distributed import mesh as mesh_lib
 from maxscore.errors import TrainError
@@ -139,20 +140,12 @@ def step_flops(model_cfg: ModelConfig, batch: int, prefix_len: int, slot_len: in
   again = 1 if remat else 0
   backward = {"full": (2, 2, 2), "lora": (1, 2, 1), "qlora": (1, 2, 1)}[mode]
   adapters = 0
-  if lora is not None:
-    per_token = sum(2 * lora.rank * sum(_adapter_dims(model_cfg, t)) * model_cfg.num_layers for t in lora.targets)
-    adapters = per_token * tokens * (3 + again)
+  if lora is not None:  # per token, 2 FLOPs per adapter weight: 2 * r * (in + out) per target per layer
+    shapes = jax.eval_shape(lambda: lora_lib.init_adapters(model_cfg, lora, jax.random.PRNGKey(0)))
+    adapters = 2 * sum(x.size for x in jax.tree_util.tree_leaves(shapes)) * tokens * (3 + again)
   parts = dict(dense=dense * (1 + backward[0] + again), attention=attention * (1 + backward[1] + again),
                lm_head=lm_head * (1 + backward[2]), adapters=adapters, head=0)
   return dict(parts, forward=fwd + lm_head, total=sum(parts.values()), tokens=tokens)
-
-
-def _adapter_dims(m: ModelConfig, target: str) -> tuple[int, int]:
-  """A target projection's (fan-in, fan-out): q [D, N*H], k/v [D, K*H], o [N*H, D], gate/up [D, F], down [F, D]."""
-  return {"q": (m.hidden_size, m.num_heads * m.head_dim), "k": (m.hidden_size, m.num_kv_heads * m.head_dim),
-          "v": (m.hidden_size, m.num_kv_heads * m.head_dim), "o": (m.num_heads * m.head_dim, m.hidden_size),
-          "gate": (m.hidden_size, m.mlp_dim), "up": (m.hidden_size, m.mlp_dim),
-          "down": (m.mlp_dim, m.hidden_size)}[target]
 
 
 # --- the recipe's inputs ----------------------------------------------------------------------------
@@ -248,8 +241,8 @@ def padded_geometry(config: Config, geometry) -> tuple[int, int, int]:
           bucket(n, bk.item_count_buckets, "num_items"))
 
 
-def _lowered(target: Target, batch: int, geometry) -> tuple[Any, Any, Any, tuple[int, int, int]]:
-  """(the lowered step at `batch` queries of `geometry`, its abstract state, its abstract batch, (P, L, N))."""
+def _lowered(target: Target, batch: int, geometry) -> tuple[Any, Any, Any]:
+  """(the lowered step at `batch` queries of `geometry`, its abstract state, its abstract batch)."""
   cfg = dataclasses.replace(target.recipe, batch_size=batch)
   q_len, n_items, l_item = geometry[:3]
   padded = padded_geometry(target.config, geometry)
@@ -257,7 +250,7 @@ def _lowered(target: Target, batch: int, geometry) -> tuple[Any, Any, Any, tuple
   host_batch, _ = model.make_batch(prep, np.arange(batch), 0, cfg)
   batch_in = abstract_batch(host_batch, target.mesh)
   lowered, state = lower_step(target.scorer, cfg, target.head_cfg, target.program, target.mesh, batch_in)
-  return lowered, state, batch_in, padded
+  return lowered, state, batch_in
 
 
 def compile_step(target: Target, batch: int, geometry) -> dict[str, Any]:
@@ -269,7 +262,7 @@ def compile_step(target: Target, batch: int, geometry) -> dict[str, Any]:
   out = dict(batch_size=batch, geometry=list(geometry[:3]), padded=[p, l, n], error=None)
   try:
     t0 = time.perf_counter()
-    lowered, state, batch_in, _ = _lowered(target, batch, geometry)
+    lowered, state, batch_in = _lowered(target, batch, geometry)
     t1 = time.perf_counter()
     compiled = sharding.compile_deviceless(lowered)
     out["compile"] = dict(lower_s=t1 - t0, compile_s=time.perf_counter() - t1,
