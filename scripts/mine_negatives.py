@@ -23,7 +23,7 @@ from absl import flags
 
 from maxscore import cli
 from maxscore.files import safety
-from maxscore.training import mining
+from maxscore.groups import mining
 
 ENTRY = "mine"
 SECTIONS = {"mine": mining.MiningConfig}

@@ -12,7 +12,7 @@ teacher measured before it teaches).
 
 Teachers: `maxscore` (a checkpoint through the eval's prompt, labels and score mode; trailing key=value arguments
 set configs/base.yml keys of its scorer) or `sentence_transformer` (a transformers encoder's cosine similarity,
-maxscore/training/bi_encoder.py). Every flag is a key of configs/teacher.yml. The output is written whole or not
+maxscore/groups/bi_encoder.py). Every flag is a key of configs/teacher.yml. The output is written whole or not
 at all. Input errors exit 2.
 """
 
@@ -21,7 +21,7 @@ from absl import flags
 
 from maxscore import cli
 from maxscore.files import safety
-from maxscore.training import teacher
+from maxscore.groups import teacher
 
 ENTRY = "teacher"
 SECTIONS = {"teacher": teacher.TeacherConfig}

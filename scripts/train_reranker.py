@@ -29,7 +29,7 @@ from absl import flags
 from maxscore import cli
 from maxscore.datasets import data
 from maxscore.rerank.prompts import PromptConfig
-from maxscore.training import groups
+from maxscore.datasets import groups
 from maxscore.training import trainer
 from maxscore.training.reranker import train as train_lib
 from maxscore.training.reranker.config import TrainConfig, TrainRun

@@ -1,4 +1,4 @@
-"""Training with FIRST's objective (maxscore/training/first_listwise.py): the weighted RankNet by hand, the
+"""Training with FIRST's objective (maxscore/training/reranker/first_listwise.py): the weighted RankNet by hand, the
 window a query trains on, and runs through the trainer on the embedded default (frozen backbone, LoRA, and
 LoRA on 2 host devices equal to 1)."""
 
@@ -17,8 +17,8 @@ from maxscore.distributed.processes import subprocess_env
 from maxscore.errors import TrainError
 from maxscore.scoring import loading
 from maxscore.testing import corpus
-from maxscore.training import first_listwise
-from maxscore.training.losses import batch_loss
+from maxscore.training.reranker import first_listwise
+from maxscore.training.reranker.losses import batch_loss
 from maxscore.training.reranker import model as reranker_model
 from maxscore.training.reranker import prepare as reranker_prepare
 from maxscore.training.reranker.config import TrainConfig

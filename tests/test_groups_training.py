@@ -1,4 +1,4 @@
-"""Training on groups (maxscore/training/groups.py): the group JSONL as a training set, the per-step draw of one
+"""Training on groups (maxscore/datasets/groups.py): the group JSONL as a training set, the per-step draw of one
 positive and group_size - 1 negatives, and distillation (loss=distill: KL to a teacher's scores), checked by hand
 and by a student that learns a synthetic teacher's order."""
 
@@ -15,12 +15,12 @@ from maxscore.rerank import eval as eval_lib, prompts
 from maxscore.rerank import query_scoring
 from maxscore.scoring import loading
 from maxscore.testing import corpus
-from maxscore.training import groups as groups_lib
-from maxscore.training import losses
+from maxscore.datasets import groups as groups_lib
+from maxscore.training.reranker import batches, losses
 from maxscore.training.reranker import evaluation as reranker_evaluation
 from maxscore.training.reranker import train as train_lib
 from maxscore.training.reranker.config import TrainConfig
-from maxscore.training.selection import resolve_metric
+from maxscore.training.reranker.selection import resolve_metric
 
 
 def _log_softmax(x):
@@ -88,17 +88,17 @@ def test_a_group_is_one_positive_and_negatives_drawn_per_step():
   mask = np.ones_like(grades, bool)
   mask[2, 3:] = False  # three items: fewer than the group, all kept
   rows = np.array([4, 7, 9])
-  draws = [groups_lib.draw_group_mask(grades, mask, rows, step, 4, seed=0) for step in range(12)]
+  draws = [batches.draw_group_mask(grades, mask, rows, step, 4, seed=0) for step in range(12)]
   for m in draws:
     assert m[:2].sum(-1).tolist() == [4, 4] and (m <= mask).all()
     assert (grades[:2] * m[:2] > 0).sum(-1).tolist() == [1, 1]  # exactly one positive each
     assert m[2].tolist() == mask[2].tolist()
   assert len({m.tobytes() for m in draws}) > 1  # drawn anew per step
-  again = groups_lib.draw_group_mask(grades, mask, rows, 5, 4, seed=0)
+  again = batches.draw_group_mask(grades, mask, rows, 5, 4, seed=0)
   assert (again == draws[5]).all()  # the same on every process and after a resume
-  alone = groups_lib.draw_group_mask(grades[1:2], mask[1:2], rows[1:2], 5, 4, seed=0)
+  alone = batches.draw_group_mask(grades[1:2], mask[1:2], rows[1:2], 5, 4, seed=0)
   assert (alone[0] == draws[5][1]).all()  # a row's draw does not depend on its batch-mates
-  assert (groups_lib.draw_group_mask(grades, mask, rows, 0, 0, 0) == mask).all()
+  assert (batches.draw_group_mask(grades, mask, rows, 0, 0, 0) == mask).all()
   with pytest.raises(TrainError, match="group_size"):
     TrainConfig(group_size=1).validate()
 

@@ -1,4 +1,4 @@
-"""Hard-negative mining (maxscore/training/mining.py, scripts/mine_negatives.py) on hand-made data where the
+"""Hard-negative mining (maxscore/groups/mining.py, scripts/mine_negatives.py) on hand-made data where the
 right negatives are known: the rank range, the count, the false-negative filters, the seeded draw, the two
 first stages, and the group JSONL form FlagEmbedding and sentence-transformers read."""
 
@@ -9,8 +9,8 @@ import pytest
 from maxscore.datasets import beir_files
 from maxscore.datasets.bm25 import BM25Index
 from maxscore.errors import DataError
-from maxscore.training import groups as groups_lib
-from maxscore.training import mining
+from maxscore.datasets import groups as groups_lib
+from maxscore.groups import mining
 
 # q1's run ranks d0..d9 with scores 10..1; d3 is judged relevant, d1 the positive; q2 ranks d9..d0.
 RUN = {"q1": [(f"d{i}", float(10 - i)) for i in range(10)], "q2": [(f"d{9 - i}", float(10 - i)) for i in range(10)]}

@@ -1,4 +1,4 @@
-"""The sentence_transformer teacher (maxscore/training/bi_encoder.py): cosine scores of mean-pooled, normalized
+"""The sentence_transformer teacher (maxscore/groups/bi_encoder.py): cosine scores of mean-pooled, normalized
 embeddings checked by hand against transformers' own outputs on a tiny random BERT, groups scored and written
 back aligned, a split's candidates written as a run (the maxscore teacher's equal to eval_rerank.py's), a bad model
 directory refused in one line, no torch at import; and (slow) the packaged all-MiniLM-L6-v2 reranking the embedded
@@ -15,7 +15,8 @@ import pytest
 from maxscore.datasets import beir_files, data
 from maxscore.distributed import processes
 from maxscore.testing import hf_models
-from maxscore.training import bi_encoder, groups as groups_lib, teacher
+from maxscore.datasets import groups as groups_lib
+from maxscore.groups import bi_encoder, teacher
 
 TEXTS = ["Sort a Python dict by value", "the list", "", "x = 1 is an assignment statement of the value 1 to x",
          "a " * 80 + "dict"]  # the last is cut at the model's 64 positions
@@ -238,7 +239,7 @@ def test_groups_and_a_split_together_or_neither_are_refused(tiny_bert, tmp_path,
 def test_the_teacher_module_does_not_import_torch():
   """torch and transformers load only when a sentence_transformer teacher is built: the teacher, eval and scoring
   modules import without them."""
-  code = ("import sys\nfrom maxscore.training import teacher, bi_encoder\nfrom maxscore.rerank import eval\n"
+  code = ("import sys\nfrom maxscore.groups import teacher, bi_encoder\nfrom maxscore.rerank import eval\n"
           "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
   done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                         env=processes.subprocess_env(1))

@@ -28,7 +28,7 @@ from maxscore.scoring import loading
 from maxscore.studies import head_study
 from maxscore.testing import corpus
 from maxscore.testing.tensorboard_events import tensorboard_scalars
-from maxscore.training import losses
+from maxscore.training.reranker import losses
 from maxscore.training.optimizer import make_optimizer
 from maxscore.training.reranker import train as train_lib
 from maxscore.training.reranker.config import TrainConfig

@@ -20,8 +20,7 @@ from maxscore.rerank import eval as eval_lib
 from maxscore.scoring import loading
 from maxscore.scoring.requests import TokenRequest
 from maxscore.testing import corpus
-from maxscore.training import head_features as features
-from maxscore.training import losses
+from maxscore.training.reranker import features, losses
 from maxscore.training.reranker import model as reranker_model
 from maxscore.training.reranker import prepare as reranker_prepare
 from maxscore.training.reranker import train as train_lib

@@ -26,7 +26,8 @@ from maxscore.rerank import eval as eval_lib
 from maxscore.scoring import cost_model
 from maxscore.scoring.scorer import Scorer
 from maxscore.testing import corpus, scripts
-from maxscore.training import head_features, trainer
+from maxscore.training import trainer
+from maxscore.training.reranker import features
 from maxscore.training.reranker import model as reranker_model
 from maxscore.training.reranker import train as train_lib
 
@@ -84,7 +85,7 @@ def _steps(tiny, mode, lora=None, n=2, accum=1):
   prog = reranker_model.program(cfg, head_cfg, scorer, mesh, train_compile.TOTAL_STEPS)
   prep = train_compile.synthetic_prepared(cfg, config.model, 2, 7, 3, 4, (8, 4, 4))
   if mode == "head":  # the frozen backbone's own features, as the trainer extracts them before its loop
-    prep.feats = {"train": head_features.extract_features(scorer, prep.examples["train"])}
+    prep.feats = {"train": features.extract_features(scorer, prep.examples["train"])}
   batch, _ = reranker_model.make_batch(prep, np.arange(2), 0, cfg)
   key = jax.random.PRNGKey(0)
   _, shardings = trainer.placed_abstract_state(prog.params, prog.param_shardings, prog.optimizer, key, mesh)

@@ -56,7 +56,7 @@ from maxscore.scoring.layout import bucket
 from maxscore.scoring.requests import make_request
 from maxscore.scoring.scorer import Scorer
 from maxscore.training import partition, trainer
-from maxscore.training.head_features import Examples, Features
+from maxscore.training.reranker.features import Examples, Features
 from maxscore.training.reranker import model
 from maxscore.training.reranker.config import REMAT, TrainConfig
 from maxscore.training.reranker.prepare import Prepared

@@ -2,7 +2,7 @@
 
 A head's files beside a checkpoint are maxscore/checkpoints/head_storage.py's, scoring through it is
 maxscore/scoring/head_scorer.py's (loaded by maxscore/scoring/loading.py), and training it is
-maxscore/training/reranker/'s (with the features it reads, maxscore/training/head_features.py).
+maxscore/training/reranker/'s (with the features it reads, maxscore/training/reranker/features.py).
 """
 
 from maxscore.heads.head import HeadConfig

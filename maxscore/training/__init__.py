@@ -4,9 +4,8 @@
 starts a run in a workdir); `state` the TrainState; `optimizer` the clip + AdamW schedule; `partition`
 where state and batches live on the mesh; `checkpoint` the per-process Orbax checkpoints; `metrics_log`
 metrics.jsonl and TensorBoard (the LoRA adapters they train are maxscore/checkpoints/adapters.py's). Each task
-brings only its loss, data, eval and export: the `reranker` recipe (a sub-package: score heads and rerankers,
-with `head_features`, `losses`, `groups`, `mining`, `teacher`, `first_listwise` and `selection` beside it) and
-maxscore.lm.pretrain.
+brings only its loss, data, eval and export: the `reranker` recipe (a sub-package holding all of it: score heads
+and rerankers; the groups files it may train on are maxscore/groups/'s) and maxscore.lm.pretrain.
 The trainer's errors, TrainError and ResumeError, are maxscore/errors.py's.
 """
 

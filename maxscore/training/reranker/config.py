@@ -7,7 +7,7 @@ from typing import Literal, Optional, Sequence
 from layers.lora import TARGETS, LoraConfig
 from maxscore.errors import TrainError
 from maxscore.heads.head import HEADS, HeadConfig
-from maxscore.training.losses import LOSSES
+from maxscore.training.reranker.losses import LOSSES
 from maxscore.training.optimizer import OptimizerConfig, check_finite
 
 

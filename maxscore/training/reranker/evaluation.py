@@ -10,9 +10,9 @@ from maxscore.heads import head
 from maxscore.rerank import metrics
 from maxscore.rerank.prompts import SCORE_MODES, PromptConfig
 from maxscore.scoring.scorer import finalize_scores
-from maxscore.training import first_listwise, partition
-from maxscore.training import head_features as features
-from maxscore.training.head_features import Examples
+from maxscore.training import partition
+from maxscore.training.reranker import features, first_listwise
+from maxscore.training.reranker.features import Examples
 from maxscore.training.reranker.config import TrainConfig
 from maxscore.training.reranker.prepare import Prepared
 

@@ -27,9 +27,10 @@ from maxscore.checkpoints import adapters as lora_lib
 from maxscore.heads import head
 from maxscore.scoring.runner import DTYPES
 from maxscore.scoring.scorer import Scorer
-from maxscore.training import groups, partition, trainer
-from maxscore.training.head_features import match_targets, packed_features, plan_packed
-from maxscore.training.losses import MASK_LOGIT, batch_loss, lce_distill_mix, probe_bce, probe_logits
+from maxscore.training import partition, trainer
+from maxscore.training.reranker import batches
+from maxscore.training.reranker.features import match_targets, packed_features, plan_packed
+from maxscore.training.reranker.losses import MASK_LOGIT, batch_loss, lce_distill_mix, probe_bce, probe_logits
 from maxscore.training.optimizer import make_optimizer
 from maxscore.training.reranker.config import TrainConfig
 from maxscore.training.reranker.prepare import Prepared
@@ -153,7 +154,7 @@ def make_batch(prep: Prepared, idx: np.ndarray, step: int = 0, cfg: Optional[Tra
   grades, mask = prep.grids["train"]
   batch = {"grades": grades[safe], "mask": mask[safe] & valid[:, None]}
   if cfg is not None and cfg.group_size:
-    batch["mask"] = groups.draw_group_mask(batch["grades"], batch["mask"], idx, step, cfg.group_size, cfg.seed)
+    batch["mask"] = batches.draw_group_mask(batch["grades"], batch["mask"], idx, step, cfg.group_size, cfg.seed)
   if prep.teacher is not None:
     batch["teacher"] = prep.teacher[safe]
   if prep.window_grades is not None:

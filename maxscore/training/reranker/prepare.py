@@ -17,8 +17,8 @@ from maxscore.rerank import listwise, prompts
 from maxscore.rerank.prompts import PromptConfig
 from maxscore.scoring.layout import bucket
 from maxscore.scoring.scorer import Scorer
-from maxscore.training import first_listwise
-from maxscore.training.head_features import Examples, load_or_extract, make_examples, packed_geometry
+from maxscore.training.reranker import first_listwise
+from maxscore.training.reranker.features import Examples, load_or_extract, make_examples, packed_geometry
 from maxscore.training.reranker.config import TrainConfig
 
 

@@ -8,7 +8,7 @@ state, step, optimizer, data order, checkpoints, metrics log and the mesh are th
 1. Prompts are built exactly as the eval builds them (a `PromptConfig`: template, labels, truncation).
 2. Frozen backbone: each query's features (hidden states h and label log-probs lp at the score
    positions) are computed ONCE, without gradients, by the scorer's own fast path and optionally
-   cached in an npz (maxscore/training/head_features.py).
+   cached in an npz (maxscore/training/reranker/features.py).
 3. Each step takes `batch_size` queries in an order drawn per epoch from PRNG(seed, epoch); the
    head maps (h, lp) to label log-probs, `head.relevance` to one ranking logit per item, and the
    loss compares each query's logits with its graded qrels: `listwise` softmax cross-entropy
@@ -66,11 +66,11 @@ from maxscore.rerank.prompts import PromptConfig
 from maxscore.scoring.loading import build_scorer
 from maxscore.scoring.scorer import Scorer
 from maxscore.training import checkpoint, partition, trainer
-from maxscore.training.head_features import Examples
+from maxscore.training.reranker.features import Examples
 from maxscore.training.reranker import evaluation, model, outputs
 from maxscore.training.reranker.config import LORA_TARGETS, TrainConfig
 from maxscore.training.reranker.prepare import Prepared, prepare
-from maxscore.training.selection import Selection, resolve_metric
+from maxscore.training.reranker.selection import Selection, resolve_metric
 
 FORMAT_VERSION = 1
 

@@ -25,7 +25,7 @@ import numpy as np
 from maxscore.datasets.data import RerankSet
 from maxscore.errors import TrainError
 from maxscore.rerank import listwise
-from maxscore.training.head_features import Examples
+from maxscore.training.reranker.features import Examples
 
 
 def ideal_ranks(targets_BxK, mask_BxK):

@@ -5,7 +5,7 @@ The targets are the qrels grades, or for `distill` a teacher's scores."""
 import jax
 import jax.numpy as jnp
 
-from maxscore.training.first_listwise import weighted_ranknet
+from maxscore.training.reranker.first_listwise import weighted_ranknet
 
 MASK_LOGIT = -1e9  # ranking logit of padding items: exp underflows to 0, gradients stay finite
 

