@@ -155,9 +155,8 @@ def test_gradients_reach_the_backbone_only_when_it_trains():
   for kw in (dict(train_backbone=True, lora_rank=2), dict(train_backbone=True), {}):
     cfg = TrainConfig(**common, **kw).validate()
     prep = reranker_prepare.prepare(cfg, PromptConfig(), scorer, ds, None, progress=False)
-    params = reranker_model.init_params(cfg, prep.head_cfg, scorer)
-    loss_fn = reranker_model.make_loss_fn(cfg, prep.head_cfg, reranker_model.backbone_decoder(cfg, scorer),
-                                     jnp.asarray(prep.label_ids, jnp.int32))
+    params = reranker_model.init_params(cfg, prep.head_cfg, prep.source)
+    loss_fn = reranker_model.make_loss_fn(cfg, prep.head_cfg, prep.source, None, jnp.asarray(prep.label_ids, jnp.int32))
     batch, _ = reranker_model.make_batch(prep, np.arange(2), 0, cfg)
     grads = jax.grad(lambda p: loss_fn(p, batch, None)[0])(params)
     assert max(np.abs(np.asarray(g)).max() for g in jax.tree_util.tree_leaves(grads["head"])) > 0
@@ -168,7 +167,7 @@ def test_gradients_reach_the_backbone_only_when_it_trains():
     b_grads = [v for p, v in jax.tree_util.tree_leaves_with_path(adapters) if str(p[-1].key).endswith("_lora_b")]
     if "lora_rank" in kw:
       assert b_grads and all(np.abs(g).max() > 0 for g in b_grads)
-      assert reranker_model.trainable_params(cfg, params) is not None  # pylint: disable=protected-access
+      assert prep.source.trainable(params) is not None
     else:
       assert not b_grads and np.abs(np.asarray(grads["backbone"]["embed"]["embedding"])).max() > 0
 

@@ -82,13 +82,14 @@ def test_train_backbone_with_groups_packs_the_drawn_group():
   scorer = loading.build_scorer(use_head=False)
   prep = reranker_prepare.prepare(cfg, PROMPT, scorer, corpus.split("train", 2), None, progress=False)
   whole = features.packed_geometry(scorer, prep.examples["train"])
-  assert prep.geometry["train"][:2] == whole[:2] and 3 <= prep.geometry["train"][2] < whole[2]  # 24 candidates
+  geometry = prep.source.geometry
+  assert geometry["train"][:2] == whole[:2] and 3 <= geometry["train"][2] < whole[2]  # 24 candidates
   batch, items = reranker_model.make_batch(prep, np.array([0, 1]), step=0, cfg=cfg)
-  assert items == 6 and batch["gather"].shape == batch["mask"].shape
-  n = prep.geometry["train"][2]
-  assert batch["packed"]["tokens"].shape[0] == 2
+  assert items == 6 and batch.gather.shape == batch.mask.shape
+  n = geometry["train"][2]
+  assert batch.packed["tokens"].shape[0] == 2
   for q in range(2):
-    slots = sorted(batch["gather"][q][batch["mask"][q]])
+    slots = sorted(batch.gather[q][batch.mask[q]])
     assert len(set(slots)) == 3 and all(q * n <= x < (q + 1) * n for x in slots)  # in the query's own row
 
 

@@ -27,7 +27,7 @@ from maxscore.scoring import cost_model
 from maxscore.scoring.scorer import Scorer
 from maxscore.testing import corpus, scripts
 from maxscore.training import trainer
-from maxscore.training.reranker import features
+from maxscore.training.reranker import features, sources
 from maxscore.training.reranker import model as reranker_model
 from maxscore.training.reranker import train as train_lib
 
@@ -82,14 +82,14 @@ def _steps(tiny, mode, lora=None, n=2, accum=1):
   cfg = train_compile.recipe(mode, 2, lora=lora, grad_accum_steps=max(accum, 1))
   scorer = Scorer.from_config(config, mesh=mesh)
   head_cfg = train_compile.head_config(cfg, config.model)
-  prog = reranker_model.program(cfg, head_cfg, scorer, mesh, train_compile.TOTAL_STEPS)
-  prep = train_compile.synthetic_prepared(cfg, config.model, 2, 7, 3, 4, (8, 4, 4))
+  prep = train_compile.synthetic_prepared(cfg, scorer, 2, 7, 3, 4, (8, 4, 4))
   if mode == "head":  # the frozen backbone's own features, as the trainer extracts them before its loop
-    prep.feats = {"train": features.extract_features(scorer, prep.examples["train"])}
+    prep.source = sources.Frozen({"train": features.extract_features(scorer, prep.examples["train"])})
+  prog = reranker_model.program(cfg, head_cfg, prep.source, mesh, train_compile.TOTAL_STEPS)
   batch, _ = reranker_model.make_batch(prep, np.arange(2), 0, cfg)
   key = jax.random.PRNGKey(0)
   _, shardings = trainer.placed_abstract_state(prog.params, prog.param_shardings, prog.optimizer, key, mesh)
-  step = reranker_model.jit_step(cfg, head_cfg, scorer, mesh, prog, shardings,
+  step = reranker_model.jit_step(cfg, head_cfg, prep.source, mesh, prog, shardings,
                                  jnp.asarray(train_compile.LABELS, jnp.int32))
   state, batch = trainer.placer(shardings, mesh, 2)(trainer.init(prog.params, shardings, prog.optimizer, key), batch)
   before = jax.tree_util.tree_map(lambda x: np.array(x, copy=True), prog.params)
@@ -171,15 +171,15 @@ def test_fit_report_lowers_the_program_the_trainer_runs(mode, monkeypatch, tmp_p
                     corpus.split("train", 4), None, tmp_path / "work", progress=False)
   scorer, prep, mesh = seen["scorer"], seen["prep"], seen["mesh"]
   abstract = compile_report.abstract_scorer(scorer.config, mesh)
-  prog = reranker_model.program(cfg, prep.head_cfg, abstract, mesh, seen["total"])
-  assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(prog.params))
   grades, _ = prep.grids["train"]
-  synthetic = train_compile.synthetic_prepared(cfg, scorer.config.model, 2, 4, grades.shape[1], 4,
-                                               (prep.geometry or {}).get("train"))
+  synthetic = train_compile.synthetic_prepared(cfg, abstract, 2, 4, grades.shape[1], 4,
+                                               prep.source.geometry["train"] if prep.source.trains_backbone else None)
+  prog = reranker_model.program(cfg, prep.head_cfg, synthetic.source, mesh, seen["total"])
+  assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(prog.params))
   batch, _ = reranker_model.make_batch(synthetic, np.arange(2), 0, cfg)
   shapes = lambda b: jax.tree_util.tree_map(lambda x: (np.shape(x), jax.dtypes.canonicalize_dtype(x.dtype)), b)
   assert shapes(batch) == shapes(seen["batch"])  # make_batch's structure, shapes and dtypes, as the loop's
-  lowered, _ = train_compile.lower_step(abstract, cfg, prep.head_cfg, prog, mesh,
+  lowered, _ = train_compile.lower_step(synthetic.source, cfg, prep.head_cfg, prog, mesh,
                                         train_compile.abstract_batch(batch, mesh), prep.label_ids)
   assert lowered.as_text() == seen["text"]
 

@@ -97,14 +97,14 @@ def time_mode(options: TrainBenchOptions, mode: str, num_devices: int) -> dict[s
   cfg = dataclasses.replace(cfg, seed=options.seed)
   scorer = Scorer.from_config(config, mesh=mesh)
   head_cfg = train_compile.head_config(cfg, config.model)
-  prog = model.program(cfg, head_cfg, scorer, mesh, train_compile.TOTAL_STEPS)
+  geometry = (options.query_len, options.item_len, options.num_items)
+  prep = train_compile.synthetic_prepared(cfg, scorer, options.batch_size, options.query_len, options.num_items,
+                                          options.item_len, geometry, options.seed)
+  prog = model.program(cfg, head_cfg, prep.source, mesh, train_compile.TOTAL_STEPS)
   data_key = jax.random.PRNGKey(options.seed)
   _, shardings = trainer.placed_abstract_state(prog.params, prog.param_shardings, prog.optimizer, data_key, mesh)
-  step = model.jit_step(cfg, head_cfg, scorer, mesh, prog, shardings,
+  step = model.jit_step(cfg, head_cfg, prep.source, mesh, prog, shardings,
                         jnp.asarray(train_compile.LABELS, jnp.int32))
-  geometry = (options.query_len, options.item_len, options.num_items)
-  prep = train_compile.synthetic_prepared(cfg, config.model, options.batch_size, options.query_len,
-                                          options.num_items, options.item_len, geometry, options.seed)
   batch, _ = model.make_batch(prep, np.arange(options.batch_size), 0, cfg)
   place = trainer.placer(shardings, mesh, options.batch_size)
   state, batch = place(trainer.init(prog.params, shardings, prog.optimizer, data_key), batch)
@@ -120,7 +120,7 @@ def time_mode(options: TrainBenchOptions, mode: str, num_devices: int) -> dict[s
     times.append(time.perf_counter() - t0)
   flops = train_compile.step_flops(config.model, options.batch_size, *geometry, mode, options.remat != "none", lora)
   best = min(times)
-  return dict(mode=mode, devices=num_devices, kernel=kernel if cfg.train_backbone else "none", first_step_s=first,
+  return dict(mode=mode, devices=num_devices, kernel=kernel if prep.source.trains_backbone else "none", first_step_s=first,
               step_s=best, step_times_s=times, flops=flops["total"], flops_parts=flops, tokens=flops["tokens"],
               tokens_per_s=flops["tokens"] / best, flops_per_s=flops["total"] / best, loss=float(metrics["loss"]))
 

@@ -56,10 +56,11 @@ from maxscore.scoring.layout import bucket
 from maxscore.scoring.requests import make_request
 from maxscore.scoring.scorer import Scorer
 from maxscore.training import partition, trainer
-from maxscore.training.reranker.features import Examples, Features
-from maxscore.training.reranker import model
+from maxscore.training.reranker import model, prepare
 from maxscore.training.reranker.config import REMAT, TrainConfig
+from maxscore.training.reranker.features import Examples
 from maxscore.training.reranker.prepare import Prepared
+from maxscore.training.reranker.sources import Source
 
 MODES = ("full", "lora", "qlora", "head")
 ADAPTED = ("lora", "qlora")  # the modes that train adapters on a frozen base
@@ -152,12 +153,13 @@ def step_flops(model_cfg: ModelConfig, batch: int, prefix_len: int, slot_len: in
 per_device_bytes = compile_report.per_device_bytes
 
 
-def synthetic_prepared(cfg: TrainConfig, model_cfg: ModelConfig, batch: int, query_len: int, num_items: int,
+def synthetic_prepared(cfg: TrainConfig, scorer: Scorer, batch: int, query_len: int, num_items: int,
                        item_len: int, padded: tuple[int, int, int], seed: int = 0) -> Prepared:
   """A run's prepared inputs for `batch` queries of random tokens (query_len + num_items x item_len each, every
   query with a relevant item), packed at `padded` (P, L, N) when the backbone trains, else zero frozen features:
   what model.make_batch builds the step's batch from."""
   rng = np.random.default_rng(seed)
+  model_cfg = scorer.config.model
   vocab = model_cfg.vocab_size
   reqs = tuple(make_request(rng.integers(3, vocab, query_len).tolist(),
                             rng.integers(3, vocab, (num_items, item_len)).tolist(), list(LABELS), False, False,
@@ -167,13 +169,8 @@ def synthetic_prepared(cfg: TrainConfig, model_cfg: ModelConfig, batch: int, que
   examples = Examples(tuple(f"q{i}" for i in range(batch)), tuple(tuple(f"d{j}" for j in range(num_items))
                                                                   for _ in range(batch)),
                       reqs, tuple(map(tuple, grades.tolist())), {})
-  prep = Prepared(LABELS, head_config(cfg, model_cfg), {"train": examples}, {"train": examples.grid()})
-  if cfg.train_backbone:
-    prep.geometry = {"train": padded}
-  else:
-    prep.feats = {"train": Features(np.zeros((batch, num_items, model_cfg.hidden_size), np.float32),
-                                    np.zeros((batch, num_items, len(LABELS)), np.float32))}
-  return prep
+  source = prepare.synthetic_source(cfg, scorer, padded, (batch, num_items, len(LABELS)))
+  return Prepared(LABELS, head_config(cfg, model_cfg), {"train": examples}, {"train": examples.grid()}, source)
 
 
 def abstract_batch(batch: Any, mesh: Mesh) -> Any:
@@ -184,13 +181,13 @@ def abstract_batch(batch: Any, mesh: Mesh) -> Any:
                                      sharding=split), batch)
 
 
-def lower_step(scorer: Scorer, cfg: TrainConfig, head_cfg: head.HeadConfig, prog: model.Program, mesh: Mesh,
+def lower_step(source: Source, cfg: TrainConfig, head_cfg: head.HeadConfig, prog: model.Program, mesh: Mesh,
                batch: Any, label_ids=LABELS) -> Any:
   """The recipe's step (model.jit_step) lowered on the abstract state of `prog` placed as trainer.start places
   it, and `batch` (placed ShapeDtypeStructs)."""
   state, shardings = trainer.placed_abstract_state(prog.params, prog.param_shardings, prog.optimizer,
                                                    jax.random.PRNGKey(0), mesh)
-  step = model.jit_step(cfg, head_cfg, scorer, mesh, prog, shardings, jnp.asarray(label_ids, jnp.int32))
+  step = model.jit_step(cfg, head_cfg, source, mesh, prog, shardings, jnp.asarray(label_ids, jnp.int32))
   return step.lower(state, batch), state
 
 
@@ -228,9 +225,10 @@ def make_target(config: Config, mesh: Mesh, chip: chips.Chip, devices_per_chip: 
   cfg = recipe(options.train, options.batch_size, options.remat, options.lora(), options.grad_accum_steps)
   scorer = compile_report.abstract_scorer(config, mesh)
   head_cfg = head_config(cfg, config.model)
-  prog = model.program(cfg, head_cfg, scorer, mesh, TOTAL_STEPS)
+  source = prepare.synthetic_source(cfg, scorer)
+  prog = model.program(cfg, head_cfg, source, mesh, TOTAL_STEPS)
   return Target(config, mesh, chip, devices_per_chip, options, scorer, cfg, head_cfg, prog,
-                kernel if cfg.train_backbone else "none")
+                kernel if source.trains_backbone else "none")
 
 
 def padded_geometry(config: Config, geometry) -> tuple[int, int, int]:
@@ -246,10 +244,10 @@ def _lowered(target: Target, batch: int, geometry) -> tuple[Any, Any, Any]:
   cfg = dataclasses.replace(target.recipe, batch_size=batch)
   q_len, n_items, l_item = geometry[:3]
   padded = padded_geometry(target.config, geometry)
-  prep = synthetic_prepared(cfg, target.config.model, batch, q_len, n_items, l_item, padded)
+  prep = synthetic_prepared(cfg, target.scorer, batch, q_len, n_items, l_item, padded)
   host_batch, _ = model.make_batch(prep, np.arange(batch), 0, cfg)
   batch_in = abstract_batch(host_batch, target.mesh)
-  lowered, state = lower_step(target.scorer, cfg, target.head_cfg, target.program, target.mesh, batch_in)
+  lowered, state = lower_step(prep.source, cfg, target.head_cfg, target.program, target.mesh, batch_in)
   return lowered, state, batch_in
 
 

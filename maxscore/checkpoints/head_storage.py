@@ -86,7 +86,7 @@ def export_checkpoint(base_dir: os.PathLike, out_dir: os.PathLike, cfg: HeadConf
                       info: Optional[Mapping[str, Any]] = None, backbone_params: Any = None,
                       overwrite: bool = False, **marker_info: Any) -> pathlib.Path:
   """A scorer checkpoint with the head: a copy of `base_dir` (or `base_dir` itself when out_dir is
-  it) plus head/. With `backbone_params` (train_backbone), those replace the copied params.
+  it) plus head/. With `backbone_params` (a backbone that trained), those replace the copied params.
 
   The checkpoint is built beside `out_dir` and renamed into place; an existing `out_dir` is replaced
   only with `overwrite` and only when maxscore wrote it (maxscore/files/safety.py)."""

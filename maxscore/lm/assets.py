@@ -17,8 +17,8 @@ Steps (everything from the running Python's own files; deterministic in the seed
      without the sections of the dev and test queries -> <workdir>/pretrained.
   3. Fine-tuning pairs (maxscore/lm/pairs.py): section titles and docstring summaries against their
      paragraphs, hard negatives from BM25, none from a dev/test section -> <workdir>/finetune_pairs.jsonl.
-  4. Fine-tuning the whole model with an lm_labels score head (maxscore/training/reranker/, train_backbone,
-     listwise loss plus the match losses; dev = the rerank set's dev split) on candidates cut short
+  4. Fine-tuning the whole model with an lm_labels score head (maxscore/training/reranker/, the backbone
+     training, listwise loss plus the match losses; dev = the rerank set's dev split) on candidates cut short
      -> <workdir>/finetuned.
   5. The same again from <workdir>/finetuned on whole candidates (finetune_full_steps > 0)
      -> <workdir>/finetuned_full; the last stage is copied to pydoc-tiny-qwen3/ (params, tokenizer, head/).

@@ -1,7 +1,46 @@
-"""A reranker step's batch: which items of each query train at a step.
+"""A reranker step's batch: what the loss compares against, and the inputs of the step's feature source
+(sources.py), as two small pytree dataclasses; and which items of each query train at a step (the group draw).
+
+    FrozenBatch(grades=..., mask=..., hidden=..., logprobs=...)        # a frozen backbone's features
+    BackboneBatch(grades=..., mask=..., packed=..., gather=...)         # each query packed in one row
 """
 
+import dataclasses
+from typing import Any
+
+import jax
 import numpy as np
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Batch:
+  """Every step's targets, a row per query: grades and mask [B, N]; the teacher's scores [B, N] when the loss
+  reads them; with loss=first_listwise, the grades and mask of each window's identifiers [B, K]."""
+  grades: Any
+  mask: Any
+  teacher: Any = None
+  id_grades: Any = None
+  id_mask: Any = None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FrozenBatch(Batch):
+  """The frozen backbone's features of the batch's items: hidden [B, N, D] and label log-probs [B, N, K]."""
+  hidden: Any
+  logprobs: Any
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BackboneBatch(Batch):
+  """Each query packed in one row (`packed`: tokens, positions, layout, score_index) and where its items land
+  in the packed score rows (`gather` [B, N]); with the match losses, their targets (features.match_targets)."""
+  packed: dict
+  gather: Any
+  match: Any = None
+  match_mask: Any = None
+  coverage: Any = None
 
 
 def draw_group_mask(grades_BxN: np.ndarray, mask_BxN: np.ndarray, rows: np.ndarray, step: int, group_size: int,

@@ -2,6 +2,7 @@
 writes (TrainRun); configs/train.yml documents every key."""
 
 import dataclasses
+import os
 from typing import Literal, Optional, Sequence
 
 from layers.lora import TARGETS, LoraConfig
@@ -124,6 +125,12 @@ class TrainConfig:
     if unknown or not self.lora_targets or len(set(self.lora_targets)) != len(self.lora_targets):
       raise TrainError(f"lora_targets={list(self.lora_targets)} must name each target once, at least one, from "
                        f"the valid targets {list(LORA_TARGETS)}")
+
+  def check_adapters_dir(self, adapters_dir: Optional[os.PathLike]) -> None:
+    """Refuses an adapters directory to write when no LoRA adapters train."""
+    if adapters_dir and self.lora is None:
+      raise TrainError(f"--adapters_dir={adapters_dir} writes LoRA adapters: it needs --train_backbone and "
+                       f"--lora_rank > 0 (--export_dir writes the trained model as a checkpoint)")
 
   @property
   def lora(self) -> Optional[LoraConfig]:

@@ -5,13 +5,12 @@ from typing import Optional
 import jax
 import numpy as np
 
-from layers.decoder import Decoder
 from maxscore.heads import head
 from maxscore.rerank import metrics
 from maxscore.rerank.prompts import SCORE_MODES, PromptConfig
 from maxscore.scoring.scorer import finalize_scores
 from maxscore.training import partition
-from maxscore.training.reranker import features, first_listwise
+from maxscore.training.reranker import first_listwise
 from maxscore.training.reranker.features import Examples
 from maxscore.training.reranker.config import TrainConfig
 from maxscore.training.reranker.prepare import Prepared
@@ -30,19 +29,15 @@ def head_run(label_lp, examples: Examples, prompt: PromptConfig) -> dict[str, di
   return run
 
 
-def dev_metrics(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, decoder: Optional[Decoder],
-                labels_K: jax.Array, params, runs: Optional[list] = None) -> Optional[dict[str, float]]:
+def dev_metrics(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, labels_K: jax.Array, params,
+                runs: Optional[list] = None) -> Optional[dict[str, float]]:
   """Dev metrics of the current params (None without a dev split); every process computes them. `runs`, when
   given, gets the dev scores appended (pointwise losses only)."""
   if "dev" not in prep.examples:
     return None
   params = partition.host_copy(params)
   examples = prep.examples["dev"]
-  if decoder is not None:
-    h, lp = features.backbone_features(decoder, params["backbone"], examples, prep.geometry["dev"], labels_K,
-                                       cfg.batch_size)
-  else:
-    h, lp = prep.feats["dev"].hidden, prep.feats["dev"].logprobs
+  h, lp = prep.source.dev_features(params, "dev", examples, labels_K, cfg.batch_size)
   label_lp = np.asarray(head.jit_apply(prep.head_cfg)(params["head"], h, lp))
   if cfg.loss == "first_listwise":  # each dev window ordered by its identifiers' scores
     run = first_listwise.window_run(label_lp[:, 0, :], examples)

@@ -1,5 +1,5 @@
-"""What a score head reads during training: the frozen backbone's features, or (train_backbone) the
-packed forward that is differentiable in the backbone.
+"""What a score head reads during training: the frozen backbone's features, or (a training backbone) the
+packed forward that is differentiable in the backbone; sources.py puts the two behind one interface.
 
 Frozen: each query's features are computed ONCE, without gradients, by the scorer's own fast path
 (`Scorer.hidden_states_requests`, one query per call as eval does): the hidden states h [N, D] at the
@@ -7,7 +7,7 @@ score positions and, from them and the lm_head, the label log-probs lp [N, K]. T
 [queries, N_max, ...] with masks, kept in memory and, with a cache path, in an npz file that a later
 run (same model, prompts and data) reads instead.
 
-train_backbone: every query in one packed row of a fixed (P, L, N) geometry per split (docs/ARCHITECTURE.md
+A training backbone: every query in one packed row of a fixed (P, L, N) geometry per split (docs/ARCHITECTURE.md
 section 2), through a Decoder whose layers may be rematerialized (`Decoder(remat=True)`).
 """
 
@@ -160,7 +160,7 @@ def load_or_extract(scorer: Scorer, examples: dict[str, Examples], cache: Option
   return out
 
 
-# --- train_backbone: the packed forward with gradients ------------------------------------------------
+# --- a training backbone: the packed forward with gradients ---------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class PackedPlan:
   """One packed batch (a row per query) and where each (query, item) lands in its [B*N] score rows."""
@@ -204,7 +204,7 @@ def plan_packed(reqs: Sequence[Optional[TokenRequest]], geometry: tuple[int, int
 
 
 def match_targets(plan: PackedPlan, reqs: Sequence[Optional[TokenRequest]]) -> tuple[np.ndarray, ...]:
-  """The targets of the auxiliary match losses (train_backbone) of the requests `plan` packs: per packed
+  """The targets of the auxiliary match losses (a training backbone's) of the requests `plan` packs: per packed
   token, whether its id is one of its query's (the separator left out) [B, T] and whether it is a candidate
   token [B, T]; per candidate, the share of the query's distinct ids it holds [Q, N]. Row b holds request b
   (plan_packed packs one request per row)."""

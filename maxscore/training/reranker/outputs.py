@@ -22,6 +22,7 @@ from maxscore.training import trainer
 from maxscore.training.metrics_log import MetricsLog
 from maxscore.training.reranker.config import TrainConfig
 from maxscore.training.reranker.prepare import Prepared
+from maxscore.training.reranker.sources import Source
 
 def prepare_outputs(workdir: pathlib.Path, export_dir: Optional[os.PathLike], overwrite: bool,
                      checkpoint_dir: Optional[str], feature_cache: Optional[os.PathLike], data_paths,
@@ -82,8 +83,8 @@ def summary(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, scorer: Scor
       "dev_metrics_initial": next((metric_values(r) for r in evals if r["step"] == 0), None),
       "dev_metrics_final": metric_values(evals[-1]) if evals else None,
       "params_sha256": identity.tree_digest(final["head"]),
-      "throughput": throughput(prep.feats, prep.feature_seconds, prep.cached, examples, timing.step_seconds,
-                                timing.step_items, timing.first_step_seconds, timing.eval_seconds, wall),
+      "throughput": throughput(prep.source, examples, timing.step_seconds, timing.step_items,
+                               timing.first_step_seconds, timing.eval_seconds, wall),
   }
 
 
@@ -122,9 +123,7 @@ def export(cfg: TrainConfig, prep: Prepared, scorer: Scorer, summary: dict[str, 
     # "." when the head was written into its own base checkpoint (paths of this machine mean
     # nothing inside a checkpoint that is copied elsewhere).
     info["base_checkpoint"] = "." if pathlib.Path(export_dir).resolve() == pathlib.Path(base).resolve() else base
-    backbone = jax.device_get(final["backbone"]) if cfg.train_backbone else None
-    if backbone is not None and cfg.lora is not None:
-      backbone = jax.device_get(lora_lib.merge(backbone, cfg.lora))  # W + alpha / rank * A @ B
+    backbone = prep.source.export_backbone(final)  # None: the backbone stayed frozen
     written["export_dir"] = str(head_storage.export_checkpoint(
         base, export_dir, prep.head_cfg, head_params, info, backbone,
         overwrite=overwrite or safety.exported_by(export_dir, workdir), workdir=str(workdir)))
@@ -146,10 +145,13 @@ def metric_values(rec: dict) -> dict[str, float]:
   return {k: v for k, v in rec.items() if k not in ("kind", "step", "split")}
 
 
-def throughput(feats, feature_seconds, cached, examples, step_seconds, step_items, first_step_seconds,
-                eval_seconds, wall) -> dict[str, Any]:
-  """Examples (query-item pairs) per second of head training, and where the time went."""
-  extracted_items = 0 if (feats is None or cached) else sum(int(ex.grid()[1].sum()) for ex in examples.values())
+def throughput(source: Source, examples, step_seconds, step_items, first_step_seconds, eval_seconds,
+               wall) -> dict[str, Any]:
+  """Examples (query-item pairs) per second of head training, and where the time went (a frozen backbone's
+  forward counted when it ran, not when its features were read from the cache)."""
+  feature_seconds, cached = source.feature_seconds, source.from_cache
+  extracted = not (source.trains_backbone or cached)
+  extracted_items = sum(int(ex.grid()[1].sum()) for ex in examples.values()) if extracted else 0
   busy = feature_seconds + step_seconds + (first_step_seconds or 0.0) + eval_seconds
   return {
       "train_items_per_s": step_items / step_seconds if step_seconds else None,

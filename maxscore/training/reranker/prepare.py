@@ -1,5 +1,6 @@
 """A reranker training run's inputs, built once before the loop from the backbone's scorer: its labels and head,
-and each split's examples with their frozen features (or the packed geometry when the backbone trains too).
+each split's examples, and the source of the head's inputs (sources.py): the frozen backbone's features, or the
+training backbone with each split's packed geometry. Which of the two a run has is decided here, once.
 """
 
 import dataclasses
@@ -17,27 +18,24 @@ from maxscore.rerank import listwise, prompts
 from maxscore.rerank.prompts import PromptConfig
 from maxscore.scoring.layout import bucket
 from maxscore.scoring.scorer import Scorer
-from maxscore.training.reranker import first_listwise
-from maxscore.training.reranker.features import Examples, load_or_extract, make_examples, packed_geometry
+from maxscore.training.reranker import first_listwise, sources
 from maxscore.training.reranker.config import TrainConfig
+from maxscore.training.reranker.features import Examples, Features, load_or_extract, make_examples, packed_geometry
+from maxscore.training.reranker.sources import Source
 
 
 @dataclasses.dataclass
 class Prepared:
-  """Everything a run trains on, built once from the backbone's scorer: its labels and head, and each split's
-  examples with their frozen features (or packed plans when the backbone trains too)."""
+  """Everything a run trains on, built once from the backbone's scorer: its labels and head, each split's examples,
+  and the source of the head's inputs (sources.py: each split's frozen features, or the training backbone with
+  each split's packed geometry)."""
   label_ids: tuple[int, ...]
   head_cfg: head.HeadConfig
   examples: dict[str, Examples]
   grids: dict[str, tuple[np.ndarray, np.ndarray]]
-  feats: Optional[dict] = None       # frozen features per split
-  geometry: Optional[dict] = None    # train_backbone: packed geometry per split
-  feature_seconds: float = 0.0
-  cached: bool = False
-  match_targets: bool = False        # batches carry the token-match targets (match_loss_weight > 0)
+  source: Source                     # where the head's inputs come from: frozen features, or the training backbone
   teacher: Optional[np.ndarray] = None  # the train split's teacher scores [Q, N] (loss=distill, distill_weight)
   window_grades: Optional[dict] = None  # loss=first_listwise: per split (grades [Q, K], mask [Q, K]) per identifier
-  group_rows: bool = False           # train_backbone with group_size: a train row packs only the group drawn
   listwise_chat: bool = True         # loss=first_listwise: the window prompts are a chat user turn
 
   @property
@@ -93,19 +91,38 @@ def prepare(cfg: TrainConfig, prompt: PromptConfig, scorer: Scorer, train_set: R
   if uses_teacher(cfg) and examples["train"].teacher is None:
     raise TrainError(f"loss=distill (or distill_weight={cfg.distill_weight}) trains toward a teacher's scores: give "
                      "--groups_file with pos_scores and neg_scores in every group (scripts/score_teacher.py writes them)")
-  prep = Prepared(tuple(label_ids), head_cfg, examples, {s: ex.grid() for s, ex in examples.items()},
+  if cfg.train_backbone:
+    source = backbone_source(cfg, scorer, {s: packed_geometry(scorer, ex) for s, ex in examples.items()})
+  else:
+    source = sources.Frozen(load_or_extract(scorer, examples, feature_cache, cfg.algorithm, progress))
+  return Prepared(tuple(label_ids), head_cfg, examples, {s: ex.grid() for s, ex in examples.items()}, source,
                   teacher=examples["train"].teacher_grid() if uses_teacher(cfg) else None,
                   window_grades=window_grades, listwise_chat=listwise_chat)
+
+
+def backbone_source(cfg: TrainConfig, scorer: Scorer, geometry: dict[str, tuple[int, int, int]]) -> sources.Backbone:
+  """The training backbone of `cfg` on `scorer`, packing each split at its geometry (P, L, N); with group_size
+  (and no match losses, whose targets need every item) a train row packs only the group drawn, so its N is the
+  group's bucket."""
+  match = sources.Match(cfg.match_loss_weight, cfg.coverage_on) if cfg.match_loss_weight else None
+  group_rows = bool(cfg.group_size) and match is None
+  if group_rows and "train" in geometry:
+    p, l, n = geometry["train"]
+    geometry = {**geometry, "train": (p, l, min(n, bucket(cfg.group_size, scorer.config.buckets.item_count_buckets,
+                                                          "group size")))}
+  return sources.Backbone(scorer, geometry, cfg.lora, cfg.compute_dtype, cfg.param_dtype, cfg.remat, match,
+                          group_rows)
+
+
+def synthetic_source(cfg: TrainConfig, scorer: Scorer, geometry: Optional[tuple[int, int, int]] = None,
+                     frozen_shape: Optional[tuple[int, int, int]] = None) -> Source:
+  """The source of a synthetic train split (the fit report's and the training bench's): the backbone packing it at
+  `geometry` (P, L, N) when it trains, else zero frozen features of `frozen_shape` (queries, items, labels); with
+  neither, a source for the run's params alone (model.program)."""
   if cfg.train_backbone:
-    prep.geometry = {s: packed_geometry(scorer, ex) for s, ex in examples.items()}
-    prep.match_targets = cfg.match_loss_weight > 0
-    prep.group_rows = bool(cfg.group_size) and not prep.match_targets  # match targets need every item
-    if prep.group_rows:
-      p, l, n = prep.geometry["train"]
-      prep.geometry["train"] = (p, l, min(n, bucket(cfg.group_size, scorer.config.buckets.item_count_buckets,
-                                                    "group size")))
-  else:
-    prep.feats = load_or_extract(scorer, examples, feature_cache, cfg.algorithm, progress)
-    prep.feature_seconds = sum(f.seconds for f in prep.feats.values())
-    prep.cached = all(f.cached for f in prep.feats.values())
-  return prep
+    return backbone_source(cfg, scorer, {} if geometry is None else {"train": geometry})
+  if frozen_shape is None:
+    return sources.Frozen({}, scorer.abstract)
+  q, n, k = frozen_shape
+  return sources.Frozen({"train": Features(np.zeros((q, n, scorer.config.model.hidden_size), np.float32),
+                                           np.zeros((q, n, k), np.float32))}, scorer.abstract)

@@ -1,5 +1,5 @@
-"""The reranker task of the one trainer (maxscore/training): a score head on a frozen backbone (or, with
-train_backbone, the whole model). This module brings the task's data, loss, dev eval and export; the
+"""The reranker task of the one trainer (maxscore/training): a score head on a frozen backbone (or the backbone
+too: whole, or LoRA adapters). This module brings the task's data, loss, dev eval and export; the
 state, step, optimizer, data order, checkpoints, metrics log and the mesh are the trainer's.
 
     summary = train(TrainConfig(head="lm_labels", delta="full"), PromptConfig(), "ckpt/", train_set, dev_set,
@@ -29,8 +29,9 @@ state, step, optimizer, data order, checkpoints, metrics log and the mesh are th
 6. `export_dir`: a copy of the base checkpoint with the head in head/ (the summary, the checks on the outputs
    and the exports are maxscore/training/reranker/outputs.py).
 
-`train_backbone=True` trains the decoder params together with the head, through the packed
-layout (docs/ARCHITECTURE.md section 2) with each scanned layer rematerialized in the backward pass (`remat`;
+A training backbone (the run's feature source is then sources.Backbone) trains the decoder params together with
+the head, through the packed layout (docs/ARCHITECTURE.md section 2) with each scanned layer rematerialized in the
+backward pass (`remat`;
 `compute_dtype`/`param_dtype` for bf16 activations on f32 master weights). With
 `match_loss_weight` > 0 the loss adds that weight times two auxiliary losses (`losses.probe_bce`):
 a linear probe on every candidate token's hidden state predicts whether the token occurs in the query,
@@ -53,8 +54,6 @@ import jax.numpy as jnp
 from absl import logging
 from jax.sharding import Mesh
 
-from layers import sharding as sharding_lib
-from layers.kernels.base import training_kernel
 from maxscore import config as config_lib
 from maxscore.config import MeshConfig
 from maxscore.datasets import data
@@ -109,7 +108,7 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
           feature_cache: Optional[os.PathLike] = None, export_dir: Optional[os.PathLike] = None,
           overwrite: bool = False, progress: bool = True,
           adapters_dir: Optional[os.PathLike] = None, export_only: bool = False) -> dict[str, Any]:
-  """Trains (or resumes) a score head (and the backbone with train_backbone) on the config mesh.
+  """Trains (or resumes) a score head (and the backbone, when it trains) on the config mesh.
 
   Writes checkpoints, metrics.jsonl and summary.json in `workdir` and, on process 0, the exported checkpoint
   in `export_dir`. A workdir holding this run's checkpoints resumes from the latest.
@@ -160,14 +159,14 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   if export_only:
     state, timing = _stopped(run, workdir)
   else:
-    state, timing = _loop(cfg, prompt, prep, scorer, run, mesh, workdir, progress)
+    state, timing = _loop(cfg, prompt, prep, run, mesh, workdir, progress)
   final = partition.host_copy(state.params)
   if jax.process_index() != 0:
     return {}
   step = int(state.step)
   summary = outputs.summary(cfg, prompt, prep, scorer, workdir, run.started.log, step, run.steps_per_epoch,
                             run.started.resume_step, final, timing, time.perf_counter() - wall_start)
-  summary["attention"] = _attention(cfg, scorer)
+  summary["attention"] = prep.source.attention()
   outputs.carry_throughput(summary, trainer.finished_run_summary(workdir, run.started.resume_step))
   selection = run.selection
   if selection is not None:  # the export is the best evaluation's params, not the last step's
@@ -185,9 +184,7 @@ def _check_settings(cfg: TrainConfig, prompt: PromptConfig, dev_set: Optional[Re
   prompt.validate()
   if cfg.select_metric:
     resolve_metric(cfg.select_metric, prompt.metrics, dev_set is not None)
-  if adapters_dir and cfg.lora is None:
-    raise TrainError(f"--adapters_dir={adapters_dir} writes LoRA adapters: it needs --train_backbone and "
-                     f"--lora_rank > 0 (--export_dir writes the trained model as a checkpoint)")
+  cfg.check_adapters_dir(adapters_dir)
 
 
 @dataclasses.dataclass
@@ -208,11 +205,11 @@ def _start(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, scorer: Score
   checkpoint selection resumed with it."""
   steps_per_epoch = math.ceil(prep.num_train / cfg.batch_size)
   total_steps = cfg.num_steps or cfg.num_epochs * steps_per_epoch
-  prog = model.program(cfg, prep.head_cfg, scorer, mesh, total_steps)
+  prog = model.program(cfg, prep.head_cfg, prep.source, mesh, total_steps)
   fingerprint = _run_fingerprint(cfg, prompt, scorer, prep.examples)
-  check = lambda: sharding_lib.check_divisible(scorer.config.model, mesh) if cfg.train_backbone else None
   started = trainer.start(workdir, cfg.keep_checkpoints, prog.params, prog.param_shardings, prog.optimizer,
-                          jax.random.split(jax.random.PRNGKey(cfg.seed))[1], mesh, fingerprint, check)
+                          jax.random.split(jax.random.PRNGKey(cfg.seed))[1], mesh, fingerprint,
+                          lambda: prep.source.check_mesh(mesh))
   mesh_lib.sync("train: metrics log kept")  # selection reads the kept evaluations
   selection = (Selection.start(cfg.select_metric, cfg.patience, workdir, started.resume_step)
                if cfg.select_metric else None)
@@ -221,25 +218,14 @@ def _start(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, scorer: Score
   return _Run(started, prog, fingerprint, total_steps, steps_per_epoch, selection)
 
 
-def _attention(cfg: TrainConfig, scorer: Scorer) -> Optional[dict]:
-  """The attention kernel a training backbone differentiates and why (None: a frozen backbone's features come
-  from the scorer's forward kernel)."""
-  if not cfg.train_backbone:
-    return None
-  kernel, reason = training_kernel(scorer.config.kernel.attention, scorer.platform)
-  return dict(kernel=kernel, reason=reason)
-
-
-def _loop(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, scorer: Scorer, run: _Run, mesh: Mesh,
-          workdir: pathlib.Path, progress: bool):
+def _loop(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, run: _Run, mesh: Mesh, workdir: pathlib.Path, progress: bool):
   """Runs the trainer's loop to the last step: (the final state, its timing); the run's selection observes each
   dev evaluation. Interrupted, it reports the checkpoint a rerun resumes from (trainer.reports_interrupt)."""
-  attention = _attention(cfg, scorer)
+  attention = prep.source.attention()  # None: a frozen backbone's features came from the scorer's forward kernel
   if attention is not None:
     logging.info("train: attention %s (%s)", attention["kernel"], attention["reason"])
-  decoder = model.backbone_decoder(cfg, scorer)
   labels_K = jnp.asarray(prep.label_ids, jnp.int32)
-  step_fn = model.jit_step(cfg, prep.head_cfg, scorer, mesh, run.program, run.started.shardings, labels_K)
+  step_fn = model.jit_step(cfg, prep.head_cfg, prep.source, mesh, run.program, run.started.shardings, labels_K)
   manager = run.started.manager
   save = lambda step, state: checkpoint.save(manager, step, state, run.fingerprint)
   settings = trainer.LoopSettings(run.total_steps, cfg.batch_size, prep.num_train, cfg.log_every, cfg.eval_every,
@@ -248,7 +234,7 @@ def _loop(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, scorer: Scorer
 
   def evaluate(params, step):
     runs = []
-    values = evaluation.dev_metrics(cfg, prompt, prep, decoder, labels_K, params, runs)
+    values = evaluation.dev_metrics(cfg, prompt, prep, labels_K, params, runs)
     if runs and jax.process_index() == 0:  # each evaluation's dev scores, for the export of the step kept
       outputs.write_dev_run(workdir, step, runs[0])
     if selection is not None:
