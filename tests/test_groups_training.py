@@ -245,7 +245,7 @@ def test_selection_exports_the_best_dev_step_and_patience_stops(tmp_path, monkey
   planted = {0: 0.1, 2: 0.3, 4: 0.5, 6: 0.45, 8: 0.5, 10: 0.9}
   seen_params = {}
 
-  def fake_dev_metrics(cfg, prompt, prep, decoder, labels_K, params, runs=None):
+  def fake_dev_metrics(cfg, prompt, prep, labels_K, params, runs=None):
     step = len(seen_params) * 2
     seen_params[step] = jax_tree_copy(params["head"])
     return {"split": "dev", "ndcg_cut_10": planted[step], "map": 0.0}
