@@ -12,7 +12,6 @@ same strict loader as configs/base.yml, so a flag and a YAML key are one setting
 
 import collections
 import contextlib
-import dataclasses
 import json
 import logging
 import logging.handlers
@@ -142,10 +141,10 @@ def define_entry_flags(fv: flags.FlagValues, entry: str, sections: Mapping[str, 
   comments = config_lib.read_comments(path)
   keys = config_lib.entry_keys(sections)
   for key, section in keys.items():
-    hints = typing.get_type_hints(sections[section])
-    allowed = {f.name: f.metadata.get("choices") for f in dataclasses.fields(sections[section])}[key]
+    hint, metadata = config_lib.section_keys(sections[section])[key]
+    allowed = metadata.get("choices")
     help_ = comments.get(key, "") + (f" (one of: {' | '.join(allowed)})" if allowed else "")
-    _define(fv, key, hints[key], defaults.get(key), help_)
+    _define(fv, key, hint, defaults.get(key), help_)
     fv.register_flag_by_module(sys.argv[0], fv[key])  # listed by the script's --help, as its own flags
 
 
@@ -195,7 +194,7 @@ def _from_flag(tp: Any, value: Any) -> Any:
 def entry_from_flags(fv: flags.FlagValues, entry: str, sections: Mapping[str, type]) -> dict[str, Any]:
   """The entry's sections from its flags, through the strict loader (ConfigError on a bad value)."""
   keys = config_lib.entry_keys(sections)
-  hints = {k: typing.get_type_hints(sections[s])[k] for k, s in keys.items()}
+  hints = {k: config_lib.section_keys(sections[s])[k][0] for k, s in keys.items()}
   values = {k: _from_flag(hints[k], fv[k].value) for k in keys}
   return config_lib.load_entry(entry, sections, values)
 

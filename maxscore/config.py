@@ -297,18 +297,27 @@ def read_comments(path: os.PathLike) -> dict[str, str]:
   return out
 
 
-def build_section(cls: type, values: Mapping[str, Any], where: str = "config") -> Any:
-  """A frozen section dataclass from `values` (any subset of its fields), typed as strictly as
-  base.yml's keys; its `validate()` runs when it has one, and a ValueError becomes a ConfigError."""
+def section_keys(cls: type) -> dict[str, tuple[Any, Mapping[str, Any]]]:
+  """A section's keys: name -> (type, field metadata). A section whose settings sit in sections of its own (the
+  reranker recipe's TrainConfig) lists its flat keys itself (`entry_fields`) and is built from them by its
+  `from_entry`; any other section's keys are its fields."""
+  if hasattr(cls, "entry_fields"):
+    return cls.entry_fields()
   hints = typing.get_type_hints(cls)
-  fields = [f.name for f in dataclasses.fields(cls)]
+  return {f.name: (hints[f.name], f.metadata) for f in dataclasses.fields(cls)}
+
+
+def build_section(cls: type, values: Mapping[str, Any], where: str = "config") -> Any:
+  """A frozen section dataclass from `values` (any subset of its keys), typed as strictly as
+  base.yml's keys; its `validate()` runs when it has one, and a ValueError becomes a ConfigError."""
+  keys = section_keys(cls)
   kw = {}
   for key, value in values.items():
-    if key not in fields:
-      raise _unknown_key(key, fields, where)
-    kw[key] = _coerce(key, value, hints[key])
+    if key not in keys:
+      raise _unknown_key(key, list(keys), where)
+    kw[key] = _coerce(key, value, keys[key][0])
   try:
-    section = cls(**kw)
+    section = cls.from_entry(kw) if hasattr(cls, "from_entry") else cls(**kw)
     return section.validate() if hasattr(section, "validate") else section
   except ConfigError:
     raise
@@ -332,12 +341,12 @@ def entry_keys(sections: Mapping[str, type]) -> dict[str, str]:
   marked CODE_ONLY are not keys."""
   out: dict[str, str] = {}
   for name, cls in sections.items():
-    for f in dataclasses.fields(cls):
-      if not f.metadata.get("entry_key", True):
+    for key, (_, metadata) in section_keys(cls).items():
+      if not metadata.get("entry_key", True):
         continue
-      if f.name in out:
-        raise TypeError(f"config key {f.name!r} is in both section {out[f.name]} and {name}")
-      out[f.name] = name
+      if key in out:
+        raise TypeError(f"config key {key!r} is in both section {out[key]} and {name}")
+      out[key] = name
   return out
 
 

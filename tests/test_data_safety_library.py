@@ -122,7 +122,7 @@ def test_train_export_dir_existing_directory_is_kept_without_overwrite(tmp_path)
   before = foreign_dir(target)
   dataset = tiny_set(tmp_path / "d.jsonl")
   with pytest.raises(UnsafeOutputError, match="not written by maxscore"):
-    train_lib.train(TrainConfig(num_steps=1), CFG, None, dataset, None, tmp_path / "work",
+    train_lib.train(TrainConfig.of(num_steps=1), CFG, None, dataset, None, tmp_path / "work",
                     export_dir=target, progress=False)
   assert tree(target) == before
 
@@ -131,7 +131,7 @@ def test_train_export_of_a_random_init_model_is_refused_before_any_work(tmp_path
   """A random-init model (--checkpoint_dir=none) has no base checkpoint to export beside the weights."""
   dataset = tiny_set(tmp_path / "d.jsonl")
   with pytest.raises(TrainError, match="--checkpoint_dir=none.*leave out --export_dir"):
-    train_lib.train(TrainConfig(num_steps=1), CFG, "none", dataset, None, tmp_path / "work",
+    train_lib.train(TrainConfig.of(num_steps=1), CFG, "none", dataset, None, tmp_path / "work",
                     export_dir=tmp_path / "export", progress=False)
   assert not (tmp_path / "work").exists() and not (tmp_path / "export").exists()
 
@@ -139,7 +139,7 @@ def test_train_export_of_a_random_init_model_is_refused_before_any_work(tmp_path
 def test_train_export_inside_the_workdir_is_refused_with_where_to_put_it(tmp_path):
   dataset = tiny_set(tmp_path / "d.jsonl")
   with pytest.raises(UnsafeOutputError, match="choose an export path outside it"):
-    train_lib.train(TrainConfig(num_steps=1), CFG, None, dataset, None, tmp_path / "work",
+    train_lib.train(TrainConfig.of(num_steps=1), CFG, None, dataset, None, tmp_path / "work",
                     export_dir=tmp_path / "work" / "export", progress=False)
 
 
@@ -164,7 +164,7 @@ def test_train_workdir_overwrite_refuses_a_directory_maxscore_did_not_write(tmp_
   dataset = tiny_set(tmp_path / "d.jsonl")
   for overwrite in (True, False):
     with pytest.raises(UnsafeOutputError, match="not written by maxscore"):
-      train_lib.train(TrainConfig(num_steps=1), CFG, None, dataset, None, workdir,
+      train_lib.train(TrainConfig.of(num_steps=1), CFG, None, dataset, None, workdir,
                       overwrite=overwrite, progress=False)
   assert tree(workdir) == before
 

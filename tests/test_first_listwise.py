@@ -88,9 +88,9 @@ def test_window_examples_read_the_identifiers_at_the_answer_position():
 
 def test_first_listwise_settings_are_checked():
   with pytest.raises(TrainError, match="head=lm_labels"):
-    TrainConfig(loss="first_listwise", head="mlp").validate()
+    TrainConfig.of(loss="first_listwise", head="mlp").validate()
   with pytest.raises(TrainError, match="group_size"):
-    TrainConfig(loss="first_listwise", group_size=4).validate()
+    TrainConfig.of(loss="first_listwise", group_size=4).validate()
 
 
 def _script(workdir, *extra, devices: int = 1):
@@ -153,7 +153,7 @@ def test_gradients_reach_the_backbone_only_when_it_trains():
                 batch_size=2, use_bias=False)
   scorer = loading.build_scorer(use_head=False)
   for kw in (dict(train_backbone=True, lora_rank=2), dict(train_backbone=True), {}):
-    cfg = TrainConfig(**common, **kw).validate()
+    cfg = TrainConfig.of(**common, **kw).validate()
     prep = reranker_prepare.prepare(cfg, PromptConfig(), scorer, ds, None, progress=False)
     params = reranker_model.init_params(cfg, prep.head_cfg, prep.source)
     loss_fn = reranker_model.make_loss_fn(cfg, prep.head_cfg, prep.source, None, jnp.asarray(prep.label_ids, jnp.int32))

@@ -79,8 +79,8 @@ def test_the_lce_distill_mix_equals_a_by_hand_computation():
 def test_distill_weight_is_checked():
   for bad in (dict(distill_weight=-0.1), dict(distill_weight=1.5), dict(distill_weight=0.5, loss="pairwise")):
     with pytest.raises(TrainError, match="distill_weight"):
-      TrainConfig(**bad).validate()
-  TrainConfig(distill_weight=0.5).validate()
+      TrainConfig.of(**bad).validate()
+  TrainConfig.of(distill_weight=0.5).validate()
 
 
 def test_a_group_is_one_positive_and_negatives_drawn_per_step():
@@ -100,14 +100,14 @@ def test_a_group_is_one_positive_and_negatives_drawn_per_step():
   assert (alone[0] == draws[5][1]).all()  # a row's draw does not depend on its batch-mates
   assert (batches.draw_group_mask(grades, mask, rows, 0, 0, 0) == mask).all()
   with pytest.raises(TrainError, match="group_size"):
-    TrainConfig(group_size=1).validate()
+    TrainConfig.of(group_size=1).validate()
 
 
 def test_a_group_size_above_every_querys_candidates_is_refused_naming_the_largest(tmp_path):
   """It would keep every candidate, as group_size=0 does: a setting that changes nothing is named, not run."""
   train = corpus.split("train", 2)
   largest = max(len(q.candidates) for q in train.queries)
-  cfg = TrainConfig(batch_size=2, num_steps=2, group_size=largest + 1)
+  cfg = TrainConfig.of(batch_size=2, num_steps=2, group_size=largest + 1)
   with pytest.raises(TrainError, match=rf"group_size={largest + 1} is more than any train query's candidates "
                                        rf"\(at most {largest}\).*pass --group_size=0 or at most {largest}"):
     train_lib.train(cfg, prompts.PromptConfig(), None, train, None, tmp_path / "work", progress=False)
@@ -174,7 +174,7 @@ def test_a_student_distilled_from_a_teacher_reaches_its_order(tmp_path):
   assert len(records) >= 6
   rset = groups_lib.load_groups(_write_groups(tmp_path / "groups.jsonl", records))
   prompt = eval_lib.EvalConfig(max_query_tokens=8, max_item_tokens=16)
-  cfg = TrainConfig(loss="distill", distill_temperature=3.0, head="mlp", num_outputs=1, batch_size=8, num_steps=300,
+  cfg = TrainConfig.of(loss="distill", distill_temperature=3.0, head="mlp", num_outputs=1, batch_size=8, num_steps=300,
                     eval_every=0, save_every=0, warmup_steps=0, learning_rate=0.003, weight_decay=0.0, log_every=50)
   train_lib.train(cfg, prompt, None, rset, None, tmp_path / "work", export_dir=tmp_path / "model", progress=False)
   losses_seen = [json.loads(l)["loss"] for l in (tmp_path / "work" / "metrics.jsonl").read_text().splitlines()
@@ -227,7 +227,7 @@ def _dev_set():
 ])
 def test_a_select_metric_the_dev_evaluations_cannot_give_is_refused_before_any_work(tmp_path, metric, dev, message):
   """Refused in one line before the workdir is made or a model loaded, not at the first dev evaluation."""
-  cfg = TrainConfig(batch_size=2, num_steps=2, select_metric=metric)
+  cfg = TrainConfig.of(batch_size=2, num_steps=2, select_metric=metric)
   prompt = prompts.PromptConfig(metrics=("ndcg@10", "map"))
   with pytest.raises(TrainError, match=message) as e:
     train_lib.train(cfg, prompt, None, corpus.split("train", 2), _dev_set() if dev else None, tmp_path / "work",
@@ -252,7 +252,7 @@ def test_selection_exports_the_best_dev_step_and_patience_stops(tmp_path, monkey
   monkeypatch.setattr(reranker_evaluation, "dev_metrics", fake_dev_metrics)
   train = corpus.split("train", 4)
   prompt = eval_lib.EvalConfig(max_query_tokens=8, max_item_tokens=16)
-  cfg = TrainConfig(batch_size=2, num_steps=10, eval_every=2, save_every=2, warmup_steps=0, select_metric="ndcg@10",
+  cfg = TrainConfig.of(batch_size=2, num_steps=10, eval_every=2, save_every=2, warmup_steps=0, select_metric="ndcg@10",
                     patience=2)
   summary = train_lib.train(cfg, prompt, None, train, _dev_set(), tmp_path / "work", export_dir=tmp_path / "model",
                             progress=False)
@@ -269,7 +269,7 @@ def test_selection_exports_the_best_dev_step_and_patience_stops(tmp_path, monkey
                           progress=False)
   assert again["steps"] == 8 and again["selection"]["best_step"] == 4 and len(seen_params) == 5
   with pytest.raises(TrainError, match="patience"):
-    TrainConfig(patience=2).validate()
+    TrainConfig.of(patience=2).validate()
 
 
 def jax_tree_copy(tree):

@@ -129,7 +129,7 @@ def test_unknown_target_is_a_one_line_error_naming_the_valid_ones():
   assert "\n" not in str(e.value) and "'qkv'" in str(e.value)
   assert all(repr(t) in str(e.value) for t in lora_lib.TARGETS)
   with pytest.raises(TrainError) as e:
-    TrainConfig(train_backbone=True, lora_rank=4, lora_targets=("q", "gate_proj")).validate()
+    TrainConfig.of(train_backbone=True, lora_rank=4, lora_targets=("q", "gate_proj")).validate()
   assert "\n" not in str(e.value) and all(repr(t) in str(e.value) for t in lora_lib.TARGETS)
 
 
@@ -139,11 +139,11 @@ def test_lora_rank_needs_train_backbone_and_sane_values():
   from maxscore.training.reranker.config import TrainConfig, TrainRun
   from maxscore.rerank.prompts import PromptConfig
   with pytest.raises(TrainError, match=r"lora_rank=8 .*train_backbone=true"):
-    TrainConfig(lora_rank=8).validate()
+    TrainConfig.of(lora_rank=8).validate()
   for bad in (dict(lora_rank=-1), dict(lora_rank=4, lora_alpha=0.0), dict(lora_rank=4, lora_targets=())):
     with pytest.raises(TrainError):
-      TrainConfig(train_backbone=True, **bad).validate()
-  assert TrainConfig(train_backbone=True, lora_rank=8, lora_targets=("q", "v")).validate().lora_rank == 8
+      TrainConfig.of(train_backbone=True, **bad).validate()
+  assert TrainConfig.of(train_backbone=True, lora_rank=8, lora_targets=("q", "v")).validate().lora.rank == 8
   with pytest.raises(ConfigError, match="train_backbone"):  # the entry's yml carries the keys, checked on load
     load_entry("train", {"run": TrainRun, "train": TrainConfig, "prompt": PromptConfig}, {"lora_rank": 8})
 

@@ -172,11 +172,11 @@ def test_full_fine_tuning_of_a_quantized_base_is_still_one_clear_error():
   prompt = eval_lib.EvalConfig(max_query_tokens=8, max_item_tokens=16)
   with pytest.raises(TrainError, match=r"quantization='int8_weights' is for scoring only, and train_backbone trains "
                                        r"the whole backbone; use quantization=none, or train LoRA adapters") as e:
-    reranker_prepare.prepare(TrainConfig(train_backbone=True), prompt,
+    reranker_prepare.prepare(TrainConfig.of(train_backbone=True), prompt,
                              build_scorer(None, ["quantization=int8_weights"], use_head=False), train, None)
   assert "\n" not in str(e.value)
   with pytest.raises(TrainError, match=r"quantization='int8' \(w8a8\) rounds the activations"):
-    reranker_prepare.prepare(TrainConfig(train_backbone=True, lora_rank=4), prompt,
+    reranker_prepare.prepare(TrainConfig.of(train_backbone=True, lora_rank=4), prompt,
                              build_scorer(None, ["quantization=int8"], use_head=False), train, None)
   # The layers refuse alike: w8a8 under adapters, and a rematerialized (training) decoder without them.
   with pytest.raises(ValueError, match=r"quantization='int8' \(w8a8\)"):
@@ -200,7 +200,7 @@ def test_qlora_through_the_trainer_exports_a_float_model(tmp_path, group):
   train = data.load_jsonl(data.DEFAULT_JSONL, split="train")
   train.queries = train.queries[:4]
   prompt = eval_lib.EvalConfig(max_query_tokens=8, max_item_tokens=16)
-  cfg = TrainConfig(train_backbone=True, lora_rank=4, lora_alpha=8.0, batch_size=2, num_steps=3, eval_every=0,
+  cfg = TrainConfig.of(train_backbone=True, lora_rank=4, lora_alpha=8.0, batch_size=2, num_steps=3, eval_every=0,
                     save_every=0, warmup_steps=0, learning_rate=1e-3, use_bias=False)
   summary = train_lib.train(cfg, prompt, str(data.DEFAULT_CHECKPOINT), train, None, tmp_path / "work",
                             overrides=[f"quantization={MODE}", f"quantization_group_size={group}"],

@@ -82,7 +82,7 @@ def test_pointwise_loss_by_hand():
 
 
 def test_optimizer_schedule():
-  cfg = TrainConfig(learning_rate=0.1, warmup_steps=4, end_learning_rate=0.01)
+  cfg = TrainConfig.of(learning_rate=0.1, warmup_steps=4, end_learning_rate=0.01)
   _, schedule = make_optimizer(cfg, 20)
   traced = []  # each program traced: one for the schedule, not one per jnp op (each a compile, or a cache read)
   listener = lambda name, *_, **__: traced.append(name) if name == "/jax/core/compile/jaxpr_trace_duration" else None
@@ -94,14 +94,14 @@ def test_optimizer_schedule():
   # the first step learns (a quarter of the peak), the fourth runs at the peak, the last at the end rate
   np.testing.assert_allclose(lrs, [0.025, 0.05, 0.1, 0.01], rtol=1e-5)
   assert len(traced) == 1, traced
-  _, schedule = make_optimizer(TrainConfig(learning_rate=0.1, warmup_steps=0, end_learning_rate=0.01), 20)
+  _, schedule = make_optimizer(TrainConfig.of(learning_rate=0.1, warmup_steps=0, end_learning_rate=0.01), 20)
   assert float(schedule(0)) == pytest.approx(0.1) and float(schedule(19)) > 0.01  # no warmup: the peak first
 
 
 def test_a_warmup_longer_than_half_the_run_is_cut_to_half_so_the_run_decays(caplog):
   """warmup_steps=10 on 4 steps: the rate peaks at the second step and falls to the end rate by the last, with a
   warning; without the cut the run would end at the peak and never decay."""
-  cfg = TrainConfig(learning_rate=0.1, warmup_steps=10, end_learning_rate=0.0)
+  cfg = TrainConfig.of(learning_rate=0.1, warmup_steps=10, end_learning_rate=0.0)
   with caplog.at_level(logging.WARNING):
     _, schedule = make_optimizer(cfg, 4)
   lrs = [float(schedule(i)) for i in range(4)]
@@ -109,7 +109,7 @@ def test_a_warmup_longer_than_half_the_run_is_cut_to_half_so_the_run_decays(capl
   assert 0 < lrs[2] < 0.1 and max(lrs) == lrs[1] and lrs[3] == 0.0
   assert "warmup_steps=10 is more than half of the run's 4 steps: warming up for 2 steps" in caplog.text
   caplog.clear()
-  make_optimizer(TrainConfig(warmup_steps=2), 4)
+  make_optimizer(TrainConfig.of(warmup_steps=2), 4)
   assert "warmup_steps" not in caplog.text  # no cut, no warning
 
 
@@ -133,21 +133,21 @@ def test_a_float_setting_that_trains_on_nan_or_not_at_all_is_refused(setting, me
   """The comparisons alone let nan through (learning_rate=nan trained to a nan loss and exited 0): every float
   setting of the trainer is checked to be finite, and the optimizer's ones of the pretrainer too."""
   with pytest.raises(TrainError, match=f"^{re.escape(message)}$"):
-    TrainConfig(**setting).validate()
+    TrainConfig.of(**setting).validate()
   optimizer_keys = {"learning_rate", "end_learning_rate", "weight_decay", "clip_norm"}
   if set(setting) <= optimizer_keys:
     from maxscore.lm.pretrain import PretrainConfig  # pylint: disable=import-outside-toplevel
     with pytest.raises(TrainError, match=f"^{re.escape(message)}$"):
       PretrainConfig(**setting).validate()
   # The rest of the setting is valid: the bad value is what was refused.
-  TrainConfig(**{k: v for k, v in setting.items() if k in ("train_backbone", "lora_rank")}).validate()
+  TrainConfig.of(**{k: v for k, v in setting.items() if k in ("train_backbone", "lora_rank")}).validate()
 
 
 # --- training in-process ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def frozen_run(tmp_path_factory):
   root = tmp_path_factory.mktemp("frozen")
-  cfg = TrainConfig(**SMALL)
+  cfg = TrainConfig.of(**SMALL)
   summary = train_lib.train(cfg, PROMPT, None, corpus.split("train", 6), corpus.split("dev", 3), root / "work",
                             feature_cache=root / "features.npz", export_dir=root / "export", progress=False)
   return cfg, root, summary
@@ -233,7 +233,7 @@ def test_feature_cache_and_determinism(frozen_run, tmp_path):
   assert (own / "features.npz").is_file()
   # Another workdir config in the same workdir is refused, not mixed.
   with pytest.raises(ResumeError, match=r"changed: train.seed"):
-    train_lib.train(TrainConfig(**{**SMALL, "seed": 1}), PROMPT, None, corpus.split("train", 6),
+    train_lib.train(TrainConfig.of(**{**SMALL, "seed": 1}), PROMPT, None, corpus.split("train", 6),
                     corpus.split("dev", 3), tmp_path / "work", feature_cache=root / "features.npz", progress=False)
 
 

@@ -78,7 +78,7 @@ def test_a_group_packs_only_its_drawn_items_with_the_same_features():
 def test_train_backbone_with_groups_packs_the_drawn_group():
   """With group_size, a train_backbone step's rows have room for the group alone, and the gather finds each
   drawn item (the mask's) in them."""
-  cfg = TrainConfig(train_backbone=True, group_size=3, batch_size=2)
+  cfg = TrainConfig.of(train_backbone=True, group_size=3, batch_size=2)
   scorer = loading.build_scorer(use_head=False)
   prep = reranker_prepare.prepare(cfg, PROMPT, scorer, corpus.split("train", 2), None, progress=False)
   whole = features.packed_geometry(scorer, prep.examples["train"])
@@ -120,7 +120,7 @@ def test_backbone_gradients_through_a_pallas_kernel_equal_shared_prefix(kernel, 
 
 @pytest.mark.slow
 def test_train_backbone_two_steps(tmp_path):
-  cfg = TrainConfig(train_backbone=True, batch_size=2, num_steps=2, eval_every=0, warmup_steps=0,
+  cfg = TrainConfig.of(train_backbone=True, batch_size=2, num_steps=2, eval_every=0, warmup_steps=0,
                     learning_rate=1e-3)
   summary = train_lib.train(cfg, PROMPT, None, corpus.split("train", 4), corpus.split("dev", 2), tmp_path / "work",
                             export_dir=tmp_path / "export", progress=False)
@@ -162,18 +162,18 @@ def test_probe_bce_by_hand():
 
 def test_match_loss_weight_needs_train_backbone():
   with pytest.raises(TrainError, match="match_loss_weight"):
-    TrainConfig(match_loss_weight=1.0).validate()
+    TrainConfig.of(match_loss_weight=1.0).validate()
   with pytest.raises(TrainError, match="match_loss_weight"):
-    TrainConfig(train_backbone=True, match_loss_weight=-1.0).validate()
+    TrainConfig.of(train_backbone=True, match_loss_weight=-1.0).validate()
   with pytest.raises(TrainError, match="coverage_on"):
-    TrainConfig(train_backbone=True, match_loss_weight=1.0, coverage_on="head").validate()
+    TrainConfig.of(train_backbone=True, match_loss_weight=1.0, coverage_on="head").validate()
 
 
 def test_a_later_setting_at_its_earlier_behaviour_keeps_old_runs_resumable():
   """coverage_on came after runs were written: at "probe" (the behaviour before it) it is left out of
   the run's identity, so such a run resumes; "score" is recorded, so it never resumes one."""
   assert "coverage_on" not in train_lib.train_identity(TrainConfig())
-  changed = TrainConfig(train_backbone=True, match_loss_weight=1.0, coverage_on="score")
+  changed = TrainConfig.of(train_backbone=True, match_loss_weight=1.0, coverage_on="score")
   assert train_lib.train_identity(changed)["coverage_on"] == "score"
   assert train_lib.train_identity(changed).keys() - {"coverage_on"} == train_lib.train_identity(
       TrainConfig()).keys()
@@ -185,7 +185,7 @@ def test_train_backbone_match_loss(tmp_path, coverage_on):
   """The auxiliary losses are logged beside the ranking loss, add up to the step loss, and the probes
   stay out of the export (it restores as the base model's params, changed); the coverage ranking
   trains a probe or the exported score."""
-  cfg = TrainConfig(train_backbone=True, batch_size=2, num_steps=2, eval_every=0, warmup_steps=0,
+  cfg = TrainConfig.of(train_backbone=True, batch_size=2, num_steps=2, eval_every=0, warmup_steps=0,
                     learning_rate=1e-3, match_loss_weight=0.5, coverage_on=coverage_on)
   train_lib.train(cfg, PROMPT, None, corpus.split("train", 4), None, tmp_path / "work", export_dir=tmp_path / "export",
                   progress=False)

@@ -254,7 +254,7 @@ def test_scale_knobs_keep_the_loss(tmp_path):
   base = dict(train_backbone=True, batch_size=2, num_steps=2, eval_every=0, save_every=0, warmup_steps=0)
 
   def run(name, **kw):
-    train_lib.train(TrainConfig(**base, **kw), prompt, None, train, None, tmp_path / name, progress=False)
+    train_lib.train(TrainConfig.of(**base, **kw), prompt, None, train, None, tmp_path / name, progress=False)
     return _losses_of(tmp_path / name)
   reference = run("per_layer")
   for name, kw in {"none_accum": dict(remat="none", grad_accum_steps=2), "full": dict(remat="full")}.items():

@@ -120,7 +120,8 @@ def time_mode(options: TrainBenchOptions, mode: str, num_devices: int) -> dict[s
     times.append(time.perf_counter() - t0)
   flops = train_compile.step_flops(config.model, options.batch_size, *geometry, mode, options.remat != "none", lora)
   best = min(times)
-  return dict(mode=mode, devices=num_devices, kernel=kernel if prep.source.trains_backbone else "none", first_step_s=first,
+  kernel = kernel if prep.source.trains_backbone else "none"
+  return dict(mode=mode, devices=num_devices, kernel=kernel, first_step_s=first,
               step_s=best, step_times_s=times, flops=flops["total"], flops_parts=flops, tokens=flops["tokens"],
               tokens_per_s=flops["tokens"] / best, flops_per_s=flops["total"] / best, loss=float(metrics["loss"]))
 

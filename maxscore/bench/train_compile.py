@@ -107,10 +107,10 @@ def recipe(mode: str, batch_size: int = 8, remat: str = "per_layer", lora: Optio
   """The reranker recipe's settings of `mode`: full trains float32 master weights, lora and qlora adapters on
   the scorer's frozen base (qlora's scorer holds it int8), head the head alone on frozen features."""
   if mode == "head":
-    return TrainConfig(batch_size=batch_size, grad_accum_steps=grad_accum_steps)
+    return TrainConfig.of(batch_size=batch_size, grad_accum_steps=grad_accum_steps)
   adapters = {} if lora is None else dict(lora_rank=lora.rank, lora_alpha=lora.alpha, lora_targets=lora.targets)
-  return TrainConfig(batch_size=batch_size, grad_accum_steps=grad_accum_steps, train_backbone=True, remat=remat,
-                     param_dtype="float32" if mode == "full" else None, **adapters)
+  return TrainConfig.of(batch_size=batch_size, grad_accum_steps=grad_accum_steps, train_backbone=True, remat=remat,
+                        param_dtype="float32" if mode == "full" else None, **adapters)
 
 
 def head_config(cfg: TrainConfig, model_cfg: ModelConfig) -> head.HeadConfig:

@@ -335,11 +335,11 @@ def _whole_candidates_stage(options: AssetOptions) -> _FinetuneStage:
 
 def _finetune(options: AssetOptions, work: pathlib.Path, jsonl: pathlib.Path, pairs: pathlib.Path,
               stage: _FinetuneStage) -> dict:
-  config = train_config.TrainConfig(train_backbone=True, loss="listwise", batch_size=options.finetune_batch_size,
-                                    num_steps=stage.steps, learning_rate=stage.learning_rate,
-                                    warmup_steps=stage.warmup_steps, eval_every=50, save_every=50, log_every=10,
-                                    seed=options.seed, match_loss_weight=options.finetune_match_weight,
-                                    coverage_on=stage.coverage_on)
+  config = train_config.TrainConfig.of(train_backbone=True, loss="listwise", batch_size=options.finetune_batch_size,
+                                       num_steps=stage.steps, learning_rate=stage.learning_rate,
+                                       warmup_steps=stage.warmup_steps, eval_every=50, save_every=50, log_every=10,
+                                       seed=options.seed, match_loss_weight=options.finetune_match_weight,
+                                       coverage_on=stage.coverage_on)
   return train_lib.train(config, PromptConfig(max_item_tokens=stage.max_item_tokens), str(work / stage.base),
                          data.load_jsonl(pairs, "train"), data.load_jsonl(jsonl, "dev"), work / stage.run,
                          export_dir=work / stage.export)

@@ -30,7 +30,7 @@ from maxscore.scoring import loading
 from maxscore.training.reranker import train as train_lib
 from maxscore.training.reranker.config import TrainConfig
 
-# Named head settings (TrainConfig fields); the rest are TrainConfig's defaults.
+# Named head settings (TrainConfig's flat keys); the rest are TrainConfig's defaults.
 SPECS: dict[str, dict[str, Any]] = {
     "lm_labels": {"head": "lm_labels", "delta": "full"},
     "lm_labels_low_rank": {"head": "lm_labels", "delta": "low_rank"},
@@ -114,7 +114,7 @@ def study(checkpoint_dir: Optional[str], jsonl: Optional[str], specs: Sequence[s
     name = spec + "".join(f" {k}={v}" for k, v in (("lr", lr), ("loss", loss)) if v is not None)
     tag = name.replace(" ", "_").replace("=", "")
     for seed in seeds:
-      cfg = TrainConfig(**{**setting, "seed": seed, "eval_every": 0})
+      cfg = TrainConfig.of(**{**setting, "seed": seed, "eval_every": 0})
       export = work / f"{tag}-s{seed}-export" if seed == seeds[0] else None
       finals, digests = {}, set()
       for split in SPLITS:

@@ -39,7 +39,7 @@ def dev_metrics(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, labels_K
   examples = prep.examples["dev"]
   h, lp = prep.source.dev_features(params, "dev", examples, labels_K, cfg.batch_size)
   label_lp = np.asarray(head.jit_apply(prep.head_cfg)(params["head"], h, lp))
-  if cfg.loss == "first_listwise":  # each dev window ordered by its identifiers' scores
+  if cfg.loss.window is not None:  # each dev window ordered by its identifiers' scores
     run = first_listwise.window_run(label_lp[:, 0, :], examples)
   else:
     run = head_run(label_lp, examples, prompt)

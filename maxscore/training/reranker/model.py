@@ -50,21 +50,22 @@ def make_loss_fn(cfg: TrainConfig, head_cfg: head.HeadConfig, source: Source, me
   """loss_fn(params, batch, rng) -> (loss, parts); `parts` holds the ranking and token-match losses when
   match_loss_weight > 0 (else it is empty)."""
   step_features = source.step_features(mesh, labels_K)
+  kind = cfg.loss.kind
 
   def loss_fn(params, batch: Batch, rng):
     del rng  # no dropout
     h, lp, parts = step_features(params, batch)
     label_lp = head.apply_head(head_cfg, params["head"], h, lp)
-    if cfg.loss == "first_listwise":  # the identifier log-probs at each window's one item
+    if kind == "first_listwise":  # the identifier log-probs at each window's one item
       return batch_loss("first_listwise", label_lp[:, 0, :], batch.id_grades, batch.id_mask), parts
     logits = jnp.where(batch.mask, head.relevance(label_lp), MASK_LOGIT)
-    if cfg.loss == "distill":
-      loss = batch_loss("distill", logits, batch.teacher, batch.mask, temperature=cfg.distill_temperature)
-    elif cfg.distill_weight:
-      loss = lce_distill_mix(logits, batch.grades, batch.teacher, batch.mask, cfg.distill_weight,
-                             cfg.distill_temperature)
+    if kind == "distill":
+      loss = batch_loss("distill", logits, batch.teacher, batch.mask, temperature=cfg.loss.distill_temperature)
+    elif cfg.loss.distill_weight:
+      loss = lce_distill_mix(logits, batch.grades, batch.teacher, batch.mask, cfg.loss.distill_weight,
+                             cfg.loss.distill_temperature)
     else:
-      loss = batch_loss(cfg.loss, logits, batch.grades, batch.mask)
+      loss = batch_loss(kind, logits, batch.grades, batch.mask)
     return source.aux_losses(params, batch, loss, logits, h, parts)
 
   return loss_fn

@@ -70,7 +70,7 @@ def summary(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, scorer: Scor
       "workdir": str(workdir),
       "checkpoint_dir": scorer.config.runtime.checkpoint_dir,
       "head": prep.head_cfg.to_dict(),
-      "train_config": dataclasses.asdict(cfg),
+      "train_config": cfg.flat(),
       "prompt": json.loads(json.dumps(dataclasses.asdict(prompt))),
       "label_ids": list(prep.label_ids),
       "train_queries": prep.num_train,

@@ -36,7 +36,7 @@ class Prepared:
   source: Source                     # where the head's inputs come from: frozen features, or the training backbone
   teacher: Optional[np.ndarray] = None  # the train split's teacher scores [Q, N] (loss=distill, distill_weight)
   window_grades: Optional[dict] = None  # loss=first_listwise: per split (grades [Q, K], mask [Q, K]) per identifier
-  listwise_chat: bool = True         # loss=first_listwise: the window prompts are a chat user turn
+  listwise_chat: Optional[bool] = None  # loss=first_listwise: the window prompts are a chat user turn (None: none)
 
   @property
   def num_train(self) -> int:
@@ -45,7 +45,7 @@ class Prepared:
 
 def uses_teacher(cfg: TrainConfig) -> bool:
   """Whether the loss reads the groups' teacher scores (distillation alone or mixed with LCE)."""
-  return cfg.loss == "distill" or cfg.distill_weight > 0
+  return cfg.loss.kind == "distill" or cfg.loss.distill_weight > 0
 
 
 def prepare(cfg: TrainConfig, prompt: PromptConfig, scorer: Scorer, train_set: RerankSet,
@@ -54,7 +54,7 @@ def prepare(cfg: TrainConfig, prompt: PromptConfig, scorer: Scorer, train_set: R
   """The labels and head, each split's prompts built as the eval builds them (with `scorer`'s tokenizer), and
   the features training reads: the frozen backbone's, or the packed geometry when it trains."""
   quantization = scorer.config.runtime.quantization
-  if cfg.train_backbone and cfg.lora is None and quantization != "none":
+  if cfg.backbone is not None and cfg.lora is None and quantization != "none":
     raise TrainError(f"quantization={quantization!r} is for scoring only, and train_backbone trains the whole "
                      "backbone; use quantization=none, or train LoRA adapters on the quantized base (--lora_rank > 0 "
                      "with quantization=int8_weights: QLoRA), or a head alone on the quantized backbone's features")
@@ -62,21 +62,22 @@ def prepare(cfg: TrainConfig, prompt: PromptConfig, scorer: Scorer, train_set: R
     quant.refuse_qlora(quantization, TrainError)
   splits = {"train": train_set, **({"dev": dev_set} if dev_set is not None else {})}
   builder = None
-  if cfg.loss == "first_listwise":  # one FIRST window per query; its identifiers are the labels
-    builder = first_listwise.window_prompts(scorer.tokenizer, cfg.listwise_window, cfg.listwise_identifiers,
-                                            cfg.listwise_passage_tokens, cfg.listwise_window_tokens, cfg.listwise_chat)
-    label_ids = builder.label_ids[:cfg.listwise_window]
+  window = cfg.loss.window
+  if window is not None:  # loss=first_listwise: one FIRST window per query; its identifiers are the labels
+    builder = first_listwise.window_prompts(scorer.tokenizer, window.size, window.identifiers, window.passage_tokens,
+                                            window.window_tokens, window.chat)
+    label_ids = builder.label_ids[:window.size]
     listwise_chat = builder.chat
     logging.info("train: the window prompts are %s%s", listwise.prompt_form(builder.chat),
-                 " (listwise_chat unset)" if cfg.listwise_chat is None else "")
+                 " (listwise_chat unset)" if window.chat is None else "")
   else:
     label_ids = prompts.resolve_labels(scorer.tokenizer,
                                        prompt.labels or prompts.TEMPLATES[prompt.template].default_labels)
-    listwise_chat = True if cfg.listwise_chat is None else cfg.listwise_chat  # no window prompts: no effect
+    listwise_chat = None  # no window prompts
   head_cfg = cfg.head_config(label_ids, scorer.config.model.hidden_size)
   window_grades = None
   if builder is not None:
-    built = {s: first_listwise.window_examples(scorer, ds, builder, cfg.listwise_window)
+    built = {s: first_listwise.window_examples(scorer, ds, builder, window.size)
              for s, ds in splits.items()}
     examples = {s: b[0] for s, b in built.items()}
     window_grades = {s: b[1:] for s, b in built.items()}
@@ -89,9 +90,10 @@ def prepare(cfg: TrainConfig, prompt: PromptConfig, scorer: Scorer, train_set: R
                      f"{examples['train'].max_items}): every candidate would be kept, as group_size=0 keeps them; "
                      f"pass --group_size=0 or at most {examples['train'].max_items}")
   if uses_teacher(cfg) and examples["train"].teacher is None:
-    raise TrainError(f"loss=distill (or distill_weight={cfg.distill_weight}) trains toward a teacher's scores: give "
-                     "--groups_file with pos_scores and neg_scores in every group (scripts/score_teacher.py writes them)")
-  if cfg.train_backbone:
+    raise TrainError(f"loss=distill (or distill_weight={cfg.loss.distill_weight}) trains toward a teacher's scores: "
+                     "give --groups_file with pos_scores and neg_scores in every group (scripts/score_teacher.py writes "
+                     "them)")
+  if cfg.backbone is not None:
     source = backbone_source(cfg, scorer, {s: packed_geometry(scorer, ex) for s, ex in examples.items()})
   else:
     source = sources.Frozen(load_or_extract(scorer, examples, feature_cache, cfg.algorithm, progress))
@@ -104,14 +106,12 @@ def backbone_source(cfg: TrainConfig, scorer: Scorer, geometry: dict[str, tuple[
   """The training backbone of `cfg` on `scorer`, packing each split at its geometry (P, L, N); with group_size
   (and no match losses, whose targets need every item) a train row packs only the group drawn, so its N is the
   group's bucket."""
-  match = sources.Match(cfg.match_loss_weight, cfg.coverage_on) if cfg.match_loss_weight else None
-  group_rows = bool(cfg.group_size) and match is None
+  group_rows = bool(cfg.group_size) and cfg.backbone.match is None
   if group_rows and "train" in geometry:
     p, l, n = geometry["train"]
     geometry = {**geometry, "train": (p, l, min(n, bucket(cfg.group_size, scorer.config.buckets.item_count_buckets,
                                                           "group size")))}
-  return sources.Backbone(scorer, geometry, cfg.lora, cfg.compute_dtype, cfg.param_dtype, cfg.remat, match,
-                          group_rows)
+  return sources.Backbone(scorer, geometry, cfg.backbone, group_rows)
 
 
 def synthetic_source(cfg: TrainConfig, scorer: Scorer, geometry: Optional[tuple[int, int, int]] = None,
@@ -119,7 +119,7 @@ def synthetic_source(cfg: TrainConfig, scorer: Scorer, geometry: Optional[tuple[
   """The source of a synthetic train split (the fit report's and the training bench's): the backbone packing it at
   `geometry` (P, L, N) when it trains, else zero frozen features of `frozen_shape` (queries, items, labels); with
   neither, a source for the run's params alone (model.program)."""
-  if cfg.train_backbone:
+  if cfg.backbone is not None:
     return backbone_source(cfg, scorer, {} if geometry is None else {"train": geometry})
   if frozen_shape is None:
     return sources.Frozen({}, scorer.abstract)

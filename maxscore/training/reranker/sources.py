@@ -25,12 +25,12 @@ from layers import sharding as sharding_lib
 from layers.decoder import Decoder
 from layers.kernels import get_kernel
 from layers.kernels.base import training_kernel
-from layers.lora import LoraConfig
 from maxscore.checkpoints import adapters as lora_lib
 from maxscore.scoring.runner import DTYPES
 from maxscore.scoring.scorer import Scorer
 from maxscore.training.reranker import features
 from maxscore.training.reranker.batches import BackboneBatch, FrozenBatch
+from maxscore.training.reranker.config import BackboneConfig
 from maxscore.training.reranker.features import Examples, Features
 from maxscore.training.reranker.losses import batch_loss, probe_bce, probe_logits
 
@@ -95,24 +95,12 @@ class Frozen:
 
 
 @dataclasses.dataclass(frozen=True)
-class Match:
-  """The auxiliary match losses: their weight in the loss, and what the coverage ranking trains (a probe, or the
-  exported ranking score itself)."""
-  weight: float
-  coverage_on: str = "probe"
-
-
-@dataclasses.dataclass(frozen=True)
 class Backbone:
   """The scorer's backbone trained with the head: each split's packed geometry (P, L, N), and how the decoder
-  trains (LoRA adapters, dtypes, what the backward recomputes, the match losses)."""
+  trains (`settings`: LoRA adapters, dtypes, what the backward recomputes, the match losses)."""
   scorer: Scorer
   geometry: dict[str, tuple[int, int, int]]
-  lora: Optional[LoraConfig] = None
-  compute_dtype: Optional[str] = None  # activations; None = the scorer's
-  param_dtype: Optional[str] = None    # master weights and Adam state; None = as the scorer holds them
-  remat: str = "per_layer"
-  match: Optional[Match] = None
+  settings: BackboneConfig
   group_rows: bool = False             # a train row packs only the group drawn for the step
   _decoders: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
@@ -132,11 +120,11 @@ class Backbone:
       config = self.scorer.config
       kernel, _ = training_kernel(config.kernel.attention, self.scorer.platform)
       attend = sharding_lib.shard_kernel(get_kernel(kernel, config.kernel.options()), mesh)
-      decoder = Decoder(config.model, attend, dtype=DTYPES[self.compute_dtype or config.runtime.dtype],
-                        param_dtype=DTYPES[self.param_dtype or config.runtime.dtype],
-                        precision=config.runtime.matmul_precision, remat=self.remat != "none",
+      decoder = Decoder(config.model, attend, dtype=DTYPES[self.settings.compute_dtype or config.runtime.dtype],
+                        param_dtype=DTYPES[self.settings.param_dtype or config.runtime.dtype],
+                        precision=config.runtime.matmul_precision, remat=self.settings.remat != "none",
                         quantization=self.scorer.quantization, quantization_group=self.scorer.quantization_group)
-      self._decoders[mesh] = lora_lib.adapt(decoder, self.lora)
+      self._decoders[mesh] = lora_lib.adapt(decoder, self.settings.lora)
     return self._decoders[mesh]
 
   @property
@@ -149,16 +137,16 @@ class Backbone:
     probes when on."""
     # A QLoRA base's int8 weights and their float32 scales keep their dtypes (they stay frozen).
     keeps = lambda path: self.scorer.quantization != "none" and quant.is_quantized_leaf(path)
-    cast = lambda path, x: (jnp.asarray(x, DTYPES[self.param_dtype]) if self.param_dtype and not keeps(path)
-                            else jnp.asarray(x))
+    dtype = self.settings.param_dtype
+    cast = lambda path, x: jnp.asarray(x, DTYPES[dtype]) if dtype and not keeps(path) else jnp.asarray(x)
     params = {"backbone": jax.tree_util.tree_map_with_path(cast, base)}
     model_cfg = self.scorer.config.model
-    if self.lora is not None:  # adapters in float32 (A random, B zero: step 0 is the base model exactly)
+    if self.settings.lora is not None:  # adapters in float32 (A random, B zero: step 0 is the base model exactly)
       params["backbone"] = lora_lib.add_adapters(params["backbone"], lora_lib.init_adapters(
-          model_cfg, self.lora, jax.random.fold_in(key, 1)))
-    if self.match is not None:
+          model_cfg, self.settings.lora, jax.random.fold_in(key, 1)))
+    if self.settings.match is not None:
       probe = lambda: {"w": jnp.zeros((model_cfg.hidden_size,), jnp.float32), "b": jnp.zeros((), jnp.float32)}
-      params["match_probe"] = {"token": probe(), **({"coverage": probe()} if self.match.coverage_on == "probe"
+      params["match_probe"] = {"token": probe(), **({"coverage": probe()} if self.settings.match.coverage_on == "probe"
                                                     else {})}
     return params
 
@@ -168,15 +156,15 @@ class Backbone:
     model_cfg = self.scorer.config.model
     out = sharding_lib.model_param_shardings(model_cfg, mesh, quantization=self.scorer.quantization,
                                              quantization_group=self.scorer.quantization_group)
-    if self.lora is not None:
-      out = lora_lib.add_adapters(out, lora_lib.adapter_shardings(model_cfg, self.lora, mesh))
+    if self.settings.lora is not None:
+      out = lora_lib.add_adapters(out, lora_lib.adapter_shardings(model_cfg, self.settings.lora, mesh))
     return {"backbone": out}
 
   def trainable(self, params: dict[str, Any]) -> Optional[Any]:
     """The boolean trainable pytree the optimizer freezes the rest by (None: everything trains). With LoRA it
     is the head and probes plus the adapter leaves of the backbone (maxscore/checkpoints/adapters.py's
     trainable_mask)."""
-    if self.lora is None:
+    if self.settings.lora is None:
       return None
     mask = jax.tree_util.tree_map(lambda _: True, params)
     mask["backbone"] = lora_lib.trainable_mask(params["backbone"])
@@ -201,7 +189,7 @@ class Backbone:
     else:
       plan = features.plan_packed(reqs, self.geometry[split])
     extra = {}
-    if self.match is not None:
+    if self.settings.match is not None:
       match, candidate, coverage = features.match_targets(plan, reqs)
       extra = dict(match=match, match_mask=candidate, coverage=coverage[:, :width])
     return BackboneBatch(**targets, packed=plan.batch, gather=plan.gather_QxN[:, :width], **extra)
@@ -217,11 +205,11 @@ class Backbone:
       n = batch.packed["score_index"].shape[1]
       gather = jnp.arange(batch.gather.shape[0])[:, None] * n + batch.gather % n
       return features.packed_features(decoder, backbone, batch.packed, gather, labels_K, residuals=residuals)
-    if self.remat == "full":
+    if self.settings.remat == "full":
       forward = jax.checkpoint(forward, static_argnums=(2,))
 
     def fn(params, batch):
-      if self.match is None:
+      if self.settings.match is None:
         return (*forward(params["backbone"], batch, False), {})
       h, lp, residual_LxBxTxD = forward(params["backbone"], batch, True)
       # Probed halfway up the stack, so the layers above can gather the matches at the score position.
@@ -231,12 +219,13 @@ class Backbone:
 
   def aux_losses(self, params, batch, loss, logits, h, parts) -> tuple[jax.Array, dict]:
     """With the match losses: the ranking loss plus weight x (token match + coverage ranking), and each part."""
-    if self.match is None:
+    if self.settings.match is None:
       return loss, parts
-    coverage = logits if self.match.coverage_on == "score" else probe_logits(params["match_probe"]["coverage"], h)
+    match = self.settings.match
+    coverage = logits if match.coverage_on == "score" else probe_logits(params["match_probe"]["coverage"], h)
     parts["coverage_loss"] = batch_loss("pairwise", coverage, batch.coverage, batch.mask)
     parts["rank_loss"] = loss
-    return loss + self.match.weight * (parts["match_loss"] + parts["coverage_loss"]), parts
+    return loss + match.weight * (parts["match_loss"] + parts["coverage_loss"]), parts
 
   def dev_features(self, params, split: str, examples: Examples, labels_K, batch_size: int):
     """Every query's features through the current backbone (a host copy), `batch_size` queries per forward."""
@@ -246,7 +235,7 @@ class Backbone:
   def export_backbone(self, final: dict[str, Any]) -> Any:
     """The trained backbone on the host, the adapters merged (W + alpha / rank * A @ B) with LoRA."""
     backbone = jax.device_get(final["backbone"])
-    return backbone if self.lora is None else jax.device_get(lora_lib.merge(backbone, self.lora))
+    return backbone if self.settings.lora is None else jax.device_get(lora_lib.merge(backbone, self.settings.lora))
 
 
 Source = Frozen | Backbone

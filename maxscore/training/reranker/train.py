@@ -2,7 +2,7 @@
 too: whole, or LoRA adapters). This module brings the task's data, loss, dev eval and export; the
 state, step, optimizer, data order, checkpoints, metrics log and the mesh are the trainer's.
 
-    summary = train(TrainConfig(head="lm_labels", delta="full"), PromptConfig(), "ckpt/", train_set, dev_set,
+    summary = train(TrainConfig.of(head="lm_labels", delta="full"), PromptConfig(), "ckpt/", train_set, dev_set,
                     "out/train", export_dir="ckpt-with-head/")
 
 1. Prompts are built exactly as the eval builds them (a `PromptConfig`: template, labels, truncation).
@@ -67,27 +67,16 @@ from maxscore.scoring.scorer import Scorer
 from maxscore.training import checkpoint, partition, trainer
 from maxscore.training.reranker.features import Examples
 from maxscore.training.reranker import evaluation, model, outputs
-from maxscore.training.reranker.config import LORA_TARGETS, TrainConfig
+from maxscore.training.reranker.config import TrainConfig
 from maxscore.training.reranker.prepare import Prepared, prepare
 from maxscore.training.reranker.selection import Selection, resolve_metric
 
 FORMAT_VERSION = 1
 
 
-# Settings a run's identity names only when they differ from these values: an identity that does not name one
-# stands for that setting at its value here (the TrainConfig default).
-_IDENTITY_DEFAULTS = {"coverage_on": "probe", "lora_rank": 0, "lora_alpha": 16.0, "lora_targets": LORA_TARGETS,
-                      "grad_accum_steps": 1, "compute_dtype": None, "param_dtype": None, "remat": "per_layer",
-                      "group_size": 0, "distill_temperature": 1.0, "distill_weight": 0.0, "select_metric": None,
-                      "patience": 0,
-                      "listwise_window": 20, "listwise_identifiers": "letters", "listwise_passage_tokens": 128,
-                      "listwise_window_tokens": 4096, "listwise_chat": True}
-
-
 def train_identity(cfg: TrainConfig) -> dict:
-  """The training settings a resumed run must match."""
-  return {k: v for k, v in dataclasses.asdict(cfg).items()
-          if not (k in _IDENTITY_DEFAULTS and v == _IDENTITY_DEFAULTS[k])}
+  """The training settings a resumed run must match (TrainConfig.identity)."""
+  return cfg.identity()
 
 
 def _run_fingerprint(cfg: TrainConfig, prompt: PromptConfig, scorer: Scorer, examples: dict[str, Examples]) -> dict:
@@ -154,7 +143,7 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   mesh_lib.sync("train: workdir ready")
   scorer = build_scorer(checkpoint_dir, overrides, use_head=False)
   prep = prepare(cfg, prompt, scorer, train_set, dev_set, feature_cache, progress)
-  cfg = dataclasses.replace(cfg, listwise_chat=prep.listwise_chat)  # as decided for the tokenizer: in the identity
+  cfg = cfg.with_chat(prep.listwise_chat)  # as decided for the tokenizer: in the identity
   run = _start(cfg, prompt, prep, scorer, workdir, mesh)
   if export_only:
     state, timing = _stopped(run, workdir)
@@ -218,7 +207,8 @@ def _start(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, scorer: Score
   return _Run(started, prog, fingerprint, total_steps, steps_per_epoch, selection)
 
 
-def _loop(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, run: _Run, mesh: Mesh, workdir: pathlib.Path, progress: bool):
+def _loop(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, run: _Run, mesh: Mesh, workdir: pathlib.Path,
+          progress: bool):
   """Runs the trainer's loop to the last step: (the final state, its timing); the run's selection observes each
   dev evaluation. Interrupted, it reports the checkpoint a rerun resumes from (trainer.reports_interrupt)."""
   attention = prep.source.attention()  # None: a frozen backbone's features came from the scorer's forward kernel
