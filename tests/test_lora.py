@@ -312,6 +312,36 @@ def test_merged_and_adapter_exports_score_equally(trained, tmp_path):
   assert plain.adapters is None and merged.adapters is None  # a merged export is a checkpoint of its own
 
 
+def test_loading_reads_the_base_once_and_builds_one_scorer(trained, tmp_path, monkeypatch):
+  """Scorer.from_checkpoint and load_adapted read the base's maxscore.json once and restore its params once; the
+  adapted scorer is the one Scorer built, its adapters given to it as it is built."""
+  from maxscore.checkpoints import storage
+  from maxscore.checkpoints import adapters as lora_lib
+  from maxscore.scoring.scorer import Scorer
+  model, lora, base, _, after, _ = trained
+  base_dir = storage.save_checkpoint(tmp_path / "base", base, model).resolve()
+  lora_lib.save_adapters(tmp_path / "adapters", after, lora, base_dir)
+  reads, restores, built = [], [], []
+  read_meta, restore_params, init = storage._read_meta, storage.restore_params, Scorer.__init__
+  monkeypatch.setattr(storage, "_read_meta", lambda d: reads.append(pathlib.Path(d).resolve()) or read_meta(d))
+  monkeypatch.setattr(storage, "restore_params", lambda metadata, *args, **kwargs: restores.append(
+      metadata.directory) or restore_params(metadata, *args, **kwargs))
+
+  def counted_init(self, *args, **kwargs):
+    built.append(kwargs.get("adapters"))
+    init(self, *args, **kwargs)
+  monkeypatch.setattr(Scorer, "__init__", counted_init)
+  plain = Scorer.from_checkpoint(base_dir, mesh=None)
+  assert (reads, restores, built) == ([base_dir], [base_dir], [None]) and plain.adapters is None
+  reads.clear(), restores.clear(), built.clear()
+  scorer = loading.load_adapted(base_dir, tmp_path / "adapters", mesh=None)
+  info = {"dir": str(tmp_path / "adapters"), "rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.targets),
+          "base_quantization": "none"}
+  assert (reads, restores, built) == ([base_dir], [base_dir], [info])
+  assert scorer.adapters == info and scorer.params_digest not in (plain.params_digest, "")
+  assert scorer.model_name == plain.model_name == "base" and scorer.config.runtime.checkpoint_dir == str(base_dir)
+
+
 def test_adapters_refuse_another_base(trained, tmp_path):
   import jax
   from maxscore.checkpoints import storage

@@ -8,9 +8,10 @@ each targeted projection, B initialised to zero so step 0 is the base model exac
 - `trainable_mask` is True on adapter leaves only: the optimizer freezes the rest;
 - `merge` folds W + alpha / rank * A @ B into a plain base tree (an ordinary checkpoint);
 - `save_adapters` writes the adapters beside a base checkpoint (and the base's digest);
-  `load_adapters_for` reads them back for their base; maxscore/scoring/loading.py's `load_adapted` loads base +
-  adapters as a Scorer, merged on load (scripts/export_hf_checkpoint.py merges them the same way into a
-  transformers directory).
+  `load_adapters_for` reads them back for their base; `load_checkpoint` reads a checkpoint once (its metadata and
+  params) with, given their directory, the adapters trained on it: what maxscore/scoring/'s `Scorer.from_checkpoint`
+  and `loading.load_adapted` (base + adapters as one Scorer, merged on load) read (scripts/export_hf_checkpoint.py
+  merges them the same way into a transformers directory).
 
     <adapters_dir>/adapters/   Orbax tree of the adapter params only
     <adapters_dir>/lora.json   {"format_version", "rank", "alpha", "targets", "model",
@@ -19,10 +20,11 @@ each targeted projection, B initialised to zero so step 0 is the base model exac
                                 "base_quantization_group_size" (only for a QLoRA base quantized per group)}
 """
 
+import dataclasses
 import json
 import os
 import pathlib
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 import flax.linen as nn
 import jax
@@ -40,9 +42,9 @@ from maxscore.checkpoints import storage
 from maxscore.config import model_config_from_dict, model_config_to_dict
 from maxscore.files import identity, safety
 
-__all__ = ["TARGETS", "LoraConfig", "LoraError", "adapt", "add_adapters", "adapter_shardings", "init_adapters",
-           "is_adapter", "load_adapters", "load_adapters_for", "lora_config", "merge", "save_adapters",
-           "save_merged", "split_adapters", "trainable_mask"]
+__all__ = ["TARGETS", "Adapters", "LoadedCheckpoint", "LoraConfig", "LoraError", "adapt", "add_adapters",
+           "adapter_shardings", "init_adapters", "is_adapter", "load_adapters", "load_adapters_for", "load_checkpoint",
+           "lora_config", "merge", "save_adapters", "save_merged", "split_adapters", "trainable_mask"]
 
 FORMAT_VERSION = 1
 METADATA_FILE = "lora.json"
@@ -240,9 +242,60 @@ def load_adapters_for(checkpoint_dir: os.PathLike, adapters_dir: os.PathLike) ->
   """`load_adapters(adapters_dir)`, refusing adapters trained on another base than `checkpoint_dir` (their
   stored base digest differs)."""
   adapters, lora, meta = load_adapters(adapters_dir)
-  base_digest = storage.params_digest(checkpoint_dir)
+  _check_base(meta, adapters_dir, checkpoint_dir, storage.params_digest(checkpoint_dir))
+  return adapters, lora, meta
+
+
+def _check_base(meta: dict, adapters_dir: os.PathLike, checkpoint_dir: os.PathLike, base_digest: str) -> None:
+  """Raises LoraError unless the adapters' lora.json `meta` names `base_digest` as the base they trained on."""
   if base_digest != meta["base_params_sha256"]:
     raise LoraError(f"adapters in {adapters_dir} were trained on base params {meta['base_params_sha256']}, but "
                     f"{checkpoint_dir} holds {base_digest}")
-  return adapters, lora, meta
 
+
+@dataclasses.dataclass(frozen=True)
+class Adapters:
+  """LoRA adapters read for their base: the adapter params (host arrays), their LoraConfig, and lora.json
+  (`load_adapters`: base_quantization and base_quantization_group_size always present)."""
+  params: dict
+  lora: LoraConfig
+  meta: dict
+  directory: str  # as given
+
+  @property
+  def info(self) -> dict[str, Any]:
+    """Their directory and settings, as a scorer that merged them reports them (Scorer.adapters, eval outputs)."""
+    return {"dir": self.directory, "rank": self.lora.rank, "alpha": self.lora.alpha,
+            "targets": list(self.lora.targets), "base_quantization": self.meta["base_quantization"]}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedCheckpoint:
+  """A checkpoint as `load_checkpoint` read it: its metadata, its params, and the adapters trained on it (or None)."""
+  metadata: storage.CheckpointMetadata
+  params: Any
+  adapters: Optional[Adapters] = None
+
+
+Shardings = Union[Any, Callable[[storage.CheckpointMetadata, Optional[Adapters]], Any]]
+
+
+def load_checkpoint(checkpoint_dir: os.PathLike, adapters_dir: Optional[os.PathLike] = None,
+                    shardings: Shardings = None) -> LoadedCheckpoint:
+  """A checkpoint read once: its maxscore.json (checked against its files), its params and, given `adapters_dir`,
+  the LoRA adapters trained on it, refused when they were trained on another base (their stored base digest
+  differs from the checkpoint's, as in `load_adapters_for`). The adapters are read first.
+
+  `shardings`: where the params are restored to: None = this process's first device, a pytree of shardings
+  matching the stored params, or a function of (metadata, adapters) that returns either, called before any
+  parameter is read (where a scorer places them follows from the config the metadata gives)."""
+  adapters = None
+  if adapters_dir is not None:
+    weights, lora, meta = load_adapters(adapters_dir)
+    adapters = Adapters(weights, lora, meta, str(adapters_dir))
+  metadata = storage.read_checkpoint_metadata(checkpoint_dir)
+  if adapters is not None:
+    _check_base(adapters.meta, adapters_dir, checkpoint_dir, metadata.digest)
+  if callable(shardings):
+    shardings = shardings(metadata, adapters)
+  return LoadedCheckpoint(metadata, storage.restore_params(metadata, shardings), adapters)

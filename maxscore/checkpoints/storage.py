@@ -51,6 +51,18 @@ class Checkpoint:
   digest: str = ""  # params_sha256: digest of the parameter arrays (maxscore/files/identity.py)
 
 
+@dataclasses.dataclass(frozen=True)
+class CheckpointMetadata:
+  """A checkpoint's maxscore.json, read once and checked against the files beside it: all that restoring its params,
+  and choosing where they go, needs to know first."""
+  directory: pathlib.Path  # resolved
+  model: ModelConfig
+  tokenizer_path: Optional[pathlib.Path]
+  quantization: str  # what the params hold: "none" or "int8" (stored_quantization)
+  quantization_group_size: int  # the int8 scales' group size, 0 per output channel (stored_group_size)
+  digest: str  # params_sha256, the stored params' file sizes checked against their manifest (params_digest)
+
+
 def abstract_params(model: ModelConfig, dtype: Any = jnp.float32, quantization: str = "none",
                     quantization_group: int = 0) -> Any:
   """ShapeDtypeStructs of the (unboxed) params for `model`, without allocating them (quantized: int8 weights
@@ -147,7 +159,10 @@ def params_digest(directory: os.PathLike) -> str:
   stored manifest (cheap); a checkpoint whose maxscore.json holds no digest or manifest has its params hashed
   now."""
   directory = pathlib.Path(directory)
-  meta = _read_meta(directory)
+  return _digest(directory, _read_meta(directory))
+
+
+def _digest(directory: pathlib.Path, meta: dict) -> str:
   params_dir = directory / "params"
   if "params_sha256" not in meta or "params_files" not in meta:
     return identity.dir_digest(params_dir)
@@ -168,9 +183,14 @@ def params_digest(directory: os.PathLike) -> str:
 def stored_quantization(directory: os.PathLike) -> str:
   """What a checkpoint's params hold: "none" (float weights) or "int8" (int8 projection weights and float32
   per-output-channel scales, written by a conversion with quantize=int8)."""
-  value = _read_meta(pathlib.Path(directory)).get("quantization", "none")
+  directory = pathlib.Path(directory)
+  return _quantization(directory, _read_meta(directory))
+
+
+def _quantization(directory: pathlib.Path, meta: dict) -> str:
+  value = meta.get("quantization", "none")
   if value not in ("none", "int8"):
-    raise CheckpointError(f"{pathlib.Path(directory) / METADATA_FILE} is corrupt: quantization={value!r} is not "
+    raise CheckpointError(f"{directory / METADATA_FILE} is corrupt: quantization={value!r} is not "
                           "one of ['none', 'int8']")
   return value
 
@@ -178,9 +198,14 @@ def stored_quantization(directory: os.PathLike) -> str:
 def stored_group_size(directory: os.PathLike) -> int:
   """The group size of a quantized checkpoint's weight scales: 0 (per output channel, and float checkpoints),
   or G (one scale per G weights along the contracting dim; layers/quantization.py)."""
-  value = _read_meta(pathlib.Path(directory)).get("quantization_group_size", 0)
+  directory = pathlib.Path(directory)
+  return _group_size(directory, _read_meta(directory))
+
+
+def _group_size(directory: pathlib.Path, meta: dict) -> int:
+  value = meta.get("quantization_group_size", 0)
   if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-    raise CheckpointError(f"{pathlib.Path(directory) / METADATA_FILE} is corrupt: quantization_group_size={value!r} "
+    raise CheckpointError(f"{directory / METADATA_FILE} is corrupt: quantization_group_size={value!r} "
                           "is not a non-negative integer")
   return value
 
@@ -203,7 +228,10 @@ def stored_dtypes(directory: os.PathLike) -> set[str]:
 def read_metadata(directory: os.PathLike) -> tuple[ModelConfig, Optional[pathlib.Path]]:
   """The model config and tokenizer path stored in a checkpoint directory."""
   directory = pathlib.Path(directory)
-  meta = _read_meta(directory)
+  return _model_and_tokenizer(directory, _read_meta(directory))
+
+
+def _model_and_tokenizer(directory: pathlib.Path, meta: dict) -> tuple[ModelConfig, Optional[pathlib.Path]]:
   meta_path = directory / METADATA_FILE
   try:
     model = model_config_from_dict(meta["model"], where=str(meta_path))
@@ -211,6 +239,17 @@ def read_metadata(directory: os.PathLike) -> tuple[ModelConfig, Optional[pathlib
   except (KeyError, TypeError, ValueError) as e:
     raise CheckpointError(f"{meta_path} is corrupt: {' '.join(str(e).split())}") from None
   return model, tokenizer
+
+
+def read_checkpoint_metadata(directory: os.PathLike) -> CheckpointMetadata:
+  """Everything a checkpoint's maxscore.json says, from one read of it (read_metadata, stored_quantization,
+  stored_group_size and params_digest each read it again). Errors name `directory` as given."""
+  directory = pathlib.Path(directory)
+  meta = _read_meta(directory)
+  model, tokenizer = _model_and_tokenizer(directory, meta)
+  resolved = directory.resolve()
+  return CheckpointMetadata(resolved, model, resolved / meta["tokenizer"] if tokenizer else None,
+                            _quantization(directory, meta), _group_size(directory, meta), _digest(directory, meta))
 
 
 def _read_meta(directory: pathlib.Path) -> dict:
@@ -239,20 +278,25 @@ def restore_checkpoint(directory: os.PathLike, shardings: Any = None, dtype: Any
   directory = pathlib.Path(directory).resolve()
   if not directory.is_dir():
     raise CheckpointError(f"checkpoint directory {directory} does not exist")
-  model, tokenizer = read_metadata(directory)
-  digest = params_digest(directory)
-  params_dir = directory / "params"
+  metadata = read_checkpoint_metadata(directory)
+  params = restore_params(metadata, shardings, dtype)
+  return Checkpoint(params, metadata.model, metadata.tokenizer_path, metadata.directory, metadata.digest)
+
+
+def restore_params(metadata: CheckpointMetadata, shardings: Any = None, dtype: Any = None) -> Any:
+  """The params of the checkpoint `metadata` describes, into `shardings` (a pytree matching them; None: this
+  process's first device), cast to `dtype`. Every parameter's shape is checked against the model config first."""
+  params_dir = metadata.directory / "params"
   checkpointer = ocp.StandardCheckpointer()
   stored = _stored_tree(params_dir, checkpointer)
-  check_params(stored, model, where=f"parameters in {params_dir}")
+  check_params(stored, metadata.model, where=f"parameters in {params_dir}")
   if shardings is None:
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     shardings = jax.tree_util.tree_map(lambda _: device, stored)
   target = jax.tree_util.tree_map(lambda m, s: jax.ShapeDtypeStruct(m.shape, dtype or m.dtype, sharding=s),
                                   stored, shardings)
   try:
-    params = checkpointer.restore(params_dir, target)
+    return checkpointer.restore(params_dir, target)
   except Exception as e:
     raise CheckpointError(f"cannot restore {params_dir} (truncated or corrupt files?): {type(e).__name__}: "
                           f"{str(e)[:300]}") from None
-  return Checkpoint(params, model, tokenizer, directory, digest)

@@ -125,6 +125,26 @@ OUTPUTS = {"logprobs": label_logprobs, "logits": label_logits, "hidden": _hidden
            "logprobs+hidden": _with_hidden(label_logprobs), "logits+hidden": _with_hidden(label_logits)}
 
 
+def held_params(params: Any, model: ModelConfig, runtime: RuntimeConfig, mesh: Optional[jax.sharding.Mesh]) -> Any:
+  """`params` as a runner under `runtime` holds them: int8 weights and their scales computed from the float params
+  (post-training quantization per runtime.quantization, layers/quantization.py) and kept in their dtypes, every
+  other param cast to weight_dtype, placed on `mesh`. Abstract params (ShapeDtypeStructs) give the
+  ShapeDtypeStructs of these, with their shardings on `mesh`."""
+  wdtype = DTYPES[runtime.weight_dtype]
+  keeps = lambda path: runtime.quantization != "none" and quant.is_quantized_leaf(path)
+  quantize = lambda p: quant.quantize_params(p, runtime.quantization, runtime.quantization_group_size)
+  if is_abstract(params):
+    quantized = jax.eval_shape(quantize, params)
+    shardings = sharding.model_param_shardings(model, mesh, quantization=runtime.quantization,
+                                               quantization_group=quant.params_group_size(quantized))
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x, s: jax.ShapeDtypeStruct(x.shape, x.dtype if keeps(path) else wdtype, sharding=s),
+        quantized, shardings)
+  quantized = quantize(params)
+  held = jax.tree_util.tree_map_with_path(lambda path, x: x if keeps(path) else jnp.asarray(x, wdtype), quantized)
+  return sharding.place_params(held, model, mesh, runtime.quantization, quant.params_group_size(quantized))
+
+
 class NotCompiled(Exception):
   """Raised by a probing call (ModelRunner.probing) that would need an executable not built yet."""
 
@@ -161,22 +181,9 @@ class ModelRunner:
                    stored_group)
     if self.abstract and mesh is None:
       raise ValueError("abstract params (ShapeDtypeStructs) need a mesh: they are compiled for its devices")
-    wdtype = DTYPES[runtime.weight_dtype]
-    keeps = lambda path: self.quantization != "none" and quant.is_quantized_leaf(path)
-    quantize = lambda p: quant.quantize_params(p, self.quantization, runtime.quantization_group_size)
-    quantized = jax.eval_shape(quantize, params) if self.abstract else quantize(params)
+    self.params = held_params(params, model, runtime, mesh)
     # The scales' layout, read from what was quantized: as stored, as configured, or per channel for w8a8.
-    self.quantization_group = quant.params_group_size(quantized)
-    if self.abstract:
-      shardings = sharding.model_param_shardings(model, mesh, quantization=self.quantization,
-                                                 quantization_group=self.quantization_group)
-      self.params = jax.tree_util.tree_map_with_path(
-          lambda path, x, s: jax.ShapeDtypeStruct(x.shape, x.dtype if keeps(path) else wdtype, sharding=s),
-          quantized, shardings)
-    else:
-      self.params = jax.tree_util.tree_map_with_path(lambda path, x: x if keeps(path) else jnp.asarray(x, wdtype),
-                                                     quantized)
-      self.params = sharding.place_params(self.params, model, mesh, self.quantization, self.quantization_group)
+    self.quantization_group = quant.params_group_size(self.params)
     self._put = sharding.abstract_put if self.abstract else sharding.put
     self.compiled_shapes: set[tuple] = set()
     self._mode = threading.local()  # compile_only / probing, per thread

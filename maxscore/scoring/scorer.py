@@ -21,6 +21,7 @@ from absl import logging
 from layers import sharding
 from layers.decoder import Decoder, init_params
 from layers.kernels import get_kernel
+from maxscore.checkpoints import adapters as adapters_lib
 from maxscore.checkpoints import storage as checkpointing
 from maxscore.checkpoints.tokenizer import Tokenizer, load_tokenizer
 from maxscore.config import Config, from_flat_dict, load_config, to_flat_dict
@@ -89,6 +90,50 @@ def finalize_scores(label_logprobs: np.ndarray, apply_softmax: bool) -> np.ndarr
   return np.exp(lp).astype(np.float32)
 
 
+def checkpoint_config(metadata: checkpointing.CheckpointMetadata, overrides: Mapping[str, Any]) -> Config:
+  """The scoring config of a checkpoint: base.yml, then `overrides` (flat config keys, parsed values), then the
+  checkpoint's model config and directory. A checkpoint stored quantized (int8) scores with
+  quantization=int8_weights unless the overrides say int8."""
+  flat = to_flat_dict(load_config())
+  if metadata.quantization != "none":  # int8 weights as stored, float dots, unless the overrides ask for int8
+    flat["quantization"] = "int8_weights"
+  flat.update(overrides)
+  flat.update(dataclasses.asdict(metadata.model))
+  flat["checkpoint_dir"] = str(metadata.directory)
+  return from_flat_dict(flat, where="overrides")
+
+
+def checkpoint_tokenizer(config: Config, metadata: checkpointing.CheckpointMetadata) -> Optional[Tokenizer]:
+  """The config's tokenizer_path, else the checkpoint's tokenizer; None when neither names one."""
+  path = config.runtime.tokenizer_path or metadata.tokenizer_path
+  return load_tokenizer(path) if path else None
+
+
+def load_for_scoring(checkpoint_dir: os.PathLike, mesh: Any = "auto", overrides: Optional[Mapping[str, Any]] = None,
+                     adapters_dir: Optional[os.PathLike] = None,
+                     overrides_for: Optional[Callable[..., Mapping[str, Any]]] = None,
+                     ) -> tuple[Config, Any, adapters_lib.LoadedCheckpoint]:
+  """(config, mesh, loaded): a checkpoint, with the adapters in `adapters_dir` when given, read once
+  (checkpoints/adapters.py's load_checkpoint), the scoring config of its metadata and `overrides`
+  (checkpoint_config; then those `overrides_for(metadata, adapters)` returns, when given: settings that depend on
+  what was read) and the mesh ("auto": the config's default scoring mesh) its params were restored onto. On a mesh
+  each parameter is read straight into its NamedSharding (each host reads its shards), after the mesh is checked to
+  divide the model."""
+  placed = {}
+
+  def shardings(metadata, adapters):
+    extra = overrides_for(metadata, adapters) if overrides_for else {}
+    config = checkpoint_config(metadata, {**(overrides or {}), **extra})
+    on = mesh_lib.default_scoring_mesh(config.mesh) if isinstance(mesh, str) else mesh
+    sharding.check_divisible(config.model, on)
+    placed.update(config=config, mesh=on)
+    return None if on is None else sharding.model_param_shardings(
+        config.model, on, quantization=metadata.quantization, quantization_group=metadata.quantization_group_size)
+
+  loaded = adapters_lib.load_checkpoint(checkpoint_dir, adapters_dir, shardings=shardings)
+  return placed["config"], placed["mesh"], loaded
+
+
 def score_output(apply_softmax: bool) -> str:
   """The runner output (runner.OUTPUTS) a score needs: label logits alone (the K label rows of the lm_head)
   when the labels' softmax is taken, else the full-vocabulary label log-probs (docs/ARCHITECTURE.md section 3)."""
@@ -100,20 +145,22 @@ class Scorer:
 
   # A plain scorer applies no score head (scoring/head_scorer.py's HeadScorer: the head's config and params digest).
   head_fingerprint: Optional[dict[str, Any]] = None
-  # LoRA adapters merged into the params on load (maxscore/checkpoints/adapters.py): their directory and settings.
-  adapters: Optional[dict[str, Any]] = None
 
   def __init__(self, config: Config, params: Any, tokenizer: Optional[Tokenizer] = None,
-               model_name: str = "maxscore", mesh: Any = "auto", params_digest: Optional[str] = None):
+               model_name: str = "maxscore", mesh: Any = "auto", params_digest: Optional[str] = None,
+               adapters: Optional[Mapping[str, Any]] = None):
     """`mesh`: "auto" = this process's data-group mesh from config.mesh when there are several devices
     (maxscore/distributed/mesh.py), None = one device, or a jax.sharding.Mesh with axes (data, fsdp, tensor).
     `params_digest`: the checkpoint's stored content digest; None = hashed from `params` when asked.
+    `adapters`: the LoRA adapters already merged into `params` (maxscore/checkpoints/adapters.py's
+    Adapters.info: their directory and settings), kept as `self.adapters` for what reports the model; None: none.
     `params` may be abstract (ShapeDtypeStructs, with a mesh): such a Scorer only compiles, through warmup
     (maxscore/bench/compile_report.py compiles for TPU topologies this way)."""
     self.config = config
     self._params_digest = params_digest
     self.tokenizer = tokenizer
     self.model_name = model_name
+    self.adapters: Optional[dict[str, Any]] = None if adapters is None else dict(adapters)
     use_compilation_cache(config.runtime.compilation_cache_dir)
     checkpointing.check_params(params, config.model)
     self.mesh = mesh_lib.default_scoring_mesh(config.mesh) if isinstance(mesh, str) else mesh
@@ -221,29 +268,16 @@ class Scorer:
 
   @classmethod
   def from_checkpoint(cls, checkpoint_dir: os.PathLike, mesh: Any = "auto", **overrides: Any) -> "Scorer":
-    """Loads a converted checkpoint; `overrides` are flat config keys (model keys come from the checkpoint).
-    A checkpoint stored quantized (int8) scores with quantization=int8_weights unless the overrides say int8.
+    """Loads a converted checkpoint; `overrides` are flat config keys with parsed values (model keys come from the
+    checkpoint). A checkpoint stored quantized (int8) scores with quantization=int8_weights unless the overrides
+    say int8.
 
-    On a mesh each parameter is read straight into its NamedSharding (each host reads its shards).
+    The checkpoint is read once (load_for_scoring); on a mesh each parameter is read straight into its
+    NamedSharding (each host reads its shards).
     """
-    model, _ = checkpointing.read_metadata(checkpoint_dir)
-    stored = checkpointing.stored_quantization(checkpoint_dir)
-    flat = to_flat_dict(load_config())
-    if stored != "none":  # int8 weights as stored, float dots, unless the overrides ask for int8
-      flat["quantization"] = "int8_weights"
-    flat.update({k: v for k, v in overrides.items()})
-    flat.update(dataclasses.asdict(model))
-    flat["checkpoint_dir"] = str(pathlib.Path(checkpoint_dir).resolve())
-    config = from_flat_dict(flat, where="overrides")
-    mesh = mesh_lib.default_scoring_mesh(config.mesh) if isinstance(mesh, str) else mesh
-    sharding.check_divisible(config.model, mesh)
-    targets = None if mesh is None else sharding.model_param_shardings(
-        config.model, mesh, quantization=stored, quantization_group=checkpointing.stored_group_size(checkpoint_dir))
-    ckpt = checkpointing.restore_checkpoint(checkpoint_dir, shardings=targets)
-    tok_path = config.runtime.tokenizer_path or ckpt.tokenizer_path
-    tokenizer = load_tokenizer(tok_path) if tok_path else None
-    return cls(config, ckpt.params, tokenizer, model_name=pathlib.Path(checkpoint_dir).name, mesh=mesh,
-               params_digest=ckpt.digest)
+    config, mesh, loaded = load_for_scoring(checkpoint_dir, mesh, overrides)
+    return cls(config, loaded.params, checkpoint_tokenizer(config, loaded.metadata),
+               model_name=pathlib.Path(checkpoint_dir).name, mesh=mesh, params_digest=loaded.metadata.digest)
 
   # --- raw model ---------------------------------------------------------------------
   def logits(self, token_ids: Sequence[int]) -> np.ndarray:
