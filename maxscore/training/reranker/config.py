@@ -2,7 +2,6 @@
 sections) and where a run reads and writes (TrainRun); configs/train.yml documents every key."""
 
 import dataclasses
-import functools
 import os
 import types
 import typing
@@ -127,8 +126,11 @@ class TrainConfig:
   def entry_fields(cls) -> dict[str, tuple[Any, Mapping[str, Any]]]:
     """Each key's type and field metadata (maxscore/config.py reads the keys of a section through this when it
     has it): a switch is a bool, every other key has its field's."""
-    return {key: (bool if key in SWITCHES else hint, field.metadata)
-            for key, (field, hint) in ((k, _field(p)) for k, p in KEYS.items())}
+    out = {}
+    for key, path in KEYS.items():
+      field, hint = _field(path)
+      out[key] = (bool if key in SWITCHES else hint, field.metadata)
+    return out
 
   @classmethod
   def from_entry(cls, values: Mapping[str, Any]) -> "TrainConfig":
