@@ -75,17 +75,25 @@ def quantize(w: jax.Array, contracting_axes: Sequence[int], group_size: int = 0)
   contracting axis (the scale keeps W's dims, that one divided by G).
 
   Symmetric, round to nearest: |W - Wq * scale| <= scale / 2 elementwise. An all-zero channel (or group) gets
-  scale 1 (and Wq 0), so no division by zero and the round trip stays exact."""
+  scale 1 (and Wq 0), so no division by zero and the round trip stays exact. One compiled program per weight
+  shape (called on host params, eagerly, its six elementwise steps would compile a program each)."""
+  return _quantize_jit(w, tuple(contracting_axes), group_size)
+
+
+def _quantize(w: jax.Array, contracting_axes: tuple[int, ...], group_size: int) -> tuple[jax.Array, jax.Array]:
   w32 = jnp.asarray(w, jnp.float32)
   if group_size:
     axis = _group_axis(w32.shape, contracting_axes, group_size)
     grouped = w32.reshape(w32.shape[:axis] + (w32.shape[axis] // group_size, group_size) + w32.shape[axis + 1:])
-    wq, scale = quantize(grouped, (axis + 1,))
+    wq, scale = _quantize(grouped, (axis + 1,), 0)
     return wq.reshape(w32.shape), scale
   amax = jnp.max(jnp.abs(w32), axis=tuple(contracting_axes), keepdims=True)
   scale = jnp.where(amax > 0, amax / INT8_MAX, 1.0)
   wq = jnp.clip(jnp.round(w32 / scale), -INT8_MAX, INT8_MAX).astype(jnp.int8)
   return wq, jnp.squeeze(scale, axis=tuple(contracting_axes))
+
+
+_quantize_jit = jax.jit(_quantize, static_argnums=(1, 2))
 
 
 def _group_axis(shape: Sequence[int], contracting_axes: Sequence[int], group_size: int) -> int:
@@ -118,11 +126,18 @@ def group_size_of(wq: Any, scale: Any, contracting_axes: Sequence[int]) -> int:
 
 def dequantize(wq: jax.Array, scale: jax.Array, contracting_axes: Sequence[int]) -> jax.Array:
   """Wq * scale in float32: the inverse of `quantize` up to its rounding (a per-channel scale broadcast over
-  the contracting axes, a per-group one repeated G times along the last)."""
+  the contracting axes, a per-group one repeated G times along the last); one compiled program per shape."""
+  return _dequantize_jit(wq, scale, tuple(contracting_axes))
+
+
+def _dequantize(wq: jax.Array, scale: jax.Array, contracting_axes: tuple[int, ...]) -> jax.Array:
   group = group_size_of(wq, scale, contracting_axes)
   if group:
     return wq.astype(jnp.float32) * jnp.repeat(scale, group, axis=contracting_axes[-1])
   return wq.astype(jnp.float32) * jnp.expand_dims(scale, tuple(contracting_axes))
+
+
+_dequantize_jit = jax.jit(_dequantize, static_argnums=(2,))
 
 
 def _map_projections(params: Any, fn: Callable[[Mapping, str, tuple], dict]) -> dict:
