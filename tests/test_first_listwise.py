@@ -158,7 +158,7 @@ def test_gradients_reach_the_backbone_only_when_it_trains():
     params = reranker_model.init_params(cfg, prep.head_cfg, prep.source)
     loss_fn = reranker_model.make_loss_fn(cfg, prep.head_cfg, prep.source, None, jnp.asarray(prep.label_ids, jnp.int32))
     batch, _ = reranker_model.make_batch(prep, np.arange(2), 0, cfg)
-    grads = jax.grad(lambda p: loss_fn(p, batch, None)[0])(params)
+    grads = jax.jit(jax.grad(lambda p: loss_fn(p, batch, None)[0]))(params)
     assert max(np.abs(np.asarray(g)).max() for g in jax.tree_util.tree_leaves(grads["head"])) > 0
     if not kw:
       assert set(grads) == {"head"}
