@@ -22,6 +22,14 @@ def visibility(seg_q_BxT: jax.Array, seg_k_BxS: jax.Array, offset: int, pos_q_Bx
 
 def attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout: SegmentLayout, prefix_kv: Optional[PrefixKV] = None,
            *, options: KernelOptions, window: Optional[int] = None, softcap: Optional[float] = None) -> jax.Array:
+  """One compiled program per shape and setting (called outside a jit, as the kernel tests call the oracle, its
+  mask and softmax would compile a program per step); inside a model's jit it is inlined."""
+  return _attend_jit(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout, prefix_kv, options=options, window=window,
+                     softcap=softcap)
+
+
+def _attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout: SegmentLayout, prefix_kv: Optional[PrefixKV] = None,
+            *, options: KernelOptions, window: Optional[int] = None, softcap: Optional[float] = None) -> jax.Array:
   b, t, n, h = q_BxTxNxH.shape
   kv_heads = k_BxTxKxH.shape[2]
   seg_k = layout.segment_ids(include_prefix=True)
@@ -38,3 +46,6 @@ def attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, layout: SegmentLayout, prefix_kv: Op
   probs = jax.nn.softmax(logits, axis=-1)
   out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v_BxSxKxH, precision=jax.lax.Precision.HIGHEST)
   return out.reshape(b, t, n, h).astype(q_BxTxNxH.dtype)
+
+
+_attend_jit = jax.jit(_attend, static_argnames=("options", "window", "softcap"))
