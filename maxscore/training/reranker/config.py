@@ -181,10 +181,6 @@ class TrainConfig:
         out[key] = getattr(owner, name)
     return out
 
-  def replace(self, **keys: Any) -> "TrainConfig":
-    """These settings with some flat keys changed (a section a change switches on or off is built or dropped)."""
-    return TrainConfig.of(**{**self.flat(), **keys})
-
   def identity(self) -> dict[str, Any]:
     """The settings a resumed run must match: every key, except a later one (LATER) at its value when off, which
     runs written before it existed did not name."""
