@@ -2,6 +2,7 @@
 sections) and where a run reads and writes (TrainRun); configs/train.yml documents every key."""
 
 import dataclasses
+import functools
 import os
 import types
 import typing
@@ -222,8 +223,10 @@ class TrainConfig:
       raise TrainError(str(e)) from None
 
 
+@functools.cache
 def _field(path: str) -> tuple[dataclasses.Field, Any]:
-  """The field a key's path names (from TrainConfig down through its sections) and its type."""
+  """The field a key's path names (from TrainConfig down through its sections) and its type (kept: the flags,
+  the loader, `of` and `flat` ask for every key's)."""
   owner = TrainConfig
   *sections, name = path.split(".")
   for part in sections:
