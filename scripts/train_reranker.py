@@ -62,7 +62,8 @@ def main(argv, fv: flags.FlagValues = flags.FLAGS):
       summary = train_lib.train(s["train"], s["prompt"], run.checkpoint_dir, train_set, dev_set, run.workdir,
                                 overrides=argv[1:], feature_cache=run.feature_cache, export_dir=run.export_dir,
                                 overwrite=run.overwrite, progress=run.progress,
-                                adapters_dir=run.adapters_dir, export_only=run.export_only)
+                                adapters_dir=run.adapters_dir, export_only=run.export_only,
+                                init_from=run.init_from)
   if summary:  # process 0 reports
     print(json.dumps(summary, indent=2))
 

@@ -332,6 +332,41 @@ def test_lora_two_processes_equal_one_process(lora_one_process, tmp_path):
   _assert_same_run(lora_one_process, tmp_path)
 
 
+@pytest.mark.slow
+def test_a_warm_start_begins_at_the_earlier_runs_adapters_and_head(lora_one_process, tmp_path):
+  """--init_from starts from an earlier run's --adapters_dir: at a learning rate of 1e-30 (steps far below a float32
+  param's rounding; the config refuses 0) the run's params stay the ones it started from, so its checkpointed adapters are the earlier run's final ones, byte for byte, its head the
+  stored head, and its merged export the earlier export. Resumed without --init_from, the workdir is refused."""
+  from maxscore.checkpoints import adapters as lora_lib  # pylint: disable=import-outside-toplevel
+  adapters = lora_one_process / "adapters"
+  _train(tmp_path, *LORA, f"--init_from={adapters}", "--learning_rate=1e-30", "--num_steps=2")
+  _, started = lora_lib.split_adapters(_checkpointed_backbone(tmp_path / "work"))
+  _, earlier = lora_lib.split_adapters(_checkpointed_backbone(lora_one_process / "work"))
+  for (path, x), (_, y) in zip(*(jax.tree_util.tree_leaves_with_path(t) for t in (started, earlier))):
+    assert x.dtype == y.dtype and x.tobytes() == y.tobytes(), path
+  np.testing.assert_array_equal(np.concatenate([p.ravel() for p in _final_params(tmp_path / "export")]),
+                                np.concatenate([p.ravel() for p in _final_params(lora_one_process / "export")]))
+  summary = json.loads((tmp_path / "work" / "summary.json").read_text())
+  assert summary["init_from"]["dir"] == str(adapters)
+  stderr = _train(tmp_path, *LORA, "--learning_rate=1e-30", "--num_steps=2", expect=2)[0]
+  assert "init_from" in stderr, stderr[-2000:]
+
+
+def test_a_warm_start_is_refused_when_the_run_differs_from_the_stored_one(lora_one_process, tmp_path, capsys,
+                                                                           load_script):
+  """Another LoRA rank, another head, or no LoRA at all: a one-line error before any step."""
+  adapters = lora_one_process / "adapters"
+  script = load_script("train_reranker")
+  args = [f"--workdir={tmp_path / 'w'}", *FLAGS, f"--init_from={adapters}"]
+  cases = {"rank 4, alpha 8": [*LORA[1:], "--lora_rank=2"], "other settings (use_bias)": [*LORA, "--use_bias"],
+           "needs --train_backbone and --lora_rank > 0": []}
+  for want, extra in cases.items():
+    with pytest.raises(SystemExit) as e:
+      script.run(["train_reranker.py", *args, *extra, "--overwrite"])
+    assert e.value.code == 2
+    assert want in capsys.readouterr().err
+
+
 def test_training_kernel_is_the_platforms_kernel_with_its_backward():
   """auto trains with splash on TPU and pallas_gpu on GPU (both with a Pallas backward), shared_prefix on CPU; a
   named kernel trains as named, since every registered kernel has a backward pass."""

@@ -210,6 +210,12 @@ class TrainConfig:
       raise TrainError(f"--adapters_dir={adapters_dir} writes LoRA adapters: it needs --train_backbone and "
                        f"--lora_rank > 0 (--export_dir writes the trained model as a checkpoint)")
 
+  def check_init_from(self, init_from: Optional[os.PathLike]) -> None:
+    """Refuses a warm start when no LoRA adapters train (it starts adapters and head from an earlier run's)."""
+    if init_from and self.lora is None:
+      raise TrainError(f"--init_from={init_from} starts LoRA adapters from an earlier run's: it needs "
+                       f"--train_backbone and --lora_rank > 0")
+
   def head_config(self, label_ids: Sequence[int], hidden_size: int) -> HeadConfig:
     """The head with its labels and the backbone's width; a setting of another kind of head is left at its
     default (delta and use_bias are lm_labels', num_outputs linear's and mlp's)."""
@@ -329,6 +335,7 @@ class TrainRun:
   workdir: str = "out/train_head"
   export_dir: Optional[str] = None
   adapters_dir: Optional[str] = None       # LoRA: adapters + trained head, for eval_rerank.py --adapters_dir
+  init_from: Optional[str] = None          # LoRA: adapters + head of an earlier run to start from (a warm start)
   export_only: bool = False                # export the stopped run in workdir instead of training on
   feature_cache: Optional[str] = None
   overwrite: bool = False

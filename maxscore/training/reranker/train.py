@@ -66,7 +66,7 @@ from maxscore.scoring.loading import build_scorer
 from maxscore.scoring.scorer import Scorer
 from maxscore.training import checkpoint, partition, trainer
 from maxscore.training.reranker.features import Examples
-from maxscore.training.reranker import evaluation, model, outputs
+from maxscore.training.reranker import evaluation, model, outputs, warm_start
 from maxscore.training.reranker.config import TrainConfig
 from maxscore.training.reranker.prepare import Prepared, prepare
 from maxscore.training.reranker.selection import Selection, resolve_metric
@@ -96,7 +96,8 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
           dev_set: Optional[RerankSet], workdir: os.PathLike, *, overrides: Sequence[str] = (),
           feature_cache: Optional[os.PathLike] = None, export_dir: Optional[os.PathLike] = None,
           overwrite: bool = False, progress: bool = True,
-          adapters_dir: Optional[os.PathLike] = None, export_only: bool = False) -> dict[str, Any]:
+          adapters_dir: Optional[os.PathLike] = None, export_only: bool = False,
+          init_from: Optional[os.PathLike] = None) -> dict[str, Any]:
   """Trains (or resumes) a score head (and the backbone, when it trains) on the config mesh.
 
   Writes checkpoints, metrics.jsonl and summary.json in `workdir` and, on process 0, the exported checkpoint
@@ -118,6 +119,8 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
     export_only: no training: the exports of the run the workdir holds (stopped early, by Ctrl-C or a kill),
       as its end would have written them at its last checkpoint: the best dev evaluation up to that step when
       selecting (select_metric), else that checkpoint's params.
+    init_from: with LoRA, an earlier run's adapters_dir (or a packaged reranker) whose adapters and head this run
+      starts from instead of fresh ones (warm_start.py); the optimizer state starts fresh. In the run's fingerprint.
     overwrite: remove the workdir (and replace export_dir) when maxscore wrote it, instead of resuming.
     progress: log progress lines.
 
@@ -130,6 +133,7 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
     ResumeError: the workdir holds a run with other settings or data.
   """
   _check_settings(cfg, prompt, dev_set, adapters_dir)
+  cfg.check_init_from(init_from)
   wall_start = time.perf_counter()
   workdir = pathlib.Path(workdir).resolve()
   if export_only:  # before the workdir is created or its logs opened: a refusal leaves the stopped run as it was
@@ -144,7 +148,8 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   scorer = build_scorer(checkpoint_dir, overrides, use_head=False)
   prep = prepare(cfg, prompt, scorer, train_set, dev_set, feature_cache, progress)
   cfg = cfg.with_chat(prep.listwise_chat)  # as decided for the tokenizer: in the identity
-  run = _start(cfg, prompt, prep, scorer, workdir, mesh)
+  warm = warm_start.load(init_from, scorer, cfg, prep.head_cfg) if init_from else None
+  run = _start(cfg, prompt, prep, scorer, workdir, mesh, warm)
   if export_only:
     state, timing = _stopped(run, workdir)
   else:
@@ -156,6 +161,8 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   summary = outputs.summary(cfg, prompt, prep, scorer, workdir, run.started.log, step, run.steps_per_epoch,
                             run.started.resume_step, final, timing, time.perf_counter() - wall_start)
   summary["attention"] = prep.source.attention()
+  if warm is not None:
+    summary["init_from"] = {"dir": warm.directory, **warm.identity}
   outputs.carry_throughput(summary, trainer.finished_run_summary(workdir, run.started.resume_step))
   selection = run.selection
   if selection is not None:  # the export is the best evaluation's params, not the last step's
@@ -188,14 +195,17 @@ class _Run:
 
 
 def _start(cfg: TrainConfig, prompt: PromptConfig, prep: Prepared, scorer: Scorer, workdir: pathlib.Path,
-           mesh: Mesh) -> _Run:
-  """Initial params, the optimizer over what trains, and the trainer started on them: resumed from the
-  workdir's latest checkpoint when it holds this run (same fingerprint), else fresh; with select_metric, the
-  checkpoint selection resumed with it."""
+           mesh: Mesh, warm: Optional[warm_start.WarmStart] = None) -> _Run:
+  """Initial params (with `warm`, its adapters and head), the optimizer over what trains, and the trainer started
+  on them: resumed from the workdir's latest checkpoint when it holds this run (same fingerprint), else fresh;
+  with select_metric, the checkpoint selection resumed with it."""
   steps_per_epoch = math.ceil(prep.num_train / cfg.batch_size)
   total_steps = cfg.num_steps or cfg.num_epochs * steps_per_epoch
   prog = model.program(cfg, prep.head_cfg, prep.source, mesh, total_steps)
   fingerprint = _run_fingerprint(cfg, prompt, scorer, prep.examples)
+  if warm is not None:  # absent otherwise: the fingerprints of runs without a warm start are unchanged
+    prog = dataclasses.replace(prog, params=warm.apply(prog.params))
+    fingerprint["init_from"] = warm.identity
   started = trainer.start(workdir, cfg.keep_checkpoints, prog.params, prog.param_shardings, prog.optimizer,
                           jax.random.split(jax.random.PRNGKey(cfg.seed))[1], mesh, fingerprint,
                           lambda: prep.source.check_mesh(mesh))
