@@ -13,6 +13,7 @@ Two per-layer options reach every kernel as static keyword arguments:
 """
 
 import dataclasses
+import functools
 import importlib
 from typing import Callable, NamedTuple, Optional
 
@@ -45,31 +46,42 @@ class SegmentLayout:
 
   def segment_ids(self, include_prefix: bool = True) -> jax.Array:
     """Segment id per token [B, T]: 0 prefix, n+1 slot n, -1 padding."""
-    b = self.prefix_valid_B.shape[0]
-    parts = []
-    if include_prefix:
-      pos_P = jnp.arange(self.prefix_len)
-      parts.append(jnp.where(pos_P[None, :] < self.prefix_valid_B[:, None], 0, -1))
-    if self.num_slots:
-      pos_L = jnp.arange(self.slot_len)
-      seg_BxNxL = jnp.where(pos_L[None, None, :] < self.slot_valid_BxN[:, :, None],
-                            jnp.arange(1, self.num_slots + 1)[None, :, None], -1)
-      parts.append(seg_BxNxL.reshape(b, -1))
-    return jnp.concatenate(parts, axis=1).astype(jnp.int32) if parts else jnp.zeros((b, 0), jnp.int32)
-
+    return _segment_ids(self, include_prefix)
 
   def serial_positions(self, include_prefix: bool = True) -> jax.Array:
     """Serial (RoPE) position per token [B, T]: prefix index k -> k, slot token j -> prefix_valid + j."""
-    b = self.prefix_valid_B.shape[0]
-    parts = []
-    if include_prefix:
-      parts.append(jnp.broadcast_to(jnp.arange(self.prefix_len), (b, self.prefix_len)))
-    if self.num_slots:
-      pos_L = jnp.arange(self.slot_len)
-      pos_BxNxL = jnp.broadcast_to(self.prefix_valid_B[:, None, None] + pos_L[None, None, :],
-                                   (b, self.num_slots, self.slot_len))
-      parts.append(pos_BxNxL.reshape(b, -1))
-    return jnp.concatenate(parts, axis=1).astype(jnp.int32) if parts else jnp.zeros((b, 0), jnp.int32)
+    return _serial_positions(self, include_prefix)
+
+
+# One program per layout shape: called outside a jit (the kernel tests, a layout built on the host), the few
+# integer ops below would otherwise each compile a program per shape; inside a jit they are inlined.
+@functools.partial(jax.jit, static_argnames="include_prefix")
+def _segment_ids(layout: SegmentLayout, include_prefix: bool) -> jax.Array:
+  b = layout.prefix_valid_B.shape[0]
+  parts = []
+  if include_prefix:
+    pos_P = jnp.arange(layout.prefix_len)
+    parts.append(jnp.where(pos_P[None, :] < layout.prefix_valid_B[:, None], 0, -1))
+  if layout.num_slots:
+    pos_L = jnp.arange(layout.slot_len)
+    seg_BxNxL = jnp.where(pos_L[None, None, :] < layout.slot_valid_BxN[:, :, None],
+                          jnp.arange(1, layout.num_slots + 1)[None, :, None], -1)
+    parts.append(seg_BxNxL.reshape(b, -1))
+  return jnp.concatenate(parts, axis=1).astype(jnp.int32) if parts else jnp.zeros((b, 0), jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames="include_prefix")
+def _serial_positions(layout: SegmentLayout, include_prefix: bool) -> jax.Array:
+  b = layout.prefix_valid_B.shape[0]
+  parts = []
+  if include_prefix:
+    parts.append(jnp.broadcast_to(jnp.arange(layout.prefix_len), (b, layout.prefix_len)))
+  if layout.num_slots:
+    pos_L = jnp.arange(layout.slot_len)
+    pos_BxNxL = jnp.broadcast_to(layout.prefix_valid_B[:, None, None] + pos_L[None, None, :],
+                                 (b, layout.num_slots, layout.slot_len))
+    parts.append(pos_BxNxL.reshape(b, -1))
+  return jnp.concatenate(parts, axis=1).astype(jnp.int32) if parts else jnp.zeros((b, 0), jnp.int32)
 
 
 def with_prefix(k_BxTxKxH, v_BxTxKxH, prefix_kv: Optional["PrefixKV"], dtype=None):

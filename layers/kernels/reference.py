@@ -1,5 +1,6 @@
 """Dense-mask attention built from segment ids: O(T^2), the oracle for the other kernels."""
 
+import functools
 from typing import Optional
 
 import jax
@@ -8,6 +9,7 @@ import jax.numpy as jnp
 from layers.kernels.base import MASK_VALUE, KernelOptions, PrefixKV, SegmentLayout, soft_cap, with_prefix
 
 
+@functools.partial(jax.jit, static_argnames=("offset", "window"))  # one program per shape, as attend below
 def visibility(seg_q_BxT: jax.Array, seg_k_BxS: jax.Array, offset: int, pos_q_BxT: Optional[jax.Array] = None,
                pos_k_BxS: Optional[jax.Array] = None, window: Optional[int] = None) -> jax.Array:
   """Mask [B, T, S]: query t (at absolute index t+offset) sees key s per the segment rule (and window)."""

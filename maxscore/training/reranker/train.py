@@ -148,7 +148,7 @@ def train(cfg: TrainConfig, prompt: PromptConfig, checkpoint_dir: Optional[str],
   scorer = build_scorer(checkpoint_dir, overrides, use_head=False)
   prep = prepare(cfg, prompt, scorer, train_set, dev_set, feature_cache, progress)
   cfg = cfg.with_chat(prep.listwise_chat)  # as decided for the tokenizer: in the identity
-  warm = warm_start.load(init_from, scorer, cfg, prep.head_cfg) if init_from else None
+  warm = warm_start.load(init_from, scorer, cfg.lora, prep.head_cfg) if init_from else None
   run = _start(cfg, prompt, prep, scorer, workdir, mesh, warm)
   if export_only:
     state, timing = _stopped(run, workdir)

@@ -16,6 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from layers.lora import LoraConfig
 from maxscore.checkpoints import adapters as lora_lib
 from maxscore.checkpoints import head_storage
 from maxscore.checkpoints.storage import CheckpointError
@@ -23,7 +24,6 @@ from maxscore.errors import TrainError
 from maxscore.files import identity
 from maxscore.heads.head import HeadConfig
 from maxscore.scoring.scorer import Scorer
-from maxscore.training.reranker.config import TrainConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,22 +60,22 @@ def _like(want: Any, got: Any, what: str) -> Any:
   return jax.tree_util.tree_map(cast, want, got)
 
 
-def load(directory: os.PathLike, scorer: Scorer, cfg: TrainConfig, head_cfg: HeadConfig) -> WarmStart:
+def load(directory: os.PathLike, scorer: Scorer, lora: LoraConfig, head_cfg: HeadConfig) -> WarmStart:
   """The adapters and head in `directory`, refused (TrainError, saying which differs) unless they were trained on
-  this scorer's base params, with this run's LoRA rank, alpha and targets, and this run's head config."""
-  cfg.check_init_from(directory)
+  this scorer's base params, with the run's LoRA settings `lora` (rank, alpha and targets; a run without LoRA is
+  refused before, by TrainConfig.check_init_from) and the run's head config."""
   try:
-    adapters, lora, meta = lora_lib.load_adapters(directory)
+    adapters, stored, meta = lora_lib.load_adapters(directory)
     stored_head_cfg, head_params, _ = head_storage.load_head(directory)
   except (lora_lib.LoraError, CheckpointError) as e:
     raise TrainError(f"--init_from: {e}") from None
   if meta["base_params_sha256"] != scorer.params_digest:
     raise TrainError(f"--init_from={directory}: its adapters were trained on base params "
                      f"{meta['base_params_sha256']}, this run's base holds {scorer.params_digest}")
-  if lora != cfg.lora:
-    raise TrainError(f"--init_from={directory} holds LoRA rank {lora.rank}, alpha {lora.alpha:g}, targets "
-                     f"{list(lora.targets)}; this run sets rank {cfg.lora.rank}, alpha {cfg.lora.alpha:g}, "
-                     f"targets {list(cfg.lora.targets)}")
+  if stored != lora:
+    raise TrainError(f"--init_from={directory} holds LoRA rank {stored.rank}, alpha {stored.alpha:g}, targets "
+                     f"{list(stored.targets)}; this run sets rank {lora.rank}, alpha {lora.alpha:g}, "
+                     f"targets {list(lora.targets)}")
   if stored_head_cfg != head_cfg:
     differ = [f.name for f in dataclasses.fields(HeadConfig)
               if getattr(stored_head_cfg, f.name) != getattr(head_cfg, f.name)]
