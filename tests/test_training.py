@@ -335,8 +335,10 @@ def test_lora_two_processes_equal_one_process(lora_one_process, tmp_path):
 @pytest.mark.slow
 def test_a_warm_start_begins_at_the_earlier_runs_adapters_and_head(lora_one_process, tmp_path):
   """--init_from starts from an earlier run's --adapters_dir: at a learning rate of 1e-30 (steps far below a float32
-  param's rounding; the config refuses 0) the run's params stay the ones it started from, so its checkpointed adapters are the earlier run's final ones, byte for byte, its head the
-  stored head, and its merged export the earlier export. Resumed without --init_from, the workdir is refused."""
+  param's rounding; the config refuses 0) the run's params stay the ones it started from, so its checkpointed
+  adapters are the earlier run's final ones, byte for byte, its head the stored head, and its merged export the
+  earlier export. Two processes start from the same params (their losses equal one process's). Resumed without
+  --init_from, the workdir is refused."""
   from maxscore.checkpoints import adapters as lora_lib  # pylint: disable=import-outside-toplevel
   adapters = lora_one_process / "adapters"
   _train(tmp_path, *LORA, f"--init_from={adapters}", "--learning_rate=1e-30", "--num_steps=2")
@@ -348,10 +350,13 @@ def test_a_warm_start_begins_at_the_earlier_runs_adapters_and_head(lora_one_proc
                                 np.concatenate([p.ravel() for p in _final_params(lora_one_process / "export")]))
   summary = json.loads((tmp_path / "work" / "summary.json").read_text())
   assert summary["init_from"]["dir"] == str(adapters)
+  _train(tmp_path / "two", *LORA, f"--init_from={adapters}", "--learning_rate=1e-30", "--num_steps=2", count=2)
+  _assert_same_run(tmp_path, tmp_path / "two")
   stderr = _train(tmp_path, *LORA, "--learning_rate=1e-30", "--num_steps=2", expect=2)[0]
   assert "init_from" in stderr, stderr[-2000:]
 
 
+@pytest.mark.slow  # the earlier run is lora_one_process's training
 def test_a_warm_start_is_refused_when_the_run_differs_from_the_stored_one(lora_one_process, tmp_path, capsys,
                                                                            load_script):
   """Another LoRA rank, another head, or no LoRA at all: a one-line error before any step."""

@@ -242,11 +242,11 @@ def load_adapters_for(checkpoint_dir: os.PathLike, adapters_dir: os.PathLike) ->
   """`load_adapters(adapters_dir)`, refusing adapters trained on another base than `checkpoint_dir` (their
   stored base digest differs)."""
   adapters, lora, meta = load_adapters(adapters_dir)
-  _check_base(meta, adapters_dir, checkpoint_dir, storage.params_digest(checkpoint_dir))
+  check_base(meta, adapters_dir, checkpoint_dir, storage.params_digest(checkpoint_dir))
   return adapters, lora, meta
 
 
-def _check_base(meta: dict, adapters_dir: os.PathLike, checkpoint_dir: os.PathLike, base_digest: str) -> None:
+def check_base(meta: dict, adapters_dir: os.PathLike, checkpoint_dir: os.PathLike, base_digest: str) -> None:
   """Raises LoraError unless the adapters' lora.json `meta` names `base_digest` as the base they trained on."""
   if base_digest != meta["base_params_sha256"]:
     raise LoraError(f"adapters in {adapters_dir} were trained on base params {meta['base_params_sha256']}, but "
@@ -295,7 +295,7 @@ def load_checkpoint(checkpoint_dir: os.PathLike, adapters_dir: Optional[os.PathL
     adapters = Adapters(weights, lora, meta, str(adapters_dir))
   metadata = storage.read_checkpoint_metadata(checkpoint_dir)
   if adapters is not None:
-    _check_base(adapters.meta, adapters_dir, checkpoint_dir, metadata.digest)
+    check_base(adapters.meta, adapters_dir, checkpoint_dir, metadata.digest)
   if callable(shardings):
     shardings = shardings(metadata, adapters)
   return LoadedCheckpoint(metadata, storage.restore_params(metadata, shardings), adapters)

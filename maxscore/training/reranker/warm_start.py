@@ -2,8 +2,8 @@
 reranker, which holds the same files) instead of fresh ones, so that a run can go on training a reranker on a
 schedule of its own.
 
-    start = load(init_from, scorer, cfg, head_cfg)   # checked against this run's base, LoRA and head
-    params = start.apply(params)                     # the run's initial params, the base untouched
+    start = load(init_from, scorer, cfg.lora, head_cfg)   # checked against this run's base, LoRA and head
+    params = start.apply(params)                          # the run's initial params, the base untouched
 
 The optimizer state starts fresh (the earlier run's moments are not in its exports). What was loaded goes in the
 run's fingerprint, so a workdir resumes only with the same warm start.
@@ -66,12 +66,10 @@ def load(directory: os.PathLike, scorer: Scorer, lora: LoraConfig, head_cfg: Hea
   refused before, by TrainConfig.check_init_from) and the run's head config."""
   try:
     adapters, stored, meta = lora_lib.load_adapters(directory)
+    lora_lib.check_base(meta, directory, scorer.config.runtime.checkpoint_dir, scorer.params_digest)
     stored_head_cfg, head_params, _ = head_storage.load_head(directory)
   except (lora_lib.LoraError, CheckpointError) as e:
     raise TrainError(f"--init_from: {e}") from None
-  if meta["base_params_sha256"] != scorer.params_digest:
-    raise TrainError(f"--init_from={directory}: its adapters were trained on base params "
-                     f"{meta['base_params_sha256']}, this run's base holds {scorer.params_digest}")
   if stored != lora:
     raise TrainError(f"--init_from={directory} holds LoRA rank {stored.rank}, alpha {stored.alpha:g}, targets "
                      f"{list(stored.targets)}; this run sets rank {lora.rank}, alpha {lora.alpha:g}, "
